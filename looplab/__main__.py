@@ -1,0 +1,5 @@
+import sys
+
+from looplab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""Command line: ``looplab train | eval | config show | demo``.
+
+User mistakes end in one line on stderr and exit code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from looplab.config import load_config
+from looplab.errors import LooplabError
+
+PRESETS = Path(__file__).parent / "configs"
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8,12,16, got {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="looplab", description="Looped transformers: train, evaluate, analyse.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a model from a TOML config")
+    train.add_argument("config", help="config TOML file")
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key")
+    train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    evaluate = commands.add_parser("eval", help="evaluate a run on the length x loops grid")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--lengths", type=_lengths, help="comma-separated instance sizes, e.g. 8,12,16")
+    evaluate.add_argument("--max-loops", type=int, help="unroll depth T_eval")
+    evaluate.add_argument("--samples", type=int, help="samples per length")
+
+    config = commands.add_parser("config", help="inspect configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    show = config_commands.add_parser("show", help="print the resolved config")
+    show.add_argument("config")
+    show.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+    demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
+    demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    return parser
+
+
+def _train(args) -> None:
+    from looplab.train.trainer import train
+
+    config = load_config(args.config, args.set)
+    train(config, Path(args.out), progress=not args.no_progress)
+    print(f"trained: {args.out}")
+
+
+def _eval(args) -> None:
+    from looplab.eval.run import evaluate_run, format_summary
+
+    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples)
+    print(format_summary(summary))
+    print(f"\nwrote {Path(args.run_dir) / 'eval'}/grid.parquet and summary.json")
+
+
+def _demo(args) -> None:
+    from looplab.eval.run import evaluate_run, format_summary
+    from looplab.train.trainer import train
+
+    config = load_config(PRESETS / "demo.toml")
+    began = time.perf_counter()
+    print(f"demo: {config.task.name}, train lengths {config.task.train_min}..{config.task.train_max}, "
+          f"schedule {config.schedule.name}, {config.train.steps} steps -> {args.out}")
+    train(config, Path(args.out))
+    summary = evaluate_run(args.out)
+    print(format_summary(summary))
+    print(f"\ndemo finished in {time.perf_counter() - began:.0f} s; results in {Path(args.out) / 'eval'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            _train(args)
+        elif args.command == "eval":
+            _eval(args)
+        elif args.command == "config":
+            print(load_config(args.config, args.set).to_toml(), end="")
+        elif args.command == "demo":
+            _demo(args)
+    except LooplabError as err:
+        print(f"looplab: error: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
+    except KeyboardInterrupt:
+        print("looplab: interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,232 @@
+"""Run configuration: typed dataclasses, TOML load/save, ``section.key=value`` overrides.
+
+A config file has the sections ``[task]``, ``[model]``, ``[schedule]``,
+``[train]``, ``[eval]`` and ``[run]``; every key is optional and defaults to the
+field value below. Unknown sections or keys, wrongly typed values and values
+outside a key's choices raise :class:`LooplabError` naming the valid options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import tomli_w
+
+from looplab.errors import LooplabError, choice_error
+
+NORMS = ("layernorm", "rmsnorm", "simplenorm")
+PLACEMENTS = ("pre", "post", "pre_sandwich", "post_sandwich")
+PLACEMENT_ALIASES = {"sandwich_output": "pre_sandwich", "sandwich_residual": "post_sandwich"}
+INJECTIONS = ("add", "concat", "none")
+INIT_STATES = ("embed", "zeros", "noise")
+POSITIONALS = ("rope", "nope", "learned")
+ATTENTIONS = ("sdpa", "math")
+
+
+@dataclass
+class TaskConfig:
+    """Which task, and the length split: train on [train_min, train_max], OOD above."""
+
+    name: str = "binary_addition"
+    alphabet: int = 8
+    train_min: int = 1
+    train_max: int = 12
+    eval_lengths: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 20, 24])
+
+
+@dataclass
+class ModelConfig:
+    """The looped transformer (SPEC §1)."""
+
+    d_model: int = 64
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    prelude_layers: int = 0
+    core_layers: int = 2
+    coda_layers: int = 0
+    injection: str = "add"
+    init_state: str = "embed"
+    noise_std: float = 1.0
+    norm: str = "layernorm"
+    placement: str = "pre"
+    core_out_norm: bool = False
+    positional: str = "rope"
+    causal: bool = False
+    attention: str = "sdpa"
+    max_len: int = 512
+    rope_base: float = 10000.0
+
+
+@dataclass
+class ScheduleConfig:
+    """Training-depth schedule (SPEC §3). ``depth`` is the constant c; ``t_max`` clips."""
+
+    name: str = "matched"
+    depth: int = 20
+    window: int = 5
+    t_max: int = 20
+
+
+@dataclass
+class TrainConfig:
+    """AdamW with linear warmup and cosine decay to ``min_lr_ratio * lr``."""
+
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.0
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 1.0
+    log_every: int = 50
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+
+
+@dataclass
+class EvalConfig:
+    """One-unroll evaluation grid (SPEC §5)."""
+
+    max_loops: int = 30
+    samples: int = 256
+    batch_size: int = 256
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 0
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+def _sections() -> dict[str, type]:
+    return {f.name: get_type_hints(Config)[f.name] for f in fields(Config)}
+
+
+def _check_type(where: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` coerced to ``annotation`` or raise a one-line error."""
+    if get_origin(annotation) is list:
+        (item,) = get_args(annotation)
+        if not isinstance(value, list):
+            raise LooplabError(f"{where} must be a list of {item.__name__}, got {value!r}")
+        return [_check_type(where, v, item) for v in value]
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, bool) or not isinstance(value, annotation):
+        raise LooplabError(f"{where} must be {annotation.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a validated :class:`Config` from nested ``{section: {key: value}}``."""
+    sections = _sections()
+    config = Config()
+    for section, values in data.items():
+        if section not in sections:
+            raise choice_error("config section", section, sections)
+        if not isinstance(values, dict):
+            raise LooplabError(f"config section [{section}] must be a table, got {values!r}")
+        target = getattr(config, section)
+        hints = get_type_hints(type(target))
+        for key, value in values.items():
+            if key not in hints:
+                raise choice_error(f"key in [{section}]", key, hints)
+            setattr(target, key, _check_type(f"{section}.{key}", value, hints[key]))
+    validate(config)
+    return config
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value``; the value is read as TOML, else as a string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise LooplabError(f"override {text!r} must look like section.key=value")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return section, key, value
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides."""
+    data: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise LooplabError(f"config file not found: {path}")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise LooplabError(f"config file {path} is not valid TOML: {err}") from None
+    for text in overrides:
+        section, key, value = parse_override(text)
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise LooplabError(f"config section [{section}] must be a table")
+        data[section][key] = value
+    return from_dict(data)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise LooplabError(message)
+
+
+def validate(config: Config) -> None:
+    """Check choices and ranges; normalise placement aliases in place."""
+    from looplab.tasks import TASKS
+    from looplab.train.schedules import SCHEDULES
+
+    m, t, s, tr, ev = config.model, config.task, config.schedule, config.train, config.eval
+    m.placement = PLACEMENT_ALIASES.get(m.placement, m.placement)
+    for where, value, choices in [
+        ("task.name", t.name, TASKS),
+        ("schedule.name", s.name, SCHEDULES),
+        ("model.norm", m.norm, NORMS),
+        ("model.placement", m.placement, PLACEMENTS + tuple(PLACEMENT_ALIASES)),
+        ("model.injection", m.injection, INJECTIONS),
+        ("model.init_state", m.init_state, INIT_STATES),
+        ("model.positional", m.positional, POSITIONALS),
+        ("model.attention", m.attention, ATTENTIONS),
+    ]:
+        if value not in choices:
+            raise choice_error(f"value for {where}:", value, choices)
+    _require(m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
+             f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})")
+    _require(m.positional != "rope" or (m.d_model // m.n_heads) % 2 == 0, "rope needs an even head dimension")
+    _require(m.core_layers >= 1, "model.core_layers must be >= 1")
+    _require(min(m.prelude_layers, m.coda_layers, m.mlp_ratio - 1) >= 0, "layer counts must be >= 0, mlp_ratio >= 1")
+    _require(1 <= t.train_min <= t.train_max, "task needs 1 <= train_min <= train_max")
+    _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")
+    _require(s.depth >= 1 and s.window >= 0 and s.t_max >= 1, "schedule needs depth >= 1, window >= 0, t_max >= 1")
+    _require(tr.steps >= 1 and tr.batch_size >= 1 and tr.lr > 0, "train needs steps >= 1, batch_size >= 1, lr > 0")
+    _require(tr.log_every >= 1 and tr.checkpoint_every >= 1 and tr.keep_checkpoints >= 1,
+             "train.log_every, checkpoint_every and keep_checkpoints must be >= 1")
+    _require(ev.max_loops >= 1 and ev.samples >= 1 and ev.batch_size >= 1,
+             "eval needs max_loops, samples, batch_size >= 1")
+    _require(config.run.device == "cpu" or config.run.device.startswith("cuda"),
+             f"run.device must be 'cpu' or 'cuda[:N]', got {config.run.device!r}")

@@ -1,0 +1,1 @@
+"""One-unroll evaluation grid (SPEC §5) and its metrics."""

@@ -1,0 +1,72 @@
+"""Evaluate a trained run directory and write ``eval/grid.parquet`` and ``eval/summary.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from looplab.errors import LooplabError
+from looplab.eval.grid import evaluate_lengths, grid_frame
+from looplab.eval.metrics import summarize
+from looplab.train.checkpoint import latest_checkpoint, load_model_weights
+from looplab.train.trainer import Experiment, load_run_config
+
+EVAL_DIR = "eval"
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".tmp_{path.name}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loops: int | None = None,
+                 samples: int | None = None) -> dict:
+    """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config."""
+    run_dir = Path(run_dir)
+    config = load_run_config(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
+    for name, value in (("max-loops", max_loops), ("samples", samples)):
+        if value is not None and value < 1:
+            raise LooplabError(f"--{name} must be >= 1, got {value}")
+    if lengths is not None and (not lengths or min(lengths) < 1):
+        raise LooplabError("--lengths must be a non-empty list of integers >= 1")
+    lengths = sorted(set(lengths or config.task.eval_lengths))
+    max_loops = max_loops or config.eval.max_loops
+    samples = samples or config.eval.samples
+
+    exp = Experiment.build(config)
+    load_model_weights(checkpoint, exp.model)
+    outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, lengths, max_loops, samples,
+                                config.eval.batch_size, config.run.seed)
+    summary = summarize(outcomes, config.task.train_max)
+    summary.update({"checkpoint": checkpoint.name, "max_loops": max_loops, "samples": samples,
+                    "train_range": [config.task.train_min, config.task.train_max]})
+    out = run_dir / EVAL_DIR
+    out.mkdir(exist_ok=True)
+    frame = grid_frame(outcomes, config.task.train_max)
+    _atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
+    _atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+    return summary
+
+
+def _pct(value: float | None) -> str:
+    return "   -" if value is None else f"{100 * value:5.1f}"
+
+
+def format_summary(summary: dict) -> str:
+    """A readable results table: per length, then the headline metrics (percent)."""
+    lines = [f"{'length':>6}  {'split':<5} {'policy':>7} {'oracle':>7} {'best K':>6} {'flip':>6}"]
+    for n, row in summary["per_length"].items():
+        lines.append(f"{n:>6}  {row['split']:<5} {_pct(row['policy']):>7} {_pct(row['oracle']):>7} "
+                     f"{row['best_k']:>6} {_pct(row['flip_rate']):>6}")
+    lines.append("")
+    gap = summary["gap"]
+    lines.append(f"Oracle ID {_pct(summary['oracle_id'])}%   Oracle OOD {_pct(summary['oracle_ood'])}%   "
+                 f"Policy OOD {_pct(summary['policy_ood'])}%   Gap {'-' if gap is None else f'{100 * gap:.1f}'} pp   "
+                 f"Front@90 {summary['front90']}   Flip rate {_pct(summary['flip_rate'])}%")
+    return "\n".join(lines)
+

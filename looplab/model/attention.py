@@ -1,0 +1,98 @@
+"""Multi-head self-attention with RoPE, padding masks, and two kernels.
+
+``sdpa`` uses :func:`torch.nn.functional.scaled_dot_product_attention` (fast);
+``math`` spells the softmax out, which forward-mode AD (JVP) can differentiate
+on CPU and which can hand back the attention probabilities for analysis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def rope_tables(length: int, head_dim: int, base: float, device, dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, each [L, head_dim / 2], for rotary position embedding."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs of x [B, H, L, Dh] by position-dependent angles."""
+    first, second = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.flatten(-2)
+
+
+@dataclass
+class AttentionContext:
+    """Per-batch attention inputs shared by every layer and loop.
+
+    Attributes:
+        mask: [B, 1, L, L] bool (True = may attend), or None when nothing is masked.
+        causal: whether attention is causal (folded into ``mask`` when a mask exists).
+        rope: (cos, sin) tables [L, Dh/2], or None without RoPE.
+        use_math: force the math kernel (needed for forward-mode AD).
+        probs: if a list, each attention call appends its probabilities [B, H, L, L].
+    """
+
+    mask: Tensor | None
+    causal: bool
+    rope: tuple[Tensor, Tensor] | None
+    use_math: bool = False
+    probs: list | None = None
+
+    @staticmethod
+    def build(valid: Tensor, causal: bool, rope: tuple[Tensor, Tensor] | None, use_math: bool) -> "AttentionContext":
+        """Context for a [B, L] validity mask; padded keys are never attended."""
+        length = valid.shape[1]
+        mask = None
+        if not bool(valid.all()):
+            mask = valid[:, None, None, :].expand(-1, 1, length, -1)
+            if causal:
+                mask = mask & torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+        return AttentionContext(mask, causal, rope, use_math)
+
+    def rows(self, count: int) -> "AttentionContext":
+        """The context restricted to the first ``count`` rows of the batch."""
+        return replace(self, mask=None if self.mask is None else self.mask[:count])
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        """x [B, L, d] → [B, L, d]."""
+        batch, length, d_model = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        if ctx.rope is not None:
+            cos, sin = (t[:length] for t in ctx.rope)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if ctx.use_math or ctx.probs is not None:
+            y = self._math(q, k, v, ctx)
+        else:
+            is_causal = ctx.causal and ctx.mask is None
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, is_causal=is_causal)
+        return self.out(y.transpose(1, 2).reshape(batch, length, d_model))
+
+    def _math(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        mask = ctx.mask
+        if mask is None and ctx.causal:
+            length = q.shape[2]
+            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        if ctx.probs is not None:
+            ctx.probs.append(probs.detach())
+        return probs @ v

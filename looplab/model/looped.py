@@ -1,0 +1,166 @@
+"""The looped (weight-tied, recurrent-depth) transformer of SPEC §1.
+
+    tokens ─► E(x) (+ learned positions) ─► prelude (p layers) ─► e
+    h_0 = e | 0 | noise
+    h_t = Core(inject(h_{t-1}, e))          t = 1..r, k shared layers (+ optional core_out_norm)
+    logits_t = Head(FinalNorm(Coda(h_t)))   readable at every t
+
+Injection: ``add`` gives Core(h + e); ``concat`` gives Core(W_I [e ; h]) with
+W_I initialised to [I | I], so it starts out equal to ``add`` and can learn
+to weigh the two; ``none`` gives Core(h) from h_0 = e.
+
+Notable:
+- :meth:`unroll` yields every h_t, so all depths cost one unroll.
+- :meth:`forward_at_depths` honours a separate depth per row with active-set
+  compaction: rows are sorted by depth, the rows still running are a prefix of
+  the batch, and a row leaves as soon as its last requested depth is reached.
+  Work is proportional to Σᵢ τᵢ instead of batch × max τ.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from looplab.config import ModelConfig
+from looplab.errors import LooplabError
+from looplab.model.attention import AttentionContext, rope_tables
+from looplab.model.layer import Layer
+from looplab.model.norms import make_norm
+
+
+class LoopedTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embedding = nn.Embedding(vocab_size, d)
+        self.positions = nn.Embedding(cfg.max_len, d) if cfg.positional == "learned" else None
+        self.prelude = nn.ModuleList(Layer(cfg) for _ in range(cfg.prelude_layers))
+        self.core = nn.ModuleList(Layer(cfg) for _ in range(cfg.core_layers))
+        self.coda = nn.ModuleList(Layer(cfg) for _ in range(cfg.coda_layers))
+        self.inject = nn.Linear(2 * d, d, bias=False) if cfg.injection == "concat" else None
+        self.core_out_norm = make_norm(cfg.norm, d) if cfg.core_out_norm else None
+        self.final_norm = make_norm(cfg.norm, d)
+        self.head = nn.Linear(d, vocab_size)
+        self.apply(_init_weights)
+        if self.inject is not None:
+            with torch.no_grad():
+                eye = torch.eye(d)
+                self.inject.weight.copy_(torch.cat([eye, eye], dim=1))
+
+    def context(self, valid: Tensor, use_math: bool = False) -> AttentionContext:
+        """Attention context for a [B, L] validity mask."""
+        rope = None
+        if self.cfg.positional == "rope":
+            head_dim = self.cfg.d_model // self.cfg.n_heads
+            rope = rope_tables(valid.shape[1], head_dim, self.cfg.rope_base, valid.device, self.head.weight.dtype)
+        return AttentionContext.build(valid, self.cfg.causal, rope, use_math or self.cfg.attention == "math")
+
+    def encode(self, tokens: Tensor, ctx: AttentionContext) -> Tensor:
+        """tokens [B, L] → injected input e [B, L, d] (embedding and prelude)."""
+        x = self.embedding(tokens)
+        if self.positions is not None:
+            if tokens.shape[1] > self.cfg.max_len:
+                raise LooplabError(f"sequence length {tokens.shape[1]} exceeds model.max_len {self.cfg.max_len}")
+            x = x + self.positions.weight[: tokens.shape[1]]
+        for layer in self.prelude:
+            x = layer(x, ctx)
+        return x
+
+    def initial_state(self, e: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """h_0 [B, L, d] from e according to ``init_state`` (``none`` injection always starts at e)."""
+        if self.cfg.injection == "none" or self.cfg.init_state == "embed":
+            return e
+        if self.cfg.init_state == "zeros":
+            return torch.zeros_like(e)
+        noise = torch.randn(e.shape, generator=generator, device="cpu", dtype=torch.float32)
+        return (self.cfg.noise_std * noise).to(device=e.device, dtype=e.dtype)
+
+    def step(self, h: Tensor, e: Tensor, ctx: AttentionContext) -> Tensor:
+        """One loop: h_{t-1} [B, L, d] → h_t [B, L, d]."""
+        if self.cfg.injection == "add":
+            x = h + e
+        elif self.cfg.injection == "concat":
+            x = self.inject(torch.cat([e, h], dim=-1))
+        else:
+            x = h
+        for layer in self.core:
+            x = layer(x, ctx)
+        if self.core_out_norm is not None:
+            x = self.core_out_norm(x)
+        return x
+
+    def readout(self, h: Tensor, ctx: AttentionContext) -> Tensor:
+        """State h [B, L, d] → logits [B, L, V]."""
+        for layer in self.coda:
+            h = layer(h, ctx)
+        return self.head(self.final_norm(h))
+
+    def unroll(self, tokens: Tensor, valid: Tensor, loops: int,
+               generator: torch.Generator | None = None) -> Iterator[tuple[Tensor, AttentionContext]]:
+        """Yield (h_t [B, L, d], ctx) for t = 1..loops from one unroll."""
+        ctx = self.context(valid)
+        e = self.encode(tokens, ctx)
+        h = self.initial_state(e, generator)
+        for _ in range(loops):
+            h = self.step(h, e, ctx)
+            yield h, ctx
+
+    def forward(self, tokens: Tensor, valid: Tensor, loops: int,
+                generator: torch.Generator | None = None) -> Tensor:
+        """Logits [B, L, V] after ``loops`` loops for every row."""
+        for h, ctx in self.unroll(tokens, valid, loops, generator):
+            pass
+        return self.readout(h, ctx)
+
+    def forward_at_depths(self, tokens: Tensor, valid: Tensor, depths: Tensor,
+                          generator: torch.Generator | None = None) -> Tensor:
+        """Logits read at each row's own depths, by active-set compaction.
+
+        Args:
+            tokens, valid: [B, L].
+            depths: [B] or [B, J] long; entry (i, j) asks for row i read out after
+                depths[i, j] loops. Entries <= 0 are unused slots (their logits are 0).
+
+        Returns:
+            logits [B, L, V] for [B] depths, [B, J, L, V] for [B, J] depths.
+        """
+        single = depths.dim() == 1
+        depths = depths.view(depths.shape[0], -1).to(tokens.device)
+        batch, slots = depths.shape
+        last = depths.max(dim=1).values
+        ctx = self.context(valid)
+        e = self.encode(tokens, ctx)
+        h = self.initial_state(e, generator)
+
+        order = torch.argsort(last, descending=True, stable=True)
+        e, h, depths, last = e[order], h[order], depths[order], last[order]
+        ctx = self.context(valid[order])
+        remaining = (last[None, :] >= torch.arange(1, int(last[0]) + 1, device=last.device)[:, None]).sum(1).tolist()
+        states, where = [], []
+        for t, active in enumerate(remaining, start=1):
+            h, e, ctx = h[:active], e[:active], ctx.rows(active)
+            h = self.step(h, e, ctx)
+            rows, cols = (depths[:active] == t).nonzero(as_tuple=True)
+            if len(rows):
+                states.append(h[rows])
+                where.append(order[rows] * slots + cols)
+        # Every requested (row, slot) is placed back at its original position;
+        # the readout then runs once over all of them.
+        flat = torch.zeros(batch * slots, *h.shape[1:], dtype=h.dtype, device=h.device)
+        if states:
+            flat = flat.index_copy(0, torch.cat(where), torch.cat(states))
+        row_valid = valid.repeat_interleave(slots, dim=0)
+        logits = self.readout(flat, self.context(row_valid))
+        logits = logits.view(batch, slots, *logits.shape[1:])
+        return logits[:, 0] if single else logits
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

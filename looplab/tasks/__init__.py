@@ -1,0 +1,13 @@
+"""Length-controlled algorithmic tasks (SPEC §2) and their registry."""
+
+from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, TASKS, Task, TaskBatch, make_task, register_task
+from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
+    binary_addition,
+    copy_task,
+    decimal_addition,
+    dyck1,
+    parity,
+    unique_set,
+)
+
+__all__ = ["IGNORE", "PAD", "QUERY", "SEP", "TASKS", "Task", "TaskBatch", "make_task", "register_task"]

@@ -1,0 +1,1 @@
+"""Schedules, objectives, checkpoints and the training loop."""

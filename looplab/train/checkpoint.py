@@ -1,0 +1,129 @@
+"""Checkpoints: safetensors for tensors, JSON for everything else; never pickle.
+
+Layout: ``RUN_DIR/checkpoints/step_XXXXXXX/{model,optimizer}.safetensors`` and
+``state.json``. A checkpoint is written into a hidden temporary folder and
+renamed into place, so a kill at any moment leaves either the complete new
+checkpoint or none; older ones are pruned only after the new one exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from looplab.errors import LooplabError
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = checkpoint_dirs(run_dir)
+    return found[-1] if found else None
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state dict into flat tensors and JSON-able metadata."""
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, slots in state["state"].items():
+        for name, value in slots.items():
+            if torch.is_tensor(value):
+                tensors[f"{index}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict, keep: int) -> Path:
+    """Atomically write the checkpoint of ``step``; keep the newest ``keep`` ones."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:07d}"
+    tmp = root / f".tmp_step_{step:07d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    opt_tensors, opt_meta = _optimizer_tensors(optimizer)
+    save_file(opt_tensors, tmp / "optimizer.safetensors")
+    _write_json(tmp / "optimizer.json", opt_meta)
+    # state.json last: its presence marks the checkpoint complete.
+    _write_json(tmp / "state.json", {"step": step, **state})
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in checkpoint_dirs(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise LooplabError(f"checkpoint file missing: {path}")
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors raises several types for damaged files
+        raise LooplabError(f"checkpoint file {path} is corrupt ({type(err).__name__}: {err})".splitlines()[0]) from None
+
+
+def load_model_weights(checkpoint: Path, model: nn.Module) -> None:
+    """Load model weights, checking names and shapes against the model."""
+    tensors = _load_tensors(Path(checkpoint) / "model.safetensors")
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = [k for k in expected if k in tensors and tensors[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+                  else f"shape of {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, model wants {tuple(expected[wrong[0]].shape)}")
+        raise LooplabError(f"checkpoint {checkpoint} does not match the model config: {detail}")
+    model.load_state_dict(tensors)
+
+
+def read_state(checkpoint: Path) -> dict:
+    path = Path(checkpoint) / "state.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise LooplabError(f"checkpoint state {path} is unreadable: {err}") from None
+
+
+def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model and optimizer; return the JSON state (with ``step``)."""
+    load_model_weights(checkpoint, model)
+    tensors = _load_tensors(Path(checkpoint) / "optimizer.safetensors")
+    try:
+        meta = json.loads((Path(checkpoint) / "optimizer.json").read_text())
+        optimizer.load_state_dict(_optimizer_state(tensors, meta))
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
+        raise LooplabError(f"checkpoint optimizer state in {checkpoint} is corrupt or mismatched: {err}") from None
+    return read_state(checkpoint)

@@ -1,0 +1,38 @@
+"""Losses on the answer region."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from looplab.tasks import IGNORE
+
+
+def per_row_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy averaged over each row's answer positions.
+
+    Args:
+        logits: [..., L, V]; labels: [..., L] with IGNORE outside the answer.
+
+    Returns:
+        [...] loss per row; every row weighs the same whatever its answer length.
+    """
+    token_loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE,
+                                 reduction="none").view(labels.shape)
+    answer = (labels != IGNORE).to(token_loss.dtype)
+    return (token_loss * answer).sum(-1) / answer.sum(-1).clamp_min(1)
+
+
+def depth_supervised_loss(logits: Tensor, labels: Tensor, depths: Tensor) -> Tensor:
+    """Mean loss over rows of the loss at each row's supervised depth(s).
+
+    Args:
+        logits: [B, L, V] (one depth per row) or [B, J, L, V] (several).
+        labels: [B, L].
+        depths: [B] or [B, J]; slots with depth <= 0 are ignored.
+    """
+    if logits.dim() == 3:
+        return per_row_loss(logits, labels).mean()
+    losses = per_row_loss(logits, labels[:, None, :].expand(-1, logits.shape[1], -1))
+    used = (depths > 0).to(losses.dtype)
+    return ((losses * used).sum(1) / used.sum(1)).mean()

@@ -1,0 +1,203 @@
+"""The training loop: AdamW, warmup + cosine, clipping, logs, checkpoints, exact resume.
+
+Resume is exact on CPU: the batch and depths of step s come from a generator
+derived from (seed, "train", s), and the model and AdamW state are restored
+bit for bit, so an interrupted run ends with the same weights as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from looplab.config import Config, from_dict
+from looplab.errors import LooplabError
+from looplab.model import LoopedTransformer
+from looplab.seeding import derive_generator
+from looplab.tasks import Task, make_task
+from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from looplab.train.objectives import depth_supervised_loss
+from looplab.train.schedules import Schedule, make_schedule
+
+CONFIG_FILE = "config.toml"
+LOG_FILE = "log.jsonl"
+
+
+class TrainingDiverged(LooplabError):
+    """The loss became non-finite; the last good checkpoint is kept."""
+
+    exit_code = 1
+
+
+@dataclass
+class Experiment:
+    """The objects a config describes."""
+
+    config: Config
+    task: Task
+    model: LoopedTransformer
+    schedule: Schedule
+
+    @staticmethod
+    def build(config: Config) -> "Experiment":
+        torch.manual_seed(config.run.seed)
+        task = make_task(config.task.name, config.task.alphabet)
+        model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
+        return Experiment(config, task, model, make_schedule(config.schedule, task))
+
+
+def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.AdamW:
+    """AdamW; weight decay only on matrices (not on norms, biases or the like)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.train.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.train.lr, betas=(config.train.beta1, config.train.beta2))
+
+
+def learning_rate(step: int, config: Config) -> float:
+    """Linear warmup over ``warmup_steps``, then cosine from lr to min_lr_ratio·lr at the last step."""
+    tr = config.train
+    if step <= tr.warmup_steps:
+        return tr.lr * step / max(1, tr.warmup_steps)
+    progress = (step - tr.warmup_steps) / max(1, tr.steps - tr.warmup_steps)
+    floor = tr.lr * tr.min_lr_ratio
+    return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def prepare_run_dir(run_dir: Path, config: Config) -> None:
+    """Create the run dir, or check that an existing one holds this same config."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG_FILE
+    if path.exists():
+        saved = load_run_config(run_dir).to_dict()
+        wanted = config.to_dict()
+        diff = [f"{s}.{k}" for s in wanted for k in wanted[s] if saved[s][k] != wanted[s][k]]
+        if diff:
+            raise LooplabError(f"run dir {run_dir} holds a different config (differs in {', '.join(diff[:5])}); "
+                               "use a new --out")
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(config.to_toml())
+    os.replace(tmp, path)
+
+
+def load_run_config(run_dir: Path) -> Config:
+    """The resolved config saved in a run directory."""
+    import tomllib
+
+    path = Path(run_dir) / CONFIG_FILE
+    if not Path(run_dir).is_dir():
+        raise LooplabError(f"run dir not found: {run_dir}")
+    if not path.is_file():
+        raise LooplabError(f"{run_dir} is not a run dir (no {CONFIG_FILE})")
+    try:
+        return from_dict(tomllib.loads(path.read_text()))
+    except tomllib.TOMLDecodeError as err:
+        raise LooplabError(f"{path} is not valid TOML: {err}") from None
+
+
+class RunLog:
+    """JSONL log plus TensorBoard scalars; on resume, drops entries after the checkpoint."""
+
+    def __init__(self, run_dir: Path, resume_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run_dir / LOG_FILE
+        kept = []
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+        self.handle = open(self.path, "a")
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def write(self, record: dict) -> None:
+        self.handle.write(json.dumps(record) + "\n")
+        self.handle.flush()
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.tensorboard.add_scalar(f"train/{key}", value, record["step"])
+
+    def close(self) -> None:
+        self.handle.close()
+        self.tensorboard.close()
+
+
+def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> dict:
+    """One optimisation step; returns its scalar metrics (loss may be non-finite)."""
+    cfg = exp.config
+    generator = derive_generator(cfg.run.seed, "train", step)
+    lengths = torch.randint(cfg.task.train_min, cfg.task.train_max + 1, (cfg.train.batch_size,), generator=generator)
+    batch = exp.task.sample_lengths(lengths, generator).to(cfg.run.device)
+    depths = exp.schedule.train_depths(lengths, generator)
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(step, cfg)
+    logits = exp.model.forward_at_depths(batch.tokens, batch.valid, depths, generator)
+    loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
+    if not torch.isfinite(loss):
+        return {"loss": float(loss.detach())}
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(exp.model.parameters(), cfg.train.grad_clip)
+    optimizer.step()
+    row_depth = depths.view(len(lengths), -1).max(dim=1).values.float()
+    return {
+        "loss": float(loss.detach()),
+        "lr": optimizer.param_groups[0]["lr"],
+        "grad_norm": float(grad_norm),
+        "block_evals": float(row_depth.max()),
+        "row_loops_mean": float(row_depth.mean()),
+    }
+
+
+def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experiment:
+    """Train (or resume) the run in ``run_dir``; returns the trained experiment."""
+    run_dir = Path(run_dir)
+    if config.run.threads > 0:
+        torch.set_num_threads(config.run.threads)
+    prepare_run_dir(run_dir, config)
+    exp = Experiment.build(config)
+    optimizer = make_optimizer(exp.model, config)
+    start = 0
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, exp.model, optimizer)["step"]
+    exp.model.train()
+    log = RunLog(run_dir, start)
+    tr = config.train
+    window: list[dict] = []
+    began = time.perf_counter()
+    bar = tqdm(range(start + 1, tr.steps + 1), initial=start, total=tr.steps, disable=None if progress else True,
+               desc="train", dynamic_ncols=True)
+    try:
+        for step in bar:
+            metrics = train_step(exp, optimizer, step)
+            if not math.isfinite(metrics["loss"]):
+                last = latest_checkpoint(run_dir)
+                raise TrainingDiverged(f"non-finite loss {metrics['loss']} at step {step}; "
+                                       f"last good checkpoint: {last or 'none'}")
+            window.append(metrics)
+            if step % tr.log_every == 0 or step == tr.steps:
+                record = {"step": step, **{k: sum(m[k] for m in window) / len(window) for k in window[0]},
+                          "elapsed_s": round(time.perf_counter() - began, 3)}
+                log.write(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+                window = []
+            if step % tr.checkpoint_every == 0 or step == tr.steps:
+                save_checkpoint(run_dir, step, exp.model, optimizer, {"seed": config.run.seed}, tr.keep_checkpoints)
+    finally:
+        log.close()
+    exp.model.eval()
+    return exp
