@@ -1,0 +1,34 @@
+# Set-up pins the CPU wheel of torch that these machines carry; the package
+# itself only asks for torch>=2.4, so GPU users keep their own build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: setup
+	$(PY) -m looplab demo
+
+test: setup
+	$(PY) -m pytest -q -n 2 --durations=10
+
+test-fast: setup
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+bench: setup
+	$(PY) bench/compaction.py
+	$(PY) bench/eval_grid.py
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) runs

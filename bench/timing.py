@@ -1,0 +1,67 @@
+"""Shared helpers for the benchmarks: seeding, interleaved median timing, tables, verdicts.
+
+Both paths of a comparison are timed in the same process and interleaved
+(A, B, A, B, ...), so a load spike from anything else on the machine hits both
+paths alike instead of biasing the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def add_common_options(parser: argparse.ArgumentParser, repeats: int, warmup: int) -> None:
+    """Add ``--threads``, ``--seed``, ``--repeats`` and ``--warmup`` to a benchmark's parser."""
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for torch, numpy and random")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed repeats per path; the median is reported")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed runs per path before timing")
+
+
+def setup(threads: int, seed: int) -> None:
+    """Fix the thread count and seed every random source."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def time_interleaved(paths: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each path, ``warmup`` untimed rounds first, then ``repeats`` interleaved rounds."""
+    for _ in range(warmup):
+        for run in paths.values():
+            run()
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, run in paths.items():
+            began = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - began)
+    return seconds
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> None:
+    """Print a left-aligned plain-text table."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    print("\n".join(lines))
+
+
+def print_verdict(label: str, ratio: float, goal: float, unit: str = "x") -> bool:
+    """Print the final ``RATIO`` line and whether ``ratio >= goal``; return that outcome."""
+    met = ratio >= goal
+    print(f"RATIO {label}: {ratio:.2f}{unit} (goal >= {goal:g}{unit}) -> goal {'MET' if met else 'NOT MET'}")
+    return met

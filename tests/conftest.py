@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny configs that train in seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = """
+[task]
+name = "binary_addition"
+train_min = 1
+train_max = 6
+eval_lengths = [4, 6, 8]
+
+[model]
+d_model = 32
+n_heads = 2
+core_layers = 1
+
+[schedule]
+name = "window"
+window = 2
+t_max = 7
+
+[train]
+steps = {steps}
+batch_size = 16
+lr = 3e-3
+warmup_steps = 5
+log_every = 5
+checkpoint_every = {checkpoint_every}
+
+[eval]
+max_loops = 10
+samples = 32
+
+[run]
+seed = 3
+threads = 1
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path):
+    """Write a tiny config TOML and return its path; format knobs via keyword arguments."""
+
+    def write(steps: int = 20, checkpoint_every: int = 10, name: str = "tiny.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(TINY.format(steps=steps, checkpoint_every=checkpoint_every))
+        return path
+
+    return write
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m looplab ARGS`` in a subprocess with one torch thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "looplab", *args], capture_output=True, text=True, env=env,
+                          **kwargs)
+
+
+def pytest_configure(config):
+    """Parallel (xdist) workers share 2 cores: one torch thread each, or all run ~4x slower."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)

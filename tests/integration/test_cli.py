@@ -1,0 +1,112 @@
+"""The command line end to end: train, eval, config show, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _one_line_error(result) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from tests.conftest import TINY
+
+    root = tmp_path_factory.mktemp("cli")
+    config = root / "tiny.toml"
+    config.write_text(TINY.format(steps=20, checkpoint_every=10))
+    run_dir = root / "run"
+    result = run_cli("train", str(config), "--out", str(run_dir), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    return config, run_dir
+
+
+def test_train_writes_run_dir(trained_run):
+    _, run_dir = trained_run
+    assert (run_dir / "config.toml").is_file()
+    assert (run_dir / "checkpoints" / "step_0000020" / "model.safetensors").is_file()
+    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [5, 10, 15, 20]
+    assert all(r["loss"] > 0 for r in log)
+    assert any(p.name.startswith("events") for p in (run_dir / "tensorboard").iterdir())
+
+
+def test_eval_writes_grid_and_summary(trained_run):
+    _, run_dir = trained_run
+    result = run_cli("eval", str(run_dir), "--lengths", "4,6,9", "--max-loops", "8", "--samples", "24")
+    assert result.returncode == 0, result.stderr
+    assert "Oracle OOD" in result.stdout and "Front@90" in result.stdout
+    grid = pd.read_parquet(run_dir / "eval" / "grid.parquet")
+    assert {"length", "loops", "accuracy"} <= set(grid.columns)
+    assert len(grid) == 3 * 8 and grid["accuracy"].between(0, 1).all()
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    for key in ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate", "per_length"):
+        assert key in summary
+    assert set(summary["per_length"]) == {"4", "6", "9"}
+    assert summary["per_length"]["9"]["split"] == "ood" and summary["per_length"]["6"]["split"] == "id"
+    for key in ("oracle_id", "oracle_ood", "policy_ood", "flip_rate"):
+        assert 0.0 <= summary[key] <= 1.0
+
+
+def test_config_show_applies_overrides(tiny_config):
+    result = run_cli("config", "show", str(tiny_config()), "--set", "model.d_model=48", "--set",
+                     "model.placement=sandwich_residual")
+    assert result.returncode == 0, result.stderr
+    assert "d_model = 48" in result.stdout and 'placement = "post_sandwich"' in result.stdout
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("model.colour=3", "valid choices"),
+    ("model.norm=batchnorm", "layernorm"),
+    ("model.d_model=abc", "must be int"),
+    ("schedule.name=sometimes", "matched"),
+])
+def test_bad_config_is_one_line_exit_2(tiny_config, tmp_path, override, needle):
+    result = run_cli("train", str(tiny_config()), "--set", override, "--out", str(tmp_path / "never"))
+    assert needle in _one_line_error(result)
+    assert not (tmp_path / "never").exists()
+
+
+def test_missing_run_dir_and_config(tmp_path):
+    assert "not found" in _one_line_error(run_cli("eval", str(tmp_path / "nope")))
+    assert "not found" in _one_line_error(run_cli("train", str(tmp_path / "nope.toml"), "--out", str(tmp_path)))
+
+
+def test_corrupt_checkpoint_is_reported_and_left_alone(trained_run, tmp_path):
+    _, run_dir = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    weights = copy / "checkpoints" / "step_0000020" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    before = weights.read_bytes()
+    assert "corrupt" in _one_line_error(run_cli("eval", str(copy)))
+    assert weights.read_bytes() == before
+
+
+def test_mismatched_checkpoint_is_reported(trained_run, tmp_path):
+    config, run_dir = trained_run
+    other = tmp_path / "other"
+    result = run_cli("train", str(config), "--set", "model.d_model=16", "--set", "train.steps=2",
+                     "--out", str(other), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    shutil.rmtree(other / "checkpoints")
+    shutil.copytree(run_dir / "checkpoints", other / "checkpoints")
+    assert "does not match" in _one_line_error(run_cli("eval", str(other)))
+
+
+def test_changed_config_on_existing_run_dir_is_refused(trained_run):
+    config, run_dir = trained_run
+    before = (run_dir / "config.toml").read_text()
+    result = run_cli("train", str(config), "--set", "train.lr=0.5", "--out", str(run_dir))
+    assert "train.lr" in _one_line_error(result)
+    assert (run_dir / "config.toml").read_text() == before

@@ -1,0 +1,75 @@
+"""Exact resume after SIGKILL, and a clean stop on a non-finite loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from looplab.config import load_config
+from looplab.errors import LooplabError
+from looplab.train import trainer
+from looplab.train.checkpoint import latest_checkpoint, load_model_weights
+from looplab.train.trainer import TrainingDiverged, train
+from tests.conftest import run_cli
+
+
+def _final_weights(run_dir, step):
+    return load_file(run_dir / "checkpoints" / f"step_{step:07d}" / "model.safetensors")
+
+
+def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path):
+    steps = 150
+    config = tiny_config(steps=steps, checkpoint_every=10)
+    straight = tmp_path / "straight"
+    assert run_cli("train", str(config), "--out", str(straight), "--no-progress").returncode == 0
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "looplab", "train", str(config), "--out", str(killed),
+                                "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while latest_checkpoint(killed) is None or latest_checkpoint(killed).name < "step_0000040":
+        assert process.poll() is None and time.time() < deadline, "run ended before it could be killed"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    interrupted_at = json.loads((latest_checkpoint(killed) / "state.json").read_text())["step"]
+    assert interrupted_at < steps
+
+    assert run_cli("train", str(config), "--out", str(killed), "--no-progress").returncode == 0
+    expected, resumed = _final_weights(straight, steps), _final_weights(killed, steps)
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
+    steps_logged = [json.loads(line)["step"] for line in (killed / "log.jsonl").read_text().splitlines()]
+    assert steps_logged == sorted(set(steps_logged)), "log holds duplicate steps after resume"
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):
+    config = load_config(tiny_config(steps=30, checkpoint_every=4))
+    real_loss = trainer.depth_supervised_loss
+    calls = {"n": 0}
+
+    def loss_that_breaks(*args):
+        calls["n"] += 1
+        loss = real_loss(*args)
+        return loss * float("nan") if calls["n"] >= 7 else loss
+
+    monkeypatch.setattr(trainer, "depth_supervised_loss", loss_that_breaks)
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match="non-finite loss nan at step 7.*step_0000004"):
+        train(config, run_dir, progress=False)
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint.name == "step_0000004"
+    exp = trainer.Experiment.build(config)
+    load_model_weights(checkpoint, exp.model)
+    assert all(torch.isfinite(p).all() for p in exp.model.parameters())
+    assert isinstance(TrainingDiverged("x"), LooplabError)

@@ -1,0 +1,37 @@
+"""Learning checks: small models must actually learn (run by CI under the ``slow`` marker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from looplab.config import load_config
+from looplab.eval.grid import evaluate_lengths
+from looplab.eval.metrics import summarize
+from looplab.train.trainer import train
+
+pytestmark = pytest.mark.slow
+
+
+def _train_and_score(tmp_path, overrides: list[str]) -> dict:
+    config = load_config(None, overrides)
+    exp = train(config, tmp_path / "run", progress=False)
+    outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, config.task.eval_lengths,
+                                config.eval.max_loops, 256, 256, config.run.seed)
+    return summarize(outcomes, config.task.train_max)
+
+
+def test_binary_addition_matched_learns_in_distribution(tmp_path):
+    summary = _train_and_score(tmp_path, [
+        "task.name=binary_addition", "task.train_max=8", "task.eval_lengths=[3,5,8,12]",
+        "schedule.name=matched", "train.steps=500", "train.lr=1e-3", "eval.max_loops=16",
+    ])
+    assert summary["policy_id"] >= 0.95, summary
+    assert summary["oracle_id"] >= 0.95, summary
+
+
+def test_parity_window_learns_in_distribution(tmp_path):
+    summary = _train_and_score(tmp_path, [
+        "task.name=parity", "task.train_max=8", "task.eval_lengths=[3,5,8]", "schedule.name=window",
+        "schedule.window=2", "schedule.t_max=10", "train.steps=600", "train.lr=1e-3", "eval.max_loops=12",
+    ])
+    assert summary["oracle_id"] >= 0.95, summary
