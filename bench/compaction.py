@@ -97,13 +97,14 @@ def make_step(model: LoopedTransformer, optimizer: torch.optim.Optimizer, clip: 
 
 
 def make_paths(exp: Experiment, batches: list[tuple[TaskBatch, Tensor]]) -> dict[tuple[str, int], object]:
-    """One step closure per (path, batch index); each path trains its own copy of the model."""
+    """One step closure per (path, batch index), paths alternating; each path trains its own model copy."""
+    models = {name: copy.deepcopy(exp.model) for name in PATHS}
+    optimizers = {name: make_optimizer(model, exp.config) for name, model in models.items()}
     paths = {}
-    for name, logits_fn in PATHS.items():
-        model = copy.deepcopy(exp.model)
-        optimizer = make_optimizer(model, exp.config)
-        for index, (batch, depths) in enumerate(batches):
-            paths[name, index] = make_step(model, optimizer, exp.config.train.grad_clip, logits_fn, batch, depths)
+    for index, (batch, depths) in enumerate(batches):
+        for name, logits_fn in PATHS.items():
+            paths[name, index] = make_step(models[name], optimizers[name], exp.config.train.grad_clip, logits_fn,
+                                           batch, depths)
     return paths
 
 

@@ -25,6 +25,7 @@ INJECTIONS = ("add", "concat", "none")
 INIT_STATES = ("embed", "zeros", "noise")
 POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("sdpa", "math")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -100,8 +101,11 @@ class EvalConfig:
 
 @dataclass
 class RunConfig:
+    """Seed, device and precision. ``bf16`` autocasts the forward pass (meant for CUDA)."""
+
     seed: int = 0
     device: str = "cpu"
+    precision: str = "fp32"
     threads: int = 0
 
 
@@ -163,7 +167,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise LooplabError(f"override {text!r} must look like section.key=value")
     dotted, raw = text.split("=", 1)
-    section, key = dotted.strip().split(".", 1)
+    section, key = (part.strip() for part in dotted.split(".", 1))
+    raw = raw.strip()
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -212,6 +217,7 @@ def validate(config: Config) -> None:
         ("model.init_state", m.init_state, INIT_STATES),
         ("model.positional", m.positional, POSITIONALS),
         ("model.attention", m.attention, ATTENTIONS),
+        ("run.precision", config.run.precision, PRECISIONS),
     ]:
         if value not in choices:
             raise choice_error(f"value for {where}:", value, choices)

@@ -64,8 +64,8 @@ def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def pytest_configure(config):
-    """Parallel (xdist) workers share 2 cores: one torch thread each, or all run ~4x slower."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
+    """One torch thread per test process: xdist workers share 2 cores, and the
+    tests' tiny tensors gain nothing from more threads (they run ~4x slower)."""
+    import torch
 
-        torch.set_num_threads(1)
+    torch.set_num_threads(1)

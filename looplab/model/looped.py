@@ -99,21 +99,27 @@ class LoopedTransformer(nn.Module):
             h = layer(h, ctx)
         return self.head(self.final_norm(h))
 
+    def start(self, tokens: Tensor, valid: Tensor,
+              generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, AttentionContext]:
+        """(h_0, e, ctx) for a batch: the initial state, the injected input and the attention context."""
+        ctx = self.context(valid)
+        e = self.encode(tokens, ctx)
+        return self.initial_state(e, generator), e, ctx
+
     def unroll(self, tokens: Tensor, valid: Tensor, loops: int,
                generator: torch.Generator | None = None) -> Iterator[tuple[Tensor, AttentionContext]]:
         """Yield (h_t [B, L, d], ctx) for t = 1..loops from one unroll."""
-        ctx = self.context(valid)
-        e = self.encode(tokens, ctx)
-        h = self.initial_state(e, generator)
+        h, e, ctx = self.start(tokens, valid, generator)
         for _ in range(loops):
             h = self.step(h, e, ctx)
             yield h, ctx
 
     def forward(self, tokens: Tensor, valid: Tensor, loops: int,
                 generator: torch.Generator | None = None) -> Tensor:
-        """Logits [B, L, V] after ``loops`` loops for every row."""
-        for h, ctx in self.unroll(tokens, valid, loops, generator):
-            pass
+        """Logits [B, L, V] after ``loops`` loops for every row (loops = 0 reads h_0)."""
+        h, e, ctx = self.start(tokens, valid, generator)
+        for _ in range(loops):
+            h = self.step(h, e, ctx)
         return self.readout(h, ctx)
 
     def forward_at_depths(self, tokens: Tensor, valid: Tensor, depths: Tensor,
@@ -132,14 +138,12 @@ class LoopedTransformer(nn.Module):
         depths = depths.view(depths.shape[0], -1).to(tokens.device)
         batch, slots = depths.shape
         last = depths.max(dim=1).values
-        ctx = self.context(valid)
-        e = self.encode(tokens, ctx)
-        h = self.initial_state(e, generator)
-
+        h, e, _ = self.start(tokens, valid, generator)
         order = torch.argsort(last, descending=True, stable=True)
         e, h, depths, last = e[order], h[order], depths[order], last[order]
         ctx = self.context(valid[order])
-        remaining = (last[None, :] >= torch.arange(1, int(last[0]) + 1, device=last.device)[:, None]).sum(1).tolist()
+        loops = torch.arange(1, int(last[0]) + 1, device=last.device)
+        remaining = (last[None, :] >= loops[:, None]).sum(1).tolist()  # active rows at each loop
         states, where = [], []
         for t, active in enumerate(remaining, start=1):
             h, e, ctx = h[:active], e[:active], ctx.rows(active)
@@ -148,15 +152,14 @@ class LoopedTransformer(nn.Module):
             if len(rows):
                 states.append(h[rows])
                 where.append(order[rows] * slots + cols)
-        # Every requested (row, slot) is placed back at its original position;
-        # the readout then runs once over all of them.
-        flat = torch.zeros(batch * slots, *h.shape[1:], dtype=h.dtype, device=h.device)
-        if states:
-            flat = flat.index_copy(0, torch.cat(where), torch.cat(states))
-        row_valid = valid.repeat_interleave(slots, dim=0)
-        logits = self.readout(flat, self.context(row_valid))
-        logits = logits.view(batch, slots, *logits.shape[1:])
-        return logits[:, 0] if single else logits
+        # One readout over every requested (row, slot); the logits then go back
+        # to their original positions, and unused slots stay zero.
+        where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=tokens.device)
+        chosen = torch.cat(states) if states else h.new_zeros((0, *h.shape[1:]))
+        logits = self.readout(chosen, self.context(valid[where // slots]))
+        flat = logits.new_zeros((batch * slots, *logits.shape[1:])).index_copy(0, where, logits)
+        flat = flat.view(batch, slots, *logits.shape[1:])
+        return flat[:, 0] if single else flat
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -34,5 +35,7 @@ def depth_supervised_loss(logits: Tensor, labels: Tensor, depths: Tensor) -> Ten
     if logits.dim() == 3:
         return per_row_loss(logits, labels).mean()
     losses = per_row_loss(logits, labels[:, None, :].expand(-1, logits.shape[1], -1))
-    used = (depths > 0).to(losses.dtype)
-    return ((losses * used).sum(1) / used.sum(1)).mean()
+    used = depths > 0
+    # where (not a product) so that whatever sits in an unused slot cannot leak in as NaN
+    total = torch.where(used, losses, torch.zeros_like(losses)).sum(1)
+    return (total / used.sum(1).clamp_min(1)).mean()

@@ -135,6 +135,12 @@ class RunLog:
         self.tensorboard.close()
 
 
+def autocast(config: Config) -> torch.autocast:
+    """bf16 autocast when ``run.precision = "bf16"``, a no-op context otherwise."""
+    device_type = "cuda" if config.run.device.startswith("cuda") else "cpu"
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=config.run.precision == "bf16")
+
+
 def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> dict:
     """One optimisation step; returns its scalar metrics (loss may be non-finite)."""
     cfg = exp.config
@@ -144,7 +150,8 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> 
     depths = exp.schedule.train_depths(lengths, generator)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg)
-    logits = exp.model.forward_at_depths(batch.tokens, batch.valid, depths, generator)
+    with autocast(cfg):
+        logits = exp.model.forward_at_depths(batch.tokens, batch.valid, depths, generator)
     loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
     if not torch.isfinite(loss):
         return {"loss": float(loss.detach())}
@@ -179,8 +186,8 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     tr = config.train
     window: list[dict] = []
     began = time.perf_counter()
-    bar = tqdm(range(start + 1, tr.steps + 1), initial=start, total=tr.steps, disable=None if progress else True,
-               desc="train", dynamic_ncols=True)
+    bar = tqdm(range(start + 1, tr.steps + 1), initial=start, total=tr.steps, desc="train",
+               disable=None if progress else True, dynamic_ncols=True)
     try:
         for step in bar:
             metrics = train_step(exp, optimizer, step)

@@ -170,6 +170,7 @@ def test_section_not_a_table(tmp_path):
     ("model.init_state", ("embed", "zeros", "noise")),
     ("model.positional", POSITIONALS),
     ("model.attention", ("sdpa", "math")),
+    ("run.precision", ("fp32", "bf16")),
     ("schedule.name", ("fixed", "matched", "window", "fixed_window", "multi_depth")),
     ("task.name", ("copy", "unique_set", "binary_addition", "dyck1", "parity", "decimal_addition")),
 ])

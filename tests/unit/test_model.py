@@ -14,8 +14,6 @@ from looplab.errors import LooplabError
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext, SelfAttention, apply_rope, rope_tables
 
-# Tiny tensors: extra intra-op threads only add contention on a loaded 2-core machine (10x slower).
-torch.set_num_threads(1)
 
 VOCAB = 7
 TOL = 1e-5

@@ -1,0 +1,148 @@
+"""Training throughput (tokens/s) and achieved GFLOP/s against the measured fp32 matmul peak.
+
+Measures the library's own training step (:func:`looplab.train.trainer.train_step`:
+batch sampling, ``forward_at_depths``, loss, backward, clipping, AdamW) on
+``binary_addition`` with lengths n uniform in 16..19 (sequence width
+L = n_max + 1 = 20), batch 64, ``fixed`` schedule at depth 20 (every row runs
+all 20 loops), 2 core layers, no prelude or coda, MLP ratio 4, head dim 32
+(4 heads at d_model 128, 8 heads at d_model 256).
+
+FLOPs are counted analytically over the padded batch (the work the kernels do):
+
+    per token and core-layer application, forward:
+        2 · (3d² + d² + 2·r·d²)   the linears: qkv, attention out, MLP in and out (r = MLP ratio)
+      + 2 · 2 · L · d             attention scores QKᵀ and the weighted sum AV
+    per step:
+        FLOPs = 3 · B · L · loops · core_layers · (2·(4 + 2r)·d² + 4·L·d)
+
+where 3 = forward + backward (backward ≈ 2× forward). Embedding, norms,
+RoPE, softmax, the readout head (2·d·V per token, < 0.1 %) and AdamW are not
+counted, so the achieved rate is a lower bound on the arithmetic done.
+Tokens/s counts the B · L positions of a step (93 % of them are real tokens
+at these lengths). L assumes a batch holds at least one row of the longest
+length, which for batch 64 and four lengths fails with probability 1e-8.
+
+The baseline is the peak of the same machine in the same run: a large fp32
+``torch.mm`` (2048 × 2048 @ 2048 × 2048 by default) with the same thread count.
+Goal: achieved ≥ 60 % of that peak at d_model = 256.
+
+    python bench/throughput.py [--d-models 128 256] [--batch 64] [--threads 2] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
+from looplab.config import Config, validate
+from looplab.train.trainer import Experiment, make_optimizer, train_step
+
+GOAL_PERCENT = 60.0
+GOAL_D_MODEL = 256
+
+
+def step_flops(batch: int, length: int, loops: int, layers: int, d_model: int, mlp_ratio: int) -> float:
+    """Analytic FLOPs of one training step (forward + backward of the core layers), per the module docstring."""
+    per_token_layer = 2 * (4 + 2 * mlp_ratio) * d_model ** 2 + 4 * length * d_model
+    return 3.0 * batch * length * loops * layers * per_token_layer
+
+
+def matmul_peak(size: int, repeats: int) -> float:
+    """Median fp32 GFLOP/s of ``torch.mm`` on two random [size, size] matrices."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    seconds = time_interleaved({"mm": lambda: torch.mm(a, b, out=out)}, repeats, warmup=2)["mm"]
+    return 2.0 * size ** 3 / median(seconds) / 1e9
+
+
+def make_config(args: argparse.Namespace, d_model: int) -> Config:
+    config = Config()
+    config.task.name = "binary_addition"
+    config.task.train_min, config.task.train_max = args.min_length, args.max_length
+    config.schedule.name, config.schedule.depth = "fixed", args.loops
+    config.model.d_model, config.model.n_heads = d_model, d_model // args.head_dim
+    config.model.core_layers, config.model.mlp_ratio = args.layers, args.mlp_ratio
+    config.train.batch_size = args.batch
+    config.train.warmup_steps = 0
+    config.run.seed = args.seed
+    validate(config)
+    return config
+
+
+def make_trainer(config: Config):
+    """A closure that runs the next training step of a fresh experiment built from ``config``."""
+    exp = Experiment.build(config)
+    exp.model.train()
+    optimizer = make_optimizer(exp.model, config)
+    counter = iter(range(1, 1 << 62))
+    return exp, lambda: train_step(exp, optimizer, next(counter))
+
+
+def profile_step(run_step, top: int) -> None:
+    """Print the ops taking the most self CPU time in one training step, with their share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_step()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    rows = [[e.key, e.count, f"{e.self_cpu_time_total / 1e3:.1f}", f"{100 * e.self_cpu_time_total / total:.1f}"]
+            for e in events[:top]]
+    print_table(["op", "calls", "self ms", "share %"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-models", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--head-dim", type=int, default=32, help="n_heads = d_model / head_dim")
+    parser.add_argument("--layers", type=int, default=2, help="core layers")
+    parser.add_argument("--mlp-ratio", type=int, default=4)
+    parser.add_argument("--loops", type=int, default=20, help="fixed training depth")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--min-length", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=19)
+    parser.add_argument("--peak-size", type=int, default=2048, help="square matmul size for the peak")
+    parser.add_argument("--profile", action="store_true", help="profile one step at the largest d_model")
+    add_common_options(parser, repeats=5, warmup=1)
+    args = parser.parse_args()
+    setup(args.threads, args.seed)
+
+    load_before = os.getloadavg()[0]
+    peak = matmul_peak(args.peak_size, repeats=max(5, args.repeats))
+    length = args.max_length + 1
+    tokens = args.batch * length
+    rows, percent = [], {}
+    for d_model in args.d_models:
+        config = make_config(args, d_model)
+        exp, run_step = make_trainer(config)
+        seconds = median(time_interleaved({"step": run_step}, args.repeats, args.warmup)["step"])
+        flops = step_flops(args.batch, length, args.loops, args.layers, d_model, args.mlp_ratio)
+        achieved = flops / seconds / 1e9
+        percent[d_model] = 100 * achieved / peak
+        params = sum(p.numel() for p in exp.model.parameters())
+        rows.append([d_model, f"{config.model.n_heads}x{args.head_dim}", f"{params / 1e6:.2f}M",
+                     f"{1e3 * seconds:.0f}", f"{tokens / seconds:,.0f}", f"{flops / 1e9:.1f}",
+                     f"{achieved:.1f}", f"{percent[d_model]:.1f}"])
+
+    print(f"throughput: binary_addition n ~ U{{{args.min_length}..{args.max_length}}} (L = {length}), "
+          f"batch {args.batch}, fixed depth {args.loops}, {args.layers} core layers, MLP ratio {args.mlp_ratio}, "
+          f"fp32, {args.threads} threads")
+    print(f"timing: {args.warmup} warm-up + {args.repeats} timed train_step calls per model; "
+          f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(f"peak: torch.mm {args.peak_size}x{args.peak_size} fp32 = {peak:.1f} GFLOP/s")
+    print_table(["d_model", "heads x dim", "params", "ms/step", "tokens/s", "GFLOP/step", "GFLOP/s", "% of peak"], rows)
+    if args.profile:
+        print(f"profile of one step at d_model {args.d_models[-1]} (self CPU time):")
+        profile_step(run_step, top=12)
+    if GOAL_D_MODEL in percent:
+        print_verdict(f"achieved / peak at d_model {GOAL_D_MODEL}", percent[GOAL_D_MODEL], GOAL_PERCENT, unit="%")
+    else:
+        print(f"RATIO not computed: d_model {GOAL_D_MODEL} not among --d-models")
+
+
+if __name__ == "__main__":
+    main()
