@@ -26,6 +26,7 @@ INIT_STATES = ("embed", "zeros", "noise")
 POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
+ENTROPY_MODES = ("exact", "sampled")
 
 
 @dataclass
@@ -64,12 +65,26 @@ class ModelConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Training-depth schedule (SPEC §3). ``depth`` is the constant c; ``t_max`` clips."""
+    """Training-depth schedule (SPEC §3, §4).
+
+    ``depth`` is the constant c, ``window`` the w of the window schedules and
+    ``t_max`` the clip bound, which is also T_max of the halting schedules.
+    The rest configure learned halting: REINFORCE's entropy bonus (weight and
+    ``exact`` or ``sampled`` estimator) and baseline momentum, PonderNet's
+    geometric prior rate λ_p and KL weight β, and the halting head's learning
+    rate as a multiple of the model's.
+    """
 
     name: str = "matched"
     depth: int = 20
     window: int = 5
     t_max: int = 20
+    entropy_weight: float = 0.001
+    entropy_mode: str = "sampled"
+    baseline_momentum: float = 0.9
+    ponder_prior: float = 0.2
+    ponder_beta: float = 0.01
+    lr_scale: float = 1.0
 
 
 @dataclass
@@ -92,11 +107,17 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """One-unroll evaluation grid (SPEC §5)."""
+    """One-unroll evaluation grid (SPEC §5) and the test-time exits of SPEC §4.
+
+    ``fixed_exit`` is the K of the ``fixed`` exit; ``convergence_eps`` the ε of
+    the ``convergence`` exit.
+    """
 
     max_loops: int = 30
     samples: int = 256
     batch_size: int = 256
+    fixed_exit: int = 20
+    convergence_eps: float = 1e-3
 
 
 @dataclass
@@ -218,6 +239,7 @@ def validate(config: Config) -> None:
         ("model.positional", m.positional, POSITIONALS),
         ("model.attention", m.attention, ATTENTIONS),
         ("run.precision", config.run.precision, PRECISIONS),
+        ("schedule.entropy_mode", s.entropy_mode, ENTROPY_MODES),
     ]:
         if value not in choices:
             raise choice_error(f"value for {where}:", value, choices)
@@ -229,10 +251,14 @@ def validate(config: Config) -> None:
     _require(1 <= t.train_min <= t.train_max, "task needs 1 <= train_min <= train_max")
     _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")
     _require(s.depth >= 1 and s.window >= 0 and s.t_max >= 1, "schedule needs depth >= 1, window >= 0, t_max >= 1")
+    _require(0 < s.ponder_prior < 1 and 0 <= s.baseline_momentum < 1,
+             "schedule needs 0 < ponder_prior < 1 and 0 <= baseline_momentum < 1")
+    _require(min(s.entropy_weight, s.ponder_beta) >= 0 and s.lr_scale > 0,
+             "schedule needs entropy_weight, ponder_beta >= 0 and lr_scale > 0")
     _require(tr.steps >= 1 and tr.batch_size >= 1 and tr.lr > 0, "train needs steps >= 1, batch_size >= 1, lr > 0")
     _require(tr.log_every >= 1 and tr.checkpoint_every >= 1 and tr.keep_checkpoints >= 1,
              "train.log_every, checkpoint_every and keep_checkpoints must be >= 1")
-    _require(ev.max_loops >= 1 and ev.samples >= 1 and ev.batch_size >= 1,
-             "eval needs max_loops, samples, batch_size >= 1")
+    _require(min(ev.max_loops, ev.samples, ev.batch_size, ev.fixed_exit) >= 1 and ev.convergence_eps > 0,
+             "eval needs max_loops, samples, batch_size, fixed_exit >= 1 and convergence_eps > 0")
     _require(config.run.device == "cpu" or config.run.device.startswith("cuda"),
              f"run.device must be 'cpu' or 'cuda[:N]', got {config.run.device!r}")

@@ -22,50 +22,76 @@ from looplab.train.schedules import Schedule
 
 @dataclass
 class LengthOutcome:
-    """Per-sample results at one length.
+    """Per-sample results at one length, from one unroll to T loops.
 
     Attributes:
         length: the instance size n.
         correct: [N, T] bool, whole-answer exact match after K = 1..T loops.
         flips: [N, T-1] bool, the answer after K+1 loops differs from after K.
         policy_depth: [N] int, the schedule's test-time depth, clipped to [1, T].
+        confidence: [N, T] log-probability of the predicted whole answer (−inf if non-finite).
+        step_ratio: [N, T] ‖h_K − h_{K−1}‖ / ‖h_K‖ over the row's valid positions.
+        hazard_logits: [N, T] halting-head logits, or None for a model without one.
     """
 
     length: int
     correct: np.ndarray
     flips: np.ndarray
     policy_depth: np.ndarray
+    confidence: np.ndarray | None = None
+    step_ratio: np.ndarray | None = None
+    hazard_logits: np.ndarray | None = None
 
     @property
     def accuracy(self) -> np.ndarray:
         """[T] acc(n, K)."""
         return self.correct.mean(axis=0)
 
+    def accuracy_at(self, depth: np.ndarray) -> float:
+        """Accuracy when sample i is read after depth[i] loops ([N] ints in 1..T)."""
+        return float(self.correct[np.arange(len(self.correct)), depth - 1].mean())
+
     @property
     def policy_accuracy(self) -> float:
-        return float(self.correct[np.arange(len(self.correct)), self.policy_depth - 1].mean())
+        return self.accuracy_at(self.policy_depth)
 
 
 @torch.no_grad()
-def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int) -> tuple[Tensor, Tensor]:
-    """Exact-match per depth and answer flips between consecutive depths.
+def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
+                    hazard_head: torch.nn.Module | None = None) -> dict[str, Tensor]:
+    """Everything the readout says about each row at each depth, from one unroll.
 
     Returns:
-        correct [B, T] bool and flips [B, T-1] bool.
+        ``correct`` [B, T] bool, ``flips`` [B, T-1] bool, ``confidence`` [B, T],
+        ``step_ratio`` [B, T], and ``hazard_logits`` [B, T] when a head is given.
     """
     answer = batch.answer_mask
-    correct, flips, previous = [], [], None
-    for h, ctx in model.unroll(batch.tokens, batch.valid, max_loops):
-        logits = model.readout(h, ctx)
-        finite = torch.isfinite(logits).all(dim=-1)
-        prediction = torch.where(finite, logits.argmax(dim=-1), -1)
-        hit = (prediction == batch.labels) | ~answer
-        correct.append(hit.all(dim=1))
+    valid = batch.valid.unsqueeze(-1)
+    signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "step_ratio": []}
+    if hazard_head is not None:
+        signals["hazard_logits"] = []
+    h, e, ctx = model.start(batch.tokens, batch.valid)
+    previous = None
+    for _ in range(max_loops):
+        h_next = model.step(h, e, ctx)
+        change = ((h_next - h) * valid).flatten(1).norm(dim=1)
+        signals["step_ratio"].append(change / (h_next * valid).flatten(1).norm(dim=1).clamp_min(1e-30))
+        h = h_next
+        log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)
+        finite = torch.isfinite(log_probs).all(dim=-1)
+        best, prediction = log_probs.max(dim=-1)
+        prediction = torch.where(finite, prediction, -1)
+        best = torch.where(finite, best, float("-inf"))
+        signals["correct"].append(((prediction == batch.labels) | ~answer).all(dim=1))
+        signals["confidence"].append(torch.where(answer, best, 0.0).sum(dim=1))
         if previous is not None:
-            flips.append(((prediction != previous) & answer).any(dim=1))
+            signals["flips"].append(((prediction != previous) & answer).any(dim=1))
         previous = prediction
-    empty = torch.zeros(len(batch.tokens), 0, dtype=torch.bool, device=batch.tokens.device)
-    return torch.stack(correct, dim=1), torch.stack(flips, dim=1) if flips else empty
+        if hazard_head is not None:
+            signals["hazard_logits"].append(hazard_head(h, batch.valid).float())
+    rows = len(batch.tokens)
+    return {name: torch.stack(values, dim=1) if values else torch.zeros(rows, 0, dtype=torch.bool)
+            for name, values in signals.items()}
 
 
 def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, lengths: list[int],
@@ -77,14 +103,17 @@ def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, l
     outcomes = []
     for n in lengths:
         generator = derive_generator(seed, "eval", n)
-        correct, flips = [], []
+        parts: dict[str, list[Tensor]] = {}
         for start in range(0, samples, batch_size):
             batch = task.sample(n, min(batch_size, samples - start), generator).to(device)
-            c, f = unroll_outcomes(model, batch, max_loops)
-            correct.append(c.cpu())
-            flips.append(f.cpu())
-        policy = schedule.policy_depth(torch.full((samples,), n)).clamp(1, max_loops)
-        outcomes.append(LengthOutcome(n, torch.cat(correct).numpy(), torch.cat(flips).numpy(), policy.numpy()))
+            for name, value in unroll_outcomes(model, batch, max_loops, schedule.module).items():
+                parts.setdefault(name, []).append(value.cpu())
+        signals = {name: torch.cat(values) for name, values in parts.items()}
+        hazards = signals.get("hazard_logits")
+        policy = schedule.test_depths(torch.full((samples,), n), hazards).clamp(1, max_loops)
+        outcomes.append(LengthOutcome(n, signals["correct"].numpy(), signals["flips"].numpy(), policy.numpy(),
+                                      signals["confidence"].numpy(), signals["step_ratio"].numpy(),
+                                      None if hazards is None else hazards.numpy()))
     model.train(was_training)
     return outcomes
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths, grid_frame
 from looplab.eval.metrics import summarize
-from looplab.train.checkpoint import latest_checkpoint, load_model_weights
-from looplab.train.trainer import Experiment, load_run_config
+from looplab.train.checkpoint import latest_checkpoint, load_weights
+from looplab.train.trainer import LOG_FILE, Experiment, load_run_config
 
 EVAL_DIR = "eval"
 
@@ -39,10 +39,11 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     samples = samples or config.eval.samples
 
     exp = Experiment.build(config)
-    load_model_weights(checkpoint, exp.model)
+    load_weights(checkpoint, exp.modules())
     outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, lengths, max_loops, samples,
                                 config.eval.batch_size, config.run.seed)
-    summary = summarize(outcomes, config.task.train_max)
+    summary = summarize(outcomes, config.task.train_max, config.eval.fixed_exit, config.eval.convergence_eps)
+    summary["training_cost"] = training_cost(run_dir)
     summary.update({"checkpoint": checkpoint.name, "max_loops": max_loops, "samples": samples,
                     "train_range": [config.task.train_min, config.task.train_max]})
     out = run_dir / EVAL_DIR
@@ -51,6 +52,14 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     _atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
     _atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
+
+
+def training_cost(run_dir: Path) -> dict:
+    """Mean block evaluations per training step (and mean loops per row) from the JSONL log."""
+    path = run_dir / LOG_FILE
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return {key: float(sum(r[key] for r in records) / len(records)) if records else None
+            for key in ("block_evals", "row_loops_mean")}
 
 
 def _pct(value: float | None) -> str:
@@ -68,5 +77,14 @@ def format_summary(summary: dict) -> str:
     lines.append(f"Oracle ID {_pct(summary['oracle_id'])}%   Oracle OOD {_pct(summary['oracle_ood'])}%   "
                  f"Policy OOD {_pct(summary['policy_ood'])}%   Gap {'-' if gap is None else f'{100 * gap:.1f}'} pp   "
                  f"Front@90 {summary['front90']}   Flip rate {_pct(summary['flip_rate'])}%")
+    lines += ["", f"{'exit':<12} {'ID acc':>7} {'OOD acc':>7} {'depth':>6}"]
+    for name, row in summary["exits"].items():
+        lines.append(f"{name:<12} {_pct(row['policy_id']):>7} {_pct(row['policy_ood']):>7} {row['mean_depth']:>6.1f}")
+    for n, halting in summary.get("halting", {}).items():
+        lines.append(f"halting at n={n}: mean depth {halting['mean_depth']:.1f}, entropy {halting['entropy']:.2f}")
+    cost = summary.get("training_cost", {})
+    if cost.get("block_evals") is not None:
+        lines.append(f"training: {cost['block_evals']:.2f} block evaluations per step "
+                     f"({cost['row_loops_mean']:.2f} loops per row)")
     return "\n".join(lines)
 

@@ -58,9 +58,9 @@ class AttentionContext:
                 mask = mask & torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
         return AttentionContext(mask, causal, rope, use_math)
 
-    def rows(self, count: int) -> "AttentionContext":
-        """The context restricted to the first ``count`` rows of the batch."""
-        return replace(self, mask=None if self.mask is None else self.mask[:count])
+    def select(self, rows: Tensor | slice) -> "AttentionContext":
+        """The context restricted to some rows of the batch (an index tensor, boolean mask or slice)."""
+        return replace(self, mask=None if self.mask is None else self.mask[rows])
 
 
 class SelfAttention(nn.Module):

@@ -146,7 +146,7 @@ class LoopedTransformer(nn.Module):
         remaining = (last[None, :] >= loops[:, None]).sum(1).tolist()  # active rows at each loop
         states, where = [], []
         for t, active in enumerate(remaining, start=1):
-            h, e, ctx = h[:active], e[:active], ctx.rows(active)
+            h, e, ctx = h[:active], e[:active], ctx.select(slice(None, active))
             h = self.step(h, e, ctx)
             rows, cols = (depths[:active] == t).nonzero(as_tuple=True)
             if len(rows):

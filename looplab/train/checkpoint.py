@@ -1,7 +1,8 @@
 """Checkpoints: safetensors for tensors, JSON for everything else; never pickle.
 
-Layout: ``RUN_DIR/checkpoints/step_XXXXXXX/{model,optimizer}.safetensors`` and
-``state.json``. A checkpoint is written into a hidden temporary folder and
+Layout: ``RUN_DIR/checkpoints/step_XXXXXXX/`` holds ``model.safetensors``
+(plus ``schedule.safetensors`` for a learned schedule), ``optimizer.safetensors``
+with ``optimizer.json``, and ``state.json``. A checkpoint is written into a hidden temporary folder and
 renamed into place, so a kill at any moment leaves either the complete new
 checkpoint or none; older ones are pruned only after the new one exists.
 """
@@ -64,16 +65,21 @@ def _write_json(path: Path, data: dict) -> None:
         os.fsync(handle.fileno())
 
 
-def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(run_dir: Path, step: int, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
                     state: dict, keep: int) -> Path:
-    """Atomically write the checkpoint of ``step``; keep the newest ``keep`` ones."""
+    """Atomically write the checkpoint of ``step``; keep the newest ``keep`` ones.
+
+    Each of ``modules`` goes to ``<name>.safetensors``; ``state`` to state.json.
+    """
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:07d}"
     tmp = root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    for name, module in modules.items():
+        save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
+                  tmp / f"{name}.safetensors")
     opt_tensors, opt_meta = _optimizer_tensors(optimizer)
     save_file(opt_tensors, tmp / "optimizer.safetensors")
     _write_json(tmp / "optimizer.json", opt_meta)
@@ -95,18 +101,26 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise LooplabError(f"checkpoint file {path} is corrupt ({type(err).__name__}: {err})".splitlines()[0]) from None
 
 
-def load_model_weights(checkpoint: Path, model: nn.Module) -> None:
-    """Load model weights, checking names and shapes against the model."""
-    tensors = _load_tensors(Path(checkpoint) / "model.safetensors")
-    expected = model.state_dict()
+def load_weights(checkpoint: Path, modules: dict[str, nn.Module]) -> None:
+    """Load each module from ``<name>.safetensors``, checking names and shapes."""
+    for name, module in modules.items():
+        _load_module(Path(checkpoint) / f"{name}.safetensors", module)
+
+
+def _load_module(path: Path, module: nn.Module) -> None:
+    tensors = _load_tensors(path)
+    expected = module.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     wrong = [k for k in expected if k in tensors and tensors[k].shape != expected[k].shape]
     if missing or unexpected or wrong:
-        detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
-                  else f"shape of {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, model wants {tuple(expected[wrong[0]].shape)}")
-        raise LooplabError(f"checkpoint {checkpoint} does not match the model config: {detail}")
-    model.load_state_dict(tensors)
+        if missing or unexpected:
+            detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        else:
+            detail = (f"shape of {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, "
+                      f"config wants {tuple(expected[wrong[0]].shape)}")
+        raise LooplabError(f"checkpoint {path} does not match the model config: {detail}")
+    module.load_state_dict(tensors)
 
 
 def read_state(checkpoint: Path) -> dict:
@@ -117,9 +131,9 @@ def read_state(checkpoint: Path) -> dict:
         raise LooplabError(f"checkpoint state {path} is unreadable: {err}") from None
 
 
-def load_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model and optimizer; return the JSON state (with ``step``)."""
-    load_model_weights(checkpoint, model)
+def load_checkpoint(checkpoint: Path, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer) -> dict:
+    """Restore modules and optimizer; return the JSON state (with ``step``)."""
+    load_weights(checkpoint, modules)
     tensors = _load_tensors(Path(checkpoint) / "optimizer.safetensors")
     try:
         meta = json.loads((Path(checkpoint) / "optimizer.json").read_text())

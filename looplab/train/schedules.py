@@ -2,7 +2,10 @@
 
 A schedule gives every training row its supervision depth τ, and says at which
 depth a trained model should be read at test time. To add one, subclass
-:class:`Schedule` and decorate it with ``@register_schedule``.
+:class:`Schedule` and decorate it with ``@register_schedule``: a fixed rule
+subclasses :class:`DepthRule` and implements ``train_depths`` and
+``policy_depth``; a learned one (``looplab/train/halting.py``) owns a
+``module`` and implements ``training_loss`` and ``test_depths``.
 
 | name           | τ during training                         | policy depth |
 |----------------|-------------------------------------------|--------------|
@@ -18,21 +21,55 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from looplab.config import ScheduleConfig
 from looplab.errors import choice_error
-from looplab.tasks import Task
+from looplab.model import LoopedTransformer
+from looplab.tasks import Task, TaskBatch
+from looplab.train.objectives import depth_supervised_loss
+
+
+def depth_stats(depths: Tensor) -> dict[str, float]:
+    """Cost of a step with per-row depths [B] or [B, J].
+
+    ``block_evals``: core applications of a batch-parallel unroll (max τ);
+    ``row_loops_mean``: mean τ, what active-set compaction actually pays per row.
+    """
+    per_row = depths.view(depths.shape[0], -1).max(dim=1).values.float()
+    return {"block_evals": float(per_row.max()), "row_loops_mean": float(per_row.mean())}
 
 
 class Schedule(ABC):
-    """Maps instance sizes to training depths and test-time policy depths."""
+    """A training objective over depth plus a test-time depth rule."""
 
     name: str = ""
+    #: learned parameters (e.g. a halting head), trained and checkpointed with the model
+    module: nn.Module | None = None
 
-    def __init__(self, cfg: ScheduleConfig, task: Task):
+    def __init__(self, cfg: ScheduleConfig, task: Task, d_model: int):
         self.cfg = cfg
         self.task = task
+
+    @abstractmethod
+    def training_loss(self, model: LoopedTransformer, batch: TaskBatch,
+                      generator: torch.Generator) -> tuple[Tensor, dict[str, float]]:
+        """The loss of one training batch and its scalar statistics (``depth_stats`` at least)."""
+
+    @abstractmethod
+    def test_depths(self, lengths: Tensor, hazard_logits: Tensor | None) -> Tensor:
+        """[N] long test-time depths; learned schedules read ``hazard_logits`` [N, T]."""
+
+    def state_dict(self) -> dict:
+        """JSON-able state besides ``module`` (e.g. a reward baseline)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class DepthRule(Schedule):
+    """A schedule given by a rule: depths from the instance sizes alone."""
 
     @abstractmethod
     def train_depths(self, lengths: Tensor, generator: torch.Generator) -> Tensor:
@@ -45,6 +82,15 @@ class Schedule(ABC):
     @abstractmethod
     def policy_depth(self, lengths: Tensor) -> Tensor:
         """[B] long: the depth at which each row is read at test time."""
+
+    def training_loss(self, model, batch, generator):
+        depths = self.train_depths(batch.lengths, generator)
+        logits = model.forward_at_depths(batch.tokens, batch.valid, depths, generator)
+        loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
+        return loss, depth_stats(depths)
+
+    def test_depths(self, lengths, hazard_logits):
+        return self.policy_depth(lengths)
 
     def _offsets(self, count: int, generator: torch.Generator) -> Tensor:
         """Δ ~ U{-w..w}, [count] long."""
@@ -60,14 +106,14 @@ def register_schedule(cls: type[Schedule]) -> type[Schedule]:
     return cls
 
 
-def make_schedule(cfg: ScheduleConfig, task: Task) -> Schedule:
+def make_schedule(cfg: ScheduleConfig, task: Task, d_model: int) -> Schedule:
     if cfg.name not in SCHEDULES:
         raise choice_error("schedule", cfg.name, SCHEDULES)
-    return SCHEDULES[cfg.name](cfg, task)
+    return SCHEDULES[cfg.name](cfg, task, d_model)
 
 
 @register_schedule
-class Fixed(Schedule):
+class Fixed(DepthRule):
     name = "fixed"
 
     def train_depths(self, lengths, generator):
@@ -78,7 +124,7 @@ class Fixed(Schedule):
 
 
 @register_schedule
-class Matched(Schedule):
+class Matched(DepthRule):
     name = "matched"
 
     def train_depths(self, lengths, generator):

@@ -24,7 +24,6 @@ from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.tasks import Task, make_task
 from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from looplab.train.objectives import depth_supervised_loss
 from looplab.train.schedules import Schedule, make_schedule
 
 CONFIG_FILE = "config.toml"
@@ -51,16 +50,35 @@ class Experiment:
         torch.manual_seed(config.run.seed)
         task = make_task(config.task.name, config.task.alphabet)
         model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
-        return Experiment(config, task, model, make_schedule(config.schedule, task))
+        schedule = make_schedule(config.schedule, task, config.model.d_model)
+        if schedule.module is not None:
+            schedule.module.to(config.run.device)
+        return Experiment(config, task, model, schedule)
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Everything with weights, by checkpoint file name."""
+        found = {"model": self.model}
+        if self.schedule.module is not None:
+            found["schedule"] = self.schedule.module
+        return found
 
 
-def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.AdamW:
-    """AdamW; weight decay only on matrices (not on norms, biases or the like)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.train.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+def make_optimizer(exp: "Experiment") -> torch.optim.AdamW:
+    """AdamW over the model and any learned-schedule module.
+
+    Weight decay applies to matrices only (not norms or biases); a schedule's
+    module (the halting head) learns at ``schedule.lr_scale`` × the model's lr.
+    """
+    config = exp.config
+    groups = []
+    for name, module in exp.modules().items():
+        params = [p for p in module.parameters() if p.requires_grad]
+        scale = config.schedule.lr_scale if name == "schedule" else 1.0
+        groups += [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.train.weight_decay,
+             "lr_scale": scale},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale},
+        ]
     return torch.optim.AdamW(groups, lr=config.train.lr, betas=(config.train.beta1, config.train.beta2))
 
 
@@ -147,26 +165,20 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> 
     generator = derive_generator(cfg.run.seed, "train", step)
     lengths = torch.randint(cfg.task.train_min, cfg.task.train_max + 1, (cfg.train.batch_size,), generator=generator)
     batch = exp.task.sample_lengths(lengths, generator).to(cfg.run.device)
-    depths = exp.schedule.train_depths(lengths, generator)
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(step, cfg)
+        group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
     with autocast(cfg):
-        logits = exp.model.forward_at_depths(batch.tokens, batch.valid, depths, generator)
-    loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
+        loss, stats = exp.schedule.training_loss(exp.model, batch, generator)
     if not torch.isfinite(loss):
         return {"loss": float(loss.detach())}
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(exp.model.parameters(), cfg.train.grad_clip)
+    # Clipped per module, so the halting head's gradients never rescale the model's.
+    norms = {name: float(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.train.grad_clip))
+             for name, module in exp.modules().items()}
     optimizer.step()
-    row_depth = depths.view(len(lengths), -1).max(dim=1).values.float()
-    return {
-        "loss": float(loss.detach()),
-        "lr": optimizer.param_groups[0]["lr"],
-        "grad_norm": float(grad_norm),
-        "block_evals": float(row_depth.max()),
-        "row_loops_mean": float(row_depth.mean()),
-    }
+    return {"loss": float(loss.detach()), "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"],
+            **stats}
 
 
 def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experiment:
@@ -176,11 +188,13 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
         torch.set_num_threads(config.run.threads)
     prepare_run_dir(run_dir, config)
     exp = Experiment.build(config)
-    optimizer = make_optimizer(exp.model, config)
+    optimizer = make_optimizer(exp)
     start = 0
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:
-        start = load_checkpoint(checkpoint, exp.model, optimizer)["step"]
+        state = load_checkpoint(checkpoint, exp.modules(), optimizer)
+        start = state["step"]
+        exp.schedule.load_state_dict(state.get("schedule", {}))
     exp.model.train()
     log = RunLog(run_dir, start)
     tr = config.train
@@ -203,7 +217,8 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 window = []
             if step % tr.checkpoint_every == 0 or step == tr.steps:
-                save_checkpoint(run_dir, step, exp.model, optimizer, {"seed": config.run.seed}, tr.keep_checkpoints)
+                save_checkpoint(run_dir, step, exp.modules(), optimizer,
+                                {"seed": config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
     finally:
         log.close()
     exp.model.eval()

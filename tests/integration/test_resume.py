@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from looplab.config import load_config
 from looplab.errors import LooplabError
 from looplab.train import trainer
-from looplab.train.checkpoint import latest_checkpoint, load_model_weights
+from looplab.train import schedules
+from looplab.train.checkpoint import latest_checkpoint, load_weights
 from looplab.train.trainer import TrainingDiverged, train
 from tests.conftest import run_cli
 
@@ -55,7 +56,7 @@ def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path):
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):
     config = load_config(tiny_config(steps=30, checkpoint_every=4))
-    real_loss = trainer.depth_supervised_loss
+    real_loss = schedules.depth_supervised_loss
     calls = {"n": 0}
 
     def loss_that_breaks(*args):
@@ -63,13 +64,13 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_p
         loss = real_loss(*args)
         return loss * float("nan") if calls["n"] >= 7 else loss
 
-    monkeypatch.setattr(trainer, "depth_supervised_loss", loss_that_breaks)
+    monkeypatch.setattr(schedules, "depth_supervised_loss", loss_that_breaks)
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged, match="non-finite loss nan at step 7.*step_0000004"):
         train(config, run_dir, progress=False)
     checkpoint = latest_checkpoint(run_dir)
     assert checkpoint.name == "step_0000004"
     exp = trainer.Experiment.build(config)
-    load_model_weights(checkpoint, exp.model)
+    load_weights(checkpoint, exp.modules())
     assert all(torch.isfinite(p).all() for p in exp.model.parameters())
     assert isinstance(TrainingDiverged("x"), LooplabError)
