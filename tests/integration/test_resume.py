@@ -22,20 +22,26 @@ from looplab.train.trainer import TrainingDiverged, train
 from tests.conftest import run_cli
 
 
-def _final_weights(run_dir, step):
-    return load_file(run_dir / "checkpoints" / f"step_{step:07d}" / "model.safetensors")
+def _final_weights(run_dir, step, file="model.safetensors"):
+    return load_file(run_dir / "checkpoints" / f"step_{step:07d}" / file)
 
 
-def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path):
+def _state(run_dir, step):
+    return json.loads((run_dir / "checkpoints" / f"step_{step:07d}" / "state.json").read_text())
+
+
+@pytest.mark.parametrize("schedule", [["schedule.name=window"], ["schedule.name=rl_halting", "schedule.t_max=6"]])
+def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path, schedule):
     steps = 150
     config = tiny_config(steps=steps, checkpoint_every=10)
+    args = ["train", str(config), "--no-progress"] + [arg for o in schedule for arg in ("--set", o)]
     straight = tmp_path / "straight"
-    assert run_cli("train", str(config), "--out", str(straight), "--no-progress").returncode == 0
+    assert run_cli(*args, "--out", str(straight)).returncode == 0
 
     killed = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "looplab", "train", str(config), "--out", str(killed),
-                                "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-m", "looplab", *args, "--out", str(killed)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while latest_checkpoint(killed) is None or latest_checkpoint(killed).name < "step_0000040":
         assert process.poll() is None and time.time() < deadline, "run ended before it could be killed"
@@ -45,11 +51,14 @@ def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path):
     interrupted_at = json.loads((latest_checkpoint(killed) / "state.json").read_text())["step"]
     assert interrupted_at < steps
 
-    assert run_cli("train", str(config), "--out", str(killed), "--no-progress").returncode == 0
-    expected, resumed = _final_weights(straight, steps), _final_weights(killed, steps)
-    assert expected.keys() == resumed.keys()
-    for name in expected:
-        assert torch.equal(expected[name], resumed[name]), name
+    assert run_cli(*args, "--out", str(killed)).returncode == 0
+    files = sorted(p.name for p in (straight / "checkpoints" / f"step_{steps:07d}").glob("*.safetensors"))
+    for file in files:
+        expected, resumed = _final_weights(straight, steps, file), _final_weights(killed, steps, file)
+        assert expected.keys() == resumed.keys()
+        for name in expected:
+            assert torch.equal(expected[name], resumed[name]), (file, name)
+    assert _state(straight, steps) == _state(killed, steps)
     steps_logged = [json.loads(line)["step"] for line in (killed / "log.jsonl").read_text().splitlines()]
     assert steps_logged == sorted(set(steps_logged)), "log holds duplicate steps after resume"
 
