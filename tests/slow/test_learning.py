@@ -35,3 +35,12 @@ def test_parity_window_learns_in_distribution(tmp_path):
         "schedule.window=2", "schedule.t_max=10", "train.steps=600", "train.lr=1e-3", "eval.max_loops=12",
     ])
     assert summary["oracle_id"] >= 0.95, summary
+
+
+def test_rl_halting_learns_in_distribution(tmp_path):
+    summary = _train_and_score(tmp_path, [
+        "task.name=binary_addition", "task.train_max=8", "task.eval_lengths=[3,5,8]",
+        "schedule.name=rl_halting", "schedule.t_max=12", "train.steps=500", "eval.max_loops=16",
+    ])
+    assert summary["policy_id"] >= 0.9, summary
+    assert summary["halting"], "an RL-Halting run reports its halting distribution"
