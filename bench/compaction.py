@@ -15,6 +15,7 @@ entropy over the answer region). Before timing, the script asserts that for
 the same weights the two paths give the same logits on valid positions and
 the same gradients (max abs diff ≤ 1e-5).
 
+The model is the library default (d_model 64, 4 heads, 2 core layers, RoPE).
 The ideal speedup is B · max τ / Σᵢ τᵢ (about 1.8 for these lengths).
 Goal: compacted ≥ 1.6× faster than naive.
 
@@ -27,6 +28,7 @@ import argparse
 import copy
 import os
 import statistics
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -60,7 +62,8 @@ def compacted_logits(model: LoopedTransformer, tokens: Tensor, valid: Tensor, de
 PATHS = {"naive": naive_logits, "compacted": compacted_logits}
 
 
-def batch_loss(model: LoopedTransformer, logits_fn, batch: TaskBatch, depths: Tensor) -> Tensor:
+def batch_loss(model: LoopedTransformer, logits_fn: Callable, batch: TaskBatch, depths: Tensor) -> Tensor:
+    """Mean over rows of the answer-region cross-entropy at each row's depth."""
     return per_row_loss(logits_fn(model, batch.tokens, batch.valid, depths), batch.labels).mean()
 
 
@@ -82,8 +85,8 @@ def check_paths_agree(model: LoopedTransformer, batch: TaskBatch, depths: Tensor
     return logit_diff, grad_diff
 
 
-def make_step(model: LoopedTransformer, optimizer: torch.optim.Optimizer, clip: float, logits_fn,
-              batch: TaskBatch, depths: Tensor):
+def make_step(model: LoopedTransformer, optimizer: torch.optim.Optimizer, clip: float, logits_fn: Callable,
+              batch: TaskBatch, depths: Tensor) -> Callable[[], None]:
     """A closure running one training step of ``model`` on ``batch`` with ``logits_fn``."""
 
     def step() -> None:
@@ -96,15 +99,15 @@ def make_step(model: LoopedTransformer, optimizer: torch.optim.Optimizer, clip: 
     return step
 
 
-def make_paths(exp: Experiment, batches: list[tuple[TaskBatch, Tensor]]) -> dict[tuple[str, int], object]:
+def make_paths(exp: Experiment, batches: list[tuple[TaskBatch, Tensor]]) -> dict[tuple[str, int], Callable[[], None]]:
     """One step closure per (path, batch index), paths alternating; each path trains its own model copy."""
-    models = {name: copy.deepcopy(exp.model) for name in PATHS}
-    optimizers = {name: make_optimizer(model, exp.config) for name, model in models.items()}
+    copies = {name: copy.deepcopy(exp) for name in PATHS}
+    optimizers = {name: make_optimizer(copied) for name, copied in copies.items()}
     paths = {}
     for index, (batch, depths) in enumerate(batches):
         for name, logits_fn in PATHS.items():
-            paths[name, index] = make_step(models[name], optimizers[name], exp.config.train.grad_clip, logits_fn,
-                                           batch, depths)
+            paths[name, index] = make_step(copies[name].model, optimizers[name], exp.config.train.grad_clip,
+                                           logits_fn, batch, depths)
     return paths
 
 
@@ -135,7 +138,7 @@ def main() -> None:
     parser.add_argument("--n-heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2, help="core layers")
     parser.add_argument("--batches", type=int, default=6, help="distinct fixed batches (mixes of depths)")
-    add_common_options(parser, repeats=7, warmup=1)
+    add_common_options(parser, repeats=15, warmup=1)
     args = parser.parse_args()
     setup(args.threads, args.seed)
 

@@ -5,7 +5,8 @@ at lengths 8, 16 and 24 with 256 samples each, for a randomly initialised
 model (the cost does not depend on the weights).
 
 - one unroll: :func:`looplab.eval.grid.unroll_outcomes`, which unrolls once
-  to 30 loops and reads the answer out after every loop (30 loops, 30 readouts).
+  to 30 loops and reads the answer out after every loop (30 loops, 30 readouts;
+  it also computes its confidence and step-ratio signals, which are timed too).
 - naive baseline: ``model(tokens, valid, loops=K)`` from scratch for every
   K = 1..30, then whole-answer exact match (Σ K = 465 loops, 30 readouts).
 
@@ -14,6 +15,9 @@ flips between consecutive K (checked before the ratio is printed; the script
 also prints how many entries are True, so a trivially all-False check shows).
 The ideal ratio is about Σ K / K_max = 15.5 when the readout is cheap.
 Goal: one unroll ≥ 10× faster than the naive grid.
+
+The equality check runs each path once before timing and so doubles as the
+warm-up; ``--warmup`` adds more untimed rounds.
 
     python bench/eval_grid.py [--lengths 8 16 24] [--samples 256] [--max-loops 30] [--threads 2]
 """
@@ -58,10 +62,13 @@ def naive_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int) -
 
 
 def one_unroll_grid(model: LoopedTransformer, batches: list[TaskBatch], max_loops: int) -> list[tuple[Tensor, Tensor]]:
-    return [unroll_outcomes(model, batch, max_loops) for batch in batches]
+    """(correct, flips) per batch from the library's one-unroll grid (which also computes its other signals)."""
+    outcomes = [unroll_outcomes(model, batch, max_loops) for batch in batches]
+    return [(outcome["correct"], outcome["flips"]) for outcome in outcomes]
 
 
 def naive_grid(model: LoopedTransformer, batches: list[TaskBatch], max_loops: int) -> list[tuple[Tensor, Tensor]]:
+    """(correct, flips) per batch with one forward pass per K."""
     return [naive_outcomes(model, batch, max_loops) for batch in batches]
 
 
@@ -87,7 +94,7 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--n-heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2, help="core layers")
-    add_common_options(parser, repeats=3, warmup=1)
+    add_common_options(parser, repeats=3, warmup=0)
     args = parser.parse_args()
     setup(args.threads, args.seed)
 
@@ -109,7 +116,8 @@ def main() -> None:
     cells = len(args.lengths) * args.max_loops
     print(f"eval_grid: binary_addition, lengths {args.lengths} x {args.samples} samples, K = 1..{args.max_loops}, "
           f"d_model {args.d_model}, {args.layers} core layers, random init, {args.threads} threads")
-    print(f"timing: {args.warmup} warm-up + {args.repeats} timed grids per path, interleaved; "
+    print(f"timing: equality check (one untimed grid per path) + {args.warmup} warm-up + {args.repeats} timed grids "
+          "per path, interleaved; "
           f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"check: correctness [{len(args.lengths)} x {args.samples} x {args.max_loops}] and flips identical "
           f"({true_correct} correct entries, {true_flips} flip entries True) -> OK")

@@ -59,6 +59,7 @@ def matmul_peak(size: int, repeats: int) -> float:
 
 
 def make_config(args: argparse.Namespace, d_model: int) -> Config:
+    """The run config for one model width: fixed depth, no lr warm-up, lengths and batch from ``args``."""
     config = Config()
     config.task.name = "binary_addition"
     config.task.train_min, config.task.train_max = args.min_length, args.max_length
@@ -76,7 +77,7 @@ def make_trainer(config: Config):
     """A closure that runs the next training step of a fresh experiment built from ``config``."""
     exp = Experiment.build(config)
     exp.model.train()
-    optimizer = make_optimizer(exp.model, config)
+    optimizer = make_optimizer(exp)
     counter = iter(range(1, 1 << 62))
     return exp, lambda: train_step(exp, optimizer, next(counter))
 
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=19)
     parser.add_argument("--peak-size", type=int, default=2048, help="square matmul size for the peak")
     parser.add_argument("--profile", action="store_true", help="profile one step at the largest d_model")
-    add_common_options(parser, repeats=5, warmup=1)
+    add_common_options(parser, repeats=10, warmup=1)
     args = parser.parse_args()
     setup(args.threads, args.seed)
 
@@ -136,7 +137,7 @@ def main() -> None:
     print(f"peak: torch.mm {args.peak_size}x{args.peak_size} fp32 = {peak:.1f} GFLOP/s")
     print_table(["d_model", "heads x dim", "params", "ms/step", "tokens/s", "GFLOP/step", "GFLOP/s", "% of peak"], rows)
     if args.profile:
-        print(f"profile of one step at d_model {args.d_models[-1]} (self CPU time):")
+        print(f"profile of one step at d_model {args.d_models[-1]} (self CPU time):", flush=True)
         profile_step(run_step, top=12)
     if GOAL_D_MODEL in percent:
         print_verdict(f"achieved / peak at d_model {GOAL_D_MODEL}", percent[GOAL_D_MODEL], GOAL_PERCENT, unit="%")

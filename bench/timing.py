@@ -48,6 +48,7 @@ def time_interleaved(paths: dict[str, Callable[[], object]], repeats: int, warmu
 
 
 def median(values: list[float]) -> float:
+    """The median of a list of timings."""
     return statistics.median(values)
 
 

@@ -16,17 +16,20 @@ from torch import Tensor, nn
 
 
 def rope_tables(length: int, head_dim: int, base: float, device, dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each [L, head_dim / 2], for rotary position embedding."""
+    """cos and sin tables, each [L, head_dim], for rotary position embedding.
+
+    Channel i and i + head_dim/2 form a rotated pair (the "rotate half" layout),
+    so both tables repeat their head_dim/2 frequencies twice.
+    """
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq).repeat(1, 2)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate channel pairs of x [B, H, L, Dh] by position-dependent angles."""
-    first, second = x[..., 0::2], x[..., 1::2]
-    rotated = torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1)
-    return rotated.flatten(-2)
+    """Rotate channel pairs (i, i + Dh/2) of x [..., L, Dh] by position-dependent angles."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
 @dataclass
@@ -36,7 +39,7 @@ class AttentionContext:
     Attributes:
         mask: [B, 1, L, L] bool (True = may attend), or None when nothing is masked.
         causal: whether attention is causal (folded into ``mask`` when a mask exists).
-        rope: (cos, sin) tables [L, Dh/2], or None without RoPE.
+        rope: (cos, sin) tables [L, Dh], or None without RoPE.
         use_math: force the math kernel (needed for forward-mode AD).
         probs: if a list, each attention call appends its probabilities [B, H, L, L].
     """
@@ -73,10 +76,13 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """x [B, L, d] → [B, L, d]."""
         batch, length, d_model = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
         if ctx.rope is not None:
             cos, sin = (t[:length] for t in ctx.rope)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(qkv[:2], cos, sin)  # one call for both: half the elementwise launches
+            v = qkv[2]
+        else:
+            q, k, v = qkv
         if ctx.use_math or ctx.probs is not None:
             y = self._math(q, k, v, ctx)
         else:

@@ -19,6 +19,7 @@ Notable:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -123,35 +124,47 @@ class LoopedTransformer(nn.Module):
         return self.readout(h, ctx)
 
     def forward_at_depths(self, tokens: Tensor, valid: Tensor, depths: Tensor,
-                          generator: torch.Generator | None = None) -> Tensor:
+                          generator: torch.Generator | None = None, backprop_loops: int = 0,
+                          return_probe: bool = False) -> Tensor | tuple[Tensor, "LoopProbe"]:
         """Logits read at each row's own depths, by active-set compaction.
 
         Args:
             tokens, valid: [B, L].
             depths: [B] or [B, J] long; entry (i, j) asks for row i read out after
                 depths[i, j] loops. Entries <= 0 are unused slots (their logits are 0).
+            backprop_loops: if k > 0, gradients flow through each row's last k loops only
+                (truncated backprop: the state is detached k loops before the row's last depth).
+            return_probe: also return a :class:`LoopProbe` at each row's last depth.
 
         Returns:
-            logits [B, L, V] for [B] depths, [B, J, L, V] for [B, J] depths.
+            logits [B, L, V] for [B] depths, [B, J, L, V] for [B, J] depths
+            (and the probe, when asked).
         """
         single = depths.dim() == 1
         depths = depths.view(depths.shape[0], -1).to(tokens.device)
         batch, slots = depths.shape
         last = depths.max(dim=1).values
-        h, e, _ = self.start(tokens, valid, generator)
+        h, e_rows, _ = self.start(tokens, valid, generator)
         order = torch.argsort(last, descending=True, stable=True)
-        e, h, depths, last = e[order], h[order], depths[order], last[order]
+        e, h, depths, last = e_rows[order], h[order], depths[order], last[order]
         ctx = self.context(valid[order])
         loops = torch.arange(1, int(last[0]) + 1, device=last.device)
         remaining = (last[None, :] >= loops[:, None]).sum(1).tolist()  # active rows at each loop
-        states, where = [], []
+        states, where, finals, final_rows = [], [], [], []
         for t, active in enumerate(remaining, start=1):
             h, e, ctx = h[:active], e[:active], ctx.select(slice(None, active))
+            if backprop_loops > 0:
+                cut = (last[:active] - (t - 1)) == backprop_loops
+                h = torch.where(cut[:, None, None], h.detach(), h)
             h = self.step(h, e, ctx)
             rows, cols = (depths[:active] == t).nonzero(as_tuple=True)
             if len(rows):
                 states.append(h[rows])
                 where.append(order[rows] * slots + cols)
+            if return_probe:
+                done = (last[:active] == t).nonzero(as_tuple=True)[0]
+                finals.append(h[done])
+                final_rows.append(order[done])
         # One readout over every requested (row, slot); the logits then go back
         # to their original positions, and unused slots stay zero.
         where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=tokens.device)
@@ -159,7 +172,24 @@ class LoopedTransformer(nn.Module):
         logits = self.readout(chosen, self.context(valid[where // slots]))
         flat = logits.new_zeros((batch * slots, *logits.shape[1:])).index_copy(0, where, logits)
         flat = flat.view(batch, slots, *logits.shape[1:])
-        return flat[:, 0] if single else flat
+        logits = flat[:, 0] if single else flat
+        if not return_probe:
+            return logits
+        rows = torch.cat(final_rows)
+        return logits, LoopProbe(torch.cat(finals)[torch.argsort(rows)], e_rows, valid)
+
+
+@dataclass
+class LoopProbe:
+    """Where a one-loop regulariser looks: each row's state at its (last) supervised depth.
+
+    Attributes:
+        h: [B, L, d] the states, with gradient; e: [B, L, d] the injected input; valid: [B, L].
+    """
+
+    h: Tensor
+    e: Tensor
+    valid: Tensor
 
 
 def _init_weights(module: nn.Module) -> None:

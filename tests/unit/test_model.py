@@ -425,7 +425,7 @@ def test_learned_positions_reject_too_long_sequences():
 def test_rope_relative_position_property():
     head_dim, length = 8, 12
     cos, sin = rope_tables(length, head_dim, 10000.0, "cpu", torch.float64)
-    assert cos.shape == sin.shape == (length, head_dim // 2)
+    assert cos.shape == sin.shape == (length, head_dim)
     g = _gen(0)
     q = torch.randn(head_dim, generator=g, dtype=torch.float64)
     k = torch.randn(head_dim, generator=g, dtype=torch.float64)
@@ -445,13 +445,14 @@ def test_rope_relative_position_property():
 def test_rope_rotates_channel_pairs_by_expected_angle():
     head_dim = 4
     cos, sin = rope_tables(3, head_dim, 100.0, "cpu", torch.float64)
-    x = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64).expand(1, 1, 3, head_dim)
+    # channel i pairs with channel i + head_dim/2 ("rotate half")
+    x = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(1, 1, 3, head_dim)
     out = apply_rope(x, cos, sin)[0, 0]
     for pos in range(3):
         for i, freq in enumerate([1.0, 100.0 ** -0.5]):
             angle = pos * freq
-            assert out[pos, 2 * i] == pytest.approx(math.cos(angle), abs=1e-6)
-            assert out[pos, 2 * i + 1] == pytest.approx(math.sin(angle), abs=1e-6)
+            assert out[pos, i] == pytest.approx(math.cos(angle), abs=1e-6)
+            assert out[pos, i + head_dim // 2] == pytest.approx(math.sin(angle), abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- injection and norms
