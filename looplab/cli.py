@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--lengths", type=_lengths, help="comma-separated instance sizes, e.g. 8,12,16")
     evaluate.add_argument("--max-loops", type=int, help="unroll depth T_eval")
     evaluate.add_argument("--samples", type=int, help="samples per length")
+    evaluate.add_argument("--scaling", action="store_true",
+                          help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)")
 
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True)
@@ -61,7 +63,7 @@ def _train(args) -> None:
 def _eval(args) -> None:
     from looplab.eval.run import evaluate_run, format_summary
 
-    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples)
+    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling)
     print(format_summary(summary))
     print(f"\nwrote {Path(args.run_dir) / 'eval'}/grid.parquet and summary.json")
 

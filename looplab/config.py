@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -27,6 +27,7 @@ POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
 ENTROPY_MODES = ("exact", "sampled")
+JSRR_ESTIMATORS = ("none", "jvp", "vjp", "frobenius")
 
 
 @dataclass
@@ -69,10 +70,12 @@ class ScheduleConfig:
 
     ``depth`` is the constant c, ``window`` the w of the window schedules and
     ``t_max`` the clip bound, which is also T_max of the halting schedules.
-    The rest configure learned halting: REINFORCE's entropy bonus (weight and
-    ``exact`` or ``sampled`` estimator) and baseline momentum, PonderNet's
-    geometric prior rate λ_p and KL weight β, and the halting head's learning
-    rate as a multiple of the model's.
+    Learned halting: REINFORCE's entropy bonus (weight and ``exact`` or
+    ``sampled`` estimator) and baseline momentum, PonderNet's geometric prior
+    rate λ_p and KL weight β, and the halting head's learning rate as a
+    multiple of the model's. Random loop sampling: ``lognormal`` uses μ, σ and
+    the clip range [lo, hi]; ``poisson_lognormal`` uses ``mean_depth`` r̄, σ and
+    [lo, hi]; either draws one depth per batch (``per_batch``, as STARS) or per row.
     """
 
     name: str = "matched"
@@ -85,11 +88,20 @@ class ScheduleConfig:
     ponder_prior: float = 0.2
     ponder_beta: float = 0.01
     lr_scale: float = 1.0
+    mu: float = 2.0
+    sigma: float = 0.7
+    mean_depth: float = 8.0
+    lo: int = 1
+    hi: int = 100
+    per_batch: bool = True
 
 
 @dataclass
 class TrainConfig:
-    """AdamW with linear warmup and cosine decay to ``min_lr_ratio * lr``."""
+    """AdamW with linear warmup and cosine decay to ``min_lr_ratio * lr``.
+
+    ``backprop_loops`` = k > 0 backpropagates through each row's last k loops only.
+    """
 
     steps: int = 2000
     batch_size: int = 64
@@ -103,6 +115,30 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
+    backprop_loops: int = 0
+
+
+@dataclass
+class JsrrConfig:
+    """Jacobian spectral-radius regulariser (SPEC §6).
+
+    ``estimator``: ``none``, ``jvp`` (‖Jv‖², forward mode, the STARS paper's
+    definition), ``vjp`` (‖Jᵀv‖², what the STARS code computes) or
+    ``frobenius`` (Hutchinson estimate of ‖J‖²_F / D, as in DEQ). The loss is
+    (1 − weight)·CE + weight·penalty, after ``warmup`` steps, on a step with
+    probability ``prob``, with ``power_iters`` gradient-free power iterations first.
+    """
+
+    estimator: str = "none"
+    weight: float = 0.1
+    power_iters: int = 1
+    warmup: int = 0
+    prob: float = 1.0
+
+
+@dataclass
+class StabilityConfig:
+    jsrr: JsrrConfig = field(default_factory=JsrrConfig)
 
 
 @dataclass
@@ -137,6 +173,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -144,10 +181,6 @@ class Config:
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
-
-
-def _sections() -> dict[str, type]:
-    return {f.name: get_type_hints(Config)[f.name] for f in fields(Config)}
 
 
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
@@ -164,42 +197,50 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _fill(target: Any, values: dict[str, Any], where: str) -> None:
+    """Set the fields of dataclass ``target`` from ``values``, recursing into sub-tables."""
+    hints = get_type_hints(type(target))
+    for key, value in values.items():
+        name = f"{where}.{key}" if where else key
+        if key not in hints:
+            raise choice_error(f"key in [{where}]" if where else "config section", key, hints)
+        if dataclasses.is_dataclass(hints[key]):
+            if not isinstance(value, dict):
+                raise LooplabError(f"config section [{name}] must be a table, got {value!r}")
+            _fill(getattr(target, key), value, name)
+        else:
+            setattr(target, key, _check_type(name, value, hints[key]))
+
+
 def from_dict(data: dict[str, Any]) -> Config:
     """Build a validated :class:`Config` from nested ``{section: {key: value}}``."""
-    sections = _sections()
     config = Config()
-    for section, values in data.items():
-        if section not in sections:
-            raise choice_error("config section", section, sections)
-        if not isinstance(values, dict):
-            raise LooplabError(f"config section [{section}] must be a table, got {values!r}")
-        target = getattr(config, section)
-        hints = get_type_hints(type(target))
-        for key, value in values.items():
-            if key not in hints:
-                raise choice_error(f"key in [{section}]", key, hints)
-            setattr(target, key, _check_type(f"{section}.{key}", value, hints[key]))
+    _fill(config, data, "")
     validate(config)
     return config
 
 
-def parse_override(text: str) -> tuple[str, str, Any]:
-    """Parse ``section.key=value``; the value is read as TOML, else as a string."""
+def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """Parse ``section.key=value`` (or ``section.sub.key=value``).
+
+    Returns:
+        the key path and the value, read as TOML or else as a bare string.
+    """
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise LooplabError(f"override {text!r} must look like section.key=value")
     dotted, raw = text.split("=", 1)
-    section, key = (part.strip() for part in dotted.split(".", 1))
+    path = tuple(part.strip() for part in dotted.split("."))
     raw = raw.strip()
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    return section, key, value
+    return path, value
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides."""
-    data: dict[str, dict[str, Any]] = {}
+    data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -209,11 +250,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         except tomllib.TOMLDecodeError as err:
             raise LooplabError(f"config file {path} is not valid TOML: {err}") from None
     for text in overrides:
-        section, key, value = parse_override(text)
-        data.setdefault(section, {})
-        if not isinstance(data[section], dict):
-            raise LooplabError(f"config section [{section}] must be a table")
-        data[section][key] = value
+        keys, value = parse_override(text)
+        table = data
+        for depth, key in enumerate(keys[:-1]):
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise LooplabError(f"config section [{'.'.join(keys[:depth + 1])}] must be a table")
+        table[keys[-1]] = value
     return from_dict(data)
 
 
@@ -225,7 +268,7 @@ def _require(condition: bool, message: str) -> None:
 def validate(config: Config) -> None:
     """Check choices and ranges; normalise placement aliases in place."""
     from looplab.tasks import TASKS
-    from looplab.train.schedules import SCHEDULES
+    from looplab.train.schedules import SCHEDULES, DepthRule
 
     m, t, s, tr, ev = config.model, config.task, config.schedule, config.train, config.eval
     m.placement = PLACEMENT_ALIASES.get(m.placement, m.placement)
@@ -240,6 +283,7 @@ def validate(config: Config) -> None:
         ("model.attention", m.attention, ATTENTIONS),
         ("run.precision", config.run.precision, PRECISIONS),
         ("schedule.entropy_mode", s.entropy_mode, ENTROPY_MODES),
+        ("stability.jsrr.estimator", config.stability.jsrr.estimator, JSRR_ESTIMATORS),
     ]:
         if value not in choices:
             raise choice_error(f"value for {where}:", value, choices)
@@ -255,6 +299,14 @@ def validate(config: Config) -> None:
              "schedule needs 0 < ponder_prior < 1 and 0 <= baseline_momentum < 1")
     _require(min(s.entropy_weight, s.ponder_beta) >= 0 and s.lr_scale > 0,
              "schedule needs entropy_weight, ponder_beta >= 0 and lr_scale > 0")
+    _require(1 <= s.lo <= s.hi and s.sigma >= 0 and s.mean_depth >= 1,
+             "schedule needs 1 <= lo <= hi, sigma >= 0 and mean_depth >= 1")
+    jsrr = config.stability.jsrr
+    _require(0 <= jsrr.weight <= 1 and 0 <= jsrr.prob <= 1 and jsrr.power_iters >= 0 and jsrr.warmup >= 0,
+             "stability.jsrr needs weight and prob in [0, 1], power_iters >= 0 and warmup >= 0")
+    _require(tr.backprop_loops >= 0, "train.backprop_loops must be >= 0 (0 = through every loop)")
+    _require(tr.backprop_loops == 0 or issubclass(SCHEDULES[s.name], DepthRule),
+             f"train.backprop_loops needs a rule schedule; {s.name!r} learns its depths")
     _require(tr.steps >= 1 and tr.batch_size >= 1 and tr.lr > 0, "train needs steps >= 1, batch_size >= 1, lr > 0")
     _require(tr.log_every >= 1 and tr.checkpoint_every >= 1 and tr.keep_checkpoints >= 1,
              "train.log_every, checkpoint_every and keep_checkpoints must be >= 1")

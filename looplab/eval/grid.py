@@ -30,7 +30,8 @@ class LengthOutcome:
         flips: [N, T-1] bool, the answer after K+1 loops differs from after K.
         policy_depth: [N] int, the schedule's test-time depth, clipped to [1, T].
         confidence: [N, T] log-probability of the predicted whole answer (−inf if non-finite).
-        step_ratio: [N, T] ‖h_K − h_{K−1}‖ / ‖h_K‖ over the row's valid positions.
+        state_norm: [N, T] ‖h_K‖ over the row's valid positions, per token (RMS of the rows' norms).
+        step_norm: [N, T] ‖h_K − h_{K−1}‖, likewise.
         hazard_logits: [N, T] halting-head logits, or None for a model without one.
     """
 
@@ -39,8 +40,17 @@ class LengthOutcome:
     flips: np.ndarray
     policy_depth: np.ndarray
     confidence: np.ndarray | None = None
-    step_ratio: np.ndarray | None = None
+    state_norm: np.ndarray | None = None
+    step_norm: np.ndarray | None = None
     hazard_logits: np.ndarray | None = None
+
+    @property
+    def step_ratio(self) -> np.ndarray | None:
+        """[N, T] ‖h_K − h_{K−1}‖ / ‖h_K‖ (NaN where the state is not finite)."""
+        if self.state_norm is None:
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.step_norm / self.state_norm
 
     @property
     def accuracy(self) -> np.ndarray:
@@ -62,20 +72,22 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
     """Everything the readout says about each row at each depth, from one unroll.
 
     Returns:
-        ``correct`` [B, T] bool, ``flips`` [B, T-1] bool, ``confidence`` [B, T],
-        ``step_ratio`` [B, T], and ``hazard_logits`` [B, T] when a head is given.
+        ``correct`` [B, T] bool, ``flips`` [B, T-1] bool, ``confidence``, ``state_norm``
+        and ``step_norm`` [B, T], and ``hazard_logits`` [B, T] when a head is given.
     """
     answer = batch.answer_mask
     valid = batch.valid.unsqueeze(-1)
-    signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "step_ratio": []}
+    tokens = batch.valid.sum(1).clamp_min(1).sqrt()
+    signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "state_norm": [],
+                                        "step_norm": []}
     if hazard_head is not None:
         signals["hazard_logits"] = []
     h, e, ctx = model.start(batch.tokens, batch.valid)
     previous = None
     for _ in range(max_loops):
         h_next = model.step(h, e, ctx)
-        change = ((h_next - h) * valid).flatten(1).norm(dim=1)
-        signals["step_ratio"].append(change / (h_next * valid).flatten(1).norm(dim=1).clamp_min(1e-30))
+        signals["step_norm"].append(((h_next - h) * valid).flatten(1).norm(dim=1).float() / tokens)
+        signals["state_norm"].append((h_next * valid).flatten(1).norm(dim=1).float() / tokens)
         h = h_next
         log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)
         finite = torch.isfinite(log_probs).all(dim=-1)
@@ -112,8 +124,8 @@ def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, l
         hazards = signals.get("hazard_logits")
         policy = schedule.test_depths(torch.full((samples,), n), hazards).clamp(1, max_loops)
         outcomes.append(LengthOutcome(n, signals["correct"].numpy(), signals["flips"].numpy(), policy.numpy(),
-                                      signals["confidence"].numpy(), signals["step_ratio"].numpy(),
-                                      None if hazards is None else hazards.numpy()))
+                                      signals["confidence"].numpy(), signals["state_norm"].numpy(),
+                                      signals["step_norm"].numpy(), None if hazards is None else hazards.numpy()))
     model.train(was_training)
     return outcomes
 

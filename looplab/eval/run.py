@@ -9,6 +9,7 @@ from pathlib import Path
 from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths, grid_frame
 from looplab.eval.metrics import summarize
+from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
 from looplab.train.checkpoint import latest_checkpoint, load_weights
 from looplab.train.trainer import LOG_FILE, Experiment, load_run_config
 
@@ -22,8 +23,12 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loops: int | None = None,
-                 samples: int | None = None) -> dict:
-    """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config."""
+                 samples: int | None = None, scaling: bool = False) -> dict:
+    """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config.
+
+    With ``scaling``, also write the test-time scaling curve (``eval/scaling.csv``
+    and ``scaling.png``) and add its summary keys.
+    """
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
     checkpoint = latest_checkpoint(run_dir)
@@ -48,6 +53,11 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
                     "train_range": [config.task.train_min, config.task.train_max]})
     out = run_dir / EVAL_DIR
     out.mkdir(exist_ok=True)
+    if scaling:
+        curve = scaling_frame(outcomes)
+        summary.update(scaling_summary(curve))
+        _atomic_write(out / "scaling.csv", lambda p: curve.to_csv(p, index=False))
+        _atomic_write(out / "scaling.png", lambda p: plot_scaling(curve, p, f"{run_dir.name}: test-time scaling"))
     frame = grid_frame(outcomes, config.task.train_max)
     _atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
     _atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
@@ -82,6 +92,12 @@ def format_summary(summary: dict) -> str:
         lines.append(f"{name:<12} {_pct(row['policy_id']):>7} {_pct(row['policy_ood']):>7} {row['mean_depth']:>6.1f}")
     for n, halting in summary.get("halting", {}).items():
         lines.append(f"halting at n={n}: mean depth {halting['mean_depth']:.1f}, entropy {halting['entropy']:.2f}")
+    if "scaling_peak" in summary:
+        at = ", ".join(f"{k}: {_pct(v).strip()}" for k, v in summary["scaling_at"].items())
+        lines.append(f"scaling: peak {_pct(summary['scaling_peak']).strip()}% at {summary['scaling_peak_loops']} "
+                     f"loops; relative drop to the last loop {100 * summary['relative_drop']:.1f}%; "
+                     f"non-finite at the last loop {_pct(summary['nonfinite_last']).strip()}%")
+        lines.append(f"accuracy by loops: {at}")
     cost = summary.get("training_cost", {})
     if cost.get("block_evals") is not None:
         lines.append(f"training: {cost['block_evals']:.2f} block evaluations per step "

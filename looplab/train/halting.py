@@ -41,7 +41,8 @@ from looplab.model.halting import (
     policy_depth,
 )
 from looplab.train.objectives import per_row_loss
-from looplab.train.schedules import Schedule, register_schedule
+from looplab.model.looped import LoopProbe
+from looplab.train.schedules import Schedule, StepOutput, register_schedule
 
 
 class LearnedHalting(Schedule):
@@ -71,11 +72,11 @@ class RLHalting(LearnedHalting):
     def load_state_dict(self, state: dict) -> None:
         self.baseline = state.get("baseline")
 
-    def training_loss(self, model, batch, generator):
+    def training_loss(self, model, batch, generator, probe=False):
         if self.cfg.entropy_mode == "exact":
-            states, depth, log_pi_tau, halt_entropy = self._sample_exact(model, batch, generator)
+            states, depth, log_pi_tau, halt_entropy, e = self._sample_exact(model, batch, generator)
         else:
-            states, depth, log_pi_tau, halt_entropy = self._sample_on_the_fly(model, batch, generator)
+            states, depth, log_pi_tau, halt_entropy, e = self._sample_on_the_fly(model, batch, generator)
         row_loss = per_row_loss(model.readout(states, model.context(batch.valid)), batch.labels)
         reward = -row_loss.detach()
         if self.cfg.entropy_mode == "sampled":
@@ -97,13 +98,13 @@ class RLHalting(LearnedHalting):
             "baseline": self.baseline,
             "task_loss": float(row_loss.detach().mean()),
         }
-        return row_loss.mean() + halt_loss, stats
+        return StepOutput(row_loss.mean() + halt_loss, stats, LoopProbe(states, e, batch.valid) if probe else None)
 
     def _sample_exact(self, model, batch, generator):
         """Unroll every row to T_max; draw τ from the exact π.
 
         Returns:
-            states at τ [B, L, d], τ [B], log π(τ) [B], H(π) [B].
+            states at τ [B, L, d], τ [B], log π(τ) [B], H(π) [B], the injected input e [B, L, d].
         """
         t_max = self.cfg.t_max
         h, e, ctx = model.start(batch.tokens, batch.valid, generator)
@@ -116,17 +117,18 @@ class RLHalting(LearnedHalting):
         depth = torch.multinomial(log_pi.detach().exp().cpu(), 1, generator=generator).squeeze(1).to(h.device) + 1
         rows = torch.arange(len(depth), device=h.device)
         chosen = torch.stack(states)[depth - 1, rows]
-        return chosen, depth, log_pi[rows, depth - 1], entropy(log_pi)
+        return chosen, depth, log_pi[rows, depth - 1], entropy(log_pi), e
 
     def _sample_on_the_fly(self, model, batch, generator):
         """Stop each running row at loop t with probability r_t; stopped rows leave the batch.
 
         Returns:
-            states at τ [B, L, d], τ [B], log π(τ) [B], and −log π(τ) [B] (the
-            one-sample entropy estimate, for logging).
+            states at τ [B, L, d], τ [B], log π(τ) [B], −log π(τ) [B] (the one-sample
+            entropy estimate, for logging), and the injected input e [B, L, d].
         """
         t_max = self.cfg.t_max
-        h, e, ctx = model.start(batch.tokens, batch.valid, generator)
+        h, e_rows, ctx = model.start(batch.tokens, batch.valid, generator)
+        e = e_rows
         batch_size = len(batch.tokens)
         alive = torch.arange(batch_size, device=h.device)
         survived = h.new_zeros(batch_size)  # Σ_{i<t} log(1 − r_i) of the running rows
@@ -154,14 +156,15 @@ class RLHalting(LearnedHalting):
         # Put the rows back in batch order so they line up with labels and masks.
         order = torch.argsort(torch.cat(finished_rows))
         log_pi_tau = torch.cat(finished_log_pi)[order]
-        return torch.cat(finished_states)[order], torch.cat(finished_depth)[order], log_pi_tau, -log_pi_tau
+        states, depth = torch.cat(finished_states)[order], torch.cat(finished_depth)[order]
+        return states, depth, log_pi_tau, -log_pi_tau, e_rows
 
 
 @register_schedule
 class PonderNet(LearnedHalting):
     name = "pondernet"
 
-    def training_loss(self, model, batch, generator):
+    def training_loss(self, model, batch, generator, probe=False):
         t_max = self.cfg.t_max
         h, e, ctx = model.start(batch.tokens, batch.valid, generator)
         logits, losses = [], []
@@ -183,4 +186,5 @@ class PonderNet(LearnedHalting):
             "task_loss": float(task_loss.detach()),
             "kl": float(kl.detach()),
         }
-        return task_loss + self.cfg.ponder_beta * kl, stats
+        loss = task_loss + self.cfg.ponder_beta * kl
+        return StepOutput(loss, stats, LoopProbe(h, e, batch.valid) if probe else None)

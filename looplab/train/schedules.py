@@ -14,11 +14,16 @@ subclasses :class:`DepthRule` and implements ``train_depths`` and
 | window         | clip(T(n) + Δ, 1, t_max), Δ ~ U{-w..w}     | T(n)         |
 | fixed_window   | clip(c + Δ, 1, t_max)                      | c            |
 | multi_depth    | every k in T(n)-w..T(n)+w within [1, t_max] (loss averaged) | T(n) |
+| lognormal      | clip(round(exp(N(μ, σ))), lo, hi), per batch or per row | depth |
+| poisson_lognormal | 1 + Poisson(exp(N(log(r̄−1) − σ²/2, σ))), clipped; mean r̄ | depth |
+| rl_halting, pondernet | learned (``halting.py``)              | argmax π     |
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -26,8 +31,24 @@ from torch import Tensor, nn
 from looplab.config import ScheduleConfig
 from looplab.errors import choice_error
 from looplab.model import LoopedTransformer
+from looplab.model.looped import LoopProbe
 from looplab.tasks import Task, TaskBatch
 from looplab.train.objectives import depth_supervised_loss
+
+
+@dataclass
+class StepOutput:
+    """What a schedule's training loss hands the trainer.
+
+    Attributes:
+        loss: scalar to minimise.
+        stats: scalar statistics to log (``block_evals`` and ``row_loops_mean`` at least).
+        probe: states at each row's supervised depth, for a one-loop regulariser (when asked).
+    """
+
+    loss: Tensor
+    stats: dict[str, float]
+    probe: LoopProbe | None = None
 
 
 def depth_stats(depths: Tensor) -> dict[str, float]:
@@ -51,10 +72,13 @@ class Schedule(ABC):
         self.cfg = cfg
         self.task = task
 
+    #: truncated backprop: gradients through each row's last k loops only (0 = all; rule schedules)
+    backprop_loops: int = 0
+
     @abstractmethod
-    def training_loss(self, model: LoopedTransformer, batch: TaskBatch,
-                      generator: torch.Generator) -> tuple[Tensor, dict[str, float]]:
-        """The loss of one training batch and its scalar statistics (``depth_stats`` at least)."""
+    def training_loss(self, model: LoopedTransformer, batch: TaskBatch, generator: torch.Generator,
+                      probe: bool = False) -> StepOutput:
+        """The loss of one training batch, its statistics, and (if ``probe``) the probe states."""
 
     @abstractmethod
     def test_depths(self, lengths: Tensor, hazard_logits: Tensor | None) -> Tensor:
@@ -83,11 +107,13 @@ class DepthRule(Schedule):
     def policy_depth(self, lengths: Tensor) -> Tensor:
         """[B] long: the depth at which each row is read at test time."""
 
-    def training_loss(self, model, batch, generator):
+    def training_loss(self, model, batch, generator, probe=False):
         depths = self.train_depths(batch.lengths, generator)
-        logits = model.forward_at_depths(batch.tokens, batch.valid, depths, generator)
+        out = model.forward_at_depths(batch.tokens, batch.valid, depths, generator,
+                                      backprop_loops=self.backprop_loops, return_probe=probe)
+        logits, found = out if probe else (out, None)
         loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
-        return loss, depth_stats(depths)
+        return StepOutput(loss, depth_stats(depths), found)
 
     def test_depths(self, lengths, hazard_logits):
         return self.policy_depth(lengths)
@@ -165,3 +191,51 @@ class MultiDepth(Matched):
         empty = ~inside.any(dim=1)
         depths[empty, 0] = self.cfg.t_max
         return depths
+
+
+class RandomLoops(DepthRule):
+    """Random loop counts independent of the instance (STARS); read at ``depth`` at test time.
+
+    One depth for the whole batch when ``per_batch`` (as the STARS code), else one per row.
+    """
+
+    def train_depths(self, lengths, generator):
+        count = 1 if self.cfg.per_batch else len(lengths)
+        depths = self.draw(count, generator).clamp(self.cfg.lo, self.cfg.hi)
+        return depths.expand(len(lengths)).clone() if self.cfg.per_batch else depths
+
+    @abstractmethod
+    def draw(self, count: int, generator: torch.Generator) -> Tensor:
+        """[count] long depths before clipping."""
+
+    def policy_depth(self, lengths):
+        return torch.full_like(lengths, self.cfg.depth)
+
+
+@register_schedule
+class LogNormal(RandomLoops):
+    """τ = clip(round(exp(N(μ, σ))), lo, hi)."""
+
+    name = "lognormal"
+
+    def draw(self, count, generator):
+        normal = torch.randn(count, generator=generator, dtype=torch.float64)
+        return torch.round(torch.exp(self.cfg.mu + self.cfg.sigma * normal)).long()
+
+
+@register_schedule
+class PoissonLogNormal(RandomLoops):
+    """τ = 1 + Poisson(λ), λ = exp(N(log(r̄ − 1) − σ²/2, σ)), clipped to [lo, hi].
+
+    E[λ] = r̄ − 1, so E[τ] = r̄ exactly before clipping, while τ ≥ 1 always.
+    """
+
+    name = "poisson_lognormal"
+
+    def draw(self, count, generator):
+        sigma, excess = self.cfg.sigma, self.cfg.mean_depth - 1
+        if excess <= 0:
+            return torch.ones(count, dtype=torch.long)
+        normal = torch.randn(count, generator=generator, dtype=torch.float64)
+        rate = torch.exp(math.log(excess) - sigma ** 2 / 2 + sigma * normal)
+        return 1 + torch.poisson(rate, generator=generator).long()

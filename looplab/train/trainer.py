@@ -22,6 +22,7 @@ from looplab.config import Config, from_dict
 from looplab.errors import LooplabError
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
+from looplab.stability.jacobian import jsrr_penalty
 from looplab.tasks import Task, make_task
 from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from looplab.train.schedules import Schedule, make_schedule
@@ -51,6 +52,7 @@ class Experiment:
         task = make_task(config.task.name, config.task.alphabet)
         model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
         schedule = make_schedule(config.schedule, task, config.model.d_model)
+        schedule.backprop_loops = config.train.backprop_loops
         if schedule.module is not None:
             schedule.module.to(config.run.device)
         return Experiment(config, task, model, schedule)
@@ -167,8 +169,17 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> 
     batch = exp.task.sample_lengths(lengths, generator).to(cfg.run.device)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
+    jsrr = cfg.stability.jsrr
+    jsrr_generator = derive_generator(cfg.run.seed, "jsrr", step)
+    use_jsrr = (jsrr.estimator != "none" and step > jsrr.warmup
+                and float(torch.rand((), generator=jsrr_generator)) < jsrr.prob)
     with autocast(cfg):
-        loss, stats = exp.schedule.training_loss(exp.model, batch, generator)
+        out = exp.schedule.training_loss(exp.model, batch, generator, probe=use_jsrr)
+    loss, stats = out.loss, out.stats
+    if use_jsrr:
+        penalty = jsrr_penalty(exp.model, out.probe, jsrr.estimator, jsrr.power_iters, jsrr_generator)
+        loss = (1 - jsrr.weight) * loss + jsrr.weight * penalty
+        stats = {**stats, "jsrr": float(penalty.detach())}
     if not torch.isfinite(loss):
         return {"loss": float(loss.detach())}
     optimizer.zero_grad(set_to_none=True)
@@ -179,6 +190,12 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> 
     optimizer.step()
     return {"loss": float(loss.detach()), "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"],
             **stats}
+
+
+def _window_mean(window: list[dict]) -> dict:
+    """Mean of each metric over the steps that report it (e.g. ``jsrr`` only on regularised steps)."""
+    keys = dict.fromkeys(k for metrics in window for k in metrics)
+    return {k: sum(m[k] for m in window if k in m) / sum(k in m for m in window) for k in keys}
 
 
 def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experiment:
@@ -211,8 +228,7 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
                                        f"last good checkpoint: {last or 'none'}")
             window.append(metrics)
             if step % tr.log_every == 0 or step == tr.steps:
-                record = {"step": step, **{k: sum(m[k] for m in window) / len(window) for k in window[0]},
-                          "elapsed_s": round(time.perf_counter() - began, 3)}
+                record = {"step": step, **_window_mean(window), "elapsed_s": round(time.perf_counter() - began, 3)}
                 log.write(record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
                 window = []

@@ -94,12 +94,13 @@ def test_later_override_wins():
 
 
 def test_parse_override_values():
-    assert parse_override("model.d_model=32") == ("model", "d_model", 32)
-    assert parse_override("task.eval_lengths=[4, 8]") == ("task", "eval_lengths", [4, 8])
-    assert parse_override("schedule.name=window") == ("schedule", "name", "window")
-    assert parse_override('schedule.name="window"') == ("schedule", "name", "window")
-    assert parse_override("run.device=cuda:0") == ("run", "device", "cuda:0")
-    assert parse_override("model.causal=false") == ("model", "causal", False)
+    assert parse_override("model.d_model=32") == (("model", "d_model"), 32)
+    assert parse_override("task.eval_lengths=[4, 8]") == (("task", "eval_lengths"), [4, 8])
+    assert parse_override("schedule.name=window") == (("schedule", "name"), "window")
+    assert parse_override('schedule.name="window"') == (("schedule", "name"), "window")
+    assert parse_override("run.device=cuda:0") == (("run", "device"), "cuda:0")
+    assert parse_override("model.causal=false") == (("model", "causal"), False)
+    assert parse_override("stability.jsrr.weight=0.2") == (("stability", "jsrr", "weight"), 0.2)
 
 
 @pytest.mark.parametrize("text", ["model.d_model", "d_model=3", "=3"])

@@ -96,7 +96,7 @@ def test_sampled_log_prob_equals_log_pi_of_the_sampled_depth(monkeypatch):
 
     monkeypatch.setattr(schedule, "_sample_on_the_fly", spy)
     schedule.training_loss(model, batch, torch.Generator().manual_seed(4))
-    _, depth, log_pi_tau, _ = captured["out"]
+    _, depth, log_pi_tau, _, _ = captured["out"]
     # recompute every hazard from a full unroll
     logits = [schedule.module(h, batch.valid) for h, _ in model.unroll(batch.tokens, batch.valid, 6)]
     full = log_halting_distribution(torch.stack(logits, dim=1))
@@ -114,7 +114,7 @@ def test_on_the_fly_sampling_follows_pi():
     counts = np.zeros(6)
     with torch.no_grad():
         for _ in range(400):
-            _, depth, _, _ = schedule._sample_on_the_fly(model, batch, generator)
+            _, depth, _, _, _ = schedule._sample_on_the_fly(model, batch, generator)
             np.add.at(counts, depth.numpy() - 1, 1)
     expected = np.array(brute_force_pi([0.3] * 6))
     assert np.abs(counts / counts.sum() - expected).max() < 0.02
@@ -127,8 +127,7 @@ def test_halting_loss_leaves_model_gradients_unchanged(mode):
         model, batch = _model_and_batch()
         schedule = _rl(entropy_mode=mode, entropy_weight=weight)
         schedule.baseline = baseline
-        loss, _ = schedule.training_loss(model, batch, torch.Generator().manual_seed(2))
-        loss.backward()
+        schedule.training_loss(model, batch, torch.Generator().manual_seed(2)).loss.backward()
         grads.append(([p.grad.clone() for p in model.parameters()],
                       [p.grad.clone() for p in schedule.module.parameters()]))
     (model_a, head_a), (model_b, head_b) = grads
@@ -184,7 +183,7 @@ def _train_head(toy: DepthToy, schedule: RLHalting, steps: int) -> tuple[float, 
     for _ in range(steps):
         batch = TASK.sample(5, 32, generator)
         toy.labels = batch.labels
-        loss, stats = schedule.training_loss(toy, batch, generator)
+        loss = schedule.training_loss(toy, batch, generator).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -222,8 +221,9 @@ def test_pondernet_loss_trains_head_and_model_together():
     model, batch = _model_and_batch()
     schedule = PonderNet(ScheduleConfig(name="pondernet", t_max=5), TASK, 16)
     schedule.module.double()
-    loss, stats = schedule.training_loss(model, batch, torch.Generator().manual_seed(0))
-    loss.backward()
+    out = schedule.training_loss(model, batch, torch.Generator().manual_seed(0))
+    out.loss.backward()
+    stats = out.stats
     assert stats["block_evals"] == 5 and 1 <= stats["halt_depth_mean"] <= 5
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in schedule.module.parameters())
     assert any(p.grad.abs().sum() > 0 for p in model.parameters())
@@ -234,7 +234,8 @@ def test_exits_pick_the_expected_depths():
     outcome = LengthOutcome(
         length=3, correct=correct, flips=np.zeros((2, 3), dtype=bool), policy_depth=np.array([2, 4]),
         confidence=np.array([[-3.0, -0.1, -0.5, -2.0], [-0.2, -0.3, -0.4, -0.5]]),
-        step_ratio=np.array([[0.5, 0.1, 1e-4, 1e-5], [np.nan, np.nan, np.nan, np.nan]]),
+        state_norm=np.array([[1.0, 1.0, 2.0, 1.0], [np.inf, np.nan, np.nan, np.nan]]),
+        step_norm=np.array([[0.5, 0.1, 2e-4, 1e-5], [np.inf, np.nan, np.nan, np.nan]]),
         hazard_logits=np.array([[-5.0, 5.0, -5.0, 0.0], [-5.0, -5.0, -5.0, 0.0]]),
     )
     depths = exit_depths(outcome, fixed_depth=9, epsilon=1e-3)

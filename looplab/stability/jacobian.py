@@ -1,0 +1,126 @@
+"""The Jacobian of one loop: the JSRR regulariser and spectral-radius measurement (SPEC §6).
+
+Φ(h) = one loop of the core with the injected input e held fixed; J = ∂Φ/∂h at
+a state h (per sample, over its valid positions). Three penalties, named for
+what they compute:
+
+    jvp        ‖J v‖²,   v a random unit vector (after optional power iterations);
+               forward mode through the math attention path (CPU SDPA has no JVP rule)
+    vjp        ‖Jᵀ v‖²,  the same with the transpose (what the STARS code computes)
+    frobenius  ‖J g‖² / D with g ~ N(0, I): Hutchinson's estimate of ‖J‖²_F / D (DEQ)
+
+A penalty ‖Jv‖² bounds nothing by itself for a non-normal J, but after power
+iterations v approaches the top eigenvector and ‖Jv‖ approaches ρ(J).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.func import jvp
+
+from looplab.model import LoopedTransformer
+from looplab.model.looped import LoopProbe
+
+LoopMap = Callable[[Tensor], Tensor]
+
+
+def loop_map(model: LoopedTransformer, e: Tensor, valid: Tensor) -> LoopMap:
+    """Φ: h [B, L, d] → h' [B, L, d], one loop with the injection fixed, on the math attention path."""
+    ctx = model.context(valid, use_math=True)
+    return lambda h: model.step(h, e, ctx)
+
+
+def _per_sample_norm(x: Tensor) -> Tensor:
+    return x.flatten(1).norm(dim=1)
+
+
+def random_direction(valid: Tensor, d_model: int, generator: torch.Generator | None, unit: bool = True,
+                     dtype=torch.float32) -> Tensor:
+    """Gaussian [B, L, d] on valid positions (zero on padding), scaled to unit norm per sample if ``unit``."""
+    v = torch.randn(*valid.shape, d_model, generator=generator, dtype=dtype).to(valid.device)
+    v = v * valid.unsqueeze(-1)
+    return v / _per_sample_norm(v).clamp_min(1e-30)[:, None, None] if unit else v
+
+
+def jacobian_vector(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
+    """J v at h by forward-mode AD; differentiable with respect to the model's parameters."""
+    return jvp(phi, (h,), (v,))[1]
+
+
+def vector_jacobian(phi: LoopMap, h: Tensor, v: Tensor, create_graph: bool) -> Tensor:
+    """Jᵀ v at h by reverse-mode AD."""
+    if not h.requires_grad:
+        h = h.detach().requires_grad_(True)
+    return torch.autograd.grad(phi(h), h, v, create_graph=create_graph)[0]
+
+
+def power_iterate(phi: LoopMap, h: Tensor, v: Tensor, valid: Tensor, iters: int, transpose: bool = False) -> Tensor:
+    """``iters`` gradient-free power iterations v ← Mv / ‖Mv‖ with M = J (or Jᵀ); returns the new v."""
+    mask = valid.unsqueeze(-1)
+    h = h.detach()
+    for _ in range(iters):
+        if transpose:
+            w = vector_jacobian(phi, h, v, create_graph=False)
+        else:
+            with torch.no_grad():
+                w = jacobian_vector(phi, h, v)
+        w = w.detach() * mask
+        v = w / _per_sample_norm(w).clamp_min(1e-30)[:, None, None]
+    return v
+
+
+def jsrr_penalty(model: LoopedTransformer, probe: LoopProbe, estimator: str, power_iters: int,
+                 generator: torch.Generator | None) -> Tensor:
+    """Mean over samples of the chosen estimator at the probe states (a differentiable scalar)."""
+    phi = loop_map(model, probe.e, probe.valid)
+    mask = probe.valid.unsqueeze(-1).to(probe.h.dtype)
+    d_model = probe.h.shape[-1]
+    if estimator == "frobenius":
+        g = random_direction(probe.valid, d_model, generator, unit=False, dtype=probe.h.dtype)
+        dims = probe.valid.sum(1).to(probe.h.dtype) * d_model
+        return ((jacobian_vector(phi, probe.h, g) * mask).flatten(1).pow(2).sum(1) / dims).mean()
+    v = random_direction(probe.valid, d_model, generator, dtype=probe.h.dtype)
+    transpose = estimator == "vjp"
+    v = power_iterate(phi, probe.h, v, probe.valid, power_iters, transpose=transpose)
+    out = vector_jacobian(phi, probe.h, v, create_graph=True) if transpose else jacobian_vector(phi, probe.h, v)
+    return (out * mask).flatten(1).pow(2).sum(1).mean()
+
+
+@torch.no_grad()
+def spectral_radius_power(phi: LoopMap, h: Tensor, valid: Tensor, iters: int,
+                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Estimate ρ(J) per sample by power iteration.
+
+    Returns:
+        growth [B]: the geometric mean of ‖J v_k‖ over the last half of the
+        iterations (→ ρ even when the top eigenvalues are a complex pair), and
+        rayleigh [B]: v·Jv at the last iterate (the signed top eigenvalue when it is real).
+    """
+    v = random_direction(valid, h.shape[-1], generator, dtype=h.dtype)
+    mask = valid.unsqueeze(-1)
+    log_growth = []
+    for _ in range(iters):
+        w = jacobian_vector(phi, h, v) * mask
+        norm = _per_sample_norm(w).clamp_min(1e-30)
+        log_growth.append(norm.log())
+        v = w / norm[:, None, None]
+    jv = jacobian_vector(phi, h, v) * mask
+    growth = torch.stack(log_growth[len(log_growth) // 2:]).mean(0).exp()
+    return growth, (v * jv).flatten(1).sum(1)
+
+
+def spectral_radius_exact(phi: LoopMap, h: Tensor) -> float:
+    """ρ(J) for ONE sample without padding, h [1, L, d], from the full Jacobian's eigenvalues.
+
+    Meant for tiny states: the Jacobian is (L·d) × (L·d).
+    """
+    shape = h.shape
+
+    def flat_phi(x: Tensor) -> Tensor:
+        return phi(x.view(shape)).reshape(-1)
+
+    jacobian = torch.func.jacfwd(flat_phi)(h.reshape(-1))
+    return float(torch.linalg.eigvals(jacobian.detach().double()).abs().max())
