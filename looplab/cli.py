@@ -1,4 +1,4 @@
-"""Command line: ``looplab train | eval | config show | demo``.
+"""Command line: ``looplab train | eval | config show | analyze | demo``.
 
 User mistakes end in one line on stderr and exit code 2 (no traceback).
 """
@@ -6,6 +6,7 @@ User mistakes end in one line on stderr and exit code 2 (no traceback).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,19 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("config")
     show.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
+    analyze = commands.add_parser("analyze", help="analyse a trained run (results under RUN_DIR/analysis)")
+    kinds = analyze.add_subparsers(dest="kind", required=True)
+    spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
+    pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
+    for sub in (spectral, pca):
+        sub.add_argument("run_dir")
+        sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
+        sub.add_argument("--loops", type=int, help="unroll depth (default: eval.max_loops)")
+        sub.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
+    spectral.add_argument("--samples", type=int, default=4)
+    spectral.add_argument("--iters", type=int, default=50, help="power iterations per loop")
+    pca.add_argument("--sample", type=int, default=0, help="which sample to trace")
+
     demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
     return parser
@@ -66,6 +80,20 @@ def _eval(args) -> None:
     summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling)
     print(format_summary(summary))
     print(f"\nwrote {Path(args.run_dir) / 'eval'}/grid.parquet and summary.json")
+
+
+def _analyze(args) -> None:
+    from looplab.analysis.run import analyze_pca, analyze_spectral
+
+    out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
+    if args.kind == "spectral":
+        summary = analyze_spectral(args.run_dir, args.length, args.loops, args.samples, args.iters, args.out)
+        print(json.dumps(summary, indent=2))
+        print(f"wrote {out}/spectral.csv, spectral.png")
+    else:
+        summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out)
+        print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
+        print(f"wrote {out}/pca_2d.png, pca_3d.png")
 
 
 def _demo(args) -> None:
@@ -91,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             _eval(args)
         elif args.command == "config":
             print(load_config(args.config, args.set).to_toml(), end="")
+        elif args.command == "analyze":
+            _analyze(args)
         elif args.command == "demo":
             _demo(args)
     except LooplabError as err:

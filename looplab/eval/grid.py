@@ -77,7 +77,7 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
     """
     answer = batch.answer_mask
     valid = batch.valid.unsqueeze(-1)
-    tokens = batch.valid.sum(1).clamp_min(1).sqrt()
+    tokens = batch.valid.sum(1).clamp_min(1).double().sqrt()
     signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "state_norm": [],
                                         "step_norm": []}
     if hazard_head is not None:
@@ -86,8 +86,9 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
     previous = None
     for _ in range(max_loops):
         h_next = model.step(h, e, ctx)
-        signals["step_norm"].append(((h_next - h) * valid).flatten(1).norm(dim=1).float() / tokens)
-        signals["state_norm"].append((h_next * valid).flatten(1).norm(dim=1).float() / tokens)
+        # float64 norms: a large but finite float32 state must not overflow into "diverged"
+        signals["step_norm"].append(((h_next - h) * valid).flatten(1).double().norm(dim=1) / tokens)
+        signals["state_norm"].append((h_next * valid).flatten(1).double().norm(dim=1) / tokens)
         h = h_next
         log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)
         finite = torch.isfinite(log_probs).all(dim=-1)

@@ -10,8 +10,7 @@ from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths, grid_frame
 from looplab.eval.metrics import summarize
 from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
-from looplab.train.checkpoint import latest_checkpoint, load_weights
-from looplab.train.trainer import LOG_FILE, Experiment, load_run_config
+from looplab.train.trainer import LOG_FILE, Experiment
 
 EVAL_DIR = "eval"
 
@@ -30,10 +29,8 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     and ``scaling.png``) and add its summary keys.
     """
     run_dir = Path(run_dir)
-    config = load_run_config(run_dir)
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
+    exp = Experiment.from_run(run_dir)
+    config = exp.config
     for name, value in (("max-loops", max_loops), ("samples", samples)):
         if value is not None and value < 1:
             raise LooplabError(f"--{name} must be >= 1, got {value}")
@@ -43,13 +40,11 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     max_loops = max_loops or config.eval.max_loops
     samples = samples or config.eval.samples
 
-    exp = Experiment.build(config)
-    load_weights(checkpoint, exp.modules())
     outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, lengths, max_loops, samples,
                                 config.eval.batch_size, config.run.seed)
     summary = summarize(outcomes, config.task.train_max, config.eval.fixed_exit, config.eval.convergence_eps)
     summary["training_cost"] = training_cost(run_dir)
-    summary.update({"checkpoint": checkpoint.name, "max_loops": max_loops, "samples": samples,
+    summary.update({"checkpoint": exp.checkpoint, "max_loops": max_loops, "samples": samples,
                     "train_range": [config.task.train_min, config.task.train_max]})
     out = run_dir / EVAL_DIR
     out.mkdir(exist_ok=True)

@@ -122,5 +122,7 @@ def spectral_radius_exact(phi: LoopMap, h: Tensor) -> float:
     def flat_phi(x: Tensor) -> Tensor:
         return phi(x.view(shape)).reshape(-1)
 
-    jacobian = torch.func.jacfwd(flat_phi)(h.reshape(-1))
-    return float(torch.linalg.eigvals(jacobian.detach().double()).abs().max())
+    jacobian = torch.func.jacfwd(flat_phi)(h.reshape(-1)).detach().double()
+    if not torch.isfinite(jacobian).all():  # a diverged state: LAPACK must not see inf or NaN
+        return float("nan")
+    return float(torch.linalg.eigvals(jacobian).abs().max())

@@ -24,7 +24,7 @@ from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.stability.jacobian import jsrr_penalty
 from looplab.tasks import Task, make_task
-from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
 from looplab.train.schedules import Schedule, make_schedule
 
 CONFIG_FILE = "config.toml"
@@ -45,6 +45,7 @@ class Experiment:
     task: Task
     model: LoopedTransformer
     schedule: Schedule
+    checkpoint: str | None = None
 
     @staticmethod
     def build(config: Config) -> "Experiment":
@@ -56,6 +57,19 @@ class Experiment:
         if schedule.module is not None:
             schedule.module.to(config.run.device)
         return Experiment(config, task, model, schedule)
+
+    @staticmethod
+    def from_run(run_dir: str | Path) -> "Experiment":
+        """The experiment of a run directory, with the weights of its latest checkpoint, in eval mode."""
+        config = load_run_config(run_dir)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
+        exp = Experiment.build(config)
+        load_weights(checkpoint, exp.modules())
+        exp.model.eval()
+        exp.checkpoint = checkpoint.name
+        return exp
 
     def modules(self) -> dict[str, torch.nn.Module]:
         """Everything with weights, by checkpoint file name."""

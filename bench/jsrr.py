@@ -1,0 +1,57 @@
+"""Cost of the JSRR regulariser: a training step with it vs without, at 16 loops.
+
+The plain step unrolls 16 loops (SDPA) and backpropagates. The regularised
+step adds, at the final state, one gradient-free power iteration and one
+differentiable ‖Jv‖² through one extra loop on the math attention path
+(forward-mode JVP), then backpropagates through both. The VJP (‖Jᵀv‖²) and
+Hutchinson Frobenius estimators are timed too.
+
+Goal: the JVP step costs ≤ 1.3× the plain step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from timing import add_common_options, median, print_table, setup, time_interleaved
+
+from looplab.config import load_config
+from looplab.train.trainer import Experiment, make_optimizer, train_step
+
+GOAL = 1.3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loops", type=int, default=16)
+    parser.add_argument("--d-model", type=int, default=128)
+    add_common_options(parser, repeats=10, warmup=2)
+    args = parser.parse_args()
+    setup(args.threads, args.seed)
+
+    runs = {}
+    for estimator in ("none", "jvp", "vjp", "frobenius"):
+        config = load_config(None, [
+            "task.name=binary_addition", "task.train_min=8", "task.train_max=12", "schedule.name=fixed",
+            f"schedule.depth={args.loops}", f"model.d_model={args.d_model}", "model.n_heads=4",
+            "model.placement=post_sandwich", f"stability.jsrr.estimator={estimator}", "stability.jsrr.power_iters=1",
+            "train.batch_size=64", f"run.seed={args.seed}",
+        ])
+        exp = Experiment.build(config)
+        optimizer = make_optimizer(exp)
+        steps = iter(range(1, 10_000))
+        runs[estimator] = lambda exp=exp, optimizer=optimizer, steps=steps: train_step(exp, optimizer, next(steps))
+    seconds = time_interleaved(runs, args.repeats, args.warmup)
+
+    plain = median(seconds["none"])
+    rows = [[name, f"{1000 * median(times):.1f}", f"{median(times) / plain:.2f}x"] for name, times in seconds.items()]
+    print(f"training step, binary addition n in 8..12, batch 64, {args.loops} loops, d = {args.d_model}, "
+          f"{args.threads} threads")
+    print_table(["jsrr estimator", "ms/step", "vs plain"], rows)
+    ratio = median(seconds["jvp"]) / plain
+    met = ratio <= GOAL
+    print(f"RATIO jvp step / plain step: {ratio:.2f}x (goal <= {GOAL}x) -> goal {'MET' if met else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Analysis of trained looped models: latent trajectories and their geometry."""

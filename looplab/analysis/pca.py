@@ -1,0 +1,57 @@
+"""PCA of latent trajectories: how each token's state moves across loops.
+
+The states h_t[p] of one sample for every loop t and position p are projected
+onto their top principal components (fitted on all of them together), so each
+position traces a path through loops in 2-D or 3-D.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+def trajectory_pca(states: Tensor, components: int = 3) -> tuple[Tensor, Tensor]:
+    """Project states [T, L, d] onto their top principal components.
+
+    Returns:
+        coordinates [T, L, components] and the explained-variance ratio [components].
+    """
+    flat = states.reshape(-1, states.shape[-1]).double()
+    centred = flat - flat.mean(0)
+    _, singular, basis = torch.linalg.svd(centred, full_matrices=False)
+    variance = singular.pow(2)
+    k = min(components, basis.shape[0])
+    coords = (centred @ basis[:k].T).reshape(*states.shape[:2], k)
+    return coords, variance[:k] / variance.sum().clamp_min(1e-30)
+
+
+def plot_trajectories(coords: Tensor, explained: Tensor, path2d: Path, path3d: Path, title: str = "") -> None:
+    """2-D and 3-D plots: one line per position, from loop 1 (circle) to the last loop (cross)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    coords = coords.numpy()
+    labels = [f"PC{i + 1} ({100 * float(v):.0f}%)" for i, v in enumerate(explained)]
+    for dims, path in ((2, path2d), (3, path3d)):
+        if coords.shape[-1] < dims:
+            continue
+        fig = plt.figure(figsize=(5.5, 4.5))
+        axis = fig.add_subplot(projection="3d" if dims == 3 else None)
+        for position in range(coords.shape[1]):
+            track = coords[:, position, :dims].T
+            line = axis.plot(*track, linewidth=1)[0]
+            axis.scatter(*track[:, :1], marker="o", color=line.get_color(), s=12)
+            axis.scatter(*track[:, -1:], marker="x", color=line.get_color(), s=16)
+        axis.set_xlabel(labels[0])
+        axis.set_ylabel(labels[1])
+        if dims == 3:
+            axis.set_zlabel(labels[2])
+        axis.set_title(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)

@@ -1,0 +1,59 @@
+"""Spectral radius of the loop Jacobian along a trajectory (SPEC §6).
+
+For each loop t = 1..T of one unroll, ρ(∂Φ/∂h at h_t) per sample: by power
+iteration (any size) and, for tiny states, exactly from the full Jacobian.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from looplab.model import LoopedTransformer
+from looplab.stability.jacobian import loop_map, spectral_radius_exact, spectral_radius_power
+from looplab.tasks import TaskBatch
+
+EXACT_MAX_DIM = 4096
+
+
+def spectral_trajectory(model: LoopedTransformer, batch: TaskBatch, loops: int, iters: int,
+                        exact: bool, generator: torch.Generator) -> pd.DataFrame:
+    """One row per (loop, sample): ``rho_power``, ``rayleigh`` and (if ``exact``) ``rho_exact``."""
+    rows = []
+    with torch.no_grad():
+        h, e, ctx = model.start(batch.tokens, batch.valid)
+    phi = loop_map(model, e, batch.valid)
+    for t in range(1, loops + 1):
+        with torch.no_grad():
+            h = model.step(h, e, ctx)
+        growth, rayleigh = spectral_radius_power(phi, h, batch.valid, iters, generator)
+        for i in range(len(h)):
+            row = {"loop": t, "sample": i, "rho_power": float(growth[i]), "rayleigh": float(rayleigh[i])}
+            if exact:
+                length = int(batch.valid[i].sum())
+                single = loop_map(model, e[i:i + 1, :length], batch.valid[i:i + 1, :length])
+                row["rho_exact"] = spectral_radius_exact(single, h[i:i + 1, :length])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Mean ρ per loop (power iteration, and exact when present) with the ρ = 1 line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_loop = frame.groupby("loop").mean(numeric_only=True)
+    fig, axis = plt.subplots(figsize=(6, 3.6))
+    axis.plot(per_loop.index, per_loop["rho_power"], label="power iteration")
+    if "rho_exact" in per_loop:
+        axis.plot(per_loop.index, per_loop["rho_exact"], linestyle="--", label="exact eigenvalues")
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set(xlabel="loop t", ylabel="ρ(∂Φ/∂h at h_t)", title=title)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
