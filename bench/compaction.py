@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
+from timing import add_common_options, add_model_options, median, print_table, print_verdict, setup, time_interleaved
 from looplab.config import Config, validate
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
@@ -134,9 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=19, help="lengths n are uniform in 1..max-length")
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--n-heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2, help="core layers")
+    add_model_options(parser)
     parser.add_argument("--batches", type=int, default=6, help="distinct fixed batches (mixes of depths)")
     add_common_options(parser, repeats=15, warmup=1)
     args = parser.parse_args()

@@ -30,7 +30,7 @@ import os
 import torch
 from torch import Tensor
 
-from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
+from timing import add_common_options, add_model_options, median, print_table, print_verdict, setup, time_interleaved
 from looplab.config import Config, validate
 from looplab.eval.grid import unroll_outcomes
 from looplab.model import LoopedTransformer
@@ -91,9 +91,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[8, 16, 24])
     parser.add_argument("--samples", type=int, default=256, help="samples per length (one batch per length)")
     parser.add_argument("--max-loops", type=int, default=30)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--n-heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2, help="core layers")
+    add_model_options(parser)
     add_common_options(parser, repeats=3, warmup=0)
     args = parser.parse_args()
     setup(args.threads, args.seed)

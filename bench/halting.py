@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
-
-from looplab.config import load_config
-from looplab.train.trainer import Experiment, make_optimizer, train_step
+from timing import add_common_options, median, print_table, print_verdict, setup, step_runner, time_interleaved
 
 
 def main() -> None:
@@ -29,20 +26,11 @@ def main() -> None:
 
     runs, stats = {}, {}
     for mode in ("exact", "sampled"):
-        config = load_config(None, [
+        runs[mode], stats[mode] = step_runner([
             "task.name=binary_addition", "task.train_min=1", "task.train_max=19", "schedule.name=rl_halting",
             f"schedule.t_max={args.t_max}", f"schedule.entropy_mode={mode}", f"model.d_model={args.d_model}",
             "model.core_layers=3", "train.batch_size=64", f"run.seed={args.seed}",
         ])
-        exp = Experiment.build(config)
-        optimizer = make_optimizer(exp)
-        stats[mode] = []
-        step = iter(range(1, 10_000))
-
-        def run(exp=exp, optimizer=optimizer, mode=mode, step=step):
-            stats[mode].append(train_step(exp, optimizer, next(step)))
-
-        runs[mode] = run
     seconds = time_interleaved(runs, args.repeats, args.warmup)
 
     rows = []

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from timing import add_common_options, median, print_table, setup, time_interleaved
-
-from looplab.config import load_config
-from looplab.train.trainer import Experiment, make_optimizer, train_step
+from timing import add_common_options, median, print_table, setup, step_runner, time_interleaved
 
 GOAL = 1.3
 
@@ -31,16 +28,12 @@ def main() -> None:
 
     runs = {}
     for estimator in ("none", "jvp", "vjp", "frobenius"):
-        config = load_config(None, [
+        runs[estimator], _ = step_runner([
             "task.name=binary_addition", "task.train_min=8", "task.train_max=12", "schedule.name=fixed",
             f"schedule.depth={args.loops}", f"model.d_model={args.d_model}", "model.n_heads=4",
             "model.placement=post_sandwich", f"stability.jsrr.estimator={estimator}", "stability.jsrr.power_iters=1",
             "train.batch_size=64", f"run.seed={args.seed}",
         ])
-        exp = Experiment.build(config)
-        optimizer = make_optimizer(exp)
-        steps = iter(range(1, 10_000))
-        runs[estimator] = lambda exp=exp, optimizer=optimizer, steps=steps: train_step(exp, optimizer, next(steps))
     seconds = time_interleaved(runs, args.repeats, args.warmup)
 
     plain = median(seconds["none"])

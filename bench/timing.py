@@ -25,6 +25,31 @@ def add_common_options(parser: argparse.ArgumentParser, repeats: int, warmup: in
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed runs per path before timing")
 
 
+def add_model_options(parser: argparse.ArgumentParser, d_model: int = 64) -> None:
+    """Add ``--d-model``, ``--n-heads`` and ``--layers`` (core layers)."""
+    parser.add_argument("--d-model", type=int, default=d_model)
+    parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2, help="core layers")
+
+
+def step_runner(overrides: list[str]) -> tuple[Callable[[], None], list[dict]]:
+    """Consecutive training steps of the config given by ``overrides``.
+
+    Returns a closure that runs the next step, and the list its metrics are appended to.
+    """
+    from looplab.config import load_config
+    from looplab.train.trainer import Experiment, make_optimizer, train_step
+
+    exp = Experiment.build(load_config(None, overrides))
+    optimizer = make_optimizer(exp)
+    steps, metrics = iter(range(1, 1_000_000)), []
+
+    def run() -> None:
+        metrics.append(train_step(exp, optimizer, next(steps)))
+
+    return run, metrics
+
+
 def setup(threads: int, seed: int) -> None:
     """Fix the thread count and seed every random source."""
     torch.set_num_threads(threads)

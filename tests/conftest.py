@@ -56,6 +56,17 @@ def tiny_config(tmp_path: Path):
     return write
 
 
+def train_tiny_run(root: Path, steps: int, checkpoint_every: int, *overrides: str) -> tuple[Path, Path]:
+    """Train the tiny config into ``root/run`` through the CLI; returns (config path, run dir)."""
+    config = root / "tiny.toml"
+    config.write_text(TINY.format(steps=steps, checkpoint_every=checkpoint_every))
+    run_dir = root / "run"
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    result = run_cli("train", str(config), "--out", str(run_dir), "--no-progress", *sets)
+    assert result.returncode == 0, result.stderr
+    return config, run_dir
+
+
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m looplab ARGS`` in a subprocess with one torch thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -2,9 +2,8 @@
 
 from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, TASKS, Task, TaskBatch, make_task, register_task
 from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
-    binary_addition,
+    addition,
     copy_task,
-    decimal_addition,
     dyck1,
     parity,
     unique_set,

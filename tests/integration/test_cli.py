@@ -8,7 +8,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, train_tiny_run
 
 
 def _one_line_error(result) -> str:
@@ -20,15 +20,7 @@ def _one_line_error(result) -> str:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    from tests.conftest import TINY
-
-    root = tmp_path_factory.mktemp("cli")
-    config = root / "tiny.toml"
-    config.write_text(TINY.format(steps=20, checkpoint_every=10))
-    run_dir = root / "run"
-    result = run_cli("train", str(config), "--out", str(run_dir), "--no-progress")
-    assert result.returncode == 0, result.stderr
-    return config, run_dir
+    return train_tiny_run(tmp_path_factory.mktemp("cli"), 20, 10)
 
 
 def test_train_writes_run_dir(trained_run):

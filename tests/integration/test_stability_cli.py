@@ -11,20 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, train_tiny_run
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from tests.conftest import TINY
-
-    root = tmp_path_factory.mktemp("stability")
-    config = root / "tiny.toml"
-    config.write_text(TINY.format(steps=10, checkpoint_every=10))
-    run = root / "run"
-    result = run_cli("train", str(config), "--out", str(run), "--no-progress", "--set", "model.injection=none")
-    assert result.returncode == 0, result.stderr
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("stability"), 10, 10, "model.injection=none")[1]
 
 
 def test_exploding_pre_norm_core_gives_complete_scaling_csv(run_dir, tmp_path):

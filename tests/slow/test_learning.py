@@ -44,3 +44,21 @@ def test_rl_halting_learns_in_distribution(tmp_path):
     ])
     assert summary["policy_id"] >= 0.9, summary
     assert summary["halting"], "an RL-Halting run reports its halting distribution"
+
+
+def test_jsrr_lowers_the_spectral_radius(tmp_path):
+    from looplab.seeding import derive_generator
+    from looplab.stability.spectral import spectral_trajectory
+
+    radius = {}
+    for estimator in ("none", "jvp"):
+        config = load_config(None, [
+            "task.name=decimal_addition", "task.train_min=4", "task.train_max=4", "task.eval_lengths=[4]",
+            "model.injection=none", "model.d_model=32", "model.n_heads=2", "schedule.name=fixed",
+            "schedule.depth=4", "train.steps=300", f"stability.jsrr.estimator={estimator}",
+        ])
+        exp = train(config, tmp_path / estimator, progress=False)
+        batch = exp.task.sample(4, 8, derive_generator(0, "spectral-test"))
+        frame = spectral_trajectory(exp.model, batch, 4, 40, False, derive_generator(0, "power"))
+        radius[estimator] = frame["rho_power"].mean()
+    assert radius["jvp"] < 0.9 * radius["none"], radius
