@@ -15,6 +15,9 @@ from looplab.config import load_config
 from looplab.errors import LooplabError
 
 PRESETS = Path(__file__).parent / "configs"
+ANALYSES = ("mechanistic", "spectral", "pca")
+MECHANISTIC_HEADLINE = ("fixed_point_self_cos", "fixed_point_cross_cos_min", "attention_diff_last",
+                        "token_dynamics", "massive_ratio_max")
 
 
 def _lengths(text: str) -> list[int]:
@@ -50,8 +53,14 @@ def _parser() -> argparse.ArgumentParser:
 
     analyze = commands.add_parser("analyze", help="analyse a trained run (results under RUN_DIR/analysis)")
     kinds = analyze.add_subparsers(dest="kind", required=True)
+    mechanistic = kinds.add_parser("mechanistic", help="fixed points, attention across loops, ColSum stages "
+                                   "(the default: `looplab analyze RUN_DIR`)")
     spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
     pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
+    mechanistic.add_argument("run_dir")
+    mechanistic.add_argument("--loops", type=int, default=128, help="unroll depth (default 128)")
+    mechanistic.add_argument("--samples", type=int, default=8)
+    mechanistic.add_argument("--out", help="output folder (default RUN_DIR/analysis/mechanistic)")
     for sub in (spectral, pca):
         sub.add_argument("run_dir")
         sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
@@ -86,7 +95,15 @@ def _analyze(args) -> None:
     from looplab.analysis.run import analyze_pca, analyze_spectral
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
-    if args.kind == "spectral":
+    if args.kind == "mechanistic":
+        from looplab.analysis.mechanistic import analyze_mechanistic
+
+        if min(args.loops, args.samples) < 1:
+            raise LooplabError("--loops and --samples must be >= 1")
+        summary = analyze_mechanistic(args.run_dir, loops=args.loops, out=args.out, samples=args.samples)
+        print(json.dumps({k: summary[k] for k in MECHANISTIC_HEADLINE if k in summary}, indent=2))
+        print(f"wrote {args.out or out / 'mechanistic'}: summary.json, CSVs and plots")
+    elif args.kind == "spectral":
         summary = analyze_spectral(args.run_dir, args.length, args.loops, args.samples, args.iters, args.out)
         print(json.dumps(summary, indent=2))
         print(f"wrote {out}/spectral.csv, spectral.png")
@@ -111,6 +128,9 @@ def _demo(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "analyze" and argv[1] not in ANALYSES and not argv[1].startswith("-"):
+        argv.insert(1, "mechanistic")  # `looplab analyze RUN_DIR` is the mechanistic analysis
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":

@@ -10,7 +10,7 @@ from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths, grid_frame
 from looplab.eval.metrics import summarize
 from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
-from looplab.train.trainer import LOG_FILE, Experiment
+from looplab.train.trainer import Experiment, read_log
 
 EVAL_DIR = "eval"
 
@@ -61,8 +61,7 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
 
 def training_cost(run_dir: Path) -> dict:
     """Mean block evaluations per training step (and mean loops per row) from the JSONL log."""
-    path = run_dir / LOG_FILE
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    records = read_log(run_dir)
     return {key: float(sum(r[key] for r in records) / len(records)) if records else None
             for key in ("block_evals", "row_loops_mean")}
 

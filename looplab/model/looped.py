@@ -60,13 +60,18 @@ class LoopedTransformer(nn.Module):
             rope = rope_tables(valid.shape[1], head_dim, self.cfg.rope_base, valid.device, self.head.weight.dtype)
         return AttentionContext.build(valid, self.cfg.causal, rope, use_math or self.cfg.attention == "math")
 
-    def encode(self, tokens: Tensor, ctx: AttentionContext) -> Tensor:
-        """tokens [B, L] → injected input e [B, L, d] (embedding and prelude)."""
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """tokens [B, L] → E(x) [B, L, d], plus learned positions when configured."""
         x = self.embedding(tokens)
         if self.positions is not None:
             if tokens.shape[1] > self.cfg.max_len:
                 raise LooplabError(f"sequence length {tokens.shape[1]} exceeds model.max_len {self.cfg.max_len}")
             x = x + self.positions.weight[: tokens.shape[1]]
+        return x
+
+    def encode(self, tokens: Tensor, ctx: AttentionContext) -> Tensor:
+        """tokens [B, L] → injected input e [B, L, d] (embedding and prelude)."""
+        x = self.embed_tokens(tokens)
         for layer in self.prelude:
             x = layer(x, ctx)
         return x
@@ -80,14 +85,17 @@ class LoopedTransformer(nn.Module):
         noise = torch.randn(e.shape, generator=generator, device="cpu", dtype=torch.float32)
         return (self.cfg.noise_std * noise).to(device=e.device, dtype=e.dtype)
 
+    def core_input(self, h: Tensor, e: Tensor) -> Tensor:
+        """What the core's first layer sees: h_{t-1} with the input e injected ([B, L, d])."""
+        if self.cfg.injection == "add":
+            return h + e
+        if self.cfg.injection == "concat":
+            return self.inject(torch.cat([e, h], dim=-1))
+        return h
+
     def step(self, h: Tensor, e: Tensor, ctx: AttentionContext) -> Tensor:
         """One loop: h_{t-1} [B, L, d] → h_t [B, L, d]."""
-        if self.cfg.injection == "add":
-            x = h + e
-        elif self.cfg.injection == "concat":
-            x = self.inject(torch.cat([e, h], dim=-1))
-        else:
-            x = h
+        x = self.core_input(h, e)
         for layer in self.core:
             x = layer(x, ctx)
         if self.core_out_norm is not None:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,8 +128,6 @@ def prepare_run_dir(run_dir: Path, config: Config) -> None:
 
 def load_run_config(run_dir: Path) -> Config:
     """The resolved config saved in a run directory."""
-    import tomllib
-
     path = Path(run_dir) / CONFIG_FILE
     if not Path(run_dir).is_dir():
         raise LooplabError(f"run dir not found: {run_dir}")
@@ -140,6 +139,18 @@ def load_run_config(run_dir: Path) -> Config:
         raise LooplabError(f"{path} is not valid TOML: {err}") from None
 
 
+def read_log(run_dir: Path) -> list[dict]:
+    """The records of a run's JSONL log, skipping a torn last line left by a kill mid-write."""
+    path = Path(run_dir) / LOG_FILE
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 class RunLog:
     """JSONL log plus TensorBoard scalars; on resume, drops entries after the checkpoint."""
 
@@ -147,12 +158,9 @@ class RunLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = run_dir / LOG_FILE
-        kept = []
-        if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+        kept = [record for record in read_log(run_dir) if record.get("step", 0) <= resume_step]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
         os.replace(tmp, self.path)
         self.handle = open(self.path, "a")
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,3 +84,16 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_p
     load_weights(checkpoint, exp.modules())
     assert all(torch.isfinite(p).all() for p in exp.model.parameters())
     assert isinstance(TrainingDiverged("x"), LooplabError)
+
+
+def test_resume_drops_a_torn_log_line(tiny_config, tmp_path):
+    config = load_config(tiny_config(steps=20, checkpoint_every=10))
+    run_dir = tmp_path / "run"
+    train(config, run_dir, progress=False)
+    log = run_dir / "log.jsonl"
+    # as if killed mid-write after step 20's checkpoint was removed: resume from step 10
+    shutil.rmtree(run_dir / "checkpoints" / "step_0000020")
+    log.write_text(log.read_text() + '{"step": 25, "lo')
+    train(config, run_dir, progress=False)
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps == [5, 10, 15, 20]

@@ -1,0 +1,69 @@
+"""Token dynamics in the limit of many loops: fixed point, orbit or slider (SPEC §7).
+
+For one token's trajectory x_t ∈ R^d over the last W loops (window indices
+s = 0..W−1), with relative tolerance ε:
+
+    fixed point   max_{s ≥ 1} ‖x_s − x_{s−1}‖ / ‖x_s‖ ≤ ε
+    orbit, p      not a fixed point, and p ∈ 2..P is the smallest period with
+                  max_{s ≥ p} ‖x_s − x_{s−p}‖ / ‖x_s‖ ≤ ε          (needs W > p)
+    slider        neither (the state keeps drifting)
+
+The paper finds nearly all tokens at fixed points (0.02% / 0.14% non-fixed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["FIXED", "ORBIT", "SLIDER", "TokenDynamics", "token_dynamics"]
+
+FIXED, ORBIT, SLIDER = 0, 1, 2
+KINDS = {FIXED: "fixed_point", ORBIT: "orbit", SLIDER: "slider"}
+
+
+@dataclass
+class TokenDynamics:
+    """Classification of N tokens.
+
+    Attributes:
+        labels: [N] long, FIXED (0), ORBIT (1) or SLIDER (2).
+        periods: [N] long, 1 for a fixed point, p for an orbit, 0 for a slider.
+        fractions: {"fixed_point", "orbit", "slider"} → fraction of tokens.
+    """
+
+    labels: Tensor
+    periods: Tensor
+    fractions: dict[str, float]
+
+
+def _max_relative_gap(x: Tensor, lag: int) -> Tensor:
+    """max over s ≥ lag of ‖x_s − x_{s−lag}‖ / ‖x_s‖ for x [W, N, d]: [N]."""
+    gap = (x[lag:] - x[:-lag]).norm(dim=-1) / x[lag:].norm(dim=-1).clamp_min(1e-30)
+    return gap.max(0).values
+
+
+def token_dynamics(trajectory: Tensor, window: int | None = None, tol: float = 1e-3,
+                   max_period: int = 8) -> TokenDynamics:
+    """Classify each token of trajectory [loops, N, d] over its last ``window`` loops (default: all).
+
+    Periods are searched up to min(max_period, W − 1); a window of at least
+    2·max_period loops sees each candidate orbit repeat at least twice.
+    """
+    x = trajectory.double()
+    window = min(window or x.shape[0], x.shape[0])
+    if window < 2:
+        raise ValueError("token dynamics need a window of at least 2 loops")
+    x = x[-window:]
+    count = x.shape[1]
+    labels = torch.full((count,), SLIDER, dtype=torch.long)
+    periods = torch.zeros(count, dtype=torch.long)
+    fixed = (_max_relative_gap(x, 1) <= tol).cpu()
+    labels[fixed], periods[fixed] = FIXED, 1
+    for period in range(2, min(max_period, window - 1) + 1):
+        found = (_max_relative_gap(x, period) <= tol).cpu() & (labels == SLIDER)
+        labels[found], periods[found] = ORBIT, period
+    fractions = {name: float((labels == code).float().mean()) if count else 0.0 for code, name in KINDS.items()}
+    return TokenDynamics(labels, periods, fractions)
