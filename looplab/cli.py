@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--samples", type=int, help="samples per length")
     evaluate.add_argument("--scaling", action="store_true",
                           help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)")
+    evaluate.add_argument("--lm-loops", type=int, metavar="T",
+                          help="text (kjv) runs: validation loss against loops 1..T (eval/lm_loops.csv)")
 
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True)
@@ -86,6 +88,15 @@ def _train(args) -> None:
 def _eval(args) -> None:
     from looplab.eval.run import evaluate_run, format_summary
 
+    if args.lm_loops is not None:
+        from looplab.lm.evaluate import evaluate_lm_run
+
+        if args.lm_loops < 1:
+            raise LooplabError(f"--lm-loops must be >= 1, got {args.lm_loops}")
+        summary = evaluate_lm_run(args.run_dir, max_loops=args.lm_loops, samples=args.samples or 256)
+        print(json.dumps(summary, indent=2))
+        print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
+        return
     summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling)
     print(format_summary(summary))
     print(f"\nwrote {Path(args.run_dir) / 'eval'}/grid.parquet and summary.json")

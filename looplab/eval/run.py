@@ -31,6 +31,9 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     run_dir = Path(run_dir)
     exp = Experiment.from_run(run_dir)
     config = exp.config
+    if not exp.task.exact_match:
+        raise LooplabError(f"run {run_dir} trains the {config.task.name!r} language-modelling task; "
+                           f"evaluate it with: looplab eval {run_dir} --lm-loops 64")
     for name, value in (("max-loops", max_loops), ("samples", samples)):
         if value is not None and value < 1:
             raise LooplabError(f"--{name} must be >= 1, got {value}")

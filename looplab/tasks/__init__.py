@@ -6,6 +6,7 @@ from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     copy_task,
     dyck1,
     parity,
+    text,
     unique_set,
 )
 

@@ -57,6 +57,8 @@ class Task(ABC):
     """A length-controlled algorithmic task (SPEC §2)."""
 
     name: str = ""
+    #: whether whole-answer exact match over loops is this task's measure (False for language modelling)
+    exact_match: bool = True
 
     def __init__(self, alphabet: int = 8):
         if alphabet < 2:

