@@ -30,6 +30,8 @@ bench: setup
 	$(PY) bench/compaction.py
 	$(PY) bench/eval_grid.py
 	$(PY) bench/throughput.py
+	$(PY) bench/halting.py
+	$(PY) bench/jsrr.py
 
 clean:
 	rm -rf $(VENV) runs
