@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths, grid_frame
 from looplab.eval.metrics import summarize
+from looplab.io import atomic_write
 from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
 from looplab.train.trainer import Experiment, read_log
 
 EVAL_DIR = "eval"
 
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".tmp_{path.name}")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loops: int | None = None,
@@ -54,11 +49,11 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     if scaling:
         curve = scaling_frame(outcomes)
         summary.update(scaling_summary(curve))
-        _atomic_write(out / "scaling.csv", lambda p: curve.to_csv(p, index=False))
-        _atomic_write(out / "scaling.png", lambda p: plot_scaling(curve, p, f"{run_dir.name}: test-time scaling"))
+        atomic_write(out / "scaling.csv", lambda p: curve.to_csv(p, index=False))
+        atomic_write(out / "scaling.png", lambda p: plot_scaling(curve, p, f"{run_dir.name}: test-time scaling"))
     frame = grid_frame(outcomes, config.task.train_max)
-    _atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
-    _atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+    atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
+    atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from looplab.errors import LooplabError
+from looplab.io import atomic_write
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.tasks.text import KJVText
@@ -128,11 +128,6 @@ def training_depth(exp: Experiment) -> int | None:
     return int(exp.schedule.policy_depth(window)[0])
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".tmp_{path.name}")
-    write(tmp)
-    os.replace(tmp, path)
-
 
 def evaluate_lm_run(run_dir: str | Path, max_loops: int = 64, samples: int = 256,
                     out: str | Path | None = None, batch_size: int = 64) -> dict:
@@ -153,7 +148,7 @@ def evaluate_lm_run(run_dir: str | Path, max_loops: int = 64, samples: int = 256
                "checkpoint": exp.checkpoint}
     out = Path(out) if out is not None else run_dir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))
-    _atomic_write(out / PLOT_FILE, lambda p: plot_lm_loops(frame, p, depth, f"{run_dir.name}: validation loss"))
-    _atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))
+    atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))
+    atomic_write(out / PLOT_FILE, lambda p: plot_lm_loops(frame, p, depth, f"{run_dir.name}: validation loss"))
+    atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import tomllib
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from tqdm import tqdm
 
 from looplab.config import Config, from_dict
 from looplab.errors import LooplabError
+from looplab.io import atomic_write
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.stability.jacobian import jsrr_penalty
@@ -121,9 +121,7 @@ def prepare_run_dir(run_dir: Path, config: Config) -> None:
             raise LooplabError(f"run dir {run_dir} holds a different config (differs in {', '.join(diff[:5])}); "
                                "use a new --out")
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(config.to_toml())
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tmp.write_text(config.to_toml()))
 
 
 def load_run_config(run_dir: Path) -> Config:
@@ -159,9 +157,7 @@ class RunLog:
 
         self.path = run_dir / LOG_FILE
         kept = [record for record in read_log(run_dir) if record.get("step", 0) <= resume_step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in kept)))
         self.handle = open(self.path, "a")
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
