@@ -188,9 +188,10 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> 
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
     jsrr = cfg.stability.jsrr
-    jsrr_generator = derive_generator(cfg.run.seed, "jsrr", step)
-    use_jsrr = (jsrr.estimator != "none" and step > jsrr.warmup
-                and float(torch.rand((), generator=jsrr_generator)) < jsrr.prob)
+    use_jsrr = jsrr.estimator != "none" and step > jsrr.warmup
+    if use_jsrr:
+        jsrr_generator = derive_generator(cfg.run.seed, "jsrr", step)
+        use_jsrr = float(torch.rand((), generator=jsrr_generator)) < jsrr.prob
     with autocast(cfg):
         out = exp.schedule.training_loss(exp.model, batch, generator, probe=use_jsrr)
     loss, stats = out.loss, out.stats
