@@ -33,6 +33,7 @@ from looplab.errors import choice_error
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.tasks import Task, TaskBatch
+from looplab.train.distributed import SINGLE, Parallel
 from looplab.train.objectives import depth_supervised_loss
 
 
@@ -74,6 +75,8 @@ class Schedule(ABC):
 
     #: truncated backprop: gradients through each row's last k loops only (0 = all; rule schedules)
     backprop_loops: int = 0
+    #: data-parallel training: the batch is this rank's shard of the global batch
+    parallel: Parallel = SINGLE
 
     @abstractmethod
     def training_loss(self, model: LoopedTransformer, batch: TaskBatch, generator: torch.Generator,
@@ -93,7 +96,12 @@ class Schedule(ABC):
 
 
 class DepthRule(Schedule):
-    """A schedule given by a rule: depths from the instance sizes alone."""
+    """A schedule given by a rule: depths from the instance sizes alone.
+
+    Under data parallelism each row's depth is drawn as for the global batch
+    (:meth:`Parallel.draw_rows`), so a rank trains its rows at the depths
+    single-process training would use.
+    """
 
     @abstractmethod
     def train_depths(self, lengths: Tensor, generator: torch.Generator) -> Tensor:
@@ -109,7 +117,7 @@ class DepthRule(Schedule):
 
     def training_loss(self, model, batch, generator, probe=False):
         depths = self.train_depths(batch.lengths, generator)
-        out = model.forward_at_depths(batch.tokens, batch.valid, depths, generator,
+        out = model.forward_at_depths(batch.tokens, batch.valid, depths, self.parallel.fork(generator),
                                       backprop_loops=self.backprop_loops, return_probe=probe)
         logits, found = out if probe else (out, None)
         loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
@@ -121,7 +129,7 @@ class DepthRule(Schedule):
     def _offsets(self, count: int, generator: torch.Generator) -> Tensor:
         """Δ ~ U{-w..w}, [count] long."""
         w = self.cfg.window
-        return torch.randint(-w, w + 1, (count,), generator=generator)
+        return self.parallel.draw_rows(lambda n: torch.randint(-w, w + 1, (n,), generator=generator), count)
 
 
 SCHEDULES: dict[str, type[Schedule]] = {}
@@ -200,9 +208,11 @@ class RandomLoops(DepthRule):
     """
 
     def train_depths(self, lengths, generator):
-        count = 1 if self.cfg.per_batch else len(lengths)
-        depths = self.draw(count, generator).clamp(self.cfg.lo, self.cfg.hi)
-        return depths.expand(len(lengths)).clone() if self.cfg.per_batch else depths
+        if self.cfg.per_batch:  # one draw for every row (and every rank)
+            depths = self.draw(1, generator).expand(len(lengths)).clone()
+        else:
+            depths = self.parallel.draw_rows(lambda n: self.draw(n, generator), len(lengths))
+        return depths.clamp(self.cfg.lo, self.cfg.hi)
 
     @abstractmethod
     def draw(self, count: int, generator: torch.Generator) -> Tensor:

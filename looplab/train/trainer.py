@@ -4,10 +4,15 @@ Resume is exact on CPU: the batch and depths of step s come from a generator
 derived from (seed, "train", s), and the model and AdamW state are restored
 bit for bit, so an interrupted run ends with the same weights as an
 uninterrupted one.
+
+Under torchrun the same loop trains data-parallel (``distributed.py``): each
+rank trains its shard of the global batch, gradients are averaged before
+clipping, and rank 0 alone writes the run directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -26,7 +31,8 @@ from looplab.seeding import derive_generator
 from looplab.stability.jacobian import jsrr_penalty
 from looplab.tasks import Task, make_task
 from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
-from looplab.train.schedules import Schedule, make_schedule
+from looplab.train.distributed import SINGLE, Parallel, data_parallel
+from looplab.train.schedules import DepthRule, Schedule, make_schedule
 
 CONFIG_FILE = "config.toml"
 LOG_FILE = "log.jsonl"
@@ -179,12 +185,16 @@ def autocast(config: Config) -> torch.autocast:
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=config.run.precision == "bf16")
 
 
-def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> dict:
-    """One optimisation step; returns its scalar metrics (loss may be non-finite)."""
+def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, parallel: Parallel = SINGLE) -> dict:
+    """One optimisation step on this rank's shard of the global batch; returns its scalar metrics.
+
+    ``loss`` is the global batch's (the mean over ranks) and may be non-finite;
+    the other metrics are this rank's.
+    """
     cfg = exp.config
     generator = derive_generator(cfg.run.seed, "train", step)
     lengths = torch.randint(cfg.task.train_min, cfg.task.train_max + 1, (cfg.train.batch_size,), generator=generator)
-    batch = exp.task.sample_lengths(lengths, generator).to(cfg.run.device)
+    batch = parallel.shard(exp.task.sample_lengths(lengths, generator)).to(cfg.run.device)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
     jsrr = cfg.stability.jsrr
@@ -192,23 +202,29 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int) -> 
     if use_jsrr:
         jsrr_generator = derive_generator(cfg.run.seed, "jsrr", step)
         use_jsrr = float(torch.rand((), generator=jsrr_generator)) < jsrr.prob
+        jsrr_generator = parallel.fork(jsrr_generator)
+    # A rule schedule draws its depths for the global batch and forks the generator itself;
+    # a learned one draws as it unrolls this rank's rows only.
+    schedule_generator = generator if isinstance(exp.schedule, DepthRule) else parallel.fork(generator)
     with autocast(cfg):
-        out = exp.schedule.training_loss(exp.model, batch, generator, probe=use_jsrr)
+        out = exp.schedule.training_loss(exp.model, batch, schedule_generator, probe=use_jsrr)
     loss, stats = out.loss, out.stats
     if use_jsrr:
         penalty = jsrr_penalty(exp.model, out.probe, jsrr.estimator, jsrr.power_iters, jsrr_generator)
         loss = (1 - jsrr.weight) * loss + jsrr.weight * penalty
         stats = {**stats, "jsrr": float(penalty.detach())}
-    if not torch.isfinite(loss):
-        return {"loss": float(loss.detach())}
+    global_loss = parallel.mean(loss.detach())  # every rank agrees whether to step
+    if not math.isfinite(global_loss):
+        return {"loss": global_loss}
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    parallel.average_gradients(exp.modules())
+    exp.schedule.load_state_dict(parallel.average_state(exp.schedule.state_dict()))
     # Clipped per module, so the halting head's gradients never rescale the model's.
     norms = {name: float(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.train.grad_clip))
              for name, module in exp.modules().items()}
     optimizer.step()
-    return {"loss": float(loss.detach()), "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"],
-            **stats}
+    return {"loss": global_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"], **stats}
 
 
 def _window_mean(window: list[dict]) -> dict:
@@ -218,43 +234,60 @@ def _window_mean(window: list[dict]) -> dict:
 
 
 def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experiment:
-    """Train (or resume) the run in ``run_dir``; returns the trained experiment."""
+    """Train (or resume) the run in ``run_dir``; returns the trained experiment.
+
+    Under torchrun every rank calls this; each returns the same trained weights.
+    """
     run_dir = Path(run_dir)
     if config.run.threads > 0:
         torch.set_num_threads(config.run.threads)
-    prepare_run_dir(run_dir, config)
-    exp = Experiment.build(config)
-    optimizer = make_optimizer(exp)
-    start = 0
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, exp.modules(), optimizer)
-        start = state["step"]
-        exp.schedule.load_state_dict(state.get("schedule", {}))
-    exp.model.train()
-    log = RunLog(run_dir, start)
-    tr = config.train
+    with data_parallel(config) as parallel:
+        # Rank 0 creates or checks the run dir while the others wait, so every rank
+        # then reads the same latest checkpoint.
+        parallel.on_main(lambda: prepare_run_dir(run_dir, config))
+        exp = Experiment.build(dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)))
+        exp.schedule.parallel = parallel
+        optimizer = make_optimizer(exp)
+        start = 0
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, exp.modules(), optimizer)
+            start = state["step"]
+            exp.schedule.load_state_dict(state.get("schedule", {}))
+        exp.model.train()
+        log = RunLog(run_dir, start) if parallel.is_main else None
+        try:
+            _train_loop(exp, optimizer, run_dir, start, log, progress, parallel)
+        finally:
+            if log is not None:
+                log.close()
+        parallel.barrier()  # no rank returns before rank 0's final checkpoint exists
+    exp.model.eval()
+    return exp
+
+
+def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path, start: int, log: RunLog | None,
+                progress: bool, parallel: Parallel) -> None:
+    """Steps start+1..train.steps; rank 0 (the one holding ``log``) writes the log and checkpoints."""
+    tr = exp.config.train
     window: list[dict] = []
     began = time.perf_counter()
     bar = tqdm(range(start + 1, tr.steps + 1), initial=start, total=tr.steps, desc="train",
-               disable=None if progress else True, dynamic_ncols=True)
-    try:
-        for step in bar:
-            metrics = train_step(exp, optimizer, step)
-            if not math.isfinite(metrics["loss"]):
-                last = latest_checkpoint(run_dir)
-                raise TrainingDiverged(f"non-finite loss {metrics['loss']} at step {step}; "
-                                       f"last good checkpoint: {last or 'none'}")
-            window.append(metrics)
-            if step % tr.log_every == 0 or step == tr.steps:
-                record = {"step": step, **_window_mean(window), "elapsed_s": round(time.perf_counter() - began, 3)}
+               disable=None if progress and parallel.is_main else True, dynamic_ncols=True)
+    for step in bar:
+        metrics = train_step(exp, optimizer, step, parallel)
+        if not math.isfinite(metrics["loss"]):
+            last = latest_checkpoint(run_dir)
+            raise TrainingDiverged(f"non-finite loss {metrics['loss']} at step {step}; "
+                                   f"last good checkpoint: {last or 'none'}")
+        window.append(metrics)
+        if step % tr.log_every == 0 or step == tr.steps:
+            record = {"step": step, **parallel.mean_metrics(_window_mean(window)),
+                      "elapsed_s": round(time.perf_counter() - began, 3)}
+            if log is not None:
                 log.write(record)
-                bar.set_postfix(loss=f"{record['loss']:.4f}")
-                window = []
-            if step % tr.checkpoint_every == 0 or step == tr.steps:
-                save_checkpoint(run_dir, step, exp.modules(), optimizer,
-                                {"seed": config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
-    finally:
-        log.close()
-    exp.model.eval()
-    return exp
+            bar.set_postfix(loss=f"{record['loss']:.4f}")
+            window = []
+        if parallel.is_main and (step % tr.checkpoint_every == 0 or step == tr.steps):
+            save_checkpoint(run_dir, step, exp.modules(), optimizer,
+                            {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)

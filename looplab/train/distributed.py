@@ -1,0 +1,197 @@
+"""Data-parallel training under torchrun: one process per device, one global batch.
+
+``torchrun --nproc_per_node=N -m looplab train ...`` sets WORLD_SIZE, RANK and
+LOCAL_RANK; :func:`data_parallel` reads them, joins the process group (NCCL on
+CUDA, gloo on CPU) and always leaves it again, error or not. Without torchrun
+(or with one process) it hands back :data:`SINGLE`, whose collectives do nothing.
+
+Every rank draws the same global batch of step s from (seed, "train", s) and
+trains on its own contiguous block of rows (:meth:`Parallel.shard`). Every
+training loss is a mean over rows, so with equal blocks the mean of the
+ranks' gradients is the gradient of the global batch: clipping and AdamW see
+what single-process training would see.
+
+Gradients are averaged by hand, in one all-reduce over a flat buffer, rather
+than by DistributedDataParallel: DDP readies its reducer in its own
+``forward``, but the schedules call the model's methods (``start``, ``step``,
+``forward_at_depths``, ``readout``), never the model itself, and a learned
+schedule's halting head is a second module beside the model.
+
+Rank 0 alone writes the run directory; :meth:`Parallel.on_main` shares its
+errors so that no rank waits at a collective for a rank that has stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from looplab.config import Config
+from looplab.errors import LooplabError
+from looplab.tasks import TaskBatch
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This process's place among the data-parallel ranks.
+
+    Attributes:
+        rank: 0..world_size-1; rank 0 writes the run directory.
+        world_size: number of processes (1 = plain single-process training).
+        device: this rank's device (``cuda:LOCAL_RANK`` on CUDA).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, batch: TaskBatch) -> TaskBatch:
+        """This rank's contiguous block of rows of the global batch [B, L] → [B / world_size, L].
+
+        Rows keep the global batch's padded width, so each row is computed as in
+        single-process training.
+        """
+        if self.world_size == 1:
+            return batch
+        size = len(batch.lengths) // self.world_size
+        rows = slice(self.rank * size, (self.rank + 1) * size)
+        return TaskBatch(batch.tokens[rows], batch.labels[rows], batch.valid[rows], batch.lengths[rows])
+
+    def draw_rows(self, draw: Callable[[int], Tensor], rows: int) -> Tensor:
+        """``draw(n)`` [n] for the whole global batch (n = rows · world_size), cut to this rank's ``rows``.
+
+        Every rank makes the same draw, so each row gets the value single-process
+        training gives it, and the generator ends in the same state.
+        """
+        if self.world_size == 1:
+            return draw(rows)
+        return draw(rows * self.world_size)[self.rank * rows:(self.rank + 1) * rows]
+
+    def fork(self, generator: torch.Generator) -> torch.Generator:
+        """A stream for draws on this rank's rows alone: ``generator`` itself in one process.
+
+        Every rank advances ``generator`` alike and seeds its fork from the draw at
+        its own rank, so shards never share noise while the run stays a function
+        of the seed.
+        """
+        if self.world_size == 1:
+            return generator
+        seeds = torch.randint(2 ** 62, (self.world_size,), generator=generator)
+        return torch.Generator().manual_seed(int(seeds[self.rank]))
+
+    def _sum(self, values: Tensor) -> Tensor:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        return values
+
+    def mean(self, value: Tensor) -> float:
+        """The mean over ranks of a scalar tensor (non-finite when any rank's is)."""
+        if self.world_size == 1:
+            return float(value)
+        return float(self._sum(value.detach().reshape(1).double().to(self.device))) / self.world_size
+
+    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each scalar metric averaged over ranks, for the log (every rank holds the same keys)."""
+        if self.world_size == 1:
+            return metrics
+        values = self._sum(torch.tensor(list(metrics.values()), dtype=torch.float64, device=self.device))
+        return dict(zip(metrics, (values / self.world_size).tolist()))
+
+    def average_gradients(self, modules: dict[str, nn.Module]) -> None:
+        """Replace every gradient by its mean over ranks, in one coalesced all-reduce.
+
+        A missing gradient counts as zeros, so every rank reduces the same buffer;
+        one flag per parameter travels along, and a parameter no rank touched
+        keeps ``grad = None`` (AdamW skips it, as in single-process training).
+        """
+        if self.world_size == 1:
+            return
+        params = [p for module in modules.values() for p in module.parameters() if p.requires_grad]
+        grads = [torch.zeros_like(p).flatten() if p.grad is None else p.grad.flatten() for p in params]
+        touched = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=self.device)
+        flat = self._sum(torch.cat(grads + [touched]))
+        flat[:-len(params)] /= self.world_size
+        offset = 0
+        for p, used in zip(params, flat[-len(params):].tolist()):
+            if used:
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def average_state(self, state: dict) -> dict:
+        """``state`` with its float entries (e.g. RL-Halting's reward baseline) averaged over ranks.
+
+        A baseline ``b ← m·b + (1 − m)·mean(R)`` updated on each shard and then
+        averaged equals the update on the global batch, so every rank, and the
+        checkpoint, holds the single-process value. (Only the first step's
+        advantages differ: each rank starts its baseline at its shard's mean reward.)
+        """
+        keys = [key for key, value in state.items() if isinstance(value, float)]
+        if self.world_size == 1 or not keys:
+            return state
+        averaged = self.mean_metrics({key: state[key] for key in keys})
+        return {**state, **averaged}
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def on_main(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on rank 0 only; its LooplabError is raised on every rank.
+
+        The other ranks wait here until rank 0 is done, so this is a barrier too.
+        """
+        if self.world_size == 1:
+            action()
+            return
+        error = None
+        if self.is_main:
+            try:
+                action()
+            except LooplabError as err:
+                error = err
+        message = [None if error is None else str(error)]
+        dist.broadcast_object_list(message, src=0)
+        if error is not None:
+            raise error
+        if message[0] is not None:
+            raise LooplabError(message[0])
+
+
+SINGLE = Parallel()
+
+
+@contextmanager
+def data_parallel(config: Config) -> Iterator[Parallel]:
+    """This process's :class:`Parallel`, inside the torchrun process group when there is one.
+
+    Raises:
+        LooplabError: ``train.batch_size`` does not split evenly over the ranks
+            (checked before joining the group, so each rank stops at once).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        yield Parallel(device=config.run.device)
+        return
+    batch_size = config.train.batch_size
+    if batch_size % world_size:
+        raise LooplabError(f"train.batch_size {batch_size} does not split evenly over {world_size} processes "
+                           f"(world size); use a multiple of {world_size}")
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    cuda = config.run.device.startswith("cuda")
+    device = f"cuda:{local_rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=torch.device(device) if cuda else None)
+    try:
+        yield Parallel(rank, world_size, device)
+    finally:
+        dist.destroy_process_group()

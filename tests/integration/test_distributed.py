@@ -1,0 +1,81 @@
+"""Data-parallel training under torchrun (2 CPU processes, gloo) against single-process training."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=2 -m looplab ARGS`` with one torch thread per process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), "-m", "looplab", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def _weights(run_dir, step=20) -> dict[str, torch.Tensor]:
+    folder = run_dir / "checkpoints" / f"step_{step:07d}"
+    return {f"{file.name}:{name}": tensor for file in sorted(folder.glob("*.safetensors"))
+            for name, tensor in load_file(file).items()}
+
+
+def _losses(run_dir) -> dict[int, float]:
+    records = map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
+    return {record["step"]: record["loss"] for record in records}
+
+
+def test_two_processes_train_like_one_and_resume(tiny_config, tmp_path):
+    # The tiny config's `window` schedule draws a depth offset per row: drawn for the
+    # global batch on every rank, so the shards train at single-process depths.
+    args = ("train", str(tiny_config(steps=20, checkpoint_every=10)), "--no-progress")
+    single, parallel = tmp_path / "single", tmp_path / "parallel"
+    assert run_cli(*args, "--out", str(single)).returncode == 0
+    result = _torchrun(*args, "--out", str(parallel))
+    assert result.returncode == 0, result.stderr
+
+    expected, trained = _weights(single), _weights(parallel)
+    assert expected.keys() == trained.keys()
+    for name in expected:
+        torch.testing.assert_close(trained[name], expected[name], atol=1e-4, rtol=1e-3, msg=name)
+    assert _losses(parallel) == pytest.approx(_losses(single), rel=1e-5)
+
+    # Resume under torchrun: every rank reloads step 10 and ends where the uninterrupted run did.
+    shutil.rmtree(parallel / "checkpoints" / "step_0000020")
+    result = _torchrun(*args, "--out", str(parallel))
+    assert result.returncode == 0, result.stderr
+    for name, tensor in _weights(parallel).items():
+        assert torch.equal(tensor, trained[name]), name
+    assert list(_losses(parallel)) == [5, 10, 15, 20]
+
+
+def test_batch_size_must_split_over_the_ranks(tiny_config, tmp_path, monkeypatch):
+    # Checked before joining the process group, so one process with torchrun's
+    # variables shows exactly what each rank prints.
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    result = run_cli("train", str(tiny_config()), "--out", str(run_dir), "--set", "train.batch_size=15")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "batch_size 15" in lines[0] and "2 processes" in lines[0], result.stderr
+    assert not run_dir.exists()
