@@ -145,3 +145,12 @@ def grid_frame(outcomes: list[LengthOutcome], train_max: int) -> pd.DataFrame:
                 "split": "id" if outcome.length <= train_max else "ood",
             })
     return pd.DataFrame(rows)
+
+
+def policy_depth_frame(outcomes: list[LengthOutcome]) -> pd.DataFrame:
+    """Histogram of the test-time policy depth: one row per (length, depth) with its sample count."""
+    rows = []
+    for outcome in outcomes:
+        depths, counts = np.unique(outcome.policy_depth, return_counts=True)
+        rows += [{"length": outcome.length, "depth": int(d), "count": int(c)} for d, c in zip(depths, counts)]
+    return pd.DataFrame(rows, columns=["length", "depth", "count"])

@@ -6,14 +6,13 @@ import json
 from pathlib import Path
 
 from looplab.errors import LooplabError
-from looplab.eval.grid import evaluate_lengths, grid_frame
+from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
 from looplab.eval.metrics import summarize
 from looplab.io import atomic_write
 from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
 from looplab.train.trainer import Experiment, read_log
 
 EVAL_DIR = "eval"
-
 
 
 def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loops: int | None = None,
@@ -53,6 +52,8 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
         atomic_write(out / "scaling.png", lambda p: plot_scaling(curve, p, f"{run_dir.name}: test-time scaling"))
     frame = grid_frame(outcomes, config.task.train_max)
     atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
+    depths = policy_depth_frame(outcomes)
+    atomic_write(out / "policy_depths.parquet", lambda p: depths.to_parquet(p, index=False))
     atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
 

@@ -1,0 +1,140 @@
+"""Seed statistics of a sweep (SPEC §5): mean, sample std and a bootstrap 95% interval.
+
+Every statistic is over seeds: one value per finished run (a row of
+``results.parquet``), grouped by the columns ``by``. A NaN (a metric a run did
+not produce, e.g. Oracle OOD of a text run) is left out, so ``n`` may be below
+the group's number of runs.
+
+    mean          arithmetic mean over the n seeds
+    std           sample standard deviation (ddof = 1); NaN for a single seed —
+                  one seed says nothing about the spread, and 0 would claim it does
+    ci_lo, ci_hi  percentile bootstrap of the mean: resample the n seeds with
+                  replacement RESAMPLES times, take the 2.5% and 97.5% quantiles
+                  of the resampled means. Each cell draws from a fresh generator
+                  seeded with BOOTSTRAP_SEED, so an interval depends only on its
+                  own values (not on group order) and a report is reproducible.
+                  One seed gives [v, v].
+
+Values stay in their summary.json units (fractions) until :func:`in_display_units`,
+which turns fractions into percent and Gap into percentage points.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+BOOTSTRAP_SEED = 0
+RESAMPLES = 10_000
+LEVEL = 0.95
+
+# the paper-1 headline metrics (SPEC §5), in table order
+HEADLINE_METRICS = ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate",
+                    "training_cost.block_evals")
+# test-time scaling (SPEC §6): the eval summary's keys, then the report's derived ones
+SCALING_METRICS = ("scaling_peak", "scaling_peak_loops", "relative_drop", "relative_drop_4_to_8",
+                   "accuracy_min_4_to_100", "nonfinite_last")
+# text runs (eval/lm_summary.json): validation loss against loops
+LM_METRICS = ("lm.loss_at_training_depth", "lm.bits_per_byte_at_training_depth", "lm.best_loss", "lm.best_loops",
+              "lm.loss_at_max_loops")
+# analysis.* keys that record how the analysis was run, not what it found
+ANALYSIS_PARAMETERS = frozenset({"analysis.loops", "analysis.samples", "analysis.length", "analysis.checkpoint",
+                                 "analysis.token_dynamics.tokens", "analysis.token_dynamics.window",
+                                 "analysis.token_dynamics.tol"})
+
+PERCENT_METRICS = frozenset({"oracle_id", "oracle_ood", "policy_id", "policy_ood", "flip_rate", "scaling_peak",
+                             "relative_drop", "relative_drop_4_to_8", "accuracy_min_4_to_100", "nonfinite_last"})
+POINT_METRICS = frozenset({"gap"})  # a difference of two percentages
+
+STATS = ("n", "mean", "std", "ci_lo", "ci_hi")
+
+
+def numeric(results: pd.DataFrame, column: str) -> pd.Series:
+    """The column as floats; None, JSON strings and other non-numbers become NaN."""
+    return pd.to_numeric(results[column], errors="coerce").astype(float)
+
+
+def present(results: pd.DataFrame, candidates) -> list[str]:
+    """The candidate columns that exist and hold at least one finite number, in the given order."""
+    return [c for c in candidates if c in results.columns and np.isfinite(numeric(results, c)).any()]
+
+
+def analysis_metrics(results: pd.DataFrame) -> list[str]:
+    """Numeric ``analysis.*`` columns (mechanistic findings), sorted; run parameters excluded."""
+    columns = [c for c in results.columns if c.startswith("analysis.") and c not in ANALYSIS_PARAMETERS]
+    return present(results, sorted(columns))
+
+
+@lru_cache(maxsize=8)
+def _resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    """[resamples, n] indices into n seeds; shared by every cell with n seeds (same seed, same draw)."""
+    indices = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    indices.setflags(write=False)
+    return indices
+
+
+def bootstrap_ci(values, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                 level: float = LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` [n]; (NaN, NaN) when n = 0."""
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        return float("nan"), float("nan")
+    means = values[_resample_indices(values.size, resamples, seed)].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def seed_stats(values) -> dict[str, float]:
+    """n, mean, std (ddof = 1), ci_lo, ci_hi of the finite entries of ``values``."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    n = values.size
+    lo, hi = bootstrap_ci(values)
+    return {"n": n, "mean": float(values.mean()) if n else float("nan"),
+            "std": float(values.std(ddof=1)) if n > 1 else float("nan"), "ci_lo": lo, "ci_hi": hi}
+
+
+def group_sizes(results: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """One row per group, sorted: ``by``..., ``runs`` (finished runs, i.e. seeds, in the group) and,
+    when results record a ``status``, ``diverged`` (runs whose training diverged: no metrics, so n < runs).
+    """
+    grouped = results.groupby(by, dropna=False, sort=True)
+    sizes = grouped.size().rename("runs").reset_index()
+    if "status" in results.columns:
+        sizes["diverged"] = grouped["status"].agg(lambda s: int((s == "diverged").sum())).to_numpy()
+    return sizes
+
+
+def aggregate(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Long table, one row per (group, metric), groups sorted as :func:`group_sizes`.
+
+    Columns: ``by``..., ``metric``, n, mean, std, ci_lo, ci_hi.
+    """
+    values = pd.DataFrame({m: numeric(results, m) for m in metrics}, index=results.index)
+    rows = []
+    for key, group in results.groupby(by, dropna=False, sort=True):
+        key = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        rows += [{**key, "metric": m, **seed_stats(values.loc[group.index, m])} for m in metrics]
+    return pd.DataFrame(rows, columns=[*by, "metric", *STATS])
+
+
+def unit(metric: str) -> str:
+    """"%" for fractions shown in percent, "pp" for Gap, "" for lengths, counts and cosines."""
+    if metric in PERCENT_METRICS:
+        return "%"
+    return "pp" if metric in POINT_METRICS else ""
+
+
+def in_display_units(long: pd.DataFrame) -> pd.DataFrame:
+    """``long`` with mean, std and the interval scaled to display units and a ``unit`` column.
+
+    A percent metric's std is in percentage points (the paper's "Std (pp)").
+    """
+    long = long.copy()
+    long["unit"] = long["metric"].map(unit)
+    scale = np.where(long["unit"] == "", 1.0, 100.0)
+    for stat in ("mean", "std", "ci_lo", "ci_hi"):
+        long[stat] = long[stat] * scale
+    return long

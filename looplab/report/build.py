@@ -1,0 +1,116 @@
+"""``write_report``: a sweep directory → ``DIR/report/`` (tables, figures, one self-contained page).
+
+    table.csv          every metric's n, mean, std, ci_lo, ci_hi per (task, variant), display units
+    table.md, .tex     the same as "mean ± std [lo, hi]" cells, plus any paper comparison
+    paper_<name>.csv   each paper comparison's numbers, ours and the paper's side by side
+    <task>-<kind>.png  accuracy heatmaps, Oracle(n), flip rates, policy depths, test-time scaling
+    report.html        all of it in one file, figures embedded as data: URIs
+
+Everything is recomputed from results.parquet and the runs' eval files; a
+figure or file that this run did not write (stale, from an earlier report) is removed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from looplab.io import atomic_write
+from looplab.report.aggregate import (BOOTSTRAP_SEED, HEADLINE_METRICS, LEVEL, LM_METRICS, RESAMPLES,
+                                      SCALING_METRICS, aggregate, analysis_metrics, group_sizes, in_display_units,
+                                      present)
+from looplab.report.html import to_html
+from looplab.report.paper import Ours, check_paper, compare
+from looplab.report.plots import write_task_plots
+from looplab.report.render import to_latex, to_markdown
+from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
+from looplab.report.tables import Table, seed_table
+
+REPORT_DIR = "report"
+BY = ["task.name", "variant"]
+
+
+def method_notes(results: pd.DataFrame) -> list[str]:
+    """How to read the cells; stated in every report so the numbers never travel without it."""
+    notes = [
+        f"{len(results)} finished runs. Cells: mean ± std [{LEVEL:.0%} interval] over seeds (the runs of one "
+        f"task × variant). Std is the sample std (ddof = 1), absent for a single seed; the interval is a "
+        f"percentile bootstrap of the mean ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED}).",
+        "Accuracies and rates in %; Gap, and the std of a percent metric (the paper's Std), in percentage "
+        "points (pp); Front@90 is a length, averaged over seeds.",
+    ]
+    if "status" in results.columns:
+        notes.append("Diverged: runs whose training diverged. They have no metrics, so a cell's statistics "
+                     "are over the other seeds.")
+    return notes
+
+
+def sweep_statistics(results: pd.DataFrame) -> Ours:
+    """Seed statistics per (task, variant) of every metric the sweep measured, in display units."""
+    metrics = [*present(results, (*HEADLINE_METRICS, *SCALING_METRICS, *LM_METRICS)), *analysis_metrics(results)]
+    return Ours(results, group_sizes(results, BY), in_display_units(aggregate(results, BY, metrics)), BY)
+
+
+def our_tables(ours: Ours) -> list[Table]:
+    """Results for every group; then scaling, language modelling and analysis for the groups that measured them."""
+    tables = [seed_table("Results", ours.groups, ours.long[ours.long["metric"].isin(HEADLINE_METRICS)], ours.by)]
+    for title, candidates in (("Test-time scaling", SCALING_METRICS), ("Language modelling", LM_METRICS),
+                              ("Mechanistic analysis", analysis_metrics(ours.results))):
+        long = ours.long[ours.long["metric"].isin(present(ours.results, candidates))]
+        measured = long.loc[long["n"] > 0, ours.by].drop_duplicates()
+        if not measured.empty:
+            tables.append(seed_table(title, ours.groups.merge(measured, on=ours.by), long, ours.by))
+    return tables
+
+
+def _write_text(path: Path, text: str) -> Path:
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+    return path
+
+
+def _write_csv(path: Path, frame: pd.DataFrame) -> Path:
+    atomic_write(path, lambda p: frame.to_csv(p, index=False))
+    return path
+
+
+def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
+    """Write the report of the sweep in ``sweep_dir`` and return ``sweep_dir/report``.
+
+    Args:
+        sweep_dir: a directory holding results.parquet and runs/<run_id>/eval/.
+        paper: "stopping", "stars" or "mechanistic" to set our numbers beside that paper's.
+
+    Raises:
+        LooplabError: unknown ``paper``, or no readable results.parquet.
+    """
+    if paper is not None:
+        check_paper(paper)
+    sweep_dir = Path(sweep_dir)
+    results = read_results(sweep_dir)
+    grids = load_run_tables(results, sweep_dir, "grid.parquet")
+    depths = load_run_tables(results, sweep_dir, "policy_depths.parquet")
+    results = add_scaling_metrics(results, grids)
+    ours = sweep_statistics(results)
+
+    tables, notes = our_tables(ours), method_notes(results)
+    if paper is not None:
+        paper_tables, paper_notes = compare(paper, ours)
+        tables, notes = tables + paper_tables, notes + paper_notes
+    title = f"looplab report: {sweep_dir.resolve().name}" + (f" (paper: {paper})" if paper else "")
+
+    out = sweep_dir / REPORT_DIR
+    out.mkdir(exist_ok=True)
+    written = [_write_csv(out / "table.csv", seed_table("all", ours.groups, ours.long, BY).numbers)]
+    written += [_write_csv(out / f"{t.name}.csv", t.numbers) for t in tables if t.name]
+    written += [_write_text(out / "table.md", to_markdown(tables, title, notes)),
+                _write_text(out / "table.tex", to_latex(tables))]
+    per_length = per_length_frame(results)
+    figures = [path for task in sorted(results["task.name"].dropna().unique())
+               for path in write_task_plots(out, task, per_length, grids, depths)]
+    written += figures
+    written.append(_write_text(out / "report.html", to_html(title, notes, tables, figures)))
+    for stale in [*out.glob("*.png"), *out.glob("paper_*.csv")]:
+        if stale not in written:
+            stale.unlink()
+    return out

@@ -1,0 +1,245 @@
+"""Our seed statistics beside a paper's published numbers.
+
+The paper numbers are read at report time from the CSVs in PAPER_TABLES_DIR
+(``../shared/paper_tables`` next to the repository), never written into the
+code; a missing file leaves a note in the report instead of failing it. What
+lives here is only the mapping from our names to the paper's:
+
+    stopping     schedule variants → the paper's schedule / config names
+    stars        our variants → the facts they are the analogue of
+    mechanistic  model.placement / model.injection → the paper's norm / input_injection
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+import looplab
+from looplab.config import PLACEMENT_ALIASES
+from looplab.errors import choice_error
+from looplab.report.aggregate import SCALING_METRICS, STATS, aggregate, group_sizes, in_display_units, present
+from looplab.report.tables import (MISSING, Table, cell, decimals, group_key, header, key_cells, metric_stats,
+                                   number, seed_table, stats_by_group)
+
+PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parents[2] / "shared" / "paper_tables"
+PAPERS = ("stopping", "stars", "mechanistic")
+
+# paper 1: our schedule stems → the schedule names of stopping_main.csv and stopping_cost.csv
+STOPPING_SCHEDULES = {"fixed": "fixed_K20", "matched": "matched_K_n", "window": "window_n_pm5",
+                      "rl_halting": "rl_halting"}
+# … and → the config names of the ablation table, which the paper ran on one task only
+STOPPING_ABLATION_TASK = "binary_addition"
+STOPPING_ABLATIONS = {
+    "fixed": "fixed_K20", "fixed_window": "fixed_window_K20_pm5", "pondernet": "pondernet_weighted_loss",
+    "multi_depth": "multi_depth_average", "window": "window_n_pm5_single_depth",
+    "rl_halting": "rl_halting_ent0.001", "rl_halting-ent0": "rl_halting_ent0",
+    "rl_halting-ent0.1": "rl_halting_ent0.1", "rl_halting-tmax5": "rl_halting_Tmax5",
+    "rl_halting-tmax10": "rl_halting_Tmax10",
+}
+# paper 2: fact → (our variant, our metric). The paper's base model (Ouro) is an RMSNorm
+# sandwich_output (= pre_sandwich) model trained at a fixed 4 loops: rmsnorm-pre_sandwich is ours.
+STARS_FACTS = {
+    "gsm8k_relative_drop_4_to_8_base_pct": ("rmsnorm-pre_sandwich", "relative_drop_4_to_8"),
+    "gsm8k_relative_drop_4_to_8_stars_pct": ("stars-recipe", "relative_drop_4_to_8"),
+    "addition_accuracy_stars_loops_4_to_100_pct": ("stars-recipe", "accuracy_min_4_to_100"),
+}
+# paper 3: our placements → its norm names (the config aliases are those names)
+MECHANISTIC_NORMS = {"pre": "pre_norm", **{ours: paper for paper, ours in PLACEMENT_ALIASES.items()}}
+MECHANISTIC_BY = ["model.placement", "model.injection", "variant"]  # variant: never pool a control with a model
+MECHANISTIC_METRICS = ("analysis.fixed_point_self_cos", "analysis.fixed_point_cross_cos_min")
+
+
+@dataclass(frozen=True)
+class Ours:
+    """The sweep's statistics the comparisons draw on.
+
+    ``groups``/``long``: :func:`aggregate.group_sizes` and display-unit :func:`aggregate.aggregate`
+    over ``by`` = (task.name, variant); ``results`` the per-run rows, for other groupings.
+    """
+
+    results: pd.DataFrame
+    groups: pd.DataFrame
+    long: pd.DataFrame
+    by: list[str]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A paper column and our statistic it compares with; ``metric`` None shows the paper's column alone.
+
+    ``stat`` "mean" shows our full cell (mean ± std [interval]); "std" our std alone (the paper's Std).
+    """
+
+    header: str
+    paper: str
+    metric: str | None = None
+    stat: str = "mean"
+
+
+def check_paper(paper: str) -> None:
+    if paper not in PAPERS:
+        raise choice_error("paper", paper, PAPERS)
+
+
+def variant_stem(variant: str) -> str:
+    """The config part of a variant, without its overrides: "fixed+train.steps=800" → "fixed"."""
+    return str(variant).split("+", 1)[0]
+
+
+def read_paper_table(name: str, tables_dir: Path) -> tuple[pd.DataFrame | None, list[str]]:
+    """The paper CSV as strings (as printed: "<0.65" stays), or None and a note when it is missing."""
+    path = tables_dir / name
+    if not path.is_file():
+        return None, [f"paper table {path} not found: its numbers are left out of this report"]
+    return pd.read_csv(path, dtype=str, keep_default_na=False), []
+
+
+def _paper_value(text: str):
+    """A number when the paper printed one, else the text (None when empty)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text or None
+
+
+def _paper_name(text: str) -> str:
+    """A paper key without its parenthesised gloss: "sandwich_output (ouro)" → "sandwich_output"."""
+    return text.split(" (", 1)[0].strip()
+
+
+def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dict], dict | None],
+                 pairs: list[Pair], note: str = "", name: str = "") -> Table | None:
+    """One row per group of ``ours`` with a paper row: per pair, our statistic then the paper's value.
+
+    ``key`` maps a group (column → value) to the paper columns that identify its row, or None
+    when the paper has no counterpart. Returns None when no group has one.
+    """
+    stats = stats_by_group(ours.long, ours.by)
+    display, numbers = [], []
+    for row in ours.groups[[*ours.by, "runs"]].itertuples(index=False, name=None):
+        group, runs = dict(zip(ours.by, row[:-1])), row[-1]
+        wanted = key(group)
+        if wanted is None or any(v is None for v in wanted.values()):
+            continue
+        match = paper
+        for column, value in wanted.items():
+            match = match[match[column].map(_paper_name) == value] if column in match.columns else match.iloc[:0]
+        if match.empty:
+            continue
+        published = match.iloc[0]
+        found = stats.get(group_key(row[:-1]))
+        shown = {**key_cells(ours.by, row[:-1]), "Seeds": str(runs),
+                 "Paper row": " / ".join(map(str, wanted.values()))}
+        values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}
+        for pair in pairs:
+            if pair.metric is not None:
+                s, digits = metric_stats(found, pair.metric), decimals(pair.metric)
+                shown[f"{pair.header} ours"] = cell(s, digits) if pair.stat == "mean" else number(s[pair.stat], digits)
+                values[f"ours.{pair.paper}"] = s[pair.stat]
+                if pair.stat == "mean":
+                    values.update({f"ours.{pair.paper}.{b}": s[b] for b in ("ci_lo", "ci_hi")})
+            shown[f"{pair.header} paper"] = published[pair.paper] or MISSING
+            values[f"paper.{pair.paper}"] = _paper_value(published[pair.paper])
+        display.append(shown)
+        numbers.append(values)
+    if not display:
+        return None
+    return Table(title, pd.DataFrame(display), pd.DataFrame(numbers), note, name)
+
+
+def _compare(title: str, file: str, ours: Ours, tables_dir: Path, key, pairs) -> tuple[list[Table], list[str]]:
+    """side_by_side against one paper CSV, with a note when the file or every counterpart is missing."""
+    paper, notes = read_paper_table(file, tables_dir)
+    if paper is None:
+        return [], notes
+    lacking = [p.paper for p in pairs if p.paper not in paper.columns]
+    if lacking:
+        return [], [f"paper table {file} lacks column(s) {', '.join(lacking)}: left out of this report"]
+    table = side_by_side(title, ours, paper, key, pairs, f"paper numbers from {file}", f"paper_{Path(file).stem}")
+    if table is None:
+        return [], [f"no group of this sweep has a counterpart in {file}"]
+    return [table], []
+
+
+def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
+    """Paper 1: the main table, the ablations and the training cost."""
+    main = _compare(
+        "Ours vs paper: stopping (main table)", "stopping_main.csv", ours, tables_dir,
+        lambda g: {"task": g["task.name"], "schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
+        [Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"), Pair("Front@90", "front90", "front90"),
+         Pair("Std (pp)", "std_pp", "oracle_ood", "std"), Pair("Gap (pp)", "gap_pp", "gap")])
+    ablation = _compare(
+        f"Ours vs paper: stopping ablations ({STOPPING_ABLATION_TASK})",
+        f"stopping_ablation_{STOPPING_ABLATION_TASK}.csv", ours, tables_dir,
+        lambda g: ({"config": STOPPING_ABLATIONS.get(variant_stem(g["variant"]))}
+                   if g["task.name"] == STOPPING_ABLATION_TASK else None),
+        [Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"), Pair("Policy OOD (%)", "policy_ood_pct", "policy_ood"),
+         Pair("Std (pp)", "std_pp", "oracle_ood", "std"), Pair("Note", "note")])
+    cost = _compare(
+        "Ours vs paper: training cost", "stopping_cost.csv", ours, tables_dir,
+        lambda g: {"schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
+        [Pair("Block evals / step", "block_evals_per_step", "training_cost.block_evals")])
+    return main[0] + ablation[0] + cost[0], main[1] + ablation[1] + cost[1]
+
+
+def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
+    """Paper 2: our test-time scaling by variant, and the paper's facts with our analogue beside each."""
+    metrics = present(ours.results, (*SCALING_METRICS, "oracle_id"))
+    scaling = replace(seed_table("Ours: test-time scaling by variant (STARS)", ours.groups,
+                                 ours.long[ours.long["metric"].isin(metrics)], ours.by), name="paper_stars_scaling")
+    facts, notes = read_paper_table("stars_facts.csv", tables_dir)
+    if facts is None or not {"fact", "value"} <= set(facts.columns):
+        return [scaling], notes or ["paper table stars_facts.csv lacks its fact / value columns: left out"]
+    stats = stats_by_group(ours.long, ours.by)
+    groups = [dict(zip(ours.by, g)) for g in ours.groups[ours.by].itertuples(index=False, name=None)]
+    display, numbers = [], []
+    for fact, text in zip(facts["fact"], facts["value"]):
+        variant, metric = STARS_FACTS.get(fact, (None, ""))
+        matches = [g for g in groups if variant is not None and variant_stem(g["variant"]) == variant]
+        for group in matches or [None]:  # a fact with no analogue in the sweep still gets its row
+            s = metric_stats(stats.get(group_key(tuple(group.values()))) if group else None, metric)
+            if variant is None:
+                source = MISSING
+            elif group is None:
+                source = f"{variant}: not in this sweep"
+            else:
+                source = f"{header(metric)}, {' / '.join(map(str, group.values()))}"
+            display.append({"Fact": fact, "Paper": text, "Ours": cell(s, decimals(metric)), "Our analogue": source})
+            numbers.append({"fact": fact, "paper": _paper_value(text), "ours.source": source,
+                            **{f"ours.{stat}": s[stat] for stat in STATS}})
+    table = Table("Ours vs paper: STARS facts", pd.DataFrame(display), pd.DataFrame(numbers),
+                  "paper numbers from stars_facts.csv", "paper_stars_facts")
+    return [scaling, table], notes
+
+
+def mechanistic_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
+    """Paper 3: fixed-point cosines by (placement, injection) beside the norm-ablation table."""
+    results = ours.results
+    missing = [c for c in MECHANISTIC_BY if c not in results.columns]
+    metrics = present(results, MECHANISTIC_METRICS)
+    if missing or not metrics:
+        what = f"column(s) {', '.join(missing)}" if missing else "analysis.fixed_point_* values"
+        return [], [f"no {what} in results.parquet: the mechanistic comparison needs runs analysed by the sweep"]
+    analysed = results[results[metrics].apply(pd.to_numeric, errors="coerce").notna().any(axis=1)]
+    by_model = Ours(analysed, group_sizes(analysed, MECHANISTIC_BY),
+                    in_display_units(aggregate(analysed, MECHANISTIC_BY, metrics)), MECHANISTIC_BY)
+    return _compare(
+        "Ours vs paper: fixed points by norm placement and input injection", "mechanistic_norm_ablation.csv",
+        by_model, tables_dir,
+        lambda g: {"norm": MECHANISTIC_NORMS.get(g["model.placement"]),
+                   "input_injection": "no" if g["model.injection"] == "none" else "yes"},
+        [Pair("cos to own fixed point", "cos_first_layer_to_own_fixed_point", "analysis.fixed_point_self_cos"),
+         Pair("min cos to other layers", "min_cos_first_layer_to_other_layers_fixed_point",
+              "analysis.fixed_point_cross_cos_min"),
+         Pair("Verdict", "verdict")])
+
+
+def compare(paper: str, ours: Ours, tables_dir: Path | None = None) -> tuple[list[Table], list[str]]:
+    """The comparison tables for ``paper`` and notes on what could not be compared."""
+    check_paper(paper)
+    build = {"stopping": stopping_tables, "stars": stars_tables, "mechanistic": mechanistic_tables}[paper]
+    return build(ours, tables_dir or PAPER_TABLES_DIR)

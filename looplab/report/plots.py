@@ -1,0 +1,208 @@
+"""Figures of a sweep, one PNG per (task, kind) (matplotlib, Agg backend).
+
+Every figure is over seeds: a line is the mean over a variant's runs, a band
+mean ± std (sample std; no band for one seed). Inputs are the stacked per-run
+frames of :mod:`looplab.report.runs`; a figure whose input is empty is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from looplab.io import atomic_write
+from looplab.report.runs import scaling_curves
+
+DPI = 100
+PANEL_COLUMNS = 4
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    # no "Software" tag: it carries matplotlib's URL, and the report embeds no links
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=DPI, metadata={"Software": None}))
+    _pyplot().close(fig)
+
+
+def _panels(count: int, title: str, width: float = 3.6, height: float = 3.0):
+    """A figure with ``count`` panels in rows of PANEL_COLUMNS; returns (figure, the used axes)."""
+    plt = _pyplot()
+    columns = min(count, PANEL_COLUMNS)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns + 1, height * rows + 0.6),
+                             squeeze=False, layout="constrained")
+    axes = list(axes.flat)
+    for axis in axes[count:]:
+        axis.set_visible(False)
+    fig.suptitle(title)
+    return fig, axes[:count]
+
+
+def _seed_band(axis, frame: pd.DataFrame, x: str, y: str, label: str, color: str) -> None:
+    """Mean of ``y`` over runs against ``x`` in percent, with a mean ± std band."""
+    stats = frame.groupby(x)[y].agg(["mean", "std"]).sort_index()
+    mean, std = 100 * stats["mean"], 100 * stats["std"]
+    axis.plot(stats.index, mean, color=color, label=label, marker="o", markersize=2.5)
+    _integer_ticks(axis)
+    if std.notna().any():
+        axis.fill_between(stats.index, (mean - std).clip(lower=0), (mean + std).clip(upper=100),
+                          color=color, alpha=0.2, linewidth=0)
+
+
+def _integer_ticks(axis) -> None:
+    """Lengths, loops and depths are integers: no 2.5-loop ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _split_boundary(splits: pd.DataFrame) -> float | None:
+    """Midpoint between the longest training length and the shortest OOD length (None if either is absent)."""
+    id_lengths = splits.loc[splits["split"] == "id", "length"]
+    ood_lengths = splits.loc[splits["split"] == "ood", "length"]
+    if id_lengths.empty or ood_lengths.empty:
+        return None
+    return (float(id_lengths.max()) + float(ood_lengths.min())) / 2
+
+
+def _colors(variants) -> dict[str, str]:
+    return {v: f"C{i % 10}" for i, v in enumerate(sorted(variants))}
+
+
+def plot_accuracy_heatmaps(grids: pd.DataFrame, path: Path, title: str) -> bool:
+    """acc(n, K) in percent, mean over seeds: one panel per variant, lengths down, loops across."""
+    if grids.empty:
+        return False
+    variants = sorted(grids["variant"].unique())
+    fig, axes = _panels(len(variants), title)
+    for axis, variant in zip(axes, variants):
+        part = grids[grids["variant"] == variant]
+        acc = part.groupby(["length", "loops"])["accuracy"].mean().unstack("loops").sort_index()
+        image = axis.imshow(100 * acc.to_numpy(), vmin=0, vmax=100, cmap="viridis", aspect="auto",
+                            interpolation="nearest",
+                            extent=(acc.columns.min() - 0.5, acc.columns.max() + 0.5, len(acc) - 0.5, -0.5))
+        axis.set_yticks(range(len(acc)), [str(n) for n in acc.index])
+        trained = int((part.drop_duplicates("length")["split"] == "id").sum())
+        if 0 < trained < len(acc):
+            axis.axhline(trained - 0.5, color="white", linestyle="--", linewidth=1)
+        axis.set(title=variant, xlabel="loops K", ylabel="length n")
+    fig.colorbar(image, ax=axes, label="accuracy (%)")
+    _save(fig, path)
+    return True
+
+
+def plot_oracle_by_length(per_length: pd.DataFrame, path: Path, title: str) -> bool:
+    """Oracle(n) = max_K acc(n, K) against length per variant; dotted line at the train / OOD boundary."""
+    if per_length.empty:
+        return False
+    fig, (axis,) = _panels(1, title, width=6.5, height=3.8)
+    colors = _colors(per_length["variant"].unique())
+    for variant, part in per_length.groupby("variant"):
+        _seed_band(axis, part, "length", "oracle", variant, colors[variant])
+    boundary = _split_boundary(per_length)
+    if boundary is not None:
+        axis.axvline(boundary, color="grey", linestyle=":", label="train | OOD")
+    axis.set(xlabel="length n", ylabel="Oracle(n) (%)", ylim=(-2, 102))
+    axis.legend(fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def plot_flip_curves(grids: pd.DataFrame, path: Path, title: str) -> bool:
+    """Flip rate Pr[ŷ_{K+1} ≠ ŷ_K] against K per variant, mean over OOD lengths (all lengths if none)."""
+    if grids.empty:
+        return False
+    flips = grids[np.isfinite(grids["flip_rate"].astype(float))]  # the last K has no next answer: NaN
+    if flips.empty:
+        return False
+    if (flips["split"] == "ood").any():
+        flips = flips[flips["split"] == "ood"]
+    per_run = flips.groupby(["variant", "run_id", "loops"], as_index=False)["flip_rate"].mean()
+    fig, (axis,) = _panels(1, title, width=6.5, height=3.8)
+    colors = _colors(per_run["variant"].unique())
+    for variant, part in per_run.groupby("variant"):
+        _seed_band(axis, part, "loops", "flip_rate", variant, colors[variant])
+    axis.set(xlabel="loops K", ylabel="flip rate K → K+1 (%)")
+    axis.legend(fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def plot_depth_histograms(depths: pd.DataFrame, splits: pd.DataFrame, path: Path, title: str) -> bool:
+    """Test-time policy depth, fraction of samples per depth, ID and OOD lengths apart, one panel per variant.
+
+    ``splits``: run_id, length, split — which lengths were in the training range.
+    """
+    if depths.empty:
+        return False
+    depths = depths.merge(splits, on=["run_id", "length"], how="left").fillna({"split": "all"})
+    variants = sorted(depths["variant"].unique())
+    fig, axes = _panels(len(variants), title)
+    for axis, variant in zip(axes, variants):
+        counts = depths[depths["variant"] == variant].groupby(["split", "depth"])["count"].sum()
+        names = list(counts.index.unique("split"))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            share = counts[name] / counts[name].sum()
+            axis.bar(share.index + (i - (len(names) - 1) / 2) * width, 100 * share.to_numpy(), width=width,
+                     label=name.upper() if name != "all" else name)
+        axis.set(title=variant, xlabel="policy depth", ylabel="samples (%)")
+        _integer_ticks(axis)
+        axis.legend(fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def plot_scaling_curves(grids: pd.DataFrame, path: Path, title: str) -> bool:
+    """Test-time scaling: accuracy against loops, mean over lengths, per variant (log₂ x beyond 64 loops)."""
+    curves = scaling_curves(grids)
+    if curves.empty:
+        return False
+    fig, (axis,) = _panels(1, title, width=6.5, height=3.8)
+    colors = _colors(curves["variant"].unique())
+    for variant, part in curves.groupby("variant"):
+        _seed_band(axis, part, "loops", "accuracy", variant, colors[variant])
+    if curves["loops"].max() > 64:
+        axis.set_xscale("log", base=2)
+    axis.set(xlabel="loops", ylabel="accuracy, mean over lengths (%)", ylim=(-2, 102))
+    axis.legend(fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", str(text))
+
+
+def write_task_plots(out: Path, task: str, per_length: pd.DataFrame, grids: pd.DataFrame,
+                     depths: pd.DataFrame) -> list[Path]:
+    """Every figure of one task that its inputs allow; returns the PNGs written."""
+    per_length, grids, depths = (f[f["task.name"] == task] for f in (per_length, grids, depths))
+    if not grids.empty:
+        splits = grids[["run_id", "length", "split"]].drop_duplicates()
+    else:
+        splits = per_length[["run_id", "length", "split"]]
+    figures = [
+        ("accuracy", lambda p: plot_accuracy_heatmaps(grids, p, f"{task}: acc(n, K), mean over seeds")),
+        ("oracle", lambda p: plot_oracle_by_length(per_length, p, f"{task}: Oracle(n) over seeds")),
+        ("flips", lambda p: plot_flip_curves(grids, p, f"{task}: flip rate against depth")),
+        ("depths", lambda p: plot_depth_histograms(depths, splits, p, f"{task}: test-time policy depth")),
+        ("scaling", lambda p: plot_scaling_curves(grids, p, f"{task}: test-time scaling")),
+    ]
+    written = []
+    for kind, plot in figures:
+        path = out / f"{_slug(task)}-{kind}.png"
+        if plot(path):
+            written.append(path)
+    return written

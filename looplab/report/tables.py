@@ -1,0 +1,139 @@
+"""Tables of seed statistics, each in two forms: cells for people and numbers for machines.
+
+A display cell reads ``mean ± std [lo, hi]`` (see :mod:`looplab.report.aggregate`
+for the statistics) in display units: percent for accuracies and rates,
+percentage points for Gap and for the std of a percent metric, all four numbers
+with the metric's :func:`decimals`. A missing value is "–"; a single seed shows
+its value alone (no spread, no interval).
+
+The numeric form has one column per (metric, statistic), named
+``<metric><unit suffix>.<stat>`` — ``oracle_ood_pct.mean``, ``gap_pp.std``,
+``front90.ci_lo`` — so a CSV column says its own unit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import pandas as pd
+
+from looplab.report.aggregate import STATS, unit
+
+KEY_HEADERS = {"task.name": "Task", "variant": "Variant", "model.placement": "Placement",
+               "model.injection": "Injection"}
+METRIC_HEADERS = {
+    "oracle_id": "Oracle ID", "oracle_ood": "Oracle OOD", "policy_ood": "Policy OOD", "gap": "Gap",
+    "front90": "Front@90", "flip_rate": "Flip rate", "training_cost.block_evals": "Block evals / step",
+    "scaling_peak": "Peak accuracy", "scaling_peak_loops": "Peak at loops",
+    "relative_drop": "Rel. drop peak→last", "relative_drop_4_to_8": "Rel. drop 4→8 loops",
+    "accuracy_min_4_to_100": "Min accuracy, loops 4–100", "nonfinite_last": "Non-finite at last loop",
+    "lm.loss_at_training_depth": "Loss at training depth",
+    "lm.bits_per_byte_at_training_depth": "Bits/byte at training depth", "lm.best_loss": "Best loss", "lm.best_loops": "Best loss at loops", "lm.loss_at_max_loops": "Loss at max loops",
+}
+_SUFFIX = {"%": "_pct", "pp": "_pp", "": ""}
+# lengths and loop counts (means of integers) and the paper's two-decimal training cost
+PLAIN_DECIMALS = {"front90": 1, "scaling_peak_loops": 1, "lm.best_loops": 1, "training_cost.block_evals": 2}
+MISSING = "–"
+
+
+@dataclass
+class Table:
+    """A titled table: ``display`` holds strings (Markdown, LaTeX, HTML), ``numbers`` the CSV form.
+
+    ``name`` is the stem of the table's own CSV file, "" for a table whose numbers are in table.csv.
+    """
+
+    title: str
+    display: pd.DataFrame
+    numbers: pd.DataFrame
+    note: str = ""
+    name: str = ""
+
+
+def header(metric: str) -> str:
+    """Column title for a metric, with its display unit: "Oracle OOD (%)", "Front@90"."""
+    name = METRIC_HEADERS.get(metric, metric.removeprefix("analysis."))
+    return f"{name} ({unit(metric)})" if unit(metric) else name
+
+
+def label(metric: str) -> str:
+    """CSV column stem for a metric: its name plus the unit suffix (``oracle_ood_pct``, ``gap_pp``)."""
+    return metric + _SUFFIX[unit(metric)]
+
+
+def decimals(metric: str) -> int:
+    """Digits after the point: 1 for percent and pp, PLAIN_DECIMALS or 3 (cosines, ratios) otherwise."""
+    return 1 if unit(metric) else PLAIN_DECIMALS.get(metric, 3)
+
+
+def number(value, digits: int) -> str:
+    """``value`` with ``digits`` decimals; "–" when missing; text (a paper's "<0.65") as it is."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return MISSING
+    if not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def cell(stats: Mapping, digits: int) -> str:
+    """"mean ± std [lo, hi]" from a row with n, mean, std, ci_lo, ci_hi (display units)."""
+    if stats["n"] == 0:
+        return MISSING
+    text = number(stats["mean"], digits)
+    if math.isfinite(stats["std"]):
+        text += f" ± {number(stats['std'], digits)}"
+    if stats["n"] > 1:
+        text += f" [{number(stats['ci_lo'], digits)}, {number(stats['ci_hi'], digits)}]"
+    return text
+
+
+def key_cells(by: list[str], key: tuple) -> dict[str, str]:
+    """Display cells of a group key, titled by KEY_HEADERS."""
+    return {KEY_HEADERS.get(column, column): MISSING if pd.isna(value) else str(value)
+            for column, value in zip(by, key)}
+
+
+def group_key(key) -> tuple[str, ...]:
+    """A group key that compares equal across groupbys, missing values included (NaN ≠ NaN)."""
+    return tuple(map(str, key if isinstance(key, tuple) else (key,)))
+
+
+def stats_by_group(long: pd.DataFrame, by: list[str]) -> dict[tuple[str, ...], pd.DataFrame]:
+    """``long``'s statistics per :func:`group_key`, each indexed by metric."""
+    return {group_key(key): part.set_index("metric") for key, part in long.groupby(by, dropna=False, sort=False)}
+
+
+def metric_stats(found: pd.DataFrame | None, metric: str) -> Mapping:
+    """One metric's n, mean, std, ci_lo, ci_hi from a :func:`stats_by_group` entry (n = 0 if absent)."""
+    if found is not None and metric in found.index:
+        return found.loc[metric]
+    return {"n": 0, **{stat: math.nan for stat in STATS[1:]}}
+
+
+def seed_table(title: str, groups: pd.DataFrame, long: pd.DataFrame, by: list[str], note: str = "") -> Table:
+    """One row per group, one column per metric of ``long``.
+
+    Args:
+        groups: ``by``..., ``runs`` and perhaps ``diverged``, one row per group (:func:`aggregate.group_sizes`).
+        long: ``by``..., metric, n, mean, std, ci_lo, ci_hi — in display units.
+    """
+    metrics = list(dict.fromkeys(long["metric"]))
+    stats = stats_by_group(long, by)
+    display, numbers = [], []
+    for _, row in groups.iterrows():
+        key = tuple(row[by])
+        found = stats.get(group_key(key))
+        shown = {**key_cells(by, key), "Seeds": str(row["runs"])}
+        values = {**dict(zip(by, key)), "runs": row["runs"]}
+        if "diverged" in groups.columns:
+            shown["Diverged"] = str(row["diverged"])
+            values["diverged"] = row["diverged"]
+        for metric in metrics:
+            s = metric_stats(found, metric)
+            shown[header(metric)] = cell(s, decimals(metric))
+            values.update({f"{label(metric)}.{stat}": s[stat] for stat in STATS})
+        display.append(shown)
+        numbers.append(values)
+    return Table(title, pd.DataFrame(display), pd.DataFrame(numbers), note)
