@@ -1,4 +1,4 @@
-"""Command line: ``looplab train | eval | config show | analyze | demo``.
+"""Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | demo``.
 
 User mistakes end in one line on stderr and exit code 2 (no traceback).
 """
@@ -13,9 +13,11 @@ from pathlib import Path
 
 from looplab.config import load_config
 from looplab.errors import LooplabError
+from looplab.report.paper import PAPERS
 
 PRESETS = Path(__file__).parent / "configs"
 ANALYSES = ("mechanistic", "spectral", "pca")
+STUDIES = tuple(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper"))
 MECHANISTIC_HEADLINE = ("fixed_point_self_cos", "fixed_point_cross_cos_min", "attention_diff_last",
                         "token_dynamics", "massive_ratio_max")
 
@@ -72,6 +74,21 @@ def _parser() -> argparse.ArgumentParser:
     spectral.add_argument("--iters", type=int, default=50, help="power iterations per loop")
     pca.add_argument("--sample", type=int, default=0, help="which sample to trace")
 
+    sweep = commands.add_parser("sweep", help="train and evaluate a grid of configs x overrides x seeds")
+    sweep.add_argument("sweep_file", help="sweep TOML file")
+    report = commands.add_parser("report", help="tables, plots and report.html from a sweep dir")
+    report.add_argument("sweep_dir")
+    report.add_argument("--paper", choices=PAPERS, help="put this paper's numbers side by side")
+    reproduce = commands.add_parser("reproduce", help="run a paper's study at CPU (-small) or paper (-paper) scale, "
+                                    "then its report")
+    reproduce.add_argument("study", choices=STUDIES)
+    for sub in (sweep, reproduce):
+        sub.add_argument("--out", required=True, help="sweep dir (resumed if it exists)")
+        sub.add_argument("--workers", type=int, default=1, help="local worker processes, one torch thread each")
+        sub.add_argument("--backend", choices=("local", "ray"), default="local")
+        sub.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+        sub.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
     demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
     return parser
@@ -124,6 +141,25 @@ def _analyze(args) -> None:
         print(f"wrote {out}/pca_2d.png, pca_3d.png")
 
 
+def _sweep(args, sweep_file: Path) -> None:
+    from looplab.sweep import load_sweep, run_sweep
+
+    began = time.perf_counter()
+    spec = load_sweep(sweep_file)
+    frame = run_sweep(spec, args.out, args.workers, args.backend, args.address, not args.no_progress,
+                      sweep_file.read_text())
+    print(f"sweep: {len(frame)} runs finished in {time.perf_counter() - began:.0f} s; "
+          f"results in {Path(args.out) / 'results.parquet'}")
+
+
+def _report(sweep_dir: str, paper: str | None) -> None:
+    from looplab.report import write_report
+
+    out = write_report(Path(sweep_dir), paper)
+    print((out / "table.md").read_text())
+    print(f"wrote {out}: table.md, table.tex, table.csv, plots and report.html")
+
+
 def _demo(args) -> None:
     from looplab.eval.run import evaluate_run, format_summary
     from looplab.train.trainer import train
@@ -152,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
             print(load_config(args.config, args.set).to_toml(), end="")
         elif args.command == "analyze":
             _analyze(args)
+        elif args.command == "sweep":
+            _sweep(args, Path(args.sweep_file))
+        elif args.command == "report":
+            _report(args.sweep_dir, args.paper)
+        elif args.command == "reproduce":
+            _sweep(args, PRESETS / "sweeps" / f"{args.study}.toml")
+            _report(args.out, args.study.split("-")[0])
         elif args.command == "demo":
             _demo(args)
     except LooplabError as err:

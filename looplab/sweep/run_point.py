@@ -1,0 +1,73 @@
+"""Train, evaluate (and optionally analyse) one sweep point: the unit of work a worker runs.
+
+A point is done when its ``result.json`` exists; it is written last and
+atomically, so a point killed at any moment is re-run on the next sweep and
+resumes from its latest checkpoint (training resume is exact on CPU, and the
+evaluation draws its samples from the run's seed, so the re-run gives the same
+numbers as an uninterrupted one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULT_FILE = "result.json"
+
+
+@dataclass
+class PointJob:
+    """Everything a worker needs, as plain data (it crosses process and Ray boundaries)."""
+
+    run_dir: str
+    config_toml: str
+    scaling: bool = False
+    analyze: bool = False
+    analyze_loops: int = 128
+
+
+def is_done(run_dir: Path) -> bool:
+    return (run_dir / RESULT_FILE).is_file()
+
+
+def run_point(job: PointJob) -> dict:
+    """Run one point to completion in this process (one torch thread); returns its result record.
+
+    Returns:
+        ``{"status": "done" | "diverged", "wall_s": float}``, also written to ``result.json``.
+        A diverged run (non-finite loss) is a result, not an error: it is recorded and not retried.
+    """
+    import torch
+
+    from looplab.config import from_dict
+    from looplab.io import atomic_write
+    from looplab.train.trainer import TrainingDiverged, train
+
+    torch.set_num_threads(1)
+    run_dir = Path(job.run_dir)
+    config = from_dict(tomllib.loads(job.config_toml))
+    began = time.perf_counter()
+    try:
+        exp = train(config, run_dir, progress=False)
+        status = "done"
+    except TrainingDiverged:
+        status = "diverged"
+    if status == "done":
+        if exp.task.exact_match:
+            from looplab.eval.run import evaluate_run
+
+            evaluate_run(run_dir, scaling=job.scaling)
+        else:
+            from looplab.lm.evaluate import evaluate_lm_run
+
+            evaluate_lm_run(run_dir, max_loops=config.eval.max_loops, samples=config.eval.samples)
+        if job.analyze:
+            from looplab.analysis.mechanistic import analyze_mechanistic
+
+            analyze_mechanistic(run_dir, loops=job.analyze_loops)
+    result = {"status": status, "wall_s": round(time.perf_counter() - began, 3)}
+    atomic_write(run_dir / RESULT_FILE, lambda p: p.write_text(json.dumps(result)))
+    return result

@@ -1,0 +1,138 @@
+"""A sweep file, and its expansion into run points (configs × grid overrides × seeds).
+
+A sweep file is TOML::
+
+    [sweep]
+    configs = ["../stopping-small/*-fixed.toml", "my.toml"]  # globs, relative to this file
+    seeds = 5                  # or a list, e.g. [0, 3, 7]
+    set = ["train.steps=600"]  # overrides applied to every point
+    scaling = false            # also write the test-time scaling curve
+    analyze = false            # also run the mechanistic analysis
+    analyze_loops = 128
+
+    [grid]                     # cartesian product of overrides (optional)
+    "model.placement" = ["pre", "post"]
+
+Every point runs with one torch thread (``run.threads = 1``), and lives in
+``runs/<id>`` where ``id`` hashes its resolved config, so the same point in two
+sweeps (or twice in one) is the same run.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+
+from looplab.config import Config, load_config
+from looplab.errors import LooplabError, choice_error
+
+SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "analyze", "analyze_loops")
+TOP_KEYS = ("sweep", "grid")
+
+
+@dataclass
+class RunPoint:
+    """One (config, overrides, seed) of a sweep.
+
+    Attributes:
+        run_id: the first 12 hex digits of the SHA-256 of the resolved config's TOML.
+        variant: the point's name without its seed: the config file's stem (its
+            ``<task>-`` prefix dropped) plus ``+key=value`` for each grid override.
+        config_toml: the resolved config, as written to the run dir.
+    """
+
+    run_id: str
+    variant: str
+    config_toml: str
+
+
+@dataclass
+class SweepSpec:
+    """A parsed sweep file; see the module docstring for its keys."""
+
+    configs: list[Path]
+    seeds: list[int]
+    overrides: list[str] = field(default_factory=list)
+    grid: dict[str, list] = field(default_factory=dict)
+    scaling: bool = False
+    analyze: bool = False
+    analyze_loops: int = 128
+
+    def points(self) -> list[RunPoint]:
+        """Every distinct run point, in file × grid × seed order."""
+        points: dict[str, RunPoint] = {}
+        keys = list(self.grid)
+        for path in self.configs:
+            for values in itertools.product(*(self.grid[key] for key in keys)):
+                grid_sets = [f"{key}={_toml_value(value)}" for key, value in zip(keys, values)]
+                labels = [f"+{key}={value}" for key, value in zip(keys, values)]
+                for seed in self.seeds:
+                    config = load_config(path, [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"])
+                    variant = "".join([path.stem.removeprefix(f"{config.task.name}-"), *labels])
+                    point = RunPoint(config_id(config), variant, config.to_toml())
+                    points.setdefault(point.run_id, point)
+        return list(points.values())
+
+
+def config_id(config: Config) -> str:
+    """A stable 12-hex-digit name for a resolved config."""
+    return hashlib.sha256(config.to_toml().encode()).hexdigest()[:12]
+
+
+def _toml_value(value) -> str:
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Parse and check a sweep file; every problem is a one-line :class:`LooplabError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise LooplabError(f"sweep file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise LooplabError(f"sweep file {path} is not valid TOML: {err}") from None
+    for key in data:
+        if key not in TOP_KEYS:
+            raise choice_error("sweep file section", key, TOP_KEYS)
+    table = data.get("sweep", {})
+    for key in table:
+        if key not in SWEEP_KEYS:
+            raise choice_error("key in [sweep]", key, SWEEP_KEYS)
+    seeds = table.get("seeds", 1)
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
+        seeds = list(range(seeds))
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise LooplabError(f"[sweep] seeds must be a count >= 1 or a list of integers, got {seeds!r}")
+    grid = data.get("grid", {})
+    for key, values in grid.items():
+        if "." not in key or not isinstance(values, list) or not values:
+            raise LooplabError(f"[grid] {key!r} must be section.key = [non-empty list of values]")
+    overrides = table.get("set", [])
+    if not isinstance(overrides, list) or not all(isinstance(text, str) for text in overrides):
+        raise LooplabError("[sweep] set must be a list of 'section.key=value' strings")
+    loops = table.get("analyze_loops", 128)
+    if not isinstance(loops, int) or loops < 1:
+        raise LooplabError(f"[sweep] analyze_loops must be an integer >= 1, got {loops!r}")
+    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid,
+                     bool(table.get("scaling", False)), bool(table.get("analyze", False)), loops)
+    spec.points()  # resolve every config now, so a bad key fails before anything runs
+    return spec
+
+
+def _config_paths(sweep_file: Path, patterns) -> list[Path]:
+    if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) for p in patterns):
+        raise LooplabError(f"[sweep] configs must be a non-empty list of config paths or globs, in {sweep_file}")
+    paths: list[Path] = []
+    for pattern in patterns:
+        found = sorted(glob.glob(str(sweep_file.parent / pattern)))
+        if not found:
+            raise LooplabError(f"[sweep] configs: nothing matches {pattern!r} (relative to {sweep_file.parent})")
+        paths += [Path(p) for p in found if Path(p) not in paths]
+    return paths

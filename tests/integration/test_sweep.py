@@ -1,0 +1,119 @@
+"""Sweeps: grid expansion, skip and resume, SIGKILL at a random moment, the results table."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from looplab.errors import LooplabError
+from looplab.sweep import load_sweep
+from tests.conftest import TINY, run_cli
+
+SWEEP = """
+[sweep]
+configs = ["tiny.toml"]
+seeds = [0, 1]
+set = ["train.steps=150", "train.checkpoint_every=25"]
+
+[grid]
+"schedule.name" = ["window", "matched"]
+"""
+VOLATILE = ["wall_s"]  # the only column allowed to differ between two sweeps of the same points
+
+
+def write_sweep(root: Path, text: str = SWEEP) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tiny.toml").write_text(TINY.format(steps=20, checkpoint_every=10))
+    path = root / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def sweep_cli(sweep_file: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_cli("sweep", str(sweep_file), "--out", str(out), "--no-progress", *args)
+
+
+def test_expansion_names_and_hashes(tmp_path):
+    spec = load_sweep(write_sweep(tmp_path))
+    points = spec.points()
+    assert len(points) == 4
+    assert sorted({p.variant for p in points}) == ["tiny+schedule.name=matched", "tiny+schedule.name=window"]
+    assert len({p.run_id for p in points}) == 4
+    assert all("threads = 1" in p.config_toml for p in points)
+    assert [p.run_id for p in load_sweep(tmp_path / "sweep.toml").points()] == [p.run_id for p in points]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[sweep]\nconfigs = ['tiny.toml']\nworkers = 2\n", "unknown key in [sweep] 'workers'; valid choices"),
+    ("[sweep]\nconfigs = ['nothing-*.toml']\n", "nothing matches 'nothing-*.toml'"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nseeds = 0\n", "seeds must be a count >= 1"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nset = ['model.colour=3']\n", "unknown key in [model] 'colour'"),
+    ("[sweeps]\n", "unknown sweep file section 'sweeps'; valid choices: grid, sweep"),
+])
+def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
+    with pytest.raises(LooplabError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
+        load_sweep(write_sweep(tmp_path, text))
+
+
+def test_bad_sweep_cli_is_one_line_exit_2(tmp_path):
+    result = sweep_cli(write_sweep(tmp_path, "[sweep]\nconfigs = ['tiny.toml']\nseeds = 'many'\n"), tmp_path / "out")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "seeds must be" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _results(out: Path) -> pd.DataFrame:
+    return pd.read_parquet(out / "results.parquet").drop(columns=VOLATILE).sort_values("run_id").reset_index(drop=True)
+
+
+def test_sigkill_then_rerun_equals_uninterrupted(tmp_path):
+    sweep_file = write_sweep(tmp_path)
+    reference = tmp_path / "reference"
+    assert sweep_cli(sweep_file, reference, "--workers", "2").returncode == 0
+    expected = _results(reference)
+    assert len(expected) == 4 and expected["oracle_id"].notna().all()
+
+    out = tmp_path / "killed"
+    delay = random.uniform(0.0, 1.0)
+    sweep = subprocess.Popen([sys.executable, "-m", "looplab", "sweep", str(sweep_file), "--out", str(out),
+                              "--workers", "2", "--no-progress"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("runs/*/checkpoints/step_*")) and time.monotonic() < deadline:  # training has begun
+        time.sleep(0.05)
+    time.sleep(delay)
+    os.killpg(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+    finished_before = sorted(p.parent.name for p in out.glob("runs/*/result.json"))
+    assert len(finished_before) < 4, f"the kill after {delay:.2f} s came too late to interrupt anything"
+
+    rerun = sweep_cli(sweep_file, out, "--workers", "2")
+    assert rerun.returncode == 0, rerun.stderr
+    got = _results(out)
+    pd.testing.assert_frame_equal(got, expected, check_exact=True, obj=f"results after a SIGKILL at +{delay:.2f} s")
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(got["run_id"])
+    for name in finished_before:  # finished points were skipped, not re-run
+        assert json.loads((out / "runs" / name / "result.json").read_text())["status"] == "done"
+
+
+def test_rerun_of_a_finished_sweep_skips_everything(tmp_path):
+    sweep_file = write_sweep(tmp_path, SWEEP.replace("seeds = [0, 1]", "seeds = [0]"))
+    out = tmp_path / "out"
+    assert sweep_cli(sweep_file, out).returncode == 0
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/**/*") if p.is_file()}
+    again = sweep_cli(sweep_file, out)
+    assert again.returncode == 0 and "2 runs finished" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    frame = pd.read_parquet(out / "results.parquet")
+    for column in ("run_id", "variant", "task.name", "schedule.name", "run.seed", "oracle_ood", "front90",
+                   "training_cost.block_evals", "per_length.8.oracle"):
+        assert column in frame.columns, column
