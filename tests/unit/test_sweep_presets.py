@@ -1,0 +1,32 @@
+"""The reproduction sweeps shipped in configs/sweeps expand to the studies the README promises."""
+
+from __future__ import annotations
+
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from looplab.cli import PRESETS, STUDIES
+from looplab.sweep import load_sweep
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_study_has_a_loadable_sweep(study):
+    points = load_sweep(PRESETS / "sweeps" / f"{study}.toml").points()
+    assert points and all("threads = 1" in p.config_toml for p in points)
+
+
+def test_stopping_small_is_4_tasks_x_4_schedules_x_5_seeds():
+    points = load_sweep(PRESETS / "sweeps" / "stopping-small.toml").points()
+    assert len(points) == 80
+    assert Counter(p.variant for p in points) == {name: 20 for name in ("fixed", "matched", "window", "rl_halting")}
+    configs = [tomllib.loads(p.config_toml) for p in points]
+    assert Counter(c["task"]["name"] for c in configs) == {task: 20 for task in ("binary_addition", "dyck1",
+                                                                                 "unique_set", "copy")}
+    assert sorted({c["run"]["seed"] for c in configs}) == [0, 1, 2, 3, 4]
+
+
+def test_sweep_files_are_package_data():
+    assert {path.stem for path in Path(PRESETS / "sweeps").glob("*.toml")} == set(STUDIES)
