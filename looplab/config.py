@@ -238,17 +238,20 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     return path, value
 
 
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The tables of the TOML file at ``path``; a missing or malformed file is a one-line error naming ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        raise LooplabError(f"{what} not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise LooplabError(f"{what} {path} is not valid TOML: {err}") from None
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise LooplabError(f"config file not found: {path}")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise LooplabError(f"config file {path} is not valid TOML: {err}") from None
+    data: dict[str, Any] = {} if path is None else read_toml(path, "config file")
     for text in overrides:
         keys, value = parse_override(text)
         table = data

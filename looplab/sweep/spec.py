@@ -23,13 +23,12 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
 
-from looplab.config import Config, load_config
+from looplab.config import Config, load_config, read_toml
 from looplab.errors import LooplabError, choice_error
 
 SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "analyze", "analyze_loops")
@@ -92,12 +91,7 @@ def _toml_value(value) -> str:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Parse and check a sweep file; every problem is a one-line :class:`LooplabError`."""
     path = Path(path)
-    if not path.is_file():
-        raise LooplabError(f"sweep file not found: {path}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise LooplabError(f"sweep file {path} is not valid TOML: {err}") from None
+    data = read_toml(path, "sweep file")
     for key in data:
         if key not in TOP_KEYS:
             raise choice_error("sweep file section", key, TOP_KEYS)
