@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -99,7 +100,8 @@ def _train(args) -> None:
 
     config = load_config(args.config, args.set)
     train(config, Path(args.out), progress=not args.no_progress)
-    print(f"trained: {args.out}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
+        print(f"trained: {args.out}")
 
 
 def _eval(args) -> None:
