@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from looplab.plotting import pyplot
+
 
 def trajectory_pca(states: Tensor, components: int = 3) -> tuple[Tensor, Tensor]:
     """Project states [T, L, d] onto their top principal components.
@@ -30,10 +32,7 @@ def trajectory_pca(states: Tensor, components: int = 3) -> tuple[Tensor, Tensor]
 
 def plot_trajectories(coords: Tensor, explained: Tensor, path2d: Path, path3d: Path, title: str = "") -> None:
     """2-D and 3-D plots: one line per position, from loop 1 (circle) to the last loop (cross)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     coords = coords.numpy()
     labels = [f"PC{i + 1} ({100 * float(v):.0f}%)" for i, v in enumerate(explained)]

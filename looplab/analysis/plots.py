@@ -6,21 +6,14 @@ from pathlib import Path
 
 from torch import Tensor
 
+from looplab.plotting import pyplot
+
 __all__ = ["plot_convergence", "plot_cosine_matrix", "plot_attention_difference", "plot_colsum_depth"]
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
     """Heatmap of log10 Δ_{ℓ,t} for delta [layers, loops − 1] (loops 2..r on the x axis)."""
-    plt = _pyplot()
+    plt = pyplot()
     values = delta.double().clamp_min(1e-16).log10().numpy()
     fig, axis = plt.subplots(figsize=(7, 1.2 + 0.4 * values.shape[0]))
     image = axis.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest",
@@ -36,7 +29,7 @@ def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
 
 def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
     """Cosine similarity of the core layers' states at the last loop, matrix [layers, layers]."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axis = plt.subplots(figsize=(4.5, 4))
     image = axis.imshow(matrix.numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
     if matrix.shape[0] <= 12:
@@ -54,7 +47,7 @@ def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
 
 def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_layers: int = 6) -> None:
     """‖A_{ℓ,t} − A_{ℓ,t′}‖_F heatmaps for diff [layers, loops, loops], one panel per layer."""
-    plt = _pyplot()
+    plt = pyplot()
     shown = min(diff.shape[0], max_layers)
     fig, axes = plt.subplots(1, shown, figsize=(3.4 * shown + 1, 3.4), squeeze=False, layout="constrained")
     top = float(diff.max()) or 1.0
@@ -72,7 +65,7 @@ def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_lay
 
 def plot_colsum_depth(values: Tensor, labels: list[str], path: Path, title: str = "") -> None:
     """ColSum concentration [depth, H] over effective depth; a line per head, loop boundaries dashed."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axis = plt.subplots(figsize=(8, 3.2))
     depth = range(values.shape[0])
     for head in range(values.shape[1]):

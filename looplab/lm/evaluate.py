@@ -22,6 +22,7 @@ import torch
 from looplab.errors import LooplabError
 from looplab.io import atomic_write
 from looplab.model import LoopedTransformer
+from looplab.plotting import pyplot
 from looplab.seeding import derive_generator
 from looplab.tasks.text import KJVText
 from looplab.train.schedules import DepthRule
@@ -100,10 +101,7 @@ def lm_summary(frame: pd.DataFrame, training_depth: int | None) -> dict:
 
 def plot_lm_loops(frame: pd.DataFrame, path: Path, training_depth: int | None, title: str = "") -> None:
     """Validation loss against loops (log x), the training depth marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axis = plt.subplots(figsize=(6, 3.8))
     finite = frame[frame.loss.map(math.isfinite)]

@@ -14,30 +14,22 @@ import numpy as np
 import pandas as pd
 
 from looplab.io import atomic_write
+from looplab.plotting import pyplot
 from looplab.report.runs import scaling_curves
 
 DPI = 100
 PANEL_COLUMNS = 4
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, path: Path) -> None:
     # no "Software" tag: it carries matplotlib's URL, and the report embeds no links
     atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=DPI, metadata={"Software": None}))
-    _pyplot().close(fig)
+    pyplot().close(fig)
 
 
 def _panels(count: int, title: str, width: float = 3.6, height: float = 3.0):
     """A figure with ``count`` panels in rows of PANEL_COLUMNS; returns (figure, the used axes)."""
-    plt = _pyplot()
+    plt = pyplot()
     columns = min(count, PANEL_COLUMNS)
     rows = -(-count // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(width * columns + 1, height * rows + 0.6),

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from looplab.eval.grid import LengthOutcome
+from looplab.plotting import pyplot
 
 REPORTED_LOOPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -59,10 +60,7 @@ def scaling_summary(frame: pd.DataFrame) -> dict:
 
 def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     """Accuracy (left) and state / step norms on a log scale (right) against loops."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     left.plot(frame["loops"], 100 * frame["accuracy"], color="tab:blue")

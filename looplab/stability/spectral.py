@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from looplab.model import LoopedTransformer
+from looplab.plotting import pyplot
 from looplab.stability.jacobian import loop_map, spectral_radius_exact, spectral_radius_power
 from looplab.tasks import TaskBatch
 
@@ -41,10 +42,7 @@ def spectral_trajectory(model: LoopedTransformer, batch: TaskBatch, loops: int, 
 
 def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     """Mean ρ per loop (power iteration, and exact when present) with the ρ = 1 line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     per_loop = frame.groupby("loop").mean(numeric_only=True)
     fig, axis = plt.subplots(figsize=(6, 3.6))
