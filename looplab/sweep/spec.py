@@ -74,14 +74,20 @@ class SweepSpec:
                 for seed in self.seeds:
                     config = load_config(path, [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"])
                     variant = "".join([path.stem.removeprefix(f"{config.task.name}-"), *labels])
-                    point = RunPoint(config_id(config), variant, config.to_toml())
+                    text = config.to_toml()
+                    point = RunPoint(toml_id(text), variant, text)
                     points.setdefault(point.run_id, point)
         return list(points.values())
 
 
+def toml_id(config_toml: str) -> str:
+    """A stable 12-hex-digit name for a resolved config, from its TOML text."""
+    return hashlib.sha256(config_toml.encode()).hexdigest()[:12]
+
+
 def config_id(config: Config) -> str:
     """A stable 12-hex-digit name for a resolved config."""
-    return hashlib.sha256(config.to_toml().encode()).hexdigest()[:12]
+    return toml_id(config.to_toml())
 
 
 def _toml_value(value) -> str:
