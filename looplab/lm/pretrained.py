@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from looplab.analysis.colsum import colsum_concentration
 from looplab.analysis.massive import massive_ratio
 from looplab.errors import LooplabError
+from looplab.plotting import pyplot
 
 __all__ = ["GGUF_PACKAGE", "GGUF_NAME", "smollm2_path", "load_smollm2", "set_eager", "trace_pretrained",
            "FeedForwardStages", "feedforward_stages", "plot_feedforward_stages"]
@@ -176,9 +177,7 @@ def feedforward_stages(model: nn.Module, tokenizer, texts: list[str], max_length
 
 def plot_feedforward_stages(stages: FeedForwardStages, out_dir: Path, title: str = "SmolLM2-135M") -> list[Path]:
     """Write ``colsum_vs_layer.png`` (a line per head and the mean) and ``massive_vs_layer.png`` (log y)."""
-    from looplab.analysis.plots import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     layers = range(stages.colsum.shape[0])
