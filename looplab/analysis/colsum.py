@@ -46,15 +46,23 @@ def colsum_trace(recorded: Trace) -> Tensor:
     return colsum_concentration(recorded.attention(), recorded.valid).mean(-2).float()
 
 
-def colsum_depth(recorded: Trace) -> tuple[Tensor, list[str]]:
+def colsum_depth(recorded: Trace, core: Tensor | None = None) -> tuple[Tensor, list[str]]:
     """C over effective depth, batch mean: ([depth, H], labels).
 
     Depth runs over prelude layers, then every recorded (loop, core layer) in order,
-    then coda layers; labels are the trace names without the ``.attn`` suffix.
+    then coda layers; labels are the trace names without the ``.attn`` suffix. ``core``
+    is :func:`colsum_trace` of the same trace when the caller already has it.
     """
-    names = [f"prelude{i}.attn" for i in range(recorded.n_prelude)]
-    names += [recorded.name(t, layer, "attn") for t in recorded.loops for layer in recorded.layers]
-    names += [f"coda{i}.attn" for i in range(recorded.n_coda)]
-    values = [colsum_concentration(recorded[name], recorded.valid).mean(0) for name in names]
-    return torch.stack(values).float(), [name.removesuffix(".attn") for name in names]
+    heads = recorded.attention().shape[-3]
+
+    def once(names: list[str]) -> Tensor:
+        values = [colsum_concentration(recorded[name], recorded.valid).mean(0).float() for name in names]
+        return torch.stack(values) if values else torch.zeros(0, heads)
+
+    prelude = [f"prelude{i}.attn" for i in range(recorded.n_prelude)]
+    core_names = [recorded.name(t, layer, "attn") for t in recorded.loops for layer in recorded.layers]
+    coda = [f"coda{i}.attn" for i in range(recorded.n_coda)]
+    core = colsum_trace(recorded) if core is None else core    # [loops, layers, H]: one batched call
+    values = torch.cat([once(prelude), core.flatten(0, 1), once(coda)])
+    return values, [name.removesuffix(".attn") for name in prelude + core_names + coda]
 

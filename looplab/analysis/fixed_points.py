@@ -14,6 +14,14 @@ The two numbers of ``paper_tables/mechanistic_norm_ablation.csv``:
     fixed_point_self_cos      min_{t ∈ last W loops before r} S_{0,t}    (first core layer; W = max(1, r // 4))
     fixed_point_cross_cos_min min_{ℓ′ ≠ 0} C_{0ℓ′}                       (first core layer vs the others)
 
+Beside them, two that say why a row came out as it did:
+
+    fixed_point_self_cos_median  the same minimum per sample, then the median over samples
+                                 (one oscillating sequence cannot hide the rest, nor drag the mean)
+    update_ratios                U_ℓ = ‖X_{ℓ,r} − X_{ℓ−1,r}‖_F / ‖X_{ℓ−1,r}‖_F, ℓ = 1..k−1 (batch mean):
+                                 how far one layer moves the stream; cross-layer cosines track it
+    state_norms                  per-token ‖h_t‖ over valid tokens, per loop
+
 The paper's 1.000 for the first means "the first layer sits on its fixed point over the
 late loops"; a slow oscillation or drift pulls the minimum over the window below 1, which a
 single consecutive-loop cosine would hide. With injection the second is < 0.65 (distinct
@@ -25,7 +33,7 @@ from __future__ import annotations
 from torch import Tensor
 
 __all__ = ["convergence", "cosine", "layer_cosines", "self_convergence", "fixed_point_self_cos",
-           "fixed_point_cross_cos_min"]
+           "fixed_point_self_cos_median", "late_self_cos", "fixed_point_cross_cos_min", "update_ratios", "state_norms"]
 
 EPS = 1e-12
 
@@ -58,21 +66,53 @@ def layer_cosines(states: Tensor, valid: Tensor | None = None) -> Tensor:
     return cos.mean(-1).to(states.dtype)
 
 
-def self_convergence(states: Tensor, valid: Tensor | None = None) -> Tensor:
-    """S_{ℓ,t} = batch mean of cos(X_{ℓ,t}, X_{ℓ,r}): [layers, loops] (the last column is 1)."""
-    cos = cosine(states, states[-1:].expand_as(states), valid)  # [loops, layers, B]
-    return cos.mean(-1).transpose(0, 1).to(states.dtype)
+def self_convergence(states: Tensor, valid: Tensor | None = None, per_sample: bool = False) -> Tensor:
+    """S_{ℓ,t} = batch mean of cos(X_{ℓ,t}, X_{ℓ,r}): [layers, loops] (the last column is 1),
+    or per sample [layers, loops, B]."""
+    cos = cosine(states, states[-1:].expand_as(states), valid).transpose(0, 1)  # [layers, loops, B]
+    return (cos if per_sample else cos.mean(-1)).to(states.dtype)
+
+
+def _late_window(loops: int, window: int | None) -> int:
+    return min(window or max(1, loops // 4), loops - 1)
+
+
+def late_self_cos(curves: Tensor, window: int | None = None) -> tuple[float, float]:
+    """From one layer's per-sample S_{ℓ,t}, curves [loops, B]: (min over the last W loops before r
+    of the batch-mean curve, median over samples of each sample's own such minimum); (1, 1) for one loop."""
+    loops = curves.shape[0]
+    if loops < 2:
+        return 1.0, 1.0
+    late = slice(-1 - _late_window(loops, window), -1)
+    return float(curves.mean(-1)[late].min()), float(curves[late].min(dim=0).values.median())
 
 
 def fixed_point_self_cos(states: Tensor, valid: Tensor | None = None, window: int | None = None,
                          layer: int = 0) -> float:
     """min over the last W loops before r of S_{layer,t} (W = max(1, loops // 4)); 1.0 for a single loop."""
-    loops = states.shape[0]
-    if loops < 2:
-        return 1.0
-    window = min(window or max(1, loops // 4), loops - 1)
-    curve = self_convergence(states, valid)[layer]
-    return float(curve[-1 - window:-1].min())
+    return late_self_cos(self_convergence(states, valid, per_sample=True)[layer], window)[0]
+
+
+def fixed_point_self_cos_median(states: Tensor, valid: Tensor | None = None, window: int | None = None,
+                                layer: int = 0) -> float:
+    """Median over samples of each sample's min over the last W loops before r of its own S_{layer,t}."""
+    return late_self_cos(self_convergence(states, valid, per_sample=True)[layer], window)[1]
+
+
+def update_ratios(states: Tensor, valid: Tensor | None = None) -> Tensor:
+    """U_ℓ = batch mean of ‖X_{ℓ,r} − X_{ℓ−1,r}‖_F / ‖X_{ℓ−1,r}‖_F at the last loop: [layers − 1]."""
+    flat = _masked(states[-1].double(), valid)  # [layers, B, T·d]
+    ratio = (flat[1:] - flat[:-1]).norm(dim=-1) / flat[:-1].norm(dim=-1).clamp_min(EPS)
+    return ratio.mean(-1).to(states.dtype)
+
+
+def state_norms(loop_states: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Mean per-token ‖h_t‖ over valid tokens for loop states [loops, B, T, d]: [loops]."""
+    norms = loop_states.double().norm(dim=-1)  # [loops, B, T]
+    if valid is None:
+        return norms.flatten(1).mean(-1).to(loop_states.dtype)
+    mask = valid.to(device=norms.device, dtype=norms.dtype)
+    return ((norms * mask).flatten(1).sum(-1) / mask.sum().clamp_min(1)).to(loop_states.dtype)
 
 
 def fixed_point_cross_cos_min(states: Tensor, valid: Tensor | None = None, layer: int = 0) -> float:

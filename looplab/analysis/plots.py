@@ -45,7 +45,10 @@ def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_layers: int = 6) -> None:
+ATTENTION_PANELS = 6  # core layers shown by plot_attention_difference
+
+
+def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_layers: int = ATTENTION_PANELS) -> None:
     """‖A_{ℓ,t} − A_{ℓ,t′}‖_F heatmaps for diff [layers, loops, loops], one panel per layer."""
     plt = pyplot()
     shown = min(diff.shape[0], max_layers)

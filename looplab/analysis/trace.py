@@ -66,6 +66,7 @@ class Trace:
     n_prelude: int = 0
     n_coda: int = 0
     has_attention: bool = False
+    _stacked: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     def names(self) -> list[str]:
         """Every recorded name, in recording order."""
@@ -83,8 +84,11 @@ class Trace:
         return f"{prefix}.state" if layer is None else f"{prefix}.core{layer}.{kind}"
 
     def _stack(self, kind: str) -> Tensor:
-        return torch.stack([torch.stack([self.cache[self.name(t, layer, kind)] for layer in self.layers])
-                            for t in self.loops])
+        """The ``kind`` entries as [loops, layers, ...], stacked once (a trace is not added to after recording)."""
+        if kind not in self._stacked:
+            self._stacked[kind] = torch.stack([torch.stack([self.cache[self.name(t, layer, kind)]
+                                                            for layer in self.layers]) for t in self.loops])
+        return self._stacked[kind]
 
     def states(self) -> Tensor:
         """X_{ℓ,t} of the recorded loops and core layers: [loops, layers, B, T, d]."""

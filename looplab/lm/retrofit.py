@@ -11,13 +11,23 @@ From a transformers causal LM with decoder layers 0..L−1 (``model.model.layers
 
     e   = prelude(embed(tokens))                the injected input
     h_0 = e
-    h_t = core(W_I [e; h_{t−1}])                t = 1..r,  W_I ∈ R^{d×2d}, initialised [0 | I]
+    h_t = core(W_I [e; h_{t−1}])                t = 1..r,  W_I ∈ R^{d×2d}
     logits = lm_head(norm(coda(middle(h_r))))
 
-With W_I = [0 | I] the injection returns h, so with r = 1 the retrofit runs exactly
-layers 0..p+k−1, (the middle,) and the coda: with p + k + c = L (or keep_middle=True)
-its logits equal the original model's. Fine-tuning with r > 1 then teaches W_I and the
-layers to use the loop. SPEC's paper table used (p, k, c) = (4, 6, 4) on a Llama with
+W_I starts as ``inject_init`` (see :func:`looplab.model.looped.injection_weight`):
+
+    state   [0 | I]       the default: W_I [e; h] = h, so the input is ignored after loop 1 —
+                          until fine-tuning changes W_I this is a model WITHOUT injection
+    mix     [I/2 | I/2]   (e + h)/2: injects the input at every loop
+    input   [I | 0]       every loop sees only e: h_t = core(e) for all t (no recurrence)
+    sum     [I | I]       e + h; loop 1 sees 2e
+    random  N(0, g²/d)    a fresh adapter
+
+With h_0 = e, ``state``, ``mix`` and ``input`` give W_I [e; h_0] = e, so with r = 1 the
+retrofit runs exactly layers 0..p+k−1, (the middle,) and the coda: with p + k + c = L (or
+keep_middle=True) its logits equal the original model's. ``sum`` and ``random`` change the
+first loop's input, so they do not. Fine-tuning with r > 1 then teaches W_I and the layers
+to use the loop. SPEC's paper table used (p, k, c) = (4, 6, 4) on a Llama with
 32 train loops; for SmolLM2-135M (30 layers) the defaults are the same (4, 6, 4), which
 drop the 16 middle layers (layers 10..25) — the looped core takes over their depth.
 
@@ -44,6 +54,7 @@ from torch import Tensor, nn
 
 from looplab.analysis.trace import Trace, loop_name
 from looplab.errors import LooplabError
+from looplab.model.looped import injection_weight
 
 __all__ = ["RetrofittedLoop", "causal_mask", "next_token_loss", "fine_tune"]
 
@@ -71,10 +82,13 @@ class RetrofittedLoop(nn.Module):
             (default: drop them).
         copy_weights: work on a deep copy (default), so fine-tuning leaves ``model`` intact;
             tied embedding / head weights stay tied in the copy.
+        inject_init, inject_gain: the initial W_I (see the module docstring); the gain is for ``random``,
+            drawn from torch's global generator.
     """
 
     def __init__(self, model: nn.Module, prelude: int = 4, core: int = 6, coda: int = 4, *,
-                 keep_middle: bool = False, copy_weights: bool = True):
+                 keep_middle: bool = False, copy_weights: bool = True, inject_init: str = "state",
+                 inject_gain: float = 0.25):
         super().__init__()
         try:
             n_layers = len(model.model.layers)
@@ -104,8 +118,8 @@ class RetrofittedLoop(nn.Module):
         self.inject = nn.Linear(2 * d, d, bias=False, dtype=self.embed.weight.dtype,
                                 device=self.embed.weight.device)
         with torch.no_grad():
-            eye = torch.eye(d, dtype=self.inject.weight.dtype, device=self.inject.weight.device)
-            self.inject.weight.copy_(torch.cat([torch.zeros_like(eye), eye], dim=1))
+            self.inject.weight.copy_(injection_weight(inject_init, d, inject_gain, self.inject.weight.dtype,
+                                                      self.inject.weight.device))
 
     # ------------------------------------------------------------------ pieces
 

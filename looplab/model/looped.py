@@ -6,8 +6,17 @@
     logits_t = Head(FinalNorm(Coda(h_t)))   readable at every t
 
 Injection: ``add`` gives Core(h + e); ``concat`` gives Core(W_I [e ; h]) with
-W_I initialised to [I | I], so it starts out equal to ``add`` and can learn
-to weigh the two; ``none`` gives Core(h) from h_0 = e.
+W_I initialised by ``inject_init``: ``sum`` [I | I] (the default: it starts out
+equal to ``add`` and can learn to weigh the two), ``state`` [0 | I], ``input``
+[I | 0], ``mix`` [I/2 | I/2] or ``random`` N(0, g²/d); ``none`` gives Core(h)
+from h_0 = e.
+
+Initialisation matters for an untrained core: with LayerNorm holding the
+stream at about √d, a layer's relative update scales like the Linear std
+times √d, so ``init_std = 0.02`` (GPT-2's) gives LLM-like update ratios only
+near d ≈ 768, and ``init_std = 0.4, init_scaling = "sqrt_d"`` gives them at any
+width. [I | I] lets a pre-norm state grow without bound (h_t ≈ t·e); a random
+W_I with a small gain keeps it bounded.
 
 Notable:
 - :meth:`unroll` yields every h_t, so all depths cost one unroll.
@@ -19,6 +28,7 @@ Notable:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -26,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from looplab.config import ModelConfig
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, choice_error
 from looplab.model.attention import AttentionContext, rope_tables
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
@@ -46,11 +56,11 @@ class LoopedTransformer(nn.Module):
         self.core_out_norm = make_norm(cfg.norm, d) if cfg.core_out_norm else None
         self.final_norm = make_norm(cfg.norm, d)
         self.head = nn.Linear(d, vocab_size)
-        self.apply(_init_weights)
+        linear_std = cfg.init_std / math.sqrt(d) if cfg.init_scaling == "sqrt_d" else cfg.init_std
+        self.apply(lambda module: _init_weights(module, linear_std, cfg.embed_std))
         if self.inject is not None:
             with torch.no_grad():
-                eye = torch.eye(d)
-                self.inject.weight.copy_(torch.cat([eye, eye], dim=1))
+                self.inject.weight.copy_(injection_weight(cfg.inject_init, d, cfg.inject_gain))
 
     def context(self, valid: Tensor, use_math: bool = False) -> AttentionContext:
         """Attention context for a [B, L] validity mask."""
@@ -200,8 +210,28 @@ class LoopProbe:
     valid: Tensor
 
 
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, std=0.02)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
+def injection_weight(kind: str, d: int, gain: float = 0.25, dtype: torch.dtype = torch.float32,
+                     device: torch.device | str | None = None) -> Tensor:
+    """The initial W_I [d, 2d] of W_I [e; h]: ``sum`` [I | I], ``state`` [0 | I], ``input`` [I | 0],
+    ``mix`` [I/2 | I/2], ``random`` N(0, gain²/d) per entry (drawn from torch's global generator).
+
+    With h_0 = e, every choice whose two blocks add up to I (``state``, ``input``, ``mix``)
+    gives W_I [e; h_0] = e, so the first loop sees exactly what the core would without injection.
+    """
+    eye = torch.eye(d, dtype=dtype, device=device)
+    zero = torch.zeros_like(eye)
+    blocks = {"sum": (eye, eye), "state": (zero, eye), "input": (eye, zero), "mix": (eye / 2, eye / 2)}
+    if kind == "random":
+        return torch.randn(d, 2 * d, dtype=dtype, device=device) * (gain / math.sqrt(d))
+    if kind not in blocks:
+        raise choice_error("injection init", kind, [*blocks, "random"])
+    return torch.cat(blocks[kind], dim=1)
+
+
+def _init_weights(module: nn.Module, linear_std: float, embed_std: float) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=linear_std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=embed_std)

@@ -50,7 +50,19 @@ STARS_FACTS = {
 # paper 3: our placements → its norm names (the config aliases are those names)
 MECHANISTIC_NORMS = {"pre": "pre_norm", **{ours: paper for paper, ours in PLACEMENT_ALIASES.items()}}
 MECHANISTIC_BY = ["model.placement", "model.injection", "variant"]  # variant: never pool a control with a model
-MECHANISTIC_METRICS = ("analysis.fixed_point_self_cos", "analysis.fixed_point_cross_cos_min")
+MECHANISTIC_METRICS = ("analysis.fixed_point_self_cos", "analysis.fixed_point_cross_cos_min",
+                       "analysis.fixed_point_self_cos_median", "analysis.state_norm_first",
+                       "analysis.state_norm_last", "analysis.update_ratio_mean")
+# paper 3: how one of our seed means is held against a printed value (see mechanistic_verdict)
+COSINE_ONE, COSINE_TOLERANCE = 0.99, 0.05
+MECHANISTIC_RULE = (f"Reproduced: both paper cosines are met by our seed means ('1.000': >= {COSINE_ONE}; "
+                    f"'<x': < x; any other value v: within ±{COSINE_TOLERANCE}), the self cosine read as the "
+                    "median per-sample value (one oscillating sequence neither hides nor drags the rest); "
+                    "'partly' when one of the two is met.")
+# paper column → the value of ours the verdict holds against it
+MECHANISTIC_JUDGED = {"cos_first_layer_to_own_fixed_point": "ours.analysis.fixed_point_self_cos_median",
+                      "min_cos_first_layer_to_other_layers_fixed_point":
+                          "ours.min_cos_first_layer_to_other_layers_fixed_point"}
 
 
 @dataclass(frozen=True)
@@ -69,13 +81,14 @@ class Ours:
 
 @dataclass(frozen=True)
 class Pair:
-    """A paper column and our statistic it compares with; ``metric`` None shows the paper's column alone.
+    """A paper column and our statistic it compares with; ``metric`` None shows the paper's column alone,
+    ``paper`` None our statistic alone (a measurement the paper does not report).
 
     ``stat`` "mean" shows our full cell (mean ± std [interval]); "std" our std alone (the paper's Std).
     """
 
     header: str
-    paper: str
+    paper: str | None
     metric: str | None = None
     stat: str = "mean"
 
@@ -112,11 +125,14 @@ def _paper_name(text: str) -> str:
 
 
 def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dict], dict | None],
-                 pairs: list[Pair], note: str = "", name: str = "") -> Table | None:
+                 pairs: list[Pair], note: str = "", name: str = "",
+                 judge: Callable[[dict], str] | None = None) -> Table | None:
     """One row per group of ``ours`` with a paper row: per pair, our statistic then the paper's value.
 
     ``key`` maps a group (column → value) to the paper columns that identify its row, or None
-    when the paper has no counterpart. Returns None when no group has one.
+    when the paper has no counterpart. ``judge``, given a row's numbers (``ours.<column>`` and
+    ``paper.<column>``), returns its verdict for a last "Reproduced" column. Returns None when
+    no group has a counterpart.
     """
     stats = stats_by_group(ours.long, ours.by)
     display, numbers = [], []
@@ -136,14 +152,19 @@ def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dic
                  "Paper row": " / ".join(map(str, wanted.values()))}
         values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}
         for pair in pairs:
+            column = pair.paper or pair.metric
             if pair.metric is not None:
                 s, digits = metric_stats(found, pair.metric), decimals(pair.metric)
-                shown[f"{pair.header} ours"] = cell(s, digits) if pair.stat == "mean" else number(s[pair.stat], digits)
-                values[f"ours.{pair.paper}"] = s[pair.stat]
+                ours_header = f"{pair.header} ours" if pair.paper else pair.header
+                shown[ours_header] = cell(s, digits) if pair.stat == "mean" else number(s[pair.stat], digits)
+                values[f"ours.{column}"] = s[pair.stat]
                 if pair.stat == "mean":
-                    values.update({f"ours.{pair.paper}.{b}": s[b] for b in ("ci_lo", "ci_hi")})
-            shown[f"{pair.header} paper"] = published[pair.paper] or MISSING
-            values[f"paper.{pair.paper}"] = _paper_value(published[pair.paper])
+                    values.update({f"ours.{column}.{b}": s[b] for b in ("ci_lo", "ci_hi")})
+            if pair.paper:
+                shown[f"{pair.header} paper"] = published[pair.paper] or MISSING
+                values[f"paper.{pair.paper}"] = _paper_value(published[pair.paper])
+        if judge is not None:
+            shown["Reproduced"] = values["reproduced"] = judge(values)
         display.append(shown)
         numbers.append(values)
     if not display:
@@ -151,15 +172,17 @@ def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dic
     return Table(title, pd.DataFrame(display), pd.DataFrame(numbers), note, name)
 
 
-def _compare(title: str, file: str, ours: Ours, tables_dir: Path, key, pairs) -> tuple[list[Table], list[str]]:
+def _compare(title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, judge=None,
+             note: str = "") -> tuple[list[Table], list[str]]:
     """side_by_side against one paper CSV, with a note when the file or every counterpart is missing."""
     paper, notes = read_paper_table(file, tables_dir)
     if paper is None:
         return [], notes
-    lacking = [p.paper for p in pairs if p.paper not in paper.columns]
+    lacking = [p.paper for p in pairs if p.paper and p.paper not in paper.columns]
     if lacking:
         return [], [f"paper table {file} lacks column(s) {', '.join(lacking)}: left out of this report"]
-    table = side_by_side(title, ours, paper, key, pairs, f"paper numbers from {file}", f"paper_{Path(file).stem}")
+    table = side_by_side(title, ours, paper, key, pairs, " ".join(filter(None, [f"paper numbers from {file}.", note])),
+                         f"paper_{Path(file).stem}", judge)
     if table is None:
         return [], [f"no group of this sweep has a counterpart in {file}"]
     return [table], []
@@ -235,7 +258,32 @@ def mechanistic_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[
         [Pair("cos to own fixed point", "cos_first_layer_to_own_fixed_point", "analysis.fixed_point_self_cos"),
          Pair("min cos to other layers", "min_cos_first_layer_to_other_layers_fixed_point",
               "analysis.fixed_point_cross_cos_min"),
-         Pair("Verdict", "verdict")])
+         Pair("Verdict", "verdict"),
+         Pair("Median per-sample self cos", None, "analysis.fixed_point_self_cos_median"),
+         Pair("‖h‖ loop 1", None, "analysis.state_norm_first"),
+         Pair("‖h‖ last loop", None, "analysis.state_norm_last"),
+         Pair("Layer update ratio", None, "analysis.update_ratio_mean")],
+        mechanistic_verdict, MECHANISTIC_RULE)
+
+
+def meets(ours: float | None, printed) -> bool:
+    """Whether our value meets a printed paper value: "1.000" → ≥ COSINE_ONE, "<x" → < x, v → within tolerance."""
+    if ours is None or pd.isna(ours) or printed is None:
+        return False
+    if isinstance(printed, str):
+        text = printed.strip()
+        if text.startswith("<"):
+            return ours < float(text[1:])
+        printed = float(text)
+    if printed == 1.0:
+        return ours >= COSINE_ONE
+    return abs(ours - printed) <= COSINE_TOLERANCE
+
+
+def mechanistic_verdict(values: dict) -> str:
+    """"reproduced" / "partly" / "not reproduced" for one norm-ablation row by :func:`meets`."""
+    met = sum(meets(values.get(ours), values.get(f"paper.{paper}")) for paper, ours in MECHANISTIC_JUDGED.items())
+    return {2: "reproduced", 1: "partly"}.get(met, "not reproduced")
 
 
 def compare(paper: str, ours: Ours, tables_dir: Path | None = None) -> tuple[list[Table], list[str]]:

@@ -27,6 +27,9 @@ class PointJob:
     scaling: bool = False
     analyze: bool = False
     analyze_loops: int = 128
+    evaluate: bool = True
+    analyze_samples: int = 8
+    mlp_ablation: bool = True
 
 
 def is_done(run_dir: Path) -> bool:
@@ -55,7 +58,7 @@ def run_point(job: PointJob) -> dict:
         status = "done"
     except TrainingDiverged:
         status = "diverged"
-    if status == "done":
+    if status == "done" and job.evaluate:
         if exp.task.exact_match:
             from looplab.eval.run import evaluate_run
 
@@ -64,10 +67,11 @@ def run_point(job: PointJob) -> dict:
             from looplab.lm.evaluate import evaluate_lm_run
 
             evaluate_lm_run(run_dir, max_loops=config.eval.max_loops, samples=config.eval.samples)
-        if job.analyze:
-            from looplab.analysis.mechanistic import analyze_mechanistic
+    if status == "done" and job.analyze:
+        from looplab.analysis.mechanistic import analyze_mechanistic
 
-            analyze_mechanistic(run_dir, loops=job.analyze_loops)
+        analyze_mechanistic(run_dir, loops=job.analyze_loops, samples=job.analyze_samples,
+                            mlp_ablation=job.mlp_ablation)
     result = {"status": status, "wall_s": round(time.perf_counter() - began, 3)}
     atomic_write(run_dir / RESULT_FILE, lambda p: p.write_text(json.dumps(result)))
     return result

@@ -56,7 +56,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, workers: int = 1, backend: str =
     if sweep_text is not None:
         atomic_write(out / "sweep.toml", lambda p: p.write_text(sweep_text))
     points = spec.points()
-    jobs = [PointJob(str(out / RUNS_DIR / p.run_id), p.config_toml, spec.scaling, spec.analyze, spec.analyze_loops)
+    jobs = [PointJob(str(out / RUNS_DIR / p.run_id), p.config_toml, spec.scaling, spec.analyze, spec.analyze_loops,
+                     spec.evaluate, spec.analyze_samples, spec.mlp_ablation)
             for p in points if not is_done(out / RUNS_DIR / p.run_id)]
     bar = tqdm(total=len(points), initial=len(points) - len(jobs), desc="sweep", unit="run",
                disable=None if progress else True, dynamic_ncols=True)

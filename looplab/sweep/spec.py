@@ -7,8 +7,11 @@ A sweep file is TOML::
     seeds = 5                  # or a list, e.g. [0, 3, 7]
     set = ["train.steps=600"]  # overrides applied to every point
     scaling = false            # also write the test-time scaling curve
+    evaluate = true            # evaluate each trained point (false: e.g. untrained models, analysis only)
     analyze = false            # also run the mechanistic analysis
     analyze_loops = 128
+    analyze_samples = 8
+    mlp_ablation = true        # the analysis re-traces with each core MLP zeroed (one trace per layer)
 
     [grid]                     # cartesian product of overrides (optional)
     "model.placement" = ["pre", "post"]
@@ -31,7 +34,9 @@ import tomli_w
 from looplab.config import Config, load_config, read_toml
 from looplab.errors import LooplabError, choice_error
 
-SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "analyze", "analyze_loops")
+SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "evaluate", "analyze", "analyze_loops", "analyze_samples",
+              "mlp_ablation")
+SWEEP_FLAGS = {"scaling": False, "evaluate": True, "analyze": False, "mlp_ablation": True}
 TOP_KEYS = ("sweep", "grid")
 
 
@@ -62,6 +67,9 @@ class SweepSpec:
     scaling: bool = False
     analyze: bool = False
     analyze_loops: int = 128
+    evaluate: bool = True
+    analyze_samples: int = 8
+    mlp_ablation: bool = True
 
     def points(self) -> list[RunPoint]:
         """Every distinct run point, in file × grid × seed order."""
@@ -117,11 +125,16 @@ def load_sweep(path: str | Path) -> SweepSpec:
     overrides = table.get("set", [])
     if not isinstance(overrides, list) or not all(isinstance(text, str) for text in overrides):
         raise LooplabError("[sweep] set must be a list of 'section.key=value' strings")
-    loops = table.get("analyze_loops", 128)
-    if not isinstance(loops, int) or loops < 1:
-        raise LooplabError(f"[sweep] analyze_loops must be an integer >= 1, got {loops!r}")
-    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid,
-                     bool(table.get("scaling", False)), bool(table.get("analyze", False)), loops)
+    counts = {key: table.get(key, default) for key, default in (("analyze_loops", 128), ("analyze_samples", 8))}
+    for key, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LooplabError(f"[sweep] {key} must be an integer >= 1, got {value!r}")
+    flags = {key: table.get(key, default) for key, default in SWEEP_FLAGS.items()}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise LooplabError(f"[sweep] {key} must be true or false, got {value!r}")
+    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **flags,
+                     **counts)
     spec.points()  # resolve every config now, so a bad key fails before anything runs
     return spec
 

@@ -270,6 +270,13 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
                 progress: bool, parallel: Parallel) -> None:
     """Steps start+1..train.steps; rank 0 (the one holding ``log``) writes the log and checkpoints."""
     tr = exp.config.train
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(run_dir, step, exp.modules(), optimizer,
+                        {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
+
+    if tr.steps == 0 and start == 0 and parallel.is_main:  # an untrained run: its checkpoint is the initialisation
+        checkpoint(0)
     window: list[dict] = []
     began = time.perf_counter()
     bar = tqdm(range(start + 1, tr.steps + 1), initial=start, total=tr.steps, desc="train",
@@ -289,5 +296,4 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             window = []
         if parallel.is_main and (step % tr.checkpoint_every == 0 or step == tr.steps):
-            save_checkpoint(run_dir, step, exp.modules(), optimizer,
-                            {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
+            checkpoint(step)

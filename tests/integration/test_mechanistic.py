@@ -42,3 +42,34 @@ def test_analyze_cli_short_form_runs_the_mechanistic_analysis(tmp_path):
     assert json.loads((tmp_path / "mech" / "summary.json").read_text())["loops"] == 4
     bad = run_cli("analyze", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "not found" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_untrained_run_and_config_analysis_agree(tmp_path):
+    """train.steps = 0 keeps the seeded initialisation; analysing the config directly gives the same numbers."""
+    config, run_dir = train_tiny_run(tmp_path, 0, 5, "model.core_layers=3", "model.init_std=0.05",
+                                     "model.embed_std=1.0", "model.injection=\"concat\"",
+                                     "model.inject_init=\"random\"")
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_0000000"]
+    from_run = analyze_mechanistic(run_dir, loops=8, samples=2, mlp_ablation=False)
+    sets = ["model.core_layers=3", "model.init_std=0.05", "model.embed_std=1.0", "model.injection=\"concat\"",
+            "model.inject_init=\"random\"", "train.steps=0"]
+    result = run_cli("analyze", str(config), "--loops", "8", "--samples", "2", "--no-mlp-ablation",
+                     "--out", str(tmp_path / "init"), *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
+    from_config = json.loads((tmp_path / "init" / "summary.json").read_text())
+    assert from_run["steps_trained"] == 0 and from_config["checkpoint"] is None
+    for key in ("fixed_point_self_cos", "fixed_point_self_cos_median", "fixed_point_cross_cos_min",
+                "state_norm_first", "state_norm_last", "update_ratio_mean"):
+        assert from_config[key] == from_run[key], key
+    assert from_run["colsum"]["mlp_ablation"] == []
+    assert len(from_run["update_ratio_last"]) == 2 and from_run["update_ratio_mean"] > 0
+
+
+def test_analyze_config_errors(tmp_path, tiny_config):
+    config = tiny_config()
+    for args, message in [((str(config),), "needs --out"),
+                          ((str(config), "--out", str(tmp_path / "o"), "--set", "model.norm=\"bogus\""), "model.norm"),
+                          ((str(tmp_path), "--set", "model.d_model=8"), "--set applies to a config file")]:
+        result = run_cli("analyze", *args)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, args
+    assert not (tmp_path / "o").exists()

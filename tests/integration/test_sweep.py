@@ -58,6 +58,11 @@ def test_expansion_names_and_hashes(tmp_path):
     ("[sweep]\nconfigs = ['tiny.toml']\nseeds = 0\n", "seeds must be a count >= 1"),
     ("[sweep]\nconfigs = ['tiny.toml']\nset = ['model.colour=3']\n", "unknown key in [model] 'colour'"),
     ("[sweeps]\n", "unknown sweep file section 'sweeps'; valid choices: grid, sweep"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nscaling = 'no'\n", "scaling must be true or false, got 'no'"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nevaluate = 0\n", "evaluate must be true or false, got 0"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nanalyze = 1\n", "analyze must be true or false, got 1"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_samples = 0\n", "analyze_samples must be an integer >= 1"),
+    ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_loops = true\n", "analyze_loops must be an integer >= 1"),
 ])
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
     with pytest.raises(LooplabError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
@@ -117,3 +122,18 @@ def test_rerun_of_a_finished_sweep_skips_everything(tmp_path):
     for column in ("run_id", "variant", "task.name", "schedule.name", "run.seed", "oracle_ood", "front90",
                    "training_cost.block_evals", "per_length.8.oracle"):
         assert column in frame.columns, column
+
+
+def test_analysis_only_sweep_of_untrained_models(tmp_path):
+    """train.steps = 0 and evaluate = false: each point is its seeded initialisation, analysed only."""
+    text = ("[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\nset = ['train.steps=0', 'model.core_layers=2']\n"
+            "evaluate = false\nanalyze = true\nanalyze_loops = 6\nanalyze_samples = 2\nmlp_ablation = false\n")
+    result = sweep_cli(write_sweep(tmp_path, text), tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert len(frame) == 2 and set(frame["status"]) == {"done"}
+    assert "oracle_ood" not in frame.columns
+    assert (frame["analysis.steps_trained"] == 0).all() and (frame["analysis.samples"] == 2).all()
+    assert frame["analysis.fixed_point_cross_cos_min"].nunique() == 2  # the seed decides the weights
+    for run_dir in frame["run_dir"]:
+        assert not (tmp_path / "out" / run_dir / "eval").exists()

@@ -171,6 +171,8 @@ def test_section_not_a_table(tmp_path):
     ("model.init_state", ("embed", "zeros", "noise")),
     ("model.positional", POSITIONALS),
     ("model.attention", ("sdpa", "math")),
+    ("model.init_scaling", ("none", "sqrt_d")),
+    ("model.inject_init", ("sum", "state", "input", "mix", "random")),
     ("run.precision", ("fp32", "bf16")),
     ("schedule.name", ("fixed", "matched", "window", "fixed_window", "multi_depth")),
     ("task.name", ("copy", "unique_set", "binary_addition", "dyck1", "parity", "decimal_addition")),
@@ -208,13 +210,24 @@ def test_rope_needs_even_head_dim():
 
 @pytest.mark.parametrize("override", [
     "model.core_layers=0", "task.train_min=0", "task.train_min=9", "task.eval_lengths=[]",
-    "schedule.depth=0", "schedule.t_max=0", "schedule.window=-1", "train.steps=0", "train.lr=0",
+    "schedule.depth=0", "schedule.t_max=0", "schedule.window=-1", "train.steps=-1", "train.lr=0",
     "eval.max_loops=0", "run.device=tpu",
+    "model.init_std=0", "model.init_std=-0.02", "model.init_std=inf", "model.init_std=nan",
+    "model.embed_std=0", "model.embed_std=-1", "model.inject_gain=0", "model.inject_gain=-inf",
 ])
 def test_range_checks(override):
     extra = ["task.train_max=8"] if override.startswith("task.train_min") else []
     with pytest.raises(LooplabError):
         load_config(None, extra + [override])
+
+
+def test_init_errors_name_the_key_and_the_domain():
+    with pytest.raises(LooplabError, match=r"model\.init_std must be a finite number > 0, got -1\.0"):
+        load_config(None, ["model.init_std=-1"])
+
+
+def test_zero_steps_is_an_untrained_run():
+    assert load_config(None, ["train.steps=0"]).train.steps == 0
 
 
 # ----------------------------------------------------------------------------- round trip, files

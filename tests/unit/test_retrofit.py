@@ -49,6 +49,27 @@ def test_r1_reproduces_original_logits(tiny, batch):
             assert torch.equal(next(loop.unroll(ids, mask, 1)), loop.record(ids, mask, 1)["loop01.state"])
 
 
+@pytest.mark.parametrize("inject_init, exact", [("state", True), ("mix", True), ("input", True),
+                                                ("sum", False), ("random", False)])
+def test_injection_choices_and_the_r1_equivalence(tiny, batch, inject_init, exact):
+    ids, mask = batch
+    valid = mask.bool()
+    with torch.no_grad():
+        reference = tiny(input_ids=ids, attention_mask=mask).logits
+        loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1, keep_middle=True, inject_init=inject_init).eval()
+        assert torch.allclose(loop(ids, mask, 1)[valid], reference[valid], atol=1e-5) is exact
+        e, h = torch.randn(2, 3, 32), torch.randn(2, 3, 32)
+        injected = loop.inject(torch.cat([e, h], -1))
+    expected = {"state": h, "mix": (e + h) / 2, "input": e, "sum": e + h}.get(inject_init)
+    if expected is not None:
+        assert torch.allclose(injected, expected, atol=1e-6)
+
+
+def test_unknown_injection_choice_names_the_valid_ones(tiny):
+    with pytest.raises(LooplabError, match="valid choices: input, mix, random, state, sum"):
+        RetrofittedLoop(tiny, prelude=1, core=2, coda=1, inject_init="eye")
+
+
 def test_more_loops_change_logits_and_original_stays_intact(tiny, batch):
     ids, mask = batch
     before = [p.detach().clone() for p in tiny.parameters()]
