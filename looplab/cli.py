@@ -12,11 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from looplab.config import load_config
+from looplab.config import PRESETS, load_config, resolve_preset
 from looplab.errors import LooplabError
 from looplab.report.paper import PAPERS
 
-PRESETS = Path(__file__).parent / "configs"
 ANALYSES = ("mechanistic", "spectral", "pca")
 STUDIES = tuple(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper"))
 MECHANISTIC_HEADLINE = ("fixed_point_self_cos", "fixed_point_self_cos_median", "fixed_point_cross_cos_min",
@@ -31,8 +30,15 @@ def _lengths(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8,12,16, got {text!r}") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage stays behind ``--help``); subcommands inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"looplab: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="looplab", description="Looped transformers: train, evaluate, analyse.")
+    parser = _Parser(prog="looplab", description="Looped transformers: train, evaluate, analyse.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model from a TOML config")
@@ -122,7 +128,7 @@ def _eval(args) -> None:
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
         return
-    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling)
+    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling, progress=True)
     print(format_summary(summary))
     print(f"\nwrote {Path(args.run_dir) / 'eval'}/grid.parquet and summary.json")
 
@@ -137,7 +143,7 @@ def _analyze(args) -> None:
         if min(args.loops, args.samples) < 1:
             raise LooplabError("--loops and --samples must be >= 1")
         options = {"loops": args.loops, "samples": args.samples, "mlp_ablation": not args.no_mlp_ablation}
-        if Path(args.run_dir).is_file():
+        if resolve_preset(args.run_dir).is_file():
             if not args.out:
                 raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
             summary = analyze_config(load_config(args.run_dir, args.set), args.out, **options)
@@ -148,10 +154,14 @@ def _analyze(args) -> None:
         print(json.dumps({k: summary[k] for k in MECHANISTIC_HEADLINE if k in summary}, indent=2))
         print(f"wrote {args.out or out / 'mechanistic'}: summary.json, CSVs and plots")
     elif args.kind == "spectral":
+        if args.iters < 1:
+            raise LooplabError(f"--iters must be >= 1, got {args.iters}")
         summary = analyze_spectral(args.run_dir, args.length, args.loops, args.samples, args.iters, args.out)
         print(json.dumps(summary, indent=2))
         print(f"wrote {out}/spectral.csv, spectral.png")
     else:
+        if args.sample < 0:
+            raise LooplabError(f"--sample must be >= 0 (the index of the traced sample), got {args.sample}")
         summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out)
         print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
         print(f"wrote {out}/pca_2d.png, pca_3d.png")
@@ -185,7 +195,7 @@ def _demo(args) -> None:
     print(f"demo: {config.task.name}, train lengths {config.task.train_min}..{config.task.train_max}, "
           f"schedule {config.schedule.name}, {config.train.steps} steps -> {args.out}")
     train(config, Path(args.out))
-    summary = evaluate_run(args.out)
+    summary = evaluate_run(args.out, progress=True)
     print(format_summary(summary))
     print(f"\ndemo finished in {time.perf_counter() - began:.0f} s; results in {Path(args.out) / 'eval'}")
 
@@ -194,8 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] == "analyze" and argv[1] not in ANALYSES and not argv[1].startswith("-"):
         argv.insert(1, "mechanistic")  # `looplab analyze RUN_DIR` is the mechanistic analysis
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
+    except SystemExit as stop:  # --help, or a usage error already printed as one line
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
+        for option in ("out", "run_dir", "sweep_dir", "config", "sweep_file"):
+            if isinstance(getattr(args, option, None), str) and not getattr(args, option).strip():
+                raise LooplabError(f"{option.replace('_', ' ')} must not be empty")
         if args.command == "train":
             _train(args)
         elif args.command == "eval":
@@ -205,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "analyze":
             _analyze(args)
         elif args.command == "sweep":
-            _sweep(args, Path(args.sweep_file))
+            _sweep(args, resolve_preset(args.sweep_file))
         elif args.command == "report":
             _report(args.sweep_dir, args.paper)
         elif args.command == "reproduce":
@@ -213,10 +229,29 @@ def main(argv: list[str] | None = None) -> int:
             _report(args.out, args.study.split("-")[0])
         elif args.command == "demo":
             _demo(args)
-    except LooplabError as err:
-        print(f"looplab: error: {err}", file=sys.stderr)
-        return getattr(err, "exit_code", 2)
     except KeyboardInterrupt:
         print("looplab: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # the one error boundary: a line, not a traceback
+        if os.environ.get("LOOPLAB_DEBUG") == "1":
+            raise
+        print(f"looplab: error: {describe_error(err)}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
     return 0
+
+
+def describe_error(err: Exception) -> str:
+    """One line naming the problem: the message of a looplab error, the file and reason of an OS error."""
+    import torch
+
+    if isinstance(err, LooplabError):
+        return str(err)
+    first_line = (str(err).strip().splitlines() or [""])[0]
+    if isinstance(err, OSError):
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror or first_line}{where}"
+    if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return f"out of memory ({first_line or type(err).__name__}); use a smaller model, batch or depth"
+    if isinstance(err, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({first_line})"
+    return f"{type(err).__name__}: {first_line} (LOOPLAB_DEBUG=1 shows the traceback)"

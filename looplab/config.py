@@ -31,6 +31,8 @@ ATTENTIONS = ("sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
 ENTROPY_MODES = ("exact", "sampled")
 JSRR_ESTIMATORS = ("none", "jvp", "vjp", "frobenius")
+DEFAULT_FIXED_EXIT = 20  # the paper's training depth T_train
+PRESETS = Path(__file__).resolve().parent / "configs"  # the bundled configs, addressable by name
 
 
 @dataclass
@@ -46,7 +48,7 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    """The looped transformer (SPEC §1).
+    """The looped transformer (docs/methods.md §1).
 
     Initialisation: every Linear weight ~ N(0, init_std²), or N(0, init_std²/d) with
     ``init_scaling = "sqrt_d"`` (biases 0); token and position embeddings ~
@@ -82,7 +84,7 @@ class ModelConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Training-depth schedule (SPEC §3, §4).
+    """Training-depth schedule (docs/methods.md §3, §4).
 
     ``depth`` is the constant c, ``window`` the w of the window schedules and
     ``t_max`` the clip bound, which is also T_max of the halting schedules.
@@ -137,7 +139,7 @@ class TrainConfig:
 
 @dataclass
 class JsrrConfig:
-    """Jacobian spectral-radius regulariser (SPEC §6).
+    """Jacobian spectral-radius regulariser (docs/methods.md §6).
 
     ``estimator``: ``none``, ``jvp`` (‖Jv‖², forward mode, the STARS paper's
     definition), ``vjp`` (‖Jᵀv‖², what the STARS code computes) or
@@ -160,16 +162,16 @@ class StabilityConfig:
 
 @dataclass
 class EvalConfig:
-    """One-unroll evaluation grid (SPEC §5) and the test-time exits of SPEC §4.
+    """One-unroll evaluation grid (docs/methods.md §5) and the test-time exits of docs/methods.md §4.
 
-    ``fixed_exit`` is the K of the ``fixed`` exit; ``convergence_eps`` the ε of
-    the ``convergence`` exit.
+    ``fixed_exit`` is the K of the ``fixed`` exit (0: min(20, max_loops));
+    ``convergence_eps`` the ε of the ``convergence`` exit.
     """
 
     max_loops: int = 30
     samples: int = 256
     batch_size: int = 256
-    fixed_exit: int = 20
+    fixed_exit: int = 0
     convergence_eps: float = 1e-3
 
 
@@ -255,15 +257,32 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     return path, value
 
 
-def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """The tables of the TOML file at ``path``; a missing or malformed file is a one-line error naming ``what``."""
+def resolve_preset(path: str | Path) -> Path:
+    """``path`` itself when it exists, else the bundled preset of that name, with or without ``.toml``
+    (``demo``, ``stopping-small/binary_addition-fixed``, ``sweeps/stars-small``); else ``path`` unchanged."""
     path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    preset = PRESETS / (path if path.suffix == ".toml" else path.with_name(path.name + ".toml"))
+    return preset if preset.is_file() else path
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The tables of the TOML file at ``path`` (or of the bundled preset of that name); a missing or
+    malformed file is a one-line error naming ``what``."""
+    path = resolve_preset(path)
+    if path.is_dir():
+        raise LooplabError(f"{what} {path} is a directory, not a TOML file")
     if not path.is_file():
-        raise LooplabError(f"{what} not found: {path}")
+        folders = sorted(p.name for p in PRESETS.iterdir() if p.is_dir())
+        raise LooplabError(f"{what} not found: {path} (neither a file nor a bundled preset; presets: demo, "
+                           f"{', '.join(f'{folder}/…' for folder in folders)})")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise LooplabError(f"{what} {path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise LooplabError(f"{what} {path} is not UTF-8 text") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
@@ -332,11 +351,49 @@ def validate(config: Config) -> None:
     _require(tr.backprop_loops >= 0, "train.backprop_loops must be >= 0 (0 = through every loop)")
     _require(tr.backprop_loops == 0 or issubclass(SCHEDULES[s.name], DepthRule),
              f"train.backprop_loops needs a rule schedule; {s.name!r} learns its depths")
-    _require(tr.steps >= 0 and tr.batch_size >= 1 and tr.lr > 0,
-             "train needs steps >= 0 (0 = keep the initialisation), batch_size >= 1, lr > 0")
+    _require(tr.steps >= 0 and tr.batch_size >= 1,
+             "train needs steps >= 0 (0 = keep the initialisation) and batch_size >= 1")
     _require(tr.log_every >= 1 and tr.checkpoint_every >= 1 and tr.keep_checkpoints >= 1,
              "train.log_every, checkpoint_every and keep_checkpoints must be >= 1")
-    _require(min(ev.max_loops, ev.samples, ev.batch_size, ev.fixed_exit) >= 1 and ev.convergence_eps > 0,
-             "eval needs max_loops, samples, batch_size, fixed_exit >= 1 and convergence_eps > 0")
+    _require(min(ev.max_loops, ev.samples, ev.batch_size) >= 1 and ev.fixed_exit >= 0 and ev.convergence_eps > 0,
+             "eval needs max_loops, samples, batch_size >= 1, fixed_exit >= 0 and convergence_eps > 0")
     _require(config.run.device == "cpu" or config.run.device.startswith("cuda"),
              f"run.device must be 'cpu' or 'cuda[:N]', got {config.run.device!r}")
+    for where, value, low, high in _number_domains(config):
+        _require(_inside(value, low, high), f"{where} must be in {low[0]}{low[1]:g}, {high[1]:g}{high[0]}, got {value!r}")
+    _require(ev.fixed_exit <= ev.max_loops, f"eval.fixed_exit ({ev.fixed_exit}) must be <= eval.max_loops "
+             f"({ev.max_loops}): it is read from the unroll (0 = min({DEFAULT_FIXED_EXIT}, max_loops))")
+
+
+def fixed_exit_depth(fixed_exit: int, max_loops: int) -> int:
+    """The K of the ``fixed`` exit: ``eval.fixed_exit``, or min(20, max_loops) when it is 0 (automatic)."""
+    return fixed_exit or min(DEFAULT_FIXED_EXIT, max_loops)
+
+
+_INF = math.inf
+
+
+def _number_domains(config: Config) -> list[tuple[str, float, tuple[str, float], tuple[str, float]]]:
+    """(key, value, (bracket, low), (bracket, high)) for every number with a real domain; "(" / ")" are open."""
+    m, s, tr, ev, run = config.model, config.schedule, config.train, config.eval, config.run
+    positive, non_negative, unit, fraction = (("(", 0.0), (")", _INF)), (("[", 0.0), (")", _INF)), \
+        (("[", 0.0), ("]", 1.0)), (("[", 0.0), (")", 1.0))
+    return [(where, value, *domain) for where, value, domain in [
+        ("train.lr", tr.lr, positive), ("train.grad_clip", tr.grad_clip, positive),
+        ("train.min_lr_ratio", tr.min_lr_ratio, unit), ("train.beta1", tr.beta1, fraction),
+        ("train.beta2", tr.beta2, fraction), ("train.weight_decay", tr.weight_decay, non_negative),
+        ("train.warmup_steps", tr.warmup_steps, non_negative), ("model.rope_base", m.rope_base, positive),
+        ("model.noise_std", m.noise_std, non_negative), ("model.max_len", m.max_len, positive),
+        ("schedule.mu", s.mu, (("(", -_INF), (")", _INF))), ("schedule.sigma", s.sigma, non_negative),
+        ("eval.convergence_eps", ev.convergence_eps, positive), ("run.threads", run.threads, non_negative),
+    ]]
+
+
+def _inside(value: float, low: tuple[str, float], high: tuple[str, float]) -> bool:
+    """Whether ``value`` is finite and inside the interval; NaN and ±inf never are."""
+    (low_bracket, low_value), (high_bracket, high_value) = low, high
+    if not math.isfinite(value):
+        return False
+    above = value > low_value if low_bracket == "(" else value >= low_value
+    below = value < high_value if high_bracket == ")" else value <= high_value
+    return above and below

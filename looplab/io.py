@@ -1,10 +1,14 @@
-"""Small file helpers shared by the writers of run directories."""
+"""Small file helpers shared by the writers of run directories: atomic writes and exclusive locks."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+from looplab.errors import LooplabError
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -15,3 +19,32 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".tmp_{path.name}")
     write(tmp)
     os.replace(tmp, path)
+
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def exclusive_lock(directory: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (its ``.lock`` file, holding this pid) for the block.
+
+    The lock is an ``flock``, so the kernel drops it when the holder dies, even by SIGKILL:
+    a stale ``.lock`` file never blocks anyone. A second holder gets a one-line
+    :class:`LooplabError` naming the first one's pid.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise LooplabError(f"{what} {directory} is in use by process {holder}; wait for it or stop it") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()

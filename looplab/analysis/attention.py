@@ -1,4 +1,4 @@
-"""Attention across loops: how much A_{ℓ,t} still changes, and the Lipschitz bound (SPEC §7).
+"""Attention across loops: how much A_{ℓ,t} still changes, and the Lipschitz bound (docs/methods.md §7).
 
 Cross-loop difference, per core layer ℓ (batch mean of a per-sample Frobenius norm
 over heads, queries and keys):
@@ -13,7 +13,7 @@ Z_h = X̃ W̃_Q W̃_Kᵀ X̃ᵀ / √d_h, so for two loops t, t′
 
     ΔZ_h = (ΔX̃ M̃ X̃ᵀ + X̃′ M̃ ΔX̃ᵀ) / √d_h,   ‖ΔZ_h‖_F ≤ (2 B κ_h / √d_h) ‖ΔX‖_F
 
-with κ_h = ‖W̃_Q,h W̃_K,hᵀ‖₂ (the SPEC's ‖W_Q W_Kᵀ‖, biases included) and
+with κ_h = ‖W̃_Q,h W̃_K,hᵀ‖₂ (docs/methods.md §7's ‖W_Q W_Kᵀ‖, biases included) and
 B = max(‖X̃_t‖₂, ‖X̃_t′‖₂), the *spectral* norm of the [T, d+1] input (a bound on
 the max row norm ρ alone is not enough: ‖X‖₂ ≤ √T ρ). Row-wise softmax has a
 Jacobian diag(s) − ssᵀ of spectral norm ≤ 1/2, and masking only drops entries, so

@@ -1,4 +1,4 @@
-"""ColSum concentration: how much of a layer's attention lands on one token (SPEC §7).
+"""ColSum concentration: how much of a layer's attention lands on one token (docs/methods.md §7).
 
 For attention probabilities A [.., T, T] (rows = queries, columns = keys) and the
 set V of valid positions of a sample (n = |V|):

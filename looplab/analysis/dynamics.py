@@ -1,4 +1,4 @@
-"""Token dynamics in the limit of many loops: fixed point, orbit or slider (SPEC §7).
+"""Token dynamics in the limit of many loops: fixed point, orbit or slider (docs/methods.md §7).
 
 For one token's trajectory x_t ∈ R^d over the last W loops (window indices
 s = 0..W−1), with relative tolerance ε:

@@ -1,4 +1,4 @@
-"""Convergence and fixed points of the core layers' states across loops (SPEC §7).
+"""Convergence and fixed points of the core layers' states across loops (docs/methods.md §7).
 
 Inputs are the core states X_{ℓ,t} of a trace, ``states`` [loops, layers, B, T, d]
 (:meth:`Trace.states`), and optionally the validity mask ``valid`` [B, T]; padded
@@ -9,7 +9,7 @@ tokens are zeroed before any norm or inner product, so they never count.
     layer_cosines      C_{ℓℓ′} = cos(X_{ℓ,r}, X_{ℓ′,r}) at the last loop r   → distinct fixed points
     self_convergence   S_{ℓ,t} = cos(X_{ℓ,t}, X_{ℓ,r})                      → approach to the own fixed point
 
-The two numbers of ``paper_tables/mechanistic_norm_ablation.csv``:
+The two numbers of the paper's norm-ablation table (``looplab/data/paper_tables/mechanistic_norm_ablation.csv``):
 
     fixed_point_self_cos      min_{t ∈ last W loops before r} S_{0,t}    (first core layer; W = max(1, r // 4))
     fixed_point_cross_cos_min min_{ℓ′ ≠ 0} C_{0ℓ′}                       (first core layer vs the others)

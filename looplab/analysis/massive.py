@@ -1,4 +1,4 @@
-"""Massive activations and the MLP-zeroing ablation (SPEC §7).
+"""Massive activations and the MLP-zeroing ablation (docs/methods.md §7).
 
 Massive-activation ratio of a state X (over valid tokens and all channels):
 

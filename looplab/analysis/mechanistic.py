@@ -1,4 +1,4 @@
-"""The mechanistic analysis of a looped model (SPEC §7), written to ``RUN_DIR/analysis/mechanistic``.
+"""The mechanistic analysis of a looped model (docs/methods.md §7), written to ``RUN_DIR/analysis/mechanistic``.
 
 :func:`analyze_mechanistic` reads a run's latest checkpoint; :func:`analyze_config`
 analyses the model a config initialises, untrained (the run's seed decides the

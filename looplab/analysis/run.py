@@ -20,8 +20,8 @@ def _prepare(run_dir: str | Path, out: str | Path | None, length: int | None, lo
     """Load the run, draw ``samples`` instances of ``length`` (default: the longest training length)."""
     exp = Experiment.from_run(run_dir)
     cfg = exp.config
-    length = length or cfg.task.train_max
-    loops = loops or cfg.eval.max_loops
+    length = cfg.task.train_max if length is None else length
+    loops = cfg.eval.max_loops if loops is None else loops
     if min(length, loops, samples) < 1:
         raise LooplabError("--length, --loops and --samples must be >= 1")
     device = next(exp.model.parameters()).device

@@ -1,1 +1,1 @@
-"""One-unroll evaluation grid (SPEC §5) and its metrics."""
+"""One-unroll evaluation grid (docs/methods.md §5) and its metrics."""

@@ -1,4 +1,4 @@
-"""Test-time exits (SPEC §4): when to stop looping, for any trained model.
+"""Test-time exits (docs/methods.md §4): when to stop looping, for any trained model.
 
 Each exit maps the signals of one unroll (see ``LengthOutcome``) to a depth
 per sample in 1..T:

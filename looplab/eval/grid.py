@@ -7,12 +7,14 @@ instead of one per K. Non-finite logits count as wrong answers, never a crash.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
@@ -108,12 +110,18 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
 
 
 def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, lengths: list[int],
-                     max_loops: int, samples: int, batch_size: int, seed: int) -> list[LengthOutcome]:
-    """Evaluate ``samples`` fresh instances per length, drawn from (seed, "eval", n)."""
+                     max_loops: int, samples: int, batch_size: int, seed: int,
+                     progress: bool = False) -> list[LengthOutcome]:
+    """Evaluate ``samples`` fresh instances per length, drawn from (seed, "eval", n).
+
+    ``progress`` shows a bar over the evaluation batches (on a terminal).
+    """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     outcomes = []
+    bar = tqdm(total=len(lengths) * math.ceil(samples / batch_size), desc="eval", unit="batch",
+               disable=None if progress else True, leave=False, dynamic_ncols=True)
     for n in lengths:
         generator = derive_generator(seed, "eval", n)
         parts: dict[str, list[Tensor]] = {}
@@ -121,12 +129,14 @@ def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, l
             batch = task.sample(n, min(batch_size, samples - start), generator).to(device)
             for name, value in unroll_outcomes(model, batch, max_loops, schedule.module).items():
                 parts.setdefault(name, []).append(value.cpu())
+            bar.update()
         signals = {name: torch.cat(values) for name, values in parts.items()}
         hazards = signals.get("hazard_logits")
         policy = schedule.test_depths(torch.full((samples,), n), hazards).clamp(1, max_loops)
         outcomes.append(LengthOutcome(n, signals["correct"].numpy(), signals["flips"].numpy(), policy.numpy(),
                                       signals["confidence"].numpy(), signals["state_norm"].numpy(),
                                       signals["step_norm"].numpy(), None if hazards is None else hazards.numpy()))
+    bar.close()
     model.train(was_training)
     return outcomes
 

@@ -1,4 +1,4 @@
-"""Paper-1 metrics (SPEC §5), computed from per-sample outcomes.
+"""Paper-1 metrics (docs/methods.md §5), computed from per-sample outcomes.
 
     acc(n, K)      accuracy at depth K
     Oracle(n)      max_K acc(n, K)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
 from looplab.eval.metrics import summarize
 from looplab.io import atomic_write
 from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
+from looplab.train.memory import check_fits, eval_bytes
 from looplab.train.trainer import Experiment, read_log
 
 EVAL_DIR = "eval"
 
 
 def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loops: int | None = None,
-                 samples: int | None = None, scaling: bool = False) -> dict:
+                 samples: int | None = None, scaling: bool = False, progress: bool = False) -> dict:
     """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config.
 
     With ``scaling``, also write the test-time scaling curve (``eval/scaling.csv``
@@ -36,10 +38,17 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     lengths = sorted(set(lengths or config.task.eval_lengths))
     max_loops = max_loops or config.eval.max_loops
     samples = samples or config.eval.samples
+    if config.eval.fixed_exit > max_loops:
+        raise LooplabError(f"eval.fixed_exit {config.eval.fixed_exit} cannot be read from --max-loops {max_loops}; "
+                           f"evaluate to at least {config.eval.fixed_exit} loops")
+    check_fits(f"evaluating {samples} samples x {max_loops} loops x {len(lengths)} lengths",
+               eval_bytes(config, exp.task, lengths, max_loops, samples), config.run.device,
+               "use fewer --samples, --max-loops or --lengths")
 
     outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, lengths, max_loops, samples,
-                                config.eval.batch_size, config.run.seed)
-    summary = summarize(outcomes, config.task.train_max, config.eval.fixed_exit, config.eval.convergence_eps)
+                                config.eval.batch_size, config.run.seed, progress)
+    summary = summarize(outcomes, config.task.train_max, fixed_exit_depth(config.eval.fixed_exit, max_loops),
+                        config.eval.convergence_eps)
     summary["training_cost"] = training_cost(run_dir)
     summary.update({"checkpoint": exp.checkpoint, "max_loops": max_loops, "samples": samples,
                     "train_range": [config.task.train_min, config.task.train_max]})

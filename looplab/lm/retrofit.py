@@ -1,4 +1,4 @@
-"""Retrofit a pretrained Llama-architecture LM into a looped (p, k⊗r, c) model (SPEC §7).
+"""Retrofit a pretrained Llama-architecture LM into a looped (p, k⊗r, c) model (docs/methods.md §7).
 
 From a transformers causal LM with decoder layers 0..L−1 (``model.model.layers``):
 
@@ -27,7 +27,7 @@ With h_0 = e, ``state``, ``mix`` and ``input`` give W_I [e; h_0] = e, so with r 
 retrofit runs exactly layers 0..p+k−1, (the middle,) and the coda: with p + k + c = L (or
 keep_middle=True) its logits equal the original model's. ``sum`` and ``random`` change the
 first loop's input, so they do not. Fine-tuning with r > 1 then teaches W_I and the layers
-to use the loop. SPEC's paper table used (p, k, c) = (4, 6, 4) on a Llama with
+to use the loop. The paper's retrofits used (p, k, c) = (4, 6, 4) on a Llama with
 32 train loops; for SmolLM2-135M (30 layers) the defaults are the same (4, 6, 4), which
 drop the 16 middle layers (layers 10..25) — the looped core takes over their depth.
 

@@ -1,4 +1,4 @@
-"""Halting distributions over loop depth (SPEC §4).
+"""Halting distributions over loop depth (docs/methods.md §4).
 
 A hazard head reads the mask-aware mean-pooled state h_t and gives
 r_t = σ(z_t), the probability of stopping at t given that we got there:

@@ -1,4 +1,4 @@
-"""The looped (weight-tied, recurrent-depth) transformer of SPEC §1.
+"""The looped (weight-tied, recurrent-depth) transformer of docs/methods.md §1.
 
     tokens ─► E(x) (+ learned positions) ─► prelude (p layers) ─► e
     h_0 = e | 0 | noise

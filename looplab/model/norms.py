@@ -1,4 +1,4 @@
-"""Norm types and the four residual placements of SPEC §1.
+"""Norm types and the four residual placements of docs/methods.md §1.
 
 For a sublayer f and norms N, N₁, N₂:
 

@@ -1,4 +1,4 @@
-"""Sweep report (SPEC §5): seed statistics, paper side-by-side tables, figures and one HTML page.
+"""Sweep report (docs/methods.md §5): seed statistics, paper side-by-side tables, figures and one HTML page.
 
     aggregate  mean, sample std, bootstrap interval over seeds per (group, metric)
     runs       results.parquet and the runs' eval files as stacked frames

@@ -1,4 +1,4 @@
-"""Seed statistics of a sweep (SPEC §5): mean, sample std and a bootstrap 95% interval.
+"""Seed statistics of a sweep (docs/methods.md §5): mean, sample std and a bootstrap 95% interval.
 
 Every statistic is over seeds: one value per finished run (a row of
 ``results.parquet``), grouped by the columns ``by``. A NaN (a metric a run did
@@ -30,10 +30,10 @@ BOOTSTRAP_SEED = 0
 RESAMPLES = 10_000
 LEVEL = 0.95
 
-# the paper-1 headline metrics (SPEC §5), in table order
+# the paper-1 headline metrics (docs/methods.md §5), in table order
 HEADLINE_METRICS = ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate",
                     "training_cost.block_evals")
-# test-time scaling (SPEC §6): the eval summary's keys, then the report's derived ones
+# test-time scaling (docs/methods.md §6): the eval summary's keys, then the report's derived ones
 SCALING_METRICS = ("scaling_peak", "scaling_peak_loops", "relative_drop", "relative_drop_4_to_8",
                    "accuracy_min_4_to_100", "nonfinite_last")
 # text runs (eval/lm_summary.json): validation loss against loops

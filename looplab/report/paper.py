@@ -1,8 +1,9 @@
 """Our seed statistics beside a paper's published numbers.
 
 The paper numbers are read at report time from the CSVs in PAPER_TABLES_DIR
-(``../shared/paper_tables`` next to the repository), never written into the
-code; a missing file leaves a note in the report instead of failing it. What
+(``looplab/data/paper_tables``, shipped with the package, with the citation of
+each file in its ``SOURCES.md``), never written into the code; a missing file
+leaves a note in the report instead of failing it. What
 lives here is only the mapping from our names to the paper's:
 
     stopping     schedule variants → the paper's schedule / config names
@@ -25,7 +26,7 @@ from looplab.report.aggregate import SCALING_METRICS, STATS, aggregate, group_si
 from looplab.report.tables import (MISSING, Table, cell, decimals, group_key, header, key_cells, metric_stats,
                                    number, seed_table, stats_by_group)
 
-PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parents[2] / "shared" / "paper_tables"
+PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parent / "data" / "paper_tables"
 PAPERS = ("stopping", "stars", "mechanistic")
 
 # paper 1: our schedule stems → the schedule names of stopping_main.csv and stopping_cost.csv

@@ -1,1 +1,1 @@
-"""Stability toolkit (SPEC §6): the loop Jacobian, JSRR, spectral radius, test-time scaling."""
+"""Stability toolkit (docs/methods.md §6): the loop Jacobian, JSRR, spectral radius, test-time scaling."""

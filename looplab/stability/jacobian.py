@@ -1,4 +1,4 @@
-"""The Jacobian of one loop: the JSRR regulariser and spectral-radius measurement (SPEC §6).
+"""The Jacobian of one loop: the JSRR regulariser and spectral-radius measurement (docs/methods.md §6).
 
 Φ(h) = one loop of the core with the injected input e held fixed; J = ∂Φ/∂h at
 a state h (per sample, over its valid positions). Three penalties, named for

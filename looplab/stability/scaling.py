@@ -1,4 +1,4 @@
-"""Test-time scaling (SPEC §6): accuracy, state norm and step size against loops 1..T.
+"""Test-time scaling (docs/methods.md §6): accuracy, state norm and step size against loops 1..T.
 
 Built from the same one-unroll outcomes as the evaluation grid. A sample whose
 state is not finite at K counts as wrong there and is reported in

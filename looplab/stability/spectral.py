@@ -1,4 +1,4 @@
-"""Spectral radius of the loop Jacobian along a trajectory (SPEC §6).
+"""Spectral radius of the loop Jacobian along a trajectory (docs/methods.md §6).
 
 For each loop t = 1..T of one unroll, ρ(∂Φ/∂h at h_t) per sample: by power
 iteration (any size) and, for tiny states, exactly from the full Jacobian.

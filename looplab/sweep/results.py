@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from looplab.io import atomic_write
-from looplab.sweep.run_point import RESULT_FILE, is_done
+from looplab.sweep.run_point import read_result
 from looplab.sweep.spec import RunPoint
 
 RESULTS_FILE = "results.parquet"
@@ -45,10 +45,11 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def run_row(sweep_dir: Path, point: RunPoint) -> dict[str, Any] | None:
     """The results row of one point, or None while it is unfinished."""
     run_dir = sweep_dir / RUNS_DIR / point.run_id
-    if not is_done(run_dir):
+    result = read_result(run_dir)
+    if result is None:
         return None
     row: dict[str, Any] = {"run_id": point.run_id, "run_dir": f"{RUNS_DIR}/{point.run_id}", "variant": point.variant,
-                           **json.loads((run_dir / RESULT_FILE).read_text())}
+                           **result}
     row.update(flatten(tomllib.loads(point.config_toml)))
     for prefix, parts in SUMMARIES.items():
         path = run_dir.joinpath(*parts)

@@ -32,8 +32,18 @@ class PointJob:
     mlp_ablation: bool = True
 
 
+def read_result(run_dir: Path) -> dict | None:
+    """The point's result record, or None while it is unfinished (no ``result.json``, or one that is
+    not a readable record: such a point is simply run again)."""
+    try:
+        result = json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return result if isinstance(result, dict) and result.get("status") in ("done", "diverged") else None
+
+
 def is_done(run_dir: Path) -> bool:
-    return (run_dir / RESULT_FILE).is_file()
+    return read_result(run_dir) is not None
 
 
 def run_point(job: PointJob) -> dict:

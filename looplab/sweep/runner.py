@@ -9,6 +9,10 @@ latest checkpoints, and every point ends up in the results exactly once.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import socket
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -17,13 +21,16 @@ from typing import Callable
 from tqdm import tqdm
 
 from looplab.errors import LooplabError
-from looplab.io import atomic_write
+from looplab.io import atomic_write, exclusive_lock
 from looplab.sweep.results import RUNS_DIR, write_results
 from looplab.sweep.run_point import PointJob, is_done, run_point
 from looplab.sweep.spec import SweepSpec
 
 BACKENDS = ("local", "ray")
+SWEEP_FILE = "sweep.toml"
 RESULTS_EVERY_S = 10.0
+RAY_CONNECT_TIMEOUT_S = 10.0
+PR_SET_PDEATHSIG = 1
 
 OnResult = Callable[[PointJob, dict | None, BaseException | None], None]
 
@@ -51,10 +58,29 @@ def run_sweep(spec: SweepSpec, out: str | Path, workers: int = 1, backend: str =
         raise LooplabError(f"unknown backend {backend!r}; valid choices: {', '.join(BACKENDS)}")
     if workers < 1:
         raise LooplabError(f"--workers must be >= 1, got {workers}")
+    if backend == "ray" and address:
+        _check_reachable(address)  # before anything is written
     out = Path(out)
-    (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
-    if sweep_text is not None:
-        atomic_write(out / "sweep.toml", lambda p: p.write_text(sweep_text))
+    if out.exists() and not out.is_dir():
+        raise LooplabError(f"--out {out} is a file, not a sweep dir")
+    with exclusive_lock(out, "sweep dir"):
+        _check_same_sweep(out, sweep_text)
+        (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
+        if sweep_text is not None:
+            atomic_write(out / SWEEP_FILE, lambda p: p.write_text(sweep_text))
+        return _run_points(spec, out, workers, backend, address, progress)
+
+
+def _check_same_sweep(out: Path, sweep_text: str | None) -> None:
+    """Refuse to run a different sweep file into a sweep dir that already holds one."""
+    saved = out / SWEEP_FILE
+    if sweep_text is not None and saved.is_file() and saved.read_text() != sweep_text:
+        raise LooplabError(f"sweep dir {out} holds a different sweep ({saved} differs from this sweep file); "
+                           "use a new --out")
+
+
+def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address: str | None, progress: bool):
+    """The body of :func:`run_sweep`, under the sweep dir's lock."""
     points = spec.points()
     jobs = [PointJob(str(out / RUNS_DIR / p.run_id), p.config_toml, spec.scaling, spec.analyze, spec.analyze_loops,
                      spec.evaluate, spec.analyze_samples, spec.mlp_ablation)
@@ -87,10 +113,21 @@ def run_sweep(spec: SweepSpec, out: str | Path, workers: int = 1, backend: str =
     return frame
 
 
-def _one_thread() -> None:
+def _worker_init() -> None:
+    """One torch thread per worker, and a worker dies with the sweep process that spawned it.
+
+    Linux's PR_SET_PDEATHSIG delivers SIGKILL when the parent dies (even by SIGKILL),
+    so a killed sweep leaves no orphan training on; a re-run resumes the points.
+    """
     import torch
 
     torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the request took effect
+            os._exit(1)
 
 
 def _run_local(jobs: list[PointJob], workers: int, on_result: OnResult) -> None:
@@ -101,7 +138,7 @@ def _run_local(jobs: list[PointJob], workers: int, on_result: OnResult) -> None:
         return
     # spawn, not fork: a forked child of a process that already ran torch can deadlock in OpenMP.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=_one_thread) as pool:
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=_worker_init) as pool:
         futures = {pool.submit(run_point, job): job for job in jobs}
         for future in as_completed(futures):
             _guarded(futures[future], on_result, future.result)
@@ -127,6 +164,18 @@ def _run_ray(jobs: list[PointJob], address: str | None, on_result: OnResult) -> 
                 _guarded(pending.pop(ref), on_result, lambda: ray.get(ref))
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail within seconds when nothing answers at a ``host:port`` (or ``ray://host:port``) address;
+    Ray itself would retry for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms are Ray's to resolve
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise LooplabError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from None
 
 
 def _guarded(job: PointJob, on_result: OnResult, get: Callable[[], dict]) -> None:

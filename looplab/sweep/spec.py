@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tomli_w
 
-from looplab.config import Config, load_config, read_toml
+from looplab.config import Config, load_config, read_toml, resolve_preset
 from looplab.errors import LooplabError, choice_error
 
 SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "evaluate", "analyze", "analyze_loops", "analyze_samples",
@@ -103,8 +103,8 @@ def _toml_value(value) -> str:
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
-    """Parse and check a sweep file; every problem is a one-line :class:`LooplabError`."""
-    path = Path(path)
+    """Parse and check a sweep file (or bundled sweep preset); every problem is a one-line :class:`LooplabError`."""
+    path = resolve_preset(path)
     data = read_toml(path, "sweep file")
     for key in data:
         if key not in TOP_KEYS:

@@ -1,6 +1,6 @@
-"""Length-controlled algorithmic tasks (SPEC §2) and their registry."""
+"""Length-controlled algorithmic tasks (docs/methods.md §2) and their registry."""
 
-from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, TASKS, Task, TaskBatch, make_task, register_task
+from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, START, TASKS, Task, TaskBatch, make_task, register_task
 from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     addition,
     copy_task,
@@ -10,4 +10,4 @@ from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     unique_set,
 )
 
-__all__ = ["IGNORE", "PAD", "QUERY", "SEP", "TASKS", "Task", "TaskBatch", "make_task", "register_task"]
+__all__ = ["IGNORE", "PAD", "QUERY", "SEP", "START", "TASKS", "Task", "TaskBatch", "make_task", "register_task"]

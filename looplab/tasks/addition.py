@@ -31,7 +31,7 @@ class AlignedAddition(Task):
     def symbols(self) -> list[str]:
         return self.pairs + ["<end>"] + self.outputs
 
-    def seq_len(self, n: int) -> int:
+    def body_len(self, n: int) -> int:
         return n + 1
 
     def steps(self, n: Tensor) -> Tensor:

@@ -5,12 +5,22 @@ is supervised. Answers are produced all at once after K loops
 (non-autoregressive), read at the answer positions, and scored by whole-answer
 exact match.
 
-Every task shares the special tokens ``<pad>`` (id 0), ``<sep>`` and ``<q>``
-(an empty answer slot); its own symbols follow. Labels are ids in the same
-vocabulary, with :data:`IGNORE` outside the answer region.
+Every task shares the special tokens ``<pad>`` (id 0), ``<sep>``, ``<q>`` (an
+empty answer slot) and ``<s>`` (the start token); its own symbols follow.
+Labels are ids in the same vocabulary, with :data:`IGNORE` outside the answer
+region.
 
-To add a task: subclass :class:`Task`, implement ``symbols``, ``seq_len``,
-``steps`` and ``_sample_rows``, and decorate it with ``@register_task``.
+Every sequence starts with ``<s>`` at position 0, outside the answer region,
+followed by the task's own layout (its *body*). The start token is always there,
+not an option: with causal attention two positions whose prefixes hold the same
+tokens see the same keys and values, so without a distinct first token the first
+two positions of ``11 11 ...`` (or ``a a ...``) hold identical states in every
+layer and loop and can never give different answers. A bidirectional model just
+sees one more token.
+
+To add a task: subclass :class:`Task`, implement ``symbols``, ``body_len``,
+``steps`` and ``_sample_rows`` (the body, without the start token), and decorate
+it with ``@register_task``.
 """
 
 from __future__ import annotations
@@ -23,8 +33,8 @@ from torch import Tensor
 
 from looplab.errors import LooplabError, choice_error
 
-PAD, SEP, QUERY = 0, 1, 2
-SPECIAL_TOKENS = ("<pad>", "<sep>", "<q>")
+PAD, SEP, QUERY, START = 0, 1, 2, 3
+SPECIAL_TOKENS = ("<pad>", "<sep>", "<q>", "<s>")
 IGNORE = -100
 
 
@@ -54,7 +64,7 @@ class TaskBatch:
 
 
 class Task(ABC):
-    """A length-controlled algorithmic task (SPEC §2)."""
+    """A length-controlled algorithmic task (docs/methods.md §2)."""
 
     name: str = ""
     #: whether whole-answer exact match over loops is this task's measure (False for language modelling)
@@ -76,8 +86,12 @@ class Task(ABC):
         """The task's own tokens (inputs and outputs), after the special ones."""
 
     @abstractmethod
+    def body_len(self, n: int) -> int:
+        """Length of the task's own layout for an instance of size n (without the start token)."""
+
     def seq_len(self, n: int) -> int:
-        """Sequence length L(n) of an instance of size n."""
+        """Sequence length L(n) of an instance of size n: the start token and the body."""
+        return 1 + self.body_len(n)
 
     @abstractmethod
     def steps(self, n: Tensor) -> Tensor:
@@ -85,11 +99,17 @@ class Task(ABC):
 
     @abstractmethod
     def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Draw ``count`` instances of size ``n``.
+        """Draw ``count`` instances of size ``n``, without the start token.
 
         Returns:
-            tokens [count, seq_len(n)] and labels [count, seq_len(n)] (long).
+            tokens [count, body_len(n)] and labels [count, body_len(n)] (long).
         """
+
+    @staticmethod
+    def with_start(tokens: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Prepend ``<s>`` to rows [count, l] (its label is IGNORE): [count, l + 1] each."""
+        start = torch.full((tokens.shape[0], 1), START, dtype=tokens.dtype)
+        return torch.cat([start, tokens], 1), torch.cat([torch.full_like(start, IGNORE), labels], 1)
 
     def ids(self, *tokens: str) -> Tensor:
         """Vocabulary ids of the given token strings, as a long tensor."""
@@ -114,7 +134,7 @@ class Task(ABC):
         valid = torch.zeros((len(lengths), width), dtype=torch.bool)
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
-            row_tokens, row_labels = self._sample_rows(n, len(rows), generator)
+            row_tokens, row_labels = self.with_start(*self._sample_rows(n, len(rows), generator))
             span = row_tokens.shape[1]
             tokens[rows, :span] = row_tokens
             labels[rows, :span] = row_labels

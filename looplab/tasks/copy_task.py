@@ -28,7 +28,7 @@ class CopyTask(Task):
     def symbols(self) -> list[str]:
         return alphabet_symbols(self.alphabet)
 
-    def seq_len(self, n: int) -> int:
+    def body_len(self, n: int) -> int:
         return 2 * n + 1
 
     def steps(self, n: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ class Dyck1(Task):
     def symbols(self) -> list[str]:
         return ["(", ")", "<invalid>", "<open>", "<balanced>"]
 
-    def seq_len(self, n: int) -> int:
+    def body_len(self, n: int) -> int:
         return n
 
     def steps(self, n: Tensor) -> Tensor:

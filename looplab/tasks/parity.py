@@ -24,7 +24,7 @@ class Parity(Task):
     def symbols(self) -> list[str]:
         return ["0", "1", "even", "odd"]
 
-    def seq_len(self, n: int) -> int:
+    def body_len(self, n: int) -> int:
         return n + 1
 
     def steps(self, n: Tensor) -> Tensor:

@@ -1,17 +1,18 @@
-"""Byte-level language modelling on the KJV corpus (SPEC §7), as a task.
+"""Byte-level language modelling on the KJV corpus (docs/methods.md §7), as a task.
 
 An instance of size n is a window of n + 1 consecutive bytes drawn uniformly
-from the TRAIN split of :func:`looplab.lm.corpus.load_corpus`; tokens are its
-first n bytes and labels its last n (next-byte prediction), so every position
+from the TRAIN split of :func:`looplab.lm.corpus.load_corpus`; tokens are the
+start token ``<s>`` (the BOS of every window, unsupervised) and the window's
+first n bytes, labels its last n (next-byte prediction), so every byte position
 is in the answer region and the trainer's per-row loss is the mean next-byte
-cross-entropy. Byte b has token id 3 + b, after the three special tokens, so
-the vocabulary has 259 entries; ``alphabet`` is ignored.
+cross-entropy. Byte b has token id 4 + b, after the four special tokens, so
+the vocabulary has 260 entries; ``alphabet`` is ignored.
 
 An LM needs causal attention: the KJV presets set ``model.causal = true``
 (nothing here can enforce it — the task does not see the model).
 
 ``steps(n) = 4``: there is no natural step count for text; 4 is the fixed
-training depth of the SPEC §7 looped LM, so ``matched`` also trains at 4.
+training depth of the docs/methods.md §7 looped LM, so ``matched`` also trains at 4.
 The whole-answer exact match of ``looplab eval`` is meaningless here (a whole
 window right); use :func:`looplab.lm.evaluate.lm_loss_by_loops` instead.
 """
@@ -42,22 +43,27 @@ class KJVText(Task):
     def symbols(self) -> list[str]:
         return [byte_symbol(b) for b in range(256)]
 
-    def seq_len(self, n: int) -> int:
+    def body_len(self, n: int) -> int:
         return n
 
     def steps(self, n: Tensor) -> Tensor:
         return torch.full_like(n, TRAINING_DEPTH)
 
     def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return self.sample_split(n, count, generator, "train")
+        return self._windows(n, count, generator, "train")
 
     def sample_split(self, n: int, count: int, generator: torch.Generator,
                      split: str = "train") -> tuple[Tensor, Tensor]:
-        """``count`` random windows of ``split`` ("train" or "val").
+        """``count`` random windows of ``split`` ("train" or "val"), each after the start token.
 
         Returns:
-            tokens [count, n] and labels [count, n] (long), labels = tokens shifted by one byte.
+            tokens [count, n + 1] and labels [count, n + 1] (long): ``<s>`` (label IGNORE), then
+            n bytes whose labels are the next bytes.
         """
+        return self.with_start(*self._windows(n, count, generator, split))
+
+    def _windows(self, n: int, count: int, generator: torch.Generator, split: str) -> tuple[Tensor, Tensor]:
+        """tokens [count, n] and labels [count, n]: ``count`` windows of n + 1 bytes, shifted by one."""
         if split not in SPLITS:
             raise LooplabError(f"unknown corpus split {split!r}; valid choices: {', '.join(SPLITS)}")
         data = load_corpus().split(split)

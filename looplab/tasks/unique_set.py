@@ -27,7 +27,7 @@ class UniqueSet(Task):
     def symbols(self) -> list[str]:
         return alphabet_symbols(self.alphabet) + ["<none>"]
 
-    def seq_len(self, n: int) -> int:
+    def body_len(self, n: int) -> int:
         return 2 * n + 1
 
     def steps(self, n: Tensor) -> Tensor:

@@ -28,8 +28,8 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step_*") if (p / "state.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+    found = [p for p in root.glob("step_*") if p.name[5:].isdigit() and (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -126,9 +126,12 @@ def _load_module(path: Path, module: nn.Module) -> None:
 def read_state(checkpoint: Path) -> dict:
     path = Path(checkpoint) / "state.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise LooplabError(f"checkpoint state {path} is unreadable: {err}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
+        raise LooplabError(f"checkpoint state {path} is corrupt: it has no integer 'step'")
+    return state
 
 
 def load_checkpoint(checkpoint: Path, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer) -> dict:

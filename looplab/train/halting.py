@@ -1,4 +1,4 @@
-"""Learned halting schedules (SPEC §4): RL-Halting and PonderNet.
+"""Learned halting schedules (docs/methods.md §4): RL-Halting and PonderNet.
 
 **RL-Halting** (``rl_halting``). The hazard head reads the *detached* pooled
 state, so it never changes θ. Each row draws its depth τ ~ π_stop; the model

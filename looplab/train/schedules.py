@@ -1,4 +1,4 @@
-"""Training-depth schedules (SPEC §3) and their test-time policy depths.
+"""Training-depth schedules (docs/methods.md §3) and their test-time policy depths.
 
 A schedule gives every training row its supervision depth τ, and says at which
 depth a trained model should be read at test time. To add one, subclass

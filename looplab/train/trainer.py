@@ -17,6 +17,7 @@ import json
 import math
 import time
 import tomllib
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +26,14 @@ from tqdm import tqdm
 
 from looplab.config import Config, from_dict
 from looplab.errors import LooplabError
-from looplab.io import atomic_write
+from looplab.io import atomic_write, exclusive_lock
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.stability.jacobian import jsrr_penalty
 from looplab.tasks import Task, make_task
 from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
 from looplab.train.distributed import SINGLE, Parallel, data_parallel
+from looplab.train.memory import FLOAT, check_fits, parameter_count, training_bytes
 from looplab.train.schedules import DepthRule, Schedule, make_schedule
 
 CONFIG_FILE = "config.toml"
@@ -39,7 +41,8 @@ LOG_FILE = "log.jsonl"
 
 
 class TrainingDiverged(LooplabError):
-    """The loss became non-finite; the last good checkpoint is kept."""
+    """The loss, a gradient or the weights became non-finite; the step was not applied or not saved,
+    and the last good checkpoint is kept."""
 
     exit_code = 1
 
@@ -56,8 +59,12 @@ class Experiment:
 
     @staticmethod
     def build(config: Config) -> "Experiment":
+        check_device(config.run.device)
         torch.manual_seed(config.run.seed)
         task = make_task(config.task.name, config.task.alphabet)
+        check_fits(f"a model of d_model = {config.model.d_model}",
+                   FLOAT * parameter_count(config, task.vocab_size), config.run.device,
+                   "use a smaller model.d_model or fewer layers")
         model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
         schedule = make_schedule(config.schedule, task, config.model.d_model)
         schedule.backprop_loops = config.train.backprop_loops
@@ -74,6 +81,8 @@ class Experiment:
             raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
         exp = Experiment.build(config)
         load_weights(checkpoint, exp.modules())
+        if not all_finite(exp.modules()):
+            raise LooplabError(f"checkpoint {checkpoint} holds non-finite weights; nothing to evaluate or analyse")
         exp.model.eval()
         exp.checkpoint = checkpoint.name
         return exp
@@ -115,11 +124,29 @@ def learning_rate(step: int, config: Config) -> float:
     return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def check_device(device: str) -> None:
+    """A one-line error when ``run.device`` names a device this machine does not have."""
+    if device == "cpu":
+        return
+    name, _, index = device.partition(":")
+    if name != "cuda" or (index and not index.isdigit()):
+        raise LooplabError(f"run.device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+    count = torch.cuda.device_count()
+    if int(index or 0) >= count:
+        found = f"{count} CUDA device(s), cuda:0..cuda:{count - 1}" if count else "no CUDA device"
+        raise LooplabError(f"run.device = {device!r}, but this machine has {found}; valid choices: cpu"
+                           + (", cuda[:N]" if count else ""))
+
+
 def prepare_run_dir(run_dir: Path, config: Config) -> None:
-    """Create the run dir, or check that an existing one holds this same config."""
+    """Create the run dir, or check that an existing one holds this same config.
+
+    A run dir whose config was written but that holds no checkpoint yet (a start that
+    failed before its first step was saved) takes the new config: nothing trained is lost.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
-    if path.exists():
+    if path.exists() and latest_checkpoint(run_dir) is not None:
         saved = load_run_config(run_dir).to_dict()
         wanted = config.to_dict()
         diff = [f"{s}.{k}" for s in wanted for k in wanted[s] if saved[s][k] != wanted[s][k]]
@@ -223,8 +250,17 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     # Clipped per module, so the halting head's gradients never rescale the model's.
     norms = {name: float(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.train.grad_clip))
              for name, module in exp.modules().items()}
+    if not all(math.isfinite(norm) for norm in norms.values()):  # a finite loss can still have a NaN gradient
+        optimizer.zero_grad(set_to_none=True)
+        return {"loss": global_loss, "grad_norm": next(n for n in norms.values() if not math.isfinite(n))}
     optimizer.step()
     return {"loss": global_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"], **stats}
+
+
+def all_finite(modules: dict[str, torch.nn.Module]) -> bool:
+    """Whether every parameter and buffer of ``modules`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for module in modules.values()
+               for t in [*module.parameters(), *module.buffers()] if t.is_floating_point())
 
 
 def _window_mean(window: list[dict]) -> dict:
@@ -239,12 +275,19 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     Under torchrun every rank calls this; each returns the same trained weights.
     """
     run_dir = Path(run_dir)
+    check_device(config.run.device)  # before anything is written
+    check_fits("training", training_bytes(config, make_task(config.task.name, config.task.alphabet)),
+               config.run.device, "use a smaller model.d_model, train.batch_size or training depth")
     if config.run.threads > 0:
         torch.set_num_threads(config.run.threads)
-    with data_parallel(config) as parallel:
-        # Rank 0 creates or checks the run dir while the others wait, so every rank
-        # then reads the same latest checkpoint.
-        parallel.on_main(lambda: prepare_run_dir(run_dir, config))
+    with data_parallel(config) as parallel, ExitStack() as held:
+        # Rank 0 locks, creates or checks the run dir while the others wait, so every rank
+        # then reads the same latest checkpoint; the lock is held until training ends.
+        def claim() -> None:
+            held.enter_context(exclusive_lock(run_dir, "run dir"))
+            prepare_run_dir(run_dir, config)
+
+        parallel.on_main(claim)
         exp = Experiment.build(dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)))
         exp.schedule.parallel = parallel
         optimizer = make_optimizer(exp)
@@ -272,6 +315,9 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
     tr = exp.config.train
 
     def checkpoint(step: int) -> None:
+        if not all_finite(exp.modules()):  # only finite state is ever saved, so the last checkpoint is good
+            raise TrainingDiverged(f"non-finite weights after step {step}, not saved; "
+                                   f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
         save_checkpoint(run_dir, step, exp.modules(), optimizer,
                         {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
 
@@ -283,10 +329,10 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
                disable=None if progress and parallel.is_main else True, dynamic_ncols=True)
     for step in bar:
         metrics = train_step(exp, optimizer, step, parallel)
-        if not math.isfinite(metrics["loss"]):
-            last = latest_checkpoint(run_dir)
-            raise TrainingDiverged(f"non-finite loss {metrics['loss']} at step {step}; "
-                                   f"last good checkpoint: {last or 'none'}")
+        for key in ("loss", "grad_norm"):
+            if not math.isfinite(metrics.get(key, 0.0)):
+                raise TrainingDiverged(f"non-finite {key.replace('_', ' ')} {metrics[key]} at step {step}, "
+                                       f"not applied; last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
         window.append(metrics)
         if step % tr.log_every == 0 or step == tr.steps:
             record = {"step": step, **parallel.mean_metrics(_window_mean(window)),

@@ -1,4 +1,4 @@
-"""Exact resume after SIGKILL, and a clean stop on a non-finite loss."""
+"""Exact resume after SIGKILL, and a clean stop on a non-finite loss, gradient or weights."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from looplab.config import load_config
 from looplab.errors import LooplabError
@@ -20,7 +20,7 @@ from looplab.train import trainer
 from looplab.train import schedules
 from looplab.train.checkpoint import latest_checkpoint, load_weights
 from looplab.train.trainer import TrainingDiverged, train
-from tests.conftest import run_cli
+from tests.conftest import TINY, run_cli
 
 
 def _final_weights(run_dir, step, file="model.safetensors"):
@@ -84,6 +84,63 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_p
     load_weights(checkpoint, exp.modules())
     assert all(torch.isfinite(p).all() for p in exp.model.parameters())
     assert isinstance(TrainingDiverged("x"), LooplabError)
+
+
+class NanGradient(torch.autograd.Function):
+    """Identity forward (a finite loss), NaN backward (a poisoned gradient)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+def test_nan_gradient_under_a_finite_loss_is_not_applied(tiny_config, tmp_path, monkeypatch):
+    config = load_config(tiny_config(steps=30, checkpoint_every=4))
+    real_loss = schedules.depth_supervised_loss
+    calls = {"n": 0}
+
+    def loss_with_nan_gradient(*args):
+        calls["n"] += 1
+        loss = real_loss(*args)
+        return NanGradient.apply(loss) if calls["n"] >= 6 else loss
+
+    monkeypatch.setattr(schedules, "depth_supervised_loss", loss_with_nan_gradient)
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match="non-finite grad norm nan at step 6, not applied.*step_0000004"):
+        train(config, run_dir, progress=False)
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_0000004"]
+
+
+def test_huge_learning_rate_never_saves_or_evaluates_poisoned_weights(tmp_path):
+    """lr = 1e6: finite losses with NaN gradients or weights; every kept checkpoint is finite."""
+    run_dir = tmp_path / "run"
+    (tmp_path / "tiny.toml").write_text(TINY.format(steps=40, checkpoint_every=2))
+    result = run_cli("train", str(tmp_path / "tiny.toml"), "--out", str(run_dir), "--no-progress",
+                     "--set", "train.lr=1e6", "--set", "train.keep_checkpoints=1", "--set", "train.warmup_steps=0")
+    assert result.returncode == 1, result.stderr
+    assert "non-finite" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        exp = trainer.Experiment.build(load_config(tmp_path / "tiny.toml"))
+        load_weights(checkpoint, exp.modules())
+        assert trainer.all_finite(exp.modules())
+
+
+def test_eval_of_a_non_finite_checkpoint_is_an_error(tiny_config, tmp_path):
+    config_path = tiny_config(steps=4, checkpoint_every=4)
+    run_dir = tmp_path / "run"
+    train(load_config(config_path), run_dir, progress=False)
+    weights = latest_checkpoint(run_dir) / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["head.bias"] = torch.full_like(tensors["head.bias"], float("nan"))
+    save_file(tensors, weights)
+    result = run_cli("eval", str(run_dir))
+    assert result.returncode == 2 and "non-finite weights" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_resume_drops_a_torn_log_line(tiny_config, tmp_path):

@@ -62,3 +62,13 @@ def test_jsrr_lowers_the_spectral_radius(tmp_path):
         frame = spectral_trajectory(exp.model, batch, 4, 40, False, derive_generator(0, "power"))
         radius[estimator] = frame["rho_power"].mean()
     assert radius["jvp"] < 0.9 * radius["none"], radius
+
+
+@pytest.mark.parametrize("positional", ["rope", "nope"])
+def test_causal_binary_addition_learns_every_training_length(tmp_path, positional):
+    """With the start token a causal model can tell the first positions of 11 11 ... apart (≥ 99 %)."""
+    summary = _train_and_score(tmp_path, [
+        "task.name=binary_addition", "task.train_max=6", "task.eval_lengths=[2,4,6]", "model.causal=true",
+        f"model.positional={positional}", "schedule.name=matched", "train.steps=400", "eval.max_loops=10",
+    ])
+    assert summary["oracle_id"] >= 0.99, summary

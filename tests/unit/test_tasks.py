@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from looplab.errors import LooplabError
-from looplab.tasks import IGNORE, PAD, TASKS, make_task
+from looplab.tasks import IGNORE, PAD, START, TASKS, make_task
 
 
 def _sum_digits(pairs: list[str], base: int, out: list[str]) -> list[str]:
@@ -70,7 +70,7 @@ REFERENCES = {
     "unique_set": ref_unique_set,
 }
 NAMES = sorted(REFERENCES)
-SEQ_LEN = {
+BODY_LEN = {
     "binary_addition": lambda n: n + 1,
     "copy": lambda n: 2 * n + 1,
     "decimal_addition": lambda n: n + 1,
@@ -78,6 +78,7 @@ SEQ_LEN = {
     "parity": lambda n: n + 1,
     "unique_set": lambda n: 2 * n + 1,
 }
+SEQ_LEN = {name: (lambda n, body=body: 1 + body(n)) for name, body in BODY_LEN.items()}  # <s> first
 STEPS = {
     "binary_addition": lambda n: n + 1,
     "copy": lambda n: n,
@@ -93,9 +94,11 @@ def gen(seed: int) -> torch.Generator:
 
 
 def decode_row(task, tokens, labels, length: int) -> tuple[list[str], list[str | None]]:
-    """The first ``length`` positions of a row as token strings (None = IGNORE)."""
-    toks = [task.vocab[i] for i in tokens[:length].tolist()]
-    labs = [None if i == IGNORE else task.vocab[i] for i in labels[:length].tolist()]
+    """Positions 1..length−1 of a row as token strings (None = IGNORE), after checking that
+    position 0 is the unsupervised start token."""
+    assert int(tokens[0]) == START and int(labels[0]) == IGNORE and task.vocab[START] == "<s>"
+    toks = [task.vocab[i] for i in tokens[1:length].tolist()]
+    labs = [None if i == IGNORE else task.vocab[i] for i in labels[1:length].tolist()]
     return toks, labs
 
 
@@ -142,6 +145,16 @@ def test_mixed_length_batch_is_padded_and_correct(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_start_token_only_at_position_zero(name):
+    task = make_task(name)
+    batch = task.sample_lengths(torch.tensor([2, 7, 4]), gen(1))
+    assert (batch.tokens[:, 0] == START).all()
+    assert not (batch.tokens[:, 1:] == START).any()
+    assert (batch.labels[:, 0] == IGNORE).all()
+    assert START not in [task.token_id[s] for s in task.symbols()]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_steps(name):
     n = torch.tensor([1, 4, 17])
     steps = make_task(name).steps(n)
@@ -164,7 +177,7 @@ def test_unique_set_rows_mostly_repeat():
     n = 12
     batch = task.sample(n, 200, gen(0))
     none = task.token_id["<none>"]
-    has_repeat = (batch.labels[:, n + 1 :] == none).any(dim=1)
+    has_repeat = (batch.labels[:, n + 2 :] == none).any(dim=1)  # after <s>, the n symbols and <sep>
     assert has_repeat.float().mean() > 0.5
 
 

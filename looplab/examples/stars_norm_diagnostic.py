@@ -6,7 +6,7 @@ evaluates each from loops 1 to 128 in one unroll, and prints one table:
 ID accuracy at the training depth, accuracy as test loops grow, and the
 growth of the state norm. Finished runs are reused, so it can be re-run.
 
-    python examples/stars_norm_diagnostic.py --out runs/stars-addition
+    python -m looplab.examples.stars_norm_diagnostic --out runs/stars-addition
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 
-from looplab.config import load_config
+from looplab.config import PRESETS, load_config
 from looplab.eval.run import evaluate_run
 from looplab.train.trainer import train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PRESETS = Path(__file__).resolve().parents[1] / "configs" / "stars-addition"
+STRUCTURES = PRESETS / "stars-addition"
 LOOPS = (4, 8, 16, 32, 64, 128)
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="preset names to run (default: all)")
     args = parser.parse_args()
     rows, curves = [], {}
-    for preset in sorted(PRESETS.glob("*.toml")):
+    for preset in sorted(STRUCTURES.glob("*.toml")):
         if args.only and preset.stem not in args.only:
             continue
         run_dir = Path(args.out) / preset.stem

@@ -1,0 +1,80 @@
+"""Up-front memory estimates: a size that cannot fit is refused before anything is written or allocated.
+
+The estimates are deliberately rough upper bounds (fp32 everywhere, every layer
+application of the deepest possible unroll kept for backward, attention
+probabilities stored as the math path does); they exist to turn "d_model = 10⁶"
+or "batch_size = 10⁹" into one line naming the size, instead of an allocator
+error minutes later. A config that fits comfortably is never refused.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from looplab.config import Config
+from looplab.errors import LooplabError
+from looplab.tasks import Task
+
+__all__ = ["parameter_count", "training_bytes", "eval_bytes", "device_bytes", "check_fits"]
+
+FLOAT = 4
+GIB = 1024 ** 3
+
+
+def parameter_count(config: Config, vocab_size: int) -> int:
+    """Weights of the looped model the config describes (norm parameters ignored)."""
+    m = config.model
+    d = m.d_model
+    per_layer = 4 * d * d + 2 * m.mlp_ratio * d * d
+    layers = m.prelude_layers + m.core_layers + m.coda_layers
+    extra = 2 * d * d if m.injection == "concat" else 0
+    positions = m.max_len * d if m.positional == "learned" else 0
+    return layers * per_layer + 2 * vocab_size * d + extra + positions
+
+
+def _max_training_depth(config: Config, task: Task) -> int:
+    s = config.schedule
+    natural = int(task.steps(torch.tensor([config.task.train_max])).item())
+    return max(s.depth, s.t_max, natural + s.window, s.hi if s.name in ("lognormal", "poisson_lognormal") else 1)
+
+
+def _per_token(config: Config, length: int) -> int:
+    """Floats one layer application keeps per token: activations and attention probabilities."""
+    m = config.model
+    return (10 + 2 * m.mlp_ratio) * m.d_model + m.n_heads * length
+
+
+def training_bytes(config: Config, task: Task) -> int:
+    """Weights, gradients and AdamW moments, plus the activations of the deepest training unroll."""
+    length = task.seq_len(config.task.train_max)
+    m = config.model
+    applications = m.prelude_layers + m.coda_layers + m.core_layers * _max_training_depth(config, task)
+    activations = config.train.batch_size * length * applications * _per_token(config, length)
+    return FLOAT * (4 * parameter_count(config, task.vocab_size) + activations)
+
+
+def eval_bytes(config: Config, task: Task, lengths: list[int], max_loops: int, samples: int) -> int:
+    """Weights, one evaluation batch's unroll state and logits, and the per-sample outcomes of every length."""
+    length = max(task.seq_len(n) for n in lengths)
+    batch = min(config.eval.batch_size, samples)
+    unroll = batch * length * (_per_token(config, length) + task.vocab_size)
+    outcomes = 6 * samples * max_loops * len(lengths)  # correct, flips, confidence, norms per (sample, K)
+    return FLOAT * (parameter_count(config, task.vocab_size) + unroll + outcomes)
+
+
+def device_bytes(device: str) -> int:
+    """Memory of the device: the machine's RAM for ``cpu``, the GPU's for ``cuda[:N]``."""
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        return torch.cuda.get_device_properties(index).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(what: str, needed: int, device: str, advice: str) -> None:
+    """Refuse ``what`` when its estimate exceeds the device's memory."""
+    available = device_bytes(device)
+    if needed > available:
+        raise LooplabError(f"{what} needs an estimated {needed / GIB:,.1f} GiB, more than the "
+                           f"{available / GIB:,.1f} GiB of {device}; {advice}")

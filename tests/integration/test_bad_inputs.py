@@ -1,0 +1,243 @@
+"""Bad inputs and faults, table-driven: one line on stderr, the right exit code, no traceback,
+nothing written by a refused command, and no file of an existing run dir touched.
+
+Each case runs ``looplab.cli.main`` in this process (the same code path as the
+console script, minus the interpreter start-up); a few that need a real process
+are at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from looplab.cli import main
+from looplab.io import exclusive_lock
+from tests.conftest import TINY, run_cli, train_tiny_run
+
+SWEEP = "[sweep]\nconfigs = ['tiny.toml']\nseeds = [0]\nset = ['train.steps=2']\n"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A trained run dir, its config, and files of every bad kind, made once for all cases."""
+    root = tmp_path_factory.mktemp("bad")
+    config, run_dir = train_tiny_run(root, 4, 2)
+    (root / "not_utf8.toml").write_bytes(b"\xff\xfe[task]\n")
+    (root / "broken.toml").write_text("[task\nname = 1\n")
+    (root / "a_file").write_text("not a directory")
+    no_config = root / "no_config"
+    no_config.mkdir()
+    for name, text in {
+        "sweep.toml": SWEEP,
+        "other_sweep.toml": SWEEP.replace("seeds = [0]", "seeds = [1]"),
+        "sweep_bool.toml": SWEEP + "scaling = 'no'\n",
+        "sweep_key.toml": SWEEP + "workers = 3\n",
+    }.items():
+        (root / name).write_text(text)
+    sweep_dir = root / "sweep_dir"
+    assert main(["sweep", str(root / "sweep.toml"), "--out", str(sweep_dir), "--no-progress"]) == 0
+    return {"root": root, "cfg": config, "run": run_dir, "sweep_dir": sweep_dir}
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Content hash of every file under ``directory`` (the lock file aside: it holds the last pid)."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+CASES = [
+    # ---- config files and overrides
+    ("train {root}/missing.toml --out {new}", 2, "config file not found"),
+    ("train {root} --out {new}", 2, "is a directory, not a TOML file"),
+    ("train {root}/not_utf8.toml --out {new}", 2, "is not UTF-8 text"),
+    ("train {root}/broken.toml --out {new}", 2, "is not valid TOML"),
+    ("train {cfg} --set model.colour=3 --out {new}", 2, "unknown key in [model] 'colour'"),
+    ("train {cfg} --set colour.x=3 --out {new}", 2, "unknown config section 'colour'"),
+    ("train {cfg} --set model --out {new}", 2, "must look like section.key=value"),
+    ("train {cfg} --set model.d_model=wide --out {new}", 2, "model.d_model must be int"),
+    ("train {cfg} --set model.norm=batchnorm --out {new}", 2, "valid choices: layernorm, rmsnorm, simplenorm"),
+    ("train {cfg} --set model.inject_init=eye --out {new}", 2, "valid choices: input, mix, random, state, sum"),
+    ("train {cfg} --set model.init_std=0 --out {new}", 2, "model.init_std must be a finite number > 0"),
+    ("train {cfg} --set train.grad_clip=-1 --out {new}", 2, "train.grad_clip must be in (0, inf)"),
+    ("train {cfg} --set train.min_lr_ratio=-5 --out {new}", 2, "train.min_lr_ratio must be in [0, 1]"),
+    ("train {cfg} --set train.beta1=1.5 --out {new}", 2, "train.beta1 must be in [0, 1)"),
+    ("train {cfg} --set train.beta2=1 --out {new}", 2, "train.beta2 must be in [0, 1)"),
+    ("train {cfg} --set train.lr=inf --out {new}", 2, "train.lr must be in (0, inf)"),
+    ("train {cfg} --set train.lr=nan --out {new}", 2, "train.lr must be in (0, inf)"),
+    ("train {cfg} --set train.steps=-1 --out {new}", 2, "train needs steps >= 0"),
+    ("train {cfg} --set model.rope_base=0 --out {new}", 2, "model.rope_base must be in (0, inf)"),
+    ("train {cfg} --set run.threads=-3 --out {new}", 2, "run.threads must be in [0, inf)"),
+    ("train {cfg} --set model.noise_std=-1 --out {new}", 2, "model.noise_std must be in [0, inf)"),
+    ("train {cfg} --set eval.fixed_exit=40 --out {new}", 2, "eval.fixed_exit (40) must be <= eval.max_loops (10)"),
+    ("train {cfg} --set model.d_model=1000000 --set model.n_heads=2 --out {new}", 2, "needs an estimated"),
+    ("train {cfg} --set train.batch_size=1000000000 --out {new}", 2, "needs an estimated"),
+    ("train {cfg} --set run.device=cuda --out {new}", 2, "no CUDA device; valid choices: cpu"),
+    ("train {cfg} --set run.device=cuda:x --out {new}", 2, "is not 'cpu', 'cuda' or 'cuda:N'"),
+    ("train {cfg} --set run.device=tpu --out {new}", 2, "run.device must be 'cpu' or 'cuda[:N]'"),
+    ("train {cfg} --set model.d_model=31 --out {new}", 2, "must be a positive multiple of model.n_heads"),
+    # ---- output paths
+    ("train {cfg} --out {root}/a_file", 2, "a_file"),
+    ("train {cfg} --out /sys/looplab-test-run", 2, "/sys/looplab-test-run"),
+    ("train {cfg} --out ", 2, "out must not be empty"),
+    ("train {cfg} --set train.lr=0.5 --out {run}", 2, "holds a different config (differs in train.lr)"),
+    ("config show {root}/missing.toml", 2, "neither a file nor a bundled preset"),
+    ("config show no-such-preset", 2, "presets: demo, mechanistic/…"),
+    # ---- evaluation
+    ("eval {root}/missing", 2, "run dir not found"),
+    ("eval {root}/no_config", 2, "is not a run dir (no config.toml)"),
+    ("eval {run} --max-loops 0", 2, "--max-loops must be >= 1"),
+    ("eval {run} --samples 0", 2, "--samples must be >= 1"),
+    ("eval {run} --max-loops 1000000000", 2, "needs an estimated"),
+    ("eval {run} --samples 1000000000", 2, "needs an estimated"),
+    ("eval {run} --lengths 4,x", 2, "expected comma-separated integers"),
+    ("eval {run} --lengths 0", 2, "--lengths must be a non-empty list of integers >= 1"),
+    ("eval {run} --colour", 2, "unrecognized arguments: --colour"),
+    ("eval", 2, "the following arguments are required: run_dir"),
+    # ---- analysis
+    ("analyze {root}/missing", 2, "run dir not found"),
+    ("analyze {run} --loops 0", 2, "--loops and --samples must be >= 1"),
+    ("analyze {cfg} --loops 4", 2, "needs --out DIR"),
+    ("analyze {run} --set model.d_model=8", 2, "--set applies to a config file"),
+    ("analyze spectral {run} --iters 0", 2, "--iters must be >= 1"),
+    ("analyze pca {run} --sample -1", 2, "--sample must be >= 0"),
+    ("analyze spectral {run} --length 0", 2, "--length, --loops and --samples must be >= 1"),
+    # ---- sweeps, reports, reproductions
+    ("sweep {root}/missing.toml --out {new}", 2, "sweep file not found"),
+    ("sweep {root}/sweep_bool.toml --out {new}", 2, "[sweep] scaling must be true or false, got 'no'"),
+    ("sweep {root}/sweep_key.toml --out {new}", 2, "unknown key in [sweep] 'workers'"),
+    ("sweep {root}/sweep.toml --out {new} --workers 0", 2, "--workers must be >= 1"),
+    ("sweep {root}/sweep.toml --out {new} --backend slurm", 2, "invalid choice: 'slurm'"),
+    ("sweep {root}/other_sweep.toml --out {sweep_dir}", 2, "holds a different sweep"),
+    ("sweep {root}/sweep.toml --out {root}/a_file", 2, "is a file, not a sweep dir"),
+    ("sweep {root}/sweep.toml --out {new} --backend ray --address 127.0.0.1:1", 2, "cannot reach the Ray cluster"),
+    ("report {root}/missing", 2, "no results.parquet"),
+    ("report {sweep_dir} --paper physics", 2, "invalid choice: 'physics'"),
+    ("reproduce physics-small --out {new}", 2, "invalid choice: 'physics-small'"),
+    ("frobnicate", 2, "invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize("template, code, message", CASES, ids=[c[0].split(" --out")[0] for c in CASES])
+def test_bad_input_is_one_line_and_harmless(world, tmp_path, capsys, template, code, message):
+    new = tmp_path / "new"
+    args = template.format(new=new, **world).split(" ")  # "--out " ends in an empty argument
+    before = {key: snapshot(world[key]) for key in ("run", "sweep_dir")}
+    assert main(args) == code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("looplab: error: "), err
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert not new.exists(), "a refused command wrote its output"
+    assert {key: snapshot(world[key]) for key in ("run", "sweep_dir")} == before
+
+
+def test_the_table_covers_at_least_forty_cases():
+    assert len(CASES) >= 40
+
+
+def test_corrupt_checkpoint_state_is_one_line(tmp_path, capsys):
+    _, run_dir = train_tiny_run(tmp_path, 2, 2)
+    (run_dir / "checkpoints" / "step_0000002" / "state.json").write_text("{}")
+    assert main(["train", str(tmp_path / "tiny.toml"), "--out", str(run_dir), "--no-progress"]) == 2
+    assert "has no integer 'step'" in capsys.readouterr().err
+
+
+def test_stray_checkpoint_folder_is_ignored(tmp_path):
+    _, run_dir = train_tiny_run(tmp_path, 2, 2)
+    stray = run_dir / "checkpoints" / "step_abc"
+    stray.mkdir()
+    (stray / "state.json").write_text(json.dumps({"step": 99}))
+    assert main(["eval", str(run_dir), "--samples", "8", "--max-loops", "4"]) == 0
+    assert stray.is_dir()
+
+
+def test_garbage_result_json_reruns_the_point(world, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(world["sweep_dir"], sweep_dir)
+    (run,) = (sweep_dir / "runs").iterdir()
+    (run / "result.json").write_text("garbage{")
+    assert main(["sweep", str(world["root"] / "sweep.toml"), "--out", str(sweep_dir), "--no-progress"]) == 0
+    assert json.loads((run / "result.json").read_text())["status"] == "done"
+
+
+def test_failed_start_does_not_block_the_corrected_command(world, tmp_path):
+    """A run that fails before its first checkpoint leaves a config the corrected re-run may replace."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.toml").write_text((world["run"] / "config.toml").read_text())  # as left by a failed start
+    result = run_cli("train", str(world["cfg"]), "--set", "train.steps=2", "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr
+
+
+def test_debug_variable_shows_the_traceback(world, tmp_path):
+    result = run_cli("eval", str(world["root"] / "missing"), env_extra={"LOOPLAB_DEBUG": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_second_writer_of_a_run_dir_is_refused_with_the_holders_pid(tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(steps=400, checkpoint_every=100))
+    first = subprocess.Popen([sys.executable, "-m", "looplab", "train", str(config), "--out", str(tmp_path / "run"),
+                              "--no-progress"], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "log.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = run_cli("train", str(config), "--out", str(tmp_path / "run"), "--no-progress")
+        assert second.returncode == 2
+        assert f"is in use by process {first.pid}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        first.kill()
+        first.wait()
+    with exclusive_lock(tmp_path / "run", "run dir"):  # the holder's death (SIGKILL) released the lock
+        pass
+
+
+def test_killed_sweep_leaves_no_worker_behind(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY.format(steps=3000, checkpoint_every=1000))
+    (tmp_path / "sweep.toml").write_text("[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\n")
+    sweep = subprocess.Popen([sys.executable, "-m", "looplab", "sweep", str(tmp_path / "sweep.toml"), "--out",
+                              str(tmp_path / "out"), "--workers", "2", "--no-progress"],
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 60
+    while len(_children(sweep.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    workers = _children(sweep.pid)
+    assert len(workers) >= 2
+    sweep.kill()
+    sweep.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers), "sweep workers outlived the sweep"
+
+
+def _children(pid: int) -> list[int]:
+    """Every process whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
