@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("LOOPLAB_DEBUG") == "1":
             raise
         print(f"looplab: error: {describe_error(err)}", file=sys.stderr)
-        return getattr(err, "exit_code", 2)
+        return err.exit_code if isinstance(err, LooplabError) else 2
     return 0
 
 
@@ -244,9 +244,9 @@ def describe_error(err: Exception) -> str:
     """One line naming the problem: the message of a looplab error, the file and reason of an OS error."""
     import torch
 
-    if isinstance(err, LooplabError):
-        return str(err)
     first_line = (str(err).strip().splitlines() or [""])[0]
+    if isinstance(err, LooplabError):
+        return first_line
     if isinstance(err, OSError):
         where = f": {err.filename}" if err.filename else ""
         return f"{err.strerror or first_line}{where}"

@@ -7,7 +7,9 @@ into one line on stderr and exit code 2; library callers get a normal exception.
 
 
 class LooplabError(Exception):
-    """A problem with the user's input, described in one line."""
+    """A problem with the user's input, described in one line; the CLI exits with ``exit_code``."""
+
+    exit_code = 2
 
 
 def choice_error(what: str, value: object, choices) -> LooplabError:

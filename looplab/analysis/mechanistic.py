@@ -60,8 +60,6 @@ def analyze_mechanistic(run_dir: str | Path, loops: int = 128, out: str | Path |
 
     ``out`` defaults to ``RUN_DIR/analysis/mechanistic``; ``options`` as for :func:`analyze_experiment`.
     """
-    if min(loops, samples) < 1:
-        raise LooplabError("loops and samples must be >= 1")
     exp = Experiment.from_run(run_dir)
     out = Path(out) if out else Path(run_dir) / "analysis" / "mechanistic"
     return analyze_experiment(exp, out, loops, samples, label=Path(run_dir).name, **options)
@@ -69,8 +67,6 @@ def analyze_mechanistic(run_dir: str | Path, loops: int = 128, out: str | Path |
 
 def analyze_config(config: Config, out: str | Path, loops: int = 128, samples: int = 8, **options) -> dict:
     """Analyse the untrained model ``config`` initialises (seed ``run.seed``); returns the summary."""
-    if min(loops, samples) < 1:
-        raise LooplabError("loops and samples must be >= 1")
     exp = Experiment.build(config)
     exp.model.eval()
     return analyze_experiment(exp, Path(out), loops, samples, label=Path(out).name, **options)
@@ -91,6 +87,8 @@ def analyze_experiment(exp: Experiment, out: Path, loops: int = 128, samples: in
         tol, max_period: token-dynamics tolerance and largest orbit period searched.
         mlp_ablation: also re-trace with each core layer's MLP zeroed (one trace per layer).
     """
+    if min(loops, samples) < 1:
+        raise LooplabError("loops and samples must be >= 1")
     cfg, model = exp.config, exp.model
     length = cfg.task.train_max
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "mechanistic", length))

@@ -24,6 +24,7 @@ from looplab.io import atomic_write
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot
 from looplab.seeding import derive_generator
+from looplab.tasks import IGNORE
 from looplab.tasks.text import KJVText
 from looplab.train.schedules import DepthRule
 from looplab.train.trainer import Experiment
@@ -56,19 +57,21 @@ def lm_loss_by_loops(model: LoopedTransformer, task: KJVText, window: int, sampl
             tokens, labels = task.sample_split(window, min(batch_size, samples - start), generator, split)
             tokens, labels = tokens.to(device), labels.to(device)
             valid = torch.ones_like(tokens, dtype=torch.bool)
+            scored = labels != IGNORE  # every byte position; the start token predicts nothing
             h, e, ctx = model.start(tokens, valid)
             for t in range(max_loops):
                 h = model.step(h, e, ctx)
-                log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)
+                log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)[scored]
+                target = labels[scored]
                 finite = torch.isfinite(log_probs).all(dim=-1)
-                token_nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+                token_nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
                 token_nll = torch.where(finite, token_nll, float("inf"))
                 nll[t] += token_nll.double().sum().cpu()
-                correct[t] += ((log_probs.argmax(dim=-1) == labels) & finite).sum().cpu()
+                correct[t] += ((log_probs.argmax(dim=-1) == target) & finite).sum().cpu()
                 nonfinite[t] += (~finite).sum().cpu()
     finally:
         model.train(was_training)
-    count = samples * window
+    count = samples * window  # scored positions: one per byte of every window
     loss = (nll / count).tolist()
     return pd.DataFrame({
         "loops": range(1, max_loops + 1),

@@ -76,15 +76,22 @@ def save_checkpoint(run_dir: Path, step: int, modules: dict[str, nn.Module], opt
     final = root / f"step_{step:07d}"
     tmp = root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, module in modules.items():
-        save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
-                  tmp / f"{name}.safetensors")
-    opt_tensors, opt_meta = _optimizer_tensors(optimizer)
-    save_file(opt_tensors, tmp / "optimizer.safetensors")
-    _write_json(tmp / "optimizer.json", opt_meta)
-    # state.json last: its presence marks the checkpoint complete.
-    _write_json(tmp / "state.json", {"step": step, **state})
+    try:
+        tmp.mkdir()
+        for name, module in modules.items():
+            save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
+                      tmp / f"{name}.safetensors")
+        opt_tensors, opt_meta = _optimizer_tensors(optimizer)
+        save_file(opt_tensors, tmp / "optimizer.safetensors")
+        _write_json(tmp / "optimizer.json", opt_meta)
+        # state.json last: its presence marks the checkpoint complete.
+        _write_json(tmp / "state.json", {"step": step, **state})
+    except Exception as err:  # a full disk, a file-size limit, ...: the checkpoints already there are kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        kept = latest_checkpoint(run_dir)
+        raise LooplabError(f"cannot write checkpoint {final} ({reason}); "
+                           f"{f'kept {kept}' if kept else 'no earlier checkpoint'}") from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in checkpoint_dirs(run_dir)[:-keep]:

@@ -315,13 +315,16 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
     tr = exp.config.train
 
     def checkpoint(step: int) -> None:
-        if not all_finite(exp.modules()):  # only finite state is ever saved, so the last checkpoint is good
+        # Only finite state is ever saved, so the last checkpoint is always a good one. Every rank
+        # checks (their weights are identical), so all stop together; rank 0 writes.
+        if not all_finite(exp.modules()):
             raise TrainingDiverged(f"non-finite weights after step {step}, not saved; "
                                    f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
-        save_checkpoint(run_dir, step, exp.modules(), optimizer,
-                        {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
+        if parallel.is_main:
+            save_checkpoint(run_dir, step, exp.modules(), optimizer,
+                            {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
 
-    if tr.steps == 0 and start == 0 and parallel.is_main:  # an untrained run: its checkpoint is the initialisation
+    if tr.steps == 0 and start == 0:  # an untrained run: its checkpoint is the initialisation
         checkpoint(0)
     window: list[dict] = []
     began = time.perf_counter()
@@ -341,5 +344,5 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
                 log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             window = []
-        if parallel.is_main and (step % tr.checkpoint_every == 0 or step == tr.steps):
+        if step % tr.checkpoint_every == 0 or step == tr.steps:
             checkpoint(step)

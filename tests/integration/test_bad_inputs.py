@@ -241,3 +241,17 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_debris(tmp_path):
+    """A file-size limit (as a full disk) while checkpointing: one line, exit 2, no partial checkpoint."""
+    (tmp_path / "tiny.toml").write_text(TINY.format(steps=20, checkpoint_every=10))
+    command = (f"ulimit -f 40; exec {sys.executable} -m looplab train {tmp_path / 'tiny.toml'} "
+               f"--out {tmp_path / 'run'} --no-progress")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "cannot write checkpoint" in result.stderr
+    assert list((tmp_path / "run" / "checkpoints").iterdir()) == []
+    again = run_cli("train", str(tmp_path / "tiny.toml"), "--out", str(tmp_path / "run"), "--no-progress")
+    assert again.returncode == 0, again.stderr

@@ -30,3 +30,18 @@ def test_stopping_small_is_4_tasks_x_4_schedules_x_5_seeds():
 
 def test_sweep_files_are_package_data():
     assert {path.stem for path in Path(PRESETS / "sweeps").glob("*.toml")} == set(STUDIES)
+
+
+def test_mechanistic_small_is_the_untrained_ablation():
+    spec = load_sweep(PRESETS / "sweeps" / "mechanistic-small.toml")
+    points = spec.points()
+    assert len(points) == 36 and not spec.evaluate and spec.analyze and spec.analyze_loops == 128
+    configs = [tomllib.loads(p.config_toml) for p in points]
+    assert Counter((c["model"]["placement"], c["model"]["injection"]) for c in configs) == {
+        (placement, injection): 6 for placement in ("pre", "pre_sandwich", "post_sandwich")
+        for injection in ("concat", "none")}
+    for c in configs:
+        assert c["train"]["steps"] == 0 and c["model"]["core_layers"] == 12
+        assert c["model"]["prelude_layers"] == c["model"]["coda_layers"] == 0
+        assert (c["model"]["init_std"], c["model"]["init_scaling"], c["model"]["embed_std"],
+                c["model"]["inject_init"]) == (0.4, "sqrt_d", 1.0, "random")
