@@ -332,9 +332,6 @@ def validate(config: Config) -> None:
              f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})")
     _require(m.positional != "rope" or (m.d_model // m.n_heads) % 2 == 0, "rope needs an even head dimension")
     _require(m.core_layers >= 1, "model.core_layers must be >= 1")
-    for key in ("init_std", "embed_std", "inject_gain"):
-        value = getattr(m, key)
-        _require(math.isfinite(value) and value > 0, f"model.{key} must be a finite number > 0, got {value!r}")
     _require(min(m.prelude_layers, m.coda_layers, m.mlp_ratio - 1) >= 0, "layer counts must be >= 0, mlp_ratio >= 1")
     _require(1 <= t.train_min <= t.train_max, "task needs 1 <= train_min <= train_max")
     _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")
@@ -384,6 +381,8 @@ def _number_domains(config: Config) -> list[tuple[str, float, tuple[str, float],
         ("train.beta2", tr.beta2, fraction), ("train.weight_decay", tr.weight_decay, non_negative),
         ("train.warmup_steps", tr.warmup_steps, non_negative), ("model.rope_base", m.rope_base, positive),
         ("model.noise_std", m.noise_std, non_negative), ("model.max_len", m.max_len, positive),
+        ("model.init_std", m.init_std, positive), ("model.embed_std", m.embed_std, positive),
+        ("model.inject_gain", m.inject_gain, positive),
         ("schedule.mu", s.mu, (("(", -_INF), (")", _INF))), ("schedule.sigma", s.sigma, non_negative),
         ("eval.convergence_eps", ev.convergence_eps, positive), ("run.threads", run.threads, non_negative),
     ]]

@@ -64,17 +64,22 @@ def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path, schedu
     assert steps_logged == sorted(set(steps_logged)), "log holds duplicate steps after resume"
 
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):
-    config = load_config(tiny_config(steps=30, checkpoint_every=4))
+def poison_loss_from(monkeypatch, call: int, poison) -> None:
+    """Make the training loss ``poison(loss)`` from its ``call``-th evaluation on."""
     real_loss = schedules.depth_supervised_loss
     calls = {"n": 0}
 
-    def loss_that_breaks(*args):
+    def poisoned(*args):
         calls["n"] += 1
         loss = real_loss(*args)
-        return loss * float("nan") if calls["n"] >= 7 else loss
+        return poison(loss) if calls["n"] >= call else loss
 
-    monkeypatch.setattr(schedules, "depth_supervised_loss", loss_that_breaks)
+    monkeypatch.setattr(schedules, "depth_supervised_loss", poisoned)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):
+    config = load_config(tiny_config(steps=30, checkpoint_every=4))
+    poison_loss_from(monkeypatch, 7, lambda loss: loss * float("nan"))
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged, match="non-finite loss nan at step 7.*step_0000004"):
         train(config, run_dir, progress=False)
@@ -100,15 +105,7 @@ class NanGradient(torch.autograd.Function):
 
 def test_nan_gradient_under_a_finite_loss_is_not_applied(tiny_config, tmp_path, monkeypatch):
     config = load_config(tiny_config(steps=30, checkpoint_every=4))
-    real_loss = schedules.depth_supervised_loss
-    calls = {"n": 0}
-
-    def loss_with_nan_gradient(*args):
-        calls["n"] += 1
-        loss = real_loss(*args)
-        return NanGradient.apply(loss) if calls["n"] >= 6 else loss
-
-    monkeypatch.setattr(schedules, "depth_supervised_loss", loss_with_nan_gradient)
+    poison_loss_from(monkeypatch, 6, NanGradient.apply)
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged, match="non-finite grad norm nan at step 6, not applied.*step_0000004"):
         train(config, run_dir, progress=False)

@@ -222,7 +222,7 @@ def test_range_checks(override):
 
 
 def test_init_errors_name_the_key_and_the_domain():
-    with pytest.raises(LooplabError, match=r"model\.init_std must be a finite number > 0, got -1\.0"):
+    with pytest.raises(LooplabError, match=r"model\.init_std must be in \(0, inf\), got -1\.0"):
         load_config(None, ["model.init_std=-1"])
 
 
