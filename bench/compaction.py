@@ -38,8 +38,9 @@ from looplab.config import Config, validate
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.tasks import TaskBatch
-from looplab.train.objectives import per_row_loss
-from looplab.train.trainer import Experiment, make_optimizer
+from looplab.schedules.objectives import per_row_loss
+from looplab.experiment import Experiment
+from looplab.train.trainer import make_optimizer
 
 GOAL = 1.6
 TOLERANCE = 1e-5

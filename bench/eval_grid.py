@@ -36,7 +36,7 @@ from looplab.eval.grid import unroll_outcomes
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.tasks import TaskBatch
-from looplab.train.trainer import Experiment
+from looplab.experiment import Experiment
 
 GOAL = 10.0
 

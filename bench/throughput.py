@@ -38,7 +38,8 @@ import torch
 
 from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
 from looplab.config import Config, validate
-from looplab.train.trainer import Experiment, make_optimizer, train_step
+from looplab.experiment import Experiment
+from looplab.train.trainer import make_optimizer, train_step
 
 GOAL_PERCENT = 60.0
 GOAL_D_MODEL = 256

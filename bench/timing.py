@@ -38,7 +38,8 @@ def step_runner(overrides: list[str]) -> tuple[Callable[[], None], list[dict]]:
     Returns a closure that runs the next step, and the list its metrics are appended to.
     """
     from looplab.config import load_config
-    from looplab.train.trainer import Experiment, make_optimizer, train_step
+    from looplab.experiment import Experiment
+    from looplab.train.trainer import make_optimizer, train_step
 
     exp = Experiment.build(load_config(None, overrides))
     optimizer = make_optimizer(exp)

@@ -12,7 +12,7 @@ from looplab.errors import LooplabError
 from looplab.seeding import derive_generator
 from looplab.stability.spectral import EXACT_MAX_DIM, plot_spectral, spectral_trajectory
 from looplab.tasks import TaskBatch
-from looplab.train.trainer import Experiment
+from looplab.experiment import Experiment
 
 
 def _prepare(run_dir: str | Path, out: str | Path | None, length: int | None, loops: int | None,

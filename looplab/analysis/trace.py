@@ -2,8 +2,10 @@
 
 TransformerLens caches activations by hook name and overwrites an entry when a
 hook fires twice; a looped model runs every core layer once per loop, so here
-each name carries the loop. :func:`trace` runs the forward itself, one layer
-at a time and exactly like :meth:`LoopedTransformer.step`:
+each name carries the loop. :func:`trace` drives the model's own methods
+(:meth:`~LoopedTransformer.start`, :meth:`~LoopedTransformer.step` r times,
+:meth:`~LoopedTransformer.readout`) and records through the model's layer hook
+(:meth:`~LoopedTransformer.observe`), so it records what the model computes:
 
     x = e (+ positions) → prelude₀ … prelude_{p−1} → e
     h_0 = initial_state(e)
@@ -144,8 +146,14 @@ def trace(model: LoopedTransformer, tokens: Tensor, valid: Tensor, loops: int, *
     def keep(name: str, value: Tensor) -> None:
         out.cache[name] = value.detach().to(device=device, dtype=dtype)
 
-    def run_layer(layer, x: Tensor, ctx: AttentionContext, prefix: str, record: bool) -> Tensor:
-        if not record:
+    loop = 0  # the loop the model is running, 0 before the first (prelude) and after the last (coda)
+
+    def record(site: str, index: int, layer, x: Tensor, ctx: AttentionContext) -> Tensor:
+        if site != "core":
+            prefix = f"{site}{index}"
+        elif loop in wanted and index in layers:
+            prefix = f"{loop_name(loop, loops)}.core{index}"
+        else:
             return layer(x, ctx)
         if not attention:
             x = layer(x, ctx)
@@ -163,24 +171,15 @@ def trace(model: LoopedTransformer, tokens: Tensor, valid: Tensor, loops: int, *
         keep(f"{prefix}.attn_in", inputs.pop())
         return x
 
-    ctx = model.context(valid)
-    x = model.embed_tokens(tokens)
-    for i, layer in enumerate(model.prelude):
-        x = run_layer(layer, x, ctx, f"prelude{i}", True)
-    e = x
-    h = model.initial_state(e, generator)
-    if 0 in wanted:
-        keep(f"{loop_name(0, loops)}.state", h)
-    for t in range(1, loops + 1):
-        prefix = loop_name(t, loops)
-        x = model.core_input(h, e)
-        for index, layer in enumerate(model.core):
-            x = run_layer(layer, x, ctx, f"{prefix}.core{index}", t in wanted and index in layers)
-        if model.core_out_norm is not None:
-            x = model.core_out_norm(x)
-        h = x
-        if t in wanted:
-            keep(f"{prefix}.state", h)
-    for i, layer in enumerate(model.coda):
-        h = run_layer(layer, h, ctx, f"coda{i}", True)
+    with model.observe(record):
+        h, e, ctx = model.start(tokens, valid, generator)
+        if 0 in wanted:
+            keep(f"{loop_name(0, loops)}.state", h)
+        for loop in range(1, loops + 1):
+            h = model.step(h, e, ctx)
+            if loop in wanted:
+                keep(f"{loop_name(loop, loops)}.state", h)
+        loop = 0
+        if len(model.coda):
+            model.readout(h, ctx)
     return out

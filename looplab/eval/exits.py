@@ -1,4 +1,4 @@
-"""Test-time exits (docs/methods.md §4): when to stop looping, for any trained model.
+"""Test-time exits (docs/methods.md §4): when to stop looping, for any trained model, and their registry.
 
 Each exit maps the signals of one unroll (see ``LengthOutcome``) to a depth
 per sample in 1..T:
@@ -8,9 +8,20 @@ per sample in 1..T:
     confidence    argmax_K of the whole-answer log-probability (Fan et al.)
     convergence   the first K with ‖h_K − h_{K−1}‖ / ‖h_K‖ < ε (T if never)
     argmax_pi     argmax_K π^(T)(K | x) of the halting head, when the model has one
+
+The contract of an entry: a function ``(outcome, settings) -> depths``, where
+``outcome`` is one length's :class:`LengthOutcome` (N samples, T loops),
+``settings`` the :class:`ExitSettings` from ``[eval]``, and ``depths`` an [N]
+int array in 1..T, or None when the signals it needs were not recorded.
+Decorate it with ``@register_exit("name")``; the evaluation then reports its
+accuracy (ID and OOD) and mean depth under ``exits.name`` in summary.json and
+writes its depths to eval/samples.parquet, in registration order.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,22 +30,60 @@ from looplab.eval.grid import LengthOutcome
 from looplab.model.halting import entropy, log_halting_distribution, policy_depth
 
 
-def exit_depths(outcome: LengthOutcome, fixed_depth: int, epsilon: float) -> dict[str, np.ndarray]:
-    """Depths [N] (1-based) chosen by every exit available for this outcome."""
-    steps = outcome.correct.shape[1]
-    count = len(outcome.correct)
-    depths = {
-        "policy": outcome.policy_depth,
-        "fixed": np.full(count, min(fixed_depth, steps)),
-    }
-    if outcome.confidence is not None:
-        depths["confidence"] = outcome.confidence.argmax(axis=1) + 1
-    if outcome.step_ratio is not None:
-        converged = outcome.step_ratio < epsilon  # NaN (diverged) compares False: never converged
-        depths["convergence"] = np.where(converged.any(axis=1), converged.argmax(axis=1) + 1, steps)
-    if outcome.hazard_logits is not None:
-        depths["argmax_pi"] = policy_depth(torch.from_numpy(outcome.hazard_logits)).numpy()
-    return depths
+@dataclass(frozen=True)
+class ExitSettings:
+    """The exits' parameters: K of ``fixed`` (already resolved, see ``fixed_exit_depth``), ε of ``convergence``."""
+
+    fixed_depth: int = 20
+    epsilon: float = 1e-3
+
+
+ExitRule = Callable[[LengthOutcome, ExitSettings], "np.ndarray | None"]
+EXITS: dict[str, ExitRule] = {}
+
+
+def register_exit(name: str) -> Callable[[ExitRule], ExitRule]:
+    """Function decorator: report the exit under ``name``."""
+    def register(rule: ExitRule) -> ExitRule:
+        EXITS[name] = rule
+        return rule
+    return register
+
+
+@register_exit("policy")
+def policy_exit(outcome, settings):
+    return outcome.policy_depth
+
+
+@register_exit("fixed")
+def fixed_exit(outcome, settings):
+    return np.full(len(outcome.correct), min(settings.fixed_depth, outcome.correct.shape[1]))
+
+
+@register_exit("confidence")
+def confidence_exit(outcome, settings):
+    return None if outcome.confidence is None else outcome.confidence.argmax(axis=1) + 1
+
+
+@register_exit("convergence")
+def convergence_exit(outcome, settings):
+    if outcome.step_ratio is None:
+        return None
+    converged = outcome.step_ratio < settings.epsilon  # NaN (diverged) compares False: never converged
+    return np.where(converged.any(axis=1), converged.argmax(axis=1) + 1, outcome.correct.shape[1])
+
+
+@register_exit("argmax_pi")
+def argmax_pi_exit(outcome, settings):
+    if outcome.hazard_logits is None:
+        return None
+    return policy_depth(torch.from_numpy(outcome.hazard_logits)).numpy()
+
+
+def exit_depths(outcome: LengthOutcome, settings: ExitSettings) -> dict[str, np.ndarray]:
+    """Depths [N] (1-based) chosen by every registered exit available for this outcome."""
+    found = {name: rule(outcome, settings) for name, rule in EXITS.items()}
+    return {name: depths for name, depths in found.items() if depths is not None}
 
 
 def halting_summary(outcome: LengthOutcome) -> dict | None:

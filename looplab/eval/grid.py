@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from tqdm import tqdm
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.tasks import Task, TaskBatch
-from looplab.train.schedules import Schedule
+from looplab.schedules import Schedule
 
 
 @dataclass
@@ -35,6 +36,8 @@ class LengthOutcome:
         state_norm: [N, T] ‖h_K‖ over the row's valid positions, per token (RMS of the rows' norms).
         step_norm: [N, T] ‖h_K − h_{K−1}‖, likewise.
         hazard_logits: [N, T] halting-head logits, or None for a model without one.
+        exit_depths: exit name → [N] depths, when read back from eval/samples.parquet
+            (which keeps the exits' depths instead of the signals they read).
     """
 
     length: int
@@ -45,6 +48,7 @@ class LengthOutcome:
     state_norm: np.ndarray | None = None
     step_norm: np.ndarray | None = None
     hazard_logits: np.ndarray | None = None
+    exit_depths: dict[str, np.ndarray] | None = None
 
     @property
     def step_ratio(self) -> np.ndarray | None:
@@ -70,20 +74,19 @@ class LengthOutcome:
 
 @torch.no_grad()
 def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
-                    hazard_head: torch.nn.Module | None = None) -> dict[str, Tensor]:
+                    schedule: Schedule | None = None) -> dict[str, Tensor]:
     """Everything the readout says about each row at each depth, from one unroll.
 
     Returns:
         ``correct`` [B, T] bool, ``flips`` [B, T-1] bool, ``confidence``, ``state_norm``
-        and ``step_norm`` [B, T], and ``hazard_logits`` [B, T] when a head is given.
+        and ``step_norm`` [B, T], and ``hazard_logits`` [B, T] when ``schedule`` has a
+        halting head (:meth:`Schedule.hazard_logit` is not None).
     """
     answer = batch.answer_mask
     valid = batch.valid.unsqueeze(-1)
     tokens = batch.valid.sum(1).clamp_min(1).double().sqrt()
     signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "state_norm": [],
                                         "step_norm": []}
-    if hazard_head is not None:
-        signals["hazard_logits"] = []
     h, e, ctx = model.start(batch.tokens, batch.valid)
     previous = None
     for _ in range(max_loops):
@@ -102,17 +105,32 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
         if previous is not None:
             signals["flips"].append(((prediction != previous) & answer).any(dim=1))
         previous = prediction
-        if hazard_head is not None:
-            signals["hazard_logits"].append(hazard_head(h, batch.valid).float())
+        hazard = None if schedule is None else schedule.hazard_logit(h, batch.valid)
+        if hazard is not None:
+            signals.setdefault("hazard_logits", []).append(hazard.float())
     rows = len(batch.tokens)
     return {name: torch.stack(values, dim=1) if values else torch.zeros(rows, 0, dtype=torch.bool)
             for name, values in signals.items()}
 
 
+def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: int) -> Iterator[TaskBatch]:
+    """The evaluation instances of one length, exactly as :func:`evaluate_lengths` draws them.
+
+    One generator per length, ``derive_generator(seed, "eval", length)`` (``seed`` is the
+    run's ``run.seed``), draws ⌈samples / batch_size⌉ batches in turn with
+    ``task.sample(length, rows, generator)``; the last batch holds the remainder. So
+    sample i of length n is the same instance in every run with that seed, task and
+    ``eval.batch_size``, whatever the model.
+    """
+    generator = derive_generator(seed, "eval", length)
+    for start in range(0, samples, batch_size):
+        yield task.sample(length, min(batch_size, samples - start), generator)
+
+
 def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, lengths: list[int],
                      max_loops: int, samples: int, batch_size: int, seed: int,
                      progress: bool = False) -> list[LengthOutcome]:
-    """Evaluate ``samples`` fresh instances per length, drawn from (seed, "eval", n).
+    """Evaluate ``samples`` fresh instances per length (drawn by :func:`eval_batches`).
 
     ``progress`` shows a bar over the evaluation batches (on a terminal).
     """
@@ -123,11 +141,9 @@ def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, l
     bar = tqdm(total=len(lengths) * math.ceil(samples / batch_size), desc="eval", unit="batch",
                disable=None if progress else True, leave=False, dynamic_ncols=True)
     for n in lengths:
-        generator = derive_generator(seed, "eval", n)
         parts: dict[str, list[Tensor]] = {}
-        for start in range(0, samples, batch_size):
-            batch = task.sample(n, min(batch_size, samples - start), generator).to(device)
-            for name, value in unroll_outcomes(model, batch, max_loops, schedule.module).items():
+        for batch in eval_batches(task, n, samples, batch_size, seed):
+            for name, value in unroll_outcomes(model, batch.to(device), max_loops, schedule).items():
                 parts.setdefault(name, []).append(value.cpu())
             bar.update()
         signals = {name: torch.cat(values) for name, values in parts.items()}

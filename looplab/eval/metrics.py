@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from looplab.eval.exits import exit_depths, halting_summary
+from looplab.eval.exits import ExitSettings, exit_depths, halting_summary
 from looplab.eval.grid import LengthOutcome
 
 
@@ -56,9 +56,13 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def exit_summary(outcomes: list[LengthOutcome], train_max: int, fixed_depth: int, epsilon: float) -> dict:
-    """Per exit: accuracy at its depths (ID and OOD means over lengths) and its mean depth."""
-    chosen = [exit_depths(o, fixed_depth, epsilon) for o in outcomes]
+def exit_summary(outcomes: list[LengthOutcome], train_max: int, settings: ExitSettings) -> dict:
+    """Per exit: accuracy at its depths (ID and OOD means over lengths) and its mean depth.
+
+    An outcome read back from eval/samples.parquet carries its exits' depths; the
+    others are computed by the registered exits.
+    """
+    chosen = [o.exit_depths if o.exit_depths is not None else exit_depths(o, settings) for o in outcomes]
     summary = {}
     for name in chosen[0]:
         per_length = {o.length: (o.accuracy_at(c[name]), float(c[name].mean())) for o, c in zip(outcomes, chosen)}
@@ -70,12 +74,8 @@ def exit_summary(outcomes: list[LengthOutcome], train_max: int, fixed_depth: int
     return summary
 
 
-def summarize(outcomes: list[LengthOutcome], train_max: int, fixed_depth: int = 20,
-              epsilon: float = 1e-3) -> dict:
-    """The summary.json content for one evaluated run.
-
-    ``fixed_depth`` and ``epsilon`` configure the ``fixed`` and ``convergence`` exits.
-    """
+def summarize(outcomes: list[LengthOutcome], train_max: int, settings: ExitSettings = ExitSettings()) -> dict:
+    """The summary.json content for one evaluated run; ``settings`` configure the exits."""
     per_length, oracle = {}, {}
     for o in outcomes:
         acc = o.accuracy
@@ -104,6 +104,6 @@ def summarize(outcomes: list[LengthOutcome], train_max: int, fixed_depth: int = 
         "flip_rate": flip_rate_after_policy(all_flips, np.concatenate([o.policy_depth for o in focus])),
         "flip_curve": all_flips.mean(axis=0).tolist() if all_flips.size else [],
         "per_length": per_length,
-        "exits": exit_summary(outcomes, train_max, fixed_depth, epsilon),
+        "exits": exit_summary(outcomes, train_max, settings),
         "halting": {str(o.length): halting_summary(o) for o in outcomes if o.hazard_logits is not None},
     }

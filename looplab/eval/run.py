@@ -1,4 +1,5 @@
-"""Evaluate a trained run directory and write ``eval/grid.parquet`` and ``eval/summary.json``."""
+"""Evaluate a trained run directory: ``eval/grid.parquet``, ``policy_depths.parquet``, ``samples.parquet``
+and ``summary.json`` (plus ``scaling.csv`` / ``scaling.png`` with ``--scaling``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from pathlib import Path
 
 from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
+from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
 from looplab.eval.metrics import summarize
+from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.io import atomic_write
-from looplab.stability.scaling import plot_scaling, scaling_frame, scaling_summary
-from looplab.train.memory import check_fits, eval_bytes
-from looplab.train.trainer import Experiment, read_log
+from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
+from looplab.memory import check_fits, eval_bytes
+from looplab.experiment import Experiment
+from looplab.rundir import read_log
 
 EVAL_DIR = "eval"
 
@@ -47,8 +51,8 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
 
     outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, lengths, max_loops, samples,
                                 config.eval.batch_size, config.run.seed, progress)
-    summary = summarize(outcomes, config.task.train_max, fixed_exit_depth(config.eval.fixed_exit, max_loops),
-                        config.eval.convergence_eps)
+    settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, max_loops), config.eval.convergence_eps)
+    summary = summarize(outcomes, config.task.train_max, settings)
     summary["training_cost"] = training_cost(run_dir)
     summary.update({"checkpoint": exp.checkpoint, "max_loops": max_loops, "samples": samples,
                     "train_range": [config.task.train_min, config.task.train_max]})
@@ -63,6 +67,8 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
     depths = policy_depth_frame(outcomes)
     atomic_write(out / "policy_depths.parquet", lambda p: depths.to_parquet(p, index=False))
+    per_sample = samples_frame(outcomes, settings)
+    atomic_write(out / SAMPLES_FILE, lambda p: per_sample.to_parquet(p, index=False))
     atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
 

@@ -4,6 +4,6 @@ The byte-level task itself lives in :mod:`looplab.tasks.text` (registered as
 ``kjv``) so the ordinary trainer drives it unchanged.
 """
 
-from looplab.lm.corpus import Corpus, load_corpus
+from looplab.tasks.corpus import Corpus, load_corpus
 
 __all__ = ["Corpus", "load_corpus"]

@@ -26,8 +26,8 @@ from looplab.plotting import pyplot
 from looplab.seeding import derive_generator
 from looplab.tasks import IGNORE
 from looplab.tasks.text import KJVText
-from looplab.train.schedules import DepthRule
-from looplab.train.trainer import Experiment
+from looplab.schedules import DepthRule
+from looplab.experiment import Experiment
 
 EVAL_DIR = "eval"
 CSV_FILE = "lm_loops.csv"

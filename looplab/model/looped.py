@@ -24,13 +24,17 @@ Notable:
   compaction: rows are sorted by depth, the rows still running are a prefix of
   the batch, and a row leaves as soon as its last requested depth is reached.
   Work is proportional to Σᵢ τᵢ instead of batch × max τ.
+- :meth:`observe` installs a hook around every layer call (prelude, core, coda)
+  of every forward path; the analysis trace records through it, so what it
+  records is what the model computes.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -42,10 +46,15 @@ from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
 
 
+#: hook(site, index, layer, x, ctx) -> the layer's output; site is "prelude", "core" or "coda"
+LayerHook = Callable[[str, int, Layer, Tensor, AttentionContext], Tensor]
+
+
 class LoopedTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
+        self._layer_hook: LayerHook | None = None
         d = cfg.d_model
         self.embedding = nn.Embedding(vocab_size, d)
         self.positions = nn.Embedding(cfg.max_len, d) if cfg.positional == "learned" else None
@@ -61,6 +70,21 @@ class LoopedTransformer(nn.Module):
         if self.inject is not None:
             with torch.no_grad():
                 self.inject.weight.copy_(injection_weight(cfg.inject_init, d, cfg.inject_gain))
+
+    @contextmanager
+    def observe(self, hook: LayerHook) -> Iterator[None]:
+        """Route every layer call through ``hook`` inside the block (the hook runs the layer itself,
+        so it may change the attention context, e.g. to record attention probabilities)."""
+        if self._layer_hook is not None:
+            raise RuntimeError("a layer hook is already installed")
+        self._layer_hook = hook
+        try:
+            yield
+        finally:
+            self._layer_hook = None
+
+    def _run(self, site: str, index: int, layer: Layer, x: Tensor, ctx: AttentionContext) -> Tensor:
+        return layer(x, ctx) if self._layer_hook is None else self._layer_hook(site, index, layer, x, ctx)
 
     def context(self, valid: Tensor, use_math: bool = False) -> AttentionContext:
         """Attention context for a [B, L] validity mask."""
@@ -82,8 +106,8 @@ class LoopedTransformer(nn.Module):
     def encode(self, tokens: Tensor, ctx: AttentionContext) -> Tensor:
         """tokens [B, L] → injected input e [B, L, d] (embedding and prelude)."""
         x = self.embed_tokens(tokens)
-        for layer in self.prelude:
-            x = layer(x, ctx)
+        for index, layer in enumerate(self.prelude):
+            x = self._run("prelude", index, layer, x, ctx)
         return x
 
     def initial_state(self, e: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -106,16 +130,16 @@ class LoopedTransformer(nn.Module):
     def step(self, h: Tensor, e: Tensor, ctx: AttentionContext) -> Tensor:
         """One loop: h_{t-1} [B, L, d] → h_t [B, L, d]."""
         x = self.core_input(h, e)
-        for layer in self.core:
-            x = layer(x, ctx)
+        for index, layer in enumerate(self.core):
+            x = self._run("core", index, layer, x, ctx)
         if self.core_out_norm is not None:
             x = self.core_out_norm(x)
         return x
 
     def readout(self, h: Tensor, ctx: AttentionContext) -> Tensor:
         """State h [B, L, d] → logits [B, L, V]."""
-        for layer in self.coda:
-            h = layer(h, ctx)
+        for index, layer in enumerate(self.coda):
+            h = self._run("coda", index, layer, h, ctx)
         return self.head(self.final_norm(h))
 
     def start(self, tokens: Tensor, valid: Tensor,

@@ -82,21 +82,32 @@ def power_iterate(phi: LoopMap, h: Tensor, v: Tensor, valid: Tensor, iters: int,
     return v
 
 
-def jsrr_penalty(model: LoopedTransformer, probe: LoopProbe, estimator: str, power_iters: int,
-                 generator: torch.Generator | None) -> Tensor:
-    """Mean over samples of the chosen estimator at the probe states (a differentiable scalar)."""
+def jsrr_per_sample(model: LoopedTransformer, probe: LoopProbe, estimator: str, power_iters: int = 0,
+                    generator: torch.Generator | None = None, direction: Tensor | None = None) -> Tensor:
+    """The chosen estimator at each probe state: [B], differentiable in the model's parameters.
+
+    Args:
+        estimator: ``jvp`` (‖J v‖²), ``vjp`` (‖Jᵀ v‖²) or ``frobenius`` (‖J g‖² / D).
+        power_iters: gradient-free power iterations on v before the penalty (``jvp``, ``vjp``).
+        generator: draws the direction when ``direction`` is None.
+        direction: [B, L, d] the v to start from (unit norm per sample, zero on padding, as
+            :func:`random_direction` draws it) or the g of ``frobenius``; drawn when None.
+    """
     phi = loop_map(model, probe.e, probe.valid)
     mask = probe.valid.unsqueeze(-1).to(probe.h.dtype)
     d_model = probe.h.shape[-1]
     if estimator == "frobenius":
-        g = random_direction(probe.valid, d_model, generator, unit=False, dtype=probe.h.dtype)
+        g = random_direction(probe.valid, d_model, generator, unit=False, dtype=probe.h.dtype) \
+            if direction is None else direction
         dims = probe.valid.sum(1).to(probe.h.dtype) * d_model
-        return ((jacobian_vector(phi, probe.h, g) * mask).flatten(1).pow(2).sum(1) / dims).mean()
-    v = random_direction(probe.valid, d_model, generator, dtype=probe.h.dtype)
+        return (jacobian_vector(phi, probe.h, g) * mask).flatten(1).pow(2).sum(1) / dims
+    if estimator not in ("jvp", "vjp"):
+        raise ValueError(f"unknown JSRR estimator {estimator!r}; valid: jvp, vjp, frobenius")
+    v = random_direction(probe.valid, d_model, generator, dtype=probe.h.dtype) if direction is None else direction
     transpose = estimator == "vjp"
     v = power_iterate(phi, probe.h, v, probe.valid, power_iters, transpose=transpose)
     out = vector_jacobian(phi, probe.h, v, create_graph=True) if transpose else jacobian_vector(phi, probe.h, v)
-    return (out * mask).flatten(1).pow(2).sum(1).mean()
+    return (out * mask).flatten(1).pow(2).sum(1)
 
 
 @torch.no_grad()

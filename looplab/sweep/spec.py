@@ -32,6 +32,7 @@ from pathlib import Path
 import tomli_w
 
 from looplab.config import Config, load_config, read_toml, resolve_preset
+from looplab.experiment import check_config
 from looplab.errors import LooplabError, choice_error
 
 SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "evaluate", "analyze", "analyze_loops", "analyze_samples",
@@ -81,6 +82,7 @@ class SweepSpec:
                 labels = [f"+{key}={value}" for key, value in zip(keys, values)]
                 for seed in self.seeds:
                     config = load_config(path, [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"])
+                    check_config(config)
                     variant = "".join([path.stem.removeprefix(f"{config.task.name}-"), *labels])
                     text = config.to_toml()
                     point = RunPoint(toml_id(text), variant, text)

@@ -111,6 +111,24 @@ class Task(ABC):
         start = torch.full((tokens.shape[0], 1), START, dtype=tokens.dtype)
         return torch.cat([start, tokens], 1), torch.cat([torch.full_like(start, IGNORE), labels], 1)
 
+    def decode(self, ids: Tensor) -> str:
+        """Token ids [L] → their symbols, space-separated; ``<pad>`` and :data:`IGNORE` are dropped.
+
+        Works on inputs (``batch.tokens[i]``), targets (``batch.labels[i]``) and a model's
+        predictions alike.
+        """
+        return " ".join(self.vocab[i] for i in ids.flatten().tolist() if i not in (PAD, IGNORE))
+
+    def show(self, batch: TaskBatch, row: int, prediction: Tensor | None = None) -> str:
+        """Row ``row`` of ``batch`` in words: its input, its answer and, if given, the
+        predicted answer (``prediction`` [L] ids, read at the answer positions)."""
+        answer = batch.answer_mask[row]
+        lines = [f"n = {int(batch.lengths[row])}", f"input:  {self.decode(batch.tokens[row])}",
+                 f"answer: {self.decode(batch.labels[row][answer])}"]
+        if prediction is not None:
+            lines.append(f"model:  {self.decode(prediction[answer])}")
+        return "\n".join(lines)
+
     def ids(self, *tokens: str) -> Tensor:
         """Vocabulary ids of the given token strings, as a long tensor."""
         return torch.tensor([self.token_id[t] for t in tokens], dtype=torch.long)

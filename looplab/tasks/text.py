@@ -1,7 +1,7 @@
 """Byte-level language modelling on the KJV corpus (docs/methods.md §7), as a task.
 
 An instance of size n is a window of n + 1 consecutive bytes drawn uniformly
-from the TRAIN split of :func:`looplab.lm.corpus.load_corpus`; tokens are the
+from the TRAIN split of :func:`looplab.tasks.corpus.load_corpus`; tokens are the
 start token ``<s>`` (the BOS of every window, unsupervised) and the window's
 first n bytes, labels its last n (next-byte prediction), so every byte position
 is in the answer region and the trainer's per-row loss is the mean next-byte
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.lm.corpus import SPLITS, load_corpus
+from looplab.tasks.corpus import SPLITS, load_corpus
 from looplab.tasks.base import SPECIAL_TOKENS, Task, register_task
 
 BYTE_OFFSET = len(SPECIAL_TOKENS)

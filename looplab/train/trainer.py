@@ -16,28 +16,24 @@ import dataclasses
 import json
 import math
 import time
-import tomllib
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from looplab.config import Config, from_dict
+from looplab.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from looplab.config import Config
 from looplab.errors import LooplabError
+from looplab.experiment import Experiment, all_finite, check_config, check_device
 from looplab.io import atomic_write, exclusive_lock
-from looplab.model import LoopedTransformer
+from looplab.memory import check_fits, training_bytes
+from looplab.parallel import SINGLE, Parallel
+from looplab.regularisers import regularised_loss
+from looplab.rundir import LOG_FILE, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
-from looplab.stability.jacobian import jsrr_penalty
-from looplab.tasks import Task, make_task
-from looplab.train.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
-from looplab.train.distributed import SINGLE, Parallel, data_parallel
-from looplab.train.memory import FLOAT, check_fits, parameter_count, training_bytes
-from looplab.train.schedules import DepthRule, Schedule, make_schedule
-
-CONFIG_FILE = "config.toml"
-LOG_FILE = "log.jsonl"
+from looplab.tasks import make_task
+from looplab.train.distributed import data_parallel
 
 
 class TrainingDiverged(LooplabError):
@@ -45,54 +41,6 @@ class TrainingDiverged(LooplabError):
     and the last good checkpoint is kept."""
 
     exit_code = 1
-
-
-@dataclass
-class Experiment:
-    """The objects a config describes."""
-
-    config: Config
-    task: Task
-    model: LoopedTransformer
-    schedule: Schedule
-    checkpoint: str | None = None
-
-    @staticmethod
-    def build(config: Config) -> "Experiment":
-        check_device(config.run.device)
-        torch.manual_seed(config.run.seed)
-        task = make_task(config.task.name, config.task.alphabet)
-        check_fits(f"a model of d_model = {config.model.d_model}",
-                   FLOAT * parameter_count(config, task.vocab_size), config.run.device,
-                   "use a smaller model.d_model or fewer layers")
-        model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
-        schedule = make_schedule(config.schedule, task, config.model.d_model)
-        schedule.backprop_loops = config.train.backprop_loops
-        if schedule.module is not None:
-            schedule.module.to(config.run.device)
-        return Experiment(config, task, model, schedule)
-
-    @staticmethod
-    def from_run(run_dir: str | Path) -> "Experiment":
-        """The experiment of a run directory, with the weights of its latest checkpoint, in eval mode."""
-        config = load_run_config(run_dir)
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
-        exp = Experiment.build(config)
-        load_weights(checkpoint, exp.modules())
-        if not all_finite(exp.modules()):
-            raise LooplabError(f"checkpoint {checkpoint} holds non-finite weights; nothing to evaluate or analyse")
-        exp.model.eval()
-        exp.checkpoint = checkpoint.name
-        return exp
-
-    def modules(self) -> dict[str, torch.nn.Module]:
-        """Everything with weights, by checkpoint file name."""
-        found = {"model": self.model}
-        if self.schedule.module is not None:
-            found["schedule"] = self.schedule.module
-        return found
 
 
 def make_optimizer(exp: "Experiment") -> torch.optim.AdamW:
@@ -122,64 +70,6 @@ def learning_rate(step: int, config: Config) -> float:
     progress = (step - tr.warmup_steps) / max(1, tr.steps - tr.warmup_steps)
     floor = tr.lr * tr.min_lr_ratio
     return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def check_device(device: str) -> None:
-    """A one-line error when ``run.device`` names a device this machine does not have."""
-    if device == "cpu":
-        return
-    name, _, index = device.partition(":")
-    if name != "cuda" or (index and not index.isdigit()):
-        raise LooplabError(f"run.device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
-    count = torch.cuda.device_count()
-    if int(index or 0) >= count:
-        found = f"{count} CUDA device(s), cuda:0..cuda:{count - 1}" if count else "no CUDA device"
-        raise LooplabError(f"run.device = {device!r}, but this machine has {found}; valid choices: cpu"
-                           + (", cuda[:N]" if count else ""))
-
-
-def prepare_run_dir(run_dir: Path, config: Config) -> None:
-    """Create the run dir, or check that an existing one holds this same config.
-
-    A run dir whose config was written but that holds no checkpoint yet (a start that
-    failed before its first step was saved) takes the new config: nothing trained is lost.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / CONFIG_FILE
-    if path.exists() and latest_checkpoint(run_dir) is not None:
-        saved = load_run_config(run_dir).to_dict()
-        wanted = config.to_dict()
-        diff = [f"{s}.{k}" for s in wanted for k in wanted[s] if saved[s][k] != wanted[s][k]]
-        if diff:
-            raise LooplabError(f"run dir {run_dir} holds a different config (differs in {', '.join(diff[:5])}); "
-                               "use a new --out")
-        return
-    atomic_write(path, lambda tmp: tmp.write_text(config.to_toml()))
-
-
-def load_run_config(run_dir: Path) -> Config:
-    """The resolved config saved in a run directory."""
-    path = Path(run_dir) / CONFIG_FILE
-    if not Path(run_dir).is_dir():
-        raise LooplabError(f"run dir not found: {run_dir}")
-    if not path.is_file():
-        raise LooplabError(f"{run_dir} is not a run dir (no {CONFIG_FILE})")
-    try:
-        return from_dict(tomllib.loads(path.read_text()))
-    except tomllib.TOMLDecodeError as err:
-        raise LooplabError(f"{path} is not valid TOML: {err}") from None
-
-
-def read_log(run_dir: Path) -> list[dict]:
-    """The records of a run's JSONL log, skipping a torn last line left by a kill mid-write."""
-    path = Path(run_dir) / LOG_FILE
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 class RunLog:
@@ -224,22 +114,11 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     batch = parallel.shard(exp.task.sample_lengths(lengths, generator)).to(cfg.run.device)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
-    jsrr = cfg.stability.jsrr
-    use_jsrr = jsrr.estimator != "none" and step > jsrr.warmup
-    if use_jsrr:
-        jsrr_generator = derive_generator(cfg.run.seed, "jsrr", step)
-        use_jsrr = float(torch.rand((), generator=jsrr_generator)) < jsrr.prob
-        jsrr_generator = parallel.fork(jsrr_generator)
-    # A rule schedule draws its depths for the global batch and forks the generator itself;
-    # a learned one draws as it unrolls this rank's rows only.
-    schedule_generator = generator if isinstance(exp.schedule, DepthRule) else parallel.fork(generator)
+    active = [(reg, found) for reg in exp.regularisers
+              if (found := reg.generator_for(step, cfg.run.seed, parallel)) is not None]
     with autocast(cfg):
-        out = exp.schedule.training_loss(exp.model, batch, schedule_generator, probe=use_jsrr)
-    loss, stats = out.loss, out.stats
-    if use_jsrr:
-        penalty = jsrr_penalty(exp.model, out.probe, jsrr.estimator, jsrr.power_iters, jsrr_generator)
-        loss = (1 - jsrr.weight) * loss + jsrr.weight * penalty
-        stats = {**stats, "jsrr": float(penalty.detach())}
+        out = exp.schedule.training_loss(exp.model, batch, generator, probe=bool(active))
+    loss, stats = regularised_loss(out.loss, out.stats, exp.model, out.probe, active)
     global_loss = parallel.mean(loss.detach())  # every rank agrees whether to step
     if not math.isfinite(global_loss):
         return {"loss": global_loss}
@@ -257,12 +136,6 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     return {"loss": global_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"], **stats}
 
 
-def all_finite(modules: dict[str, torch.nn.Module]) -> bool:
-    """Whether every parameter and buffer of ``modules`` is finite."""
-    return all(bool(torch.isfinite(t).all()) for module in modules.values()
-               for t in [*module.parameters(), *module.buffers()] if t.is_floating_point())
-
-
 def _window_mean(window: list[dict]) -> dict:
     """Mean of each metric over the steps that report it (e.g. ``jsrr`` only on regularised steps)."""
     keys = dict.fromkeys(k for metrics in window for k in metrics)
@@ -275,7 +148,8 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     Under torchrun every rank calls this; each returns the same trained weights.
     """
     run_dir = Path(run_dir)
-    check_device(config.run.device)  # before anything is written
+    check_config(config)  # before anything is written
+    check_device(config.run.device)
     check_fits("training", training_bytes(config, make_task(config.task.name, config.task.alphabet)),
                config.run.device, "use a smaller model.d_model, train.batch_size or training depth")
     if config.run.threads > 0:
@@ -288,8 +162,8 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
             prepare_run_dir(run_dir, config)
 
         parallel.on_main(claim)
-        exp = Experiment.build(dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)))
-        exp.schedule.parallel = parallel
+        exp = Experiment.build(dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)),
+                               parallel)
         optimizer = make_optimizer(exp)
         start = 0
         checkpoint = latest_checkpoint(run_dir)

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from looplab.config import load_config
 from looplab.errors import LooplabError
-from looplab.train import trainer
-from looplab.train import schedules
-from looplab.train.checkpoint import latest_checkpoint, load_weights
+from looplab import experiment
+from looplab.schedules import base as schedules
+from looplab.checkpoint import latest_checkpoint, load_weights
 from looplab.train.trainer import TrainingDiverged, train
 from tests.conftest import TINY, run_cli
 
@@ -85,7 +85,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_p
         train(config, run_dir, progress=False)
     checkpoint = latest_checkpoint(run_dir)
     assert checkpoint.name == "step_0000004"
-    exp = trainer.Experiment.build(config)
+    exp = experiment.Experiment.build(config)
     load_weights(checkpoint, exp.modules())
     assert all(torch.isfinite(p).all() for p in exp.model.parameters())
     assert isinstance(TrainingDiverged("x"), LooplabError)
@@ -123,9 +123,9 @@ def test_huge_learning_rate_never_saves_or_evaluates_poisoned_weights(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:
-        exp = trainer.Experiment.build(load_config(tmp_path / "tiny.toml"))
+        exp = experiment.Experiment.build(load_config(tmp_path / "tiny.toml"))
         load_weights(checkpoint, exp.modules())
-        assert trainer.all_finite(exp.modules())
+        assert experiment.all_finite(exp.modules())
 
 
 def test_eval_of_a_non_finite_checkpoint_is_an_error(tiny_config, tmp_path):

@@ -16,7 +16,7 @@ from looplab.analysis.trace import trace
 from looplab.cli import PRESETS
 from looplab.config import load_config
 from looplab.seeding import derive_generator
-from looplab.train.trainer import Experiment
+from looplab.experiment import Experiment
 
 pytestmark = pytest.mark.slow
 SEEDS = (0, 1, 2, 3, 4)

@@ -21,7 +21,8 @@ from looplab.config import (
 )
 from looplab.errors import LooplabError
 from looplab.tasks import TASKS
-from looplab.train.schedules import SCHEDULES
+from looplab.experiment import check_config
+from looplab.schedules import SCHEDULES
 
 
 def _write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
@@ -178,8 +179,9 @@ def test_section_not_a_table(tmp_path):
     ("task.name", ("copy", "unique_set", "binary_addition", "dyck1", "parity", "decimal_addition")),
 ])
 def test_bad_choice_names_valid_choices(key, choices):
+    # task and schedule names are checked against their registries, above the config schema
     with pytest.raises(LooplabError) as err:
-        load_config(None, [f'{key}="nonsense_value"'])
+        check_config(load_config(None, [f'{key}="nonsense_value"']))
     message = str(err.value)
     assert "nonsense_value" in message
     assert key in message
@@ -210,7 +212,7 @@ def test_rope_needs_even_head_dim():
 
 @pytest.mark.parametrize("override", [
     "model.core_layers=0", "task.train_min=0", "task.train_min=9", "task.eval_lengths=[]",
-    "schedule.depth=0", "schedule.t_max=0", "schedule.window=-1", "train.steps=-1", "train.lr=0",
+    "train.steps=-1", "train.lr=0",
     "eval.max_loops=0", "run.device=tpu",
     "model.init_std=0", "model.init_std=-0.02", "model.init_std=inf", "model.init_std=nan",
     "model.embed_std=0", "model.embed_std=-1", "model.inject_gain=0", "model.inject_gain=-inf",
@@ -219,6 +221,35 @@ def test_range_checks(override):
     extra = ["task.train_max=8"] if override.startswith("task.train_min") else []
     with pytest.raises(LooplabError):
         load_config(None, extra + [override])
+
+
+@pytest.mark.parametrize("schedule, override, domain", [
+    ("fixed", "depth=0", r"\[1, inf\)"), ("fixed_window", "window=-1", r"\[0, inf\)"),
+    ("window", "t_max=0", r"\[1, inf\)"), ("multi_depth", "t_max=-3", r"\[1, inf\)"),
+    ("lognormal", "sigma=-0.1", r"\[0, inf\)"), ("lognormal", "mu=nan", r"\(-inf, inf\)"),
+    ("lognormal", "lo=0", r"\[1, inf\)"), ("poisson_lognormal", "mean_depth=0.5", r"\[1, inf\)"),
+    ("rl_halting", "baseline_momentum=1.0", r"\[0, 1\)"), ("rl_halting", "entropy_weight=-1", r"\[0, inf\)"),
+    ("rl_halting", "lr_scale=0", r"\(0, inf\)"), ("pondernet", "ponder_prior=1.0", r"\(0, 1\)"),
+    ("pondernet", "ponder_beta=-0.5", r"\[0, inf\)"), ("pondernet", "t_max=0", r"\[1, inf\)"),
+])
+def test_schedule_parameters_are_checked_by_the_schedule_that_reads_them(schedule, override, domain):
+    key = override.split("=")[0]
+    with pytest.raises(LooplabError, match=rf"schedule\.{key} must be in {domain} for the {schedule} schedule"):
+        check_config(load_config(None, [f"schedule.name={schedule}", f"schedule.{override}"]))
+    # a schedule that does not read the key is not bothered by it
+    other = "matched" if schedule != "matched" else "fixed"
+    if key not in SCHEDULES[other].params:
+        check_config(load_config(None, [f"schedule.name={other}", f"schedule.{override}"]))
+
+
+@pytest.mark.parametrize("override, message", [
+    (["schedule.name=lognormal", "schedule.lo=5", "schedule.hi=2"], "lo <= schedule.hi"),
+    (["schedule.name=rl_halting", "schedule.entropy_mode=guess"], "exact, sampled"),
+    (["schedule.name=rl_halting", "train.backprop_loops=2"], "needs a rule schedule"),
+])
+def test_schedule_constraints_between_keys(override, message):
+    with pytest.raises(LooplabError, match=message):
+        check_config(load_config(None, override))
 
 
 def test_init_errors_name_the_key_and_the_domain():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from looplab.config import ModelConfig, ScheduleConfig
-from looplab.eval.exits import exit_depths, halting_summary
+from looplab.eval.exits import ExitSettings, exit_depths, halting_summary
 from looplab.eval.grid import LengthOutcome
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext
@@ -22,7 +22,7 @@ from looplab.model.halting import (
     policy_depth,
 )
 from looplab.tasks import make_task
-from looplab.train.halting import PonderNet, RLHalting
+from looplab.schedules import PonderNet, RLHalting, ScheduleContext
 
 TASK = make_task("parity")
 
@@ -79,29 +79,28 @@ def _model_and_batch(seed=0, d=16):
 
 
 def _rl(**kwargs) -> RLHalting:
-    schedule = RLHalting(ScheduleConfig(name="rl_halting", t_max=6, **kwargs), TASK, 16)
+    schedule = RLHalting(ScheduleConfig(name="rl_halting", t_max=6, **kwargs), ScheduleContext(TASK, 16))
     schedule.module.double()
     return schedule
 
 
-def test_sampled_log_prob_equals_log_pi_of_the_sampled_depth(monkeypatch):
+@pytest.mark.parametrize("mode", ["sampled", "exact"])
+def test_sample_returns_log_pi_of_the_sampled_depth(mode):
+    """The public sample's log π(τ) is the τ-th entry of the distribution a full unroll gives."""
     model, batch = _model_and_batch()
-    schedule = _rl(entropy_mode="sampled")
-    captured = {}
-    real = schedule._sample_on_the_fly
-
-    def spy(*args):
-        captured["out"] = real(*args)
-        return captured["out"]
-
-    monkeypatch.setattr(schedule, "_sample_on_the_fly", spy)
-    schedule.training_loss(model, batch, torch.Generator().manual_seed(4))
-    _, depth, log_pi_tau, _, _ = captured["out"]
-    # recompute every hazard from a full unroll
-    logits = [schedule.module(h, batch.valid) for h, _ in model.unroll(batch.tokens, batch.valid, 6)]
-    full = log_halting_distribution(torch.stack(logits, dim=1))
-    rows = torch.arange(len(depth))
-    assert torch.allclose(log_pi_tau, full[rows, depth - 1], atol=1e-10)
+    schedule = _rl(entropy_mode=mode)
+    drawn = schedule.sample(model, batch, torch.Generator().manual_seed(4))
+    full = schedule.distribution(model, batch)
+    rows = torch.arange(len(drawn.depth))
+    assert drawn.depth.min() >= 1 and drawn.depth.max() <= 6
+    assert torch.allclose(drawn.log_prob, full[rows, drawn.depth - 1], atol=1e-10)
+    assert torch.allclose(full.exp().sum(1), torch.ones(len(rows), dtype=full.dtype))
+    if mode == "exact":
+        assert torch.allclose(drawn.log_pi, full, atol=1e-10)
+        assert torch.allclose(drawn.entropy, entropy(full), atol=1e-10)
+    else:
+        assert drawn.log_pi is None
+        assert torch.equal(drawn.entropy, -drawn.log_prob)
 
 
 def test_on_the_fly_sampling_follows_pi():
@@ -114,7 +113,7 @@ def test_on_the_fly_sampling_follows_pi():
     counts = np.zeros(6)
     with torch.no_grad():
         for _ in range(400):
-            _, depth, _, _, _ = schedule._sample_on_the_fly(model, batch, generator)
+            depth = schedule.sample(model, batch, generator).depth
             np.add.at(counts, depth.numpy() - 1, 1)
     expected = np.array(brute_force_pi([0.3] * 6))
     assert np.abs(counts / counts.sum() - expected).max() < 0.02
@@ -142,8 +141,7 @@ def test_exact_and_sampled_modes_agree_on_the_law_of_tau():
         schedule = _rl(entropy_mode=mode)
         generator = torch.Generator().manual_seed(3)
         with torch.no_grad():
-            sampler = schedule._sample_exact if mode == "exact" else schedule._sample_on_the_fly
-            depths = torch.cat([sampler(model, batch, generator)[1] for _ in range(300)])
+            depths = torch.cat([schedule.sample(model, batch, generator).depth for _ in range(300)])
         means[mode] = depths.double().mean().item()
     assert means["exact"] == pytest.approx(means["sampled"], abs=0.15)
 
@@ -201,7 +199,7 @@ def _train_head(toy: DepthToy, schedule: RLHalting, steps: int) -> tuple[float, 
 
 @pytest.mark.parametrize("mode", ["sampled", "exact"])
 def test_reinforce_learns_to_loop_deeper_when_answers_need_it(mode):
-    schedule = RLHalting(ScheduleConfig(name="rl_halting", t_max=10, entropy_mode=mode), TASK, 4)
+    schedule = RLHalting(ScheduleConfig(name="rl_halting", t_max=10, entropy_mode=mode), ScheduleContext(TASK, 4))
     torch.nn.init.constant_(schedule.module.linear.bias, 1.0)  # start shallow: r ≈ 0.73
     start_depth, _ = _train_head(DepthToy(TASK.vocab_size, good_from=5), schedule, 0)
     end_depth, _ = _train_head(DepthToy(TASK.vocab_size, good_from=5), schedule, 150)
@@ -209,7 +207,7 @@ def test_reinforce_learns_to_loop_deeper_when_answers_need_it(mode):
 
 
 def test_without_entropy_bonus_the_policy_concentrates():
-    schedule = RLHalting(ScheduleConfig(name="rl_halting", t_max=8, entropy_weight=0.0), TASK, 4)
+    schedule = RLHalting(ScheduleConfig(name="rl_halting", t_max=8, entropy_weight=0.0), ScheduleContext(TASK, 4))
     torch.nn.init.constant_(schedule.module.linear.bias, -1.0)
     toy = DepthToy(TASK.vocab_size, good_from=1, margin_decay=0.45)  # every depth right, shallow ones surer
     _, start_entropy = _train_head(toy, schedule, 0)
@@ -219,7 +217,7 @@ def test_without_entropy_bonus_the_policy_concentrates():
 
 def test_pondernet_loss_trains_head_and_model_together():
     model, batch = _model_and_batch()
-    schedule = PonderNet(ScheduleConfig(name="pondernet", t_max=5), TASK, 16)
+    schedule = PonderNet(ScheduleConfig(name="pondernet", t_max=5), ScheduleContext(TASK, 16))
     schedule.module.double()
     out = schedule.training_loss(model, batch, torch.Generator().manual_seed(0))
     out.loss.backward()
@@ -238,7 +236,7 @@ def test_exits_pick_the_expected_depths():
         step_norm=np.array([[0.5, 0.1, 2e-4, 1e-5], [np.inf, np.nan, np.nan, np.nan]]),
         hazard_logits=np.array([[-5.0, 5.0, -5.0, 0.0], [-5.0, -5.0, -5.0, 0.0]]),
     )
-    depths = exit_depths(outcome, fixed_depth=9, epsilon=1e-3)
+    depths = exit_depths(outcome, ExitSettings(fixed_depth=9, epsilon=1e-3))
     assert depths["policy"].tolist() == [2, 4]
     assert depths["fixed"].tolist() == [4, 4]  # clipped to T
     assert depths["confidence"].tolist() == [2, 1]

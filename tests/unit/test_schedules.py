@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from looplab.config import ScheduleConfig
 from looplab.errors import LooplabError
 from looplab.tasks import IGNORE, make_task
-from looplab.train.objectives import depth_supervised_loss, per_row_loss
-from looplab.train.schedules import SCHEDULES, make_schedule
+from looplab.schedules.objectives import depth_supervised_loss, per_row_loss
+from looplab.schedules import SCHEDULES, ScheduleContext, make_schedule
 
 
 COPY = make_task("copy")                 # T(n) = n
@@ -20,7 +20,7 @@ ADD = make_task("binary_addition")       # T(n) = n + 1
 
 
 def sched(name, task=COPY, depth=6, window=2, t_max=10):
-    return make_schedule(ScheduleConfig(name=name, depth=depth, window=window, t_max=t_max), task, 16)
+    return make_schedule(ScheduleConfig(name=name, depth=depth, window=window, t_max=t_max), ScheduleContext(task, 16))
 
 
 def gen(seed=0):
@@ -36,7 +36,7 @@ def test_registry_holds_the_spec_schedules():
 
 def test_make_schedule_unknown_name():
     with pytest.raises(LooplabError) as err:
-        make_schedule(ScheduleConfig(name="wobble"), COPY, 16)
+        make_schedule(ScheduleConfig(name="wobble"), ScheduleContext(COPY, 16))
     message = str(err.value)
     assert "wobble" in message
     for name in ("fixed", "matched", "window", "fixed_window", "multi_depth"):

@@ -12,7 +12,7 @@ from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.stability.jacobian import (
     jacobian_vector,
-    jsrr_penalty,
+    jsrr_per_sample,
     loop_map,
     random_direction,
     spectral_radius_exact,
@@ -20,7 +20,7 @@ from looplab.stability.jacobian import (
     vector_jacobian,
 )
 from looplab.tasks import make_task
-from looplab.train.schedules import make_schedule
+from looplab.schedules import ScheduleContext, make_schedule
 
 TASK = make_task("copy")
 
@@ -80,16 +80,16 @@ def test_frobenius_estimator_is_unbiased():
     probe = LoopProbe(h, e, batch.valid)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        estimates = [float(jsrr_penalty(model, probe, "frobenius", 0, generator)) for _ in range(400)]
+        estimates = [float(jsrr_per_sample(model, probe, "frobenius", 0, generator).mean()) for _ in range(400)]
     assert sum(estimates) / len(estimates) == pytest.approx(target, rel=0.1)
 
 
 @pytest.mark.parametrize("estimator", ["jvp", "vjp", "frobenius"])
-def test_jsrr_penalty_is_differentiable_through_the_sdpa_model(estimator):
+def test_jsrr_is_differentiable_through_the_sdpa_model(estimator):
     model, batch, h, e, phi = _setup()
     assert model.cfg.attention == "sdpa"  # the penalty switches to the math path itself
     h = h.clone().requires_grad_(True)
-    penalty = jsrr_penalty(model, LoopProbe(h, e, batch.valid), estimator, 1, torch.Generator().manual_seed(0))
+    penalty = jsrr_per_sample(model, LoopProbe(h, e, batch.valid), estimator, 1, torch.Generator().manual_seed(0)).mean()
     penalty.backward()
     assert penalty.item() > 0
     matrices = [p for p in model.core.parameters() if p.dim() == 2]
@@ -100,13 +100,13 @@ def test_jvp_penalty_after_power_iterations_approaches_rho_squared():
     model, batch, h, e, phi = _setup(padded=False)
     probe = LoopProbe(h, e, batch.valid)
     with torch.no_grad():
-        penalty = jsrr_penalty(model, probe, "jvp", 300, torch.Generator().manual_seed(0))
+        penalty = jsrr_per_sample(model, probe, "jvp", 300, torch.Generator().manual_seed(0)).mean()
     exact = [spectral_radius_exact(loop_map(model, e[i:i + 1], batch.valid[i:i + 1]), h[i:i + 1]) for i in range(2)]
     assert penalty.item() == pytest.approx(sum(r * r for r in exact) / 2, rel=0.1)
 
 
 def _schedule(**kwargs):
-    return make_schedule(ScheduleConfig(**kwargs), TASK, 8)
+    return make_schedule(ScheduleConfig(**kwargs), ScheduleContext(TASK, 8))
 
 
 def test_poisson_lognormal_mean_is_the_requested_mean():

