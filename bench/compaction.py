@@ -28,18 +28,18 @@ import argparse
 import copy
 import os
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+from timing import add_common_options, add_model_options, median, print_table, print_verdict, setup, time_interleaved
 from torch import Tensor
 
-from timing import add_common_options, add_model_options, median, print_table, print_verdict, setup, time_interleaved
 from looplab.config import Config, validate
+from looplab.experiment import Experiment
 from looplab.model import LoopedTransformer
+from looplab.schedules.objectives import per_row_loss
 from looplab.seeding import derive_generator
 from looplab.tasks import TaskBatch
-from looplab.schedules.objectives import per_row_loss
-from looplab.experiment import Experiment
 from looplab.train.trainer import make_optimizer
 
 GOAL = 1.6
@@ -49,7 +49,7 @@ TOLERANCE = 1e-5
 def naive_logits(model: LoopedTransformer, tokens: Tensor, valid: Tensor, depths: Tensor) -> Tensor:
     """Logits [B, L, V] at each row's depth, by unrolling every row to max(depths)."""
     states = []
-    for h, ctx in model.unroll(tokens, valid, int(depths.max())):
+    for h, ctx in model.unroll(tokens, valid, int(depths.max())):  # noqa: B007 (the last ctx reads out)
         states.append(h)
     chosen = torch.stack(states)[depths - 1, torch.arange(len(depths), device=depths.device)]
     return model.readout(chosen, ctx)
@@ -86,8 +86,14 @@ def check_paths_agree(model: LoopedTransformer, batch: TaskBatch, depths: Tensor
     return logit_diff, grad_diff
 
 
-def make_step(model: LoopedTransformer, optimizer: torch.optim.Optimizer, clip: float, logits_fn: Callable,
-              batch: TaskBatch, depths: Tensor) -> Callable[[], None]:
+def make_step(
+    model: LoopedTransformer,
+    optimizer: torch.optim.Optimizer,
+    clip: float,
+    logits_fn: Callable,
+    batch: TaskBatch,
+    depths: Tensor,
+) -> Callable[[], None]:
     """A closure running one training step of ``model`` on ``batch`` with ``logits_fn``."""
 
     def step() -> None:
@@ -107,8 +113,9 @@ def make_paths(exp: Experiment, batches: list[tuple[TaskBatch, Tensor]]) -> dict
     paths = {}
     for index, (batch, depths) in enumerate(batches):
         for name, logits_fn in PATHS.items():
-            paths[name, index] = make_step(copies[name].model, optimizers[name], exp.config.train.grad_clip,
-                                           logits_fn, batch, depths)
+            paths[name, index] = make_step(
+                copies[name].model, optimizers[name], exp.config.train.grad_clip, logits_fn, batch, depths
+            )
     return paths
 
 
@@ -150,18 +157,31 @@ def main() -> None:
     seconds = time_interleaved(make_paths(exp, batches), args.repeats, args.warmup)
     # Per batch the median over repeats (robust to load spikes), then the mean over batches.
     per_step = {name: statistics.mean(median(seconds[name, b]) for b in range(args.batches)) for name in PATHS}
-    spread = {name: [min(min(seconds[name, b]) for b in range(args.batches)),
-                     max(max(seconds[name, b]) for b in range(args.batches))] for name in PATHS}
+    spread = {
+        name: [
+            min(min(seconds[name, b]) for b in range(args.batches)),
+            max(max(seconds[name, b]) for b in range(args.batches)),
+        ]
+        for name in PATHS
+    }
 
-    print(f"compaction: binary_addition, batch {args.batch}, n ~ U{{1..{args.max_length}}}, matched depths T(n) = n + 1, "
-          f"d_model {args.d_model}, {args.layers} core layers, {args.threads} threads")
-    print(f"timing: {args.batches} fixed batches, {args.warmup} warm-up + {args.repeats} timed steps per (path, batch), "
-          f"interleaved; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(f"check: max |logit diff| {logit_diff:.2e}, max |grad diff| {grad_diff:.2e} over {args.batches} batches "
-          f"(tolerance {TOLERANCE:g}) -> OK")
+    print(
+        f"compaction: binary_addition, batch {args.batch}, n ~ U{{1..{args.max_length}}}, matched depths T(n) = n + 1, "
+        f"d_model {args.d_model}, {args.layers} core layers, {args.threads} threads"
+    )
+    print(
+        f"timing: {args.batches} fixed batches, {args.warmup} warm-up + {args.repeats} timed steps per (path, batch), "
+        f"interleaved; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
+    print(
+        f"check: max |logit diff| {logit_diff:.2e}, max |grad diff| {grad_diff:.2e} over {args.batches} batches "
+        f"(tolerance {TOLERANCE:g}) -> OK"
+    )
     print(f"work: sum(tau) / (B * max tau) = {work_ratio:.3f}  (ideal speedup {1 / work_ratio:.2f}x)")
-    rows = [[name, f"{1e3 * per_step[name]:.1f}", f"{1e3 * spread[name][0]:.1f}", f"{1e3 * spread[name][1]:.1f}"]
-            for name in PATHS]
+    rows = [
+        [name, f"{1e3 * per_step[name]:.1f}", f"{1e3 * spread[name][0]:.1f}", f"{1e3 * spread[name][1]:.1f}"]
+        for name in PATHS
+    ]
     print_table(["path", "ms/step (mean of per-batch medians)", "fastest step ms", "slowest step ms"], rows)
     print_verdict("naive / compacted step time", per_step["naive"] / per_step["compacted"], GOAL)
 

@@ -28,15 +28,15 @@ import argparse
 import os
 
 import torch
+from timing import add_common_options, add_model_options, median, print_table, print_verdict, setup, time_interleaved
 from torch import Tensor
 
-from timing import add_common_options, add_model_options, median, print_table, print_verdict, setup, time_interleaved
 from looplab.config import Config, validate
 from looplab.eval.grid import unroll_outcomes
+from looplab.experiment import Experiment
 from looplab.model import LoopedTransformer
 from looplab.seeding import derive_generator
 from looplab.tasks import TaskBatch
-from looplab.experiment import Experiment
 
 GOAL = 10.0
 
@@ -106,26 +106,39 @@ def main() -> None:
     true_correct = sum(int(c.sum()) for c, _ in fast)
     true_flips = sum(int(f.sum()) for _, f in fast)
 
-    seconds = time_interleaved({
-        "one unroll": lambda: one_unroll_grid(model, batches, args.max_loops),
-        "naive (one pass per K)": lambda: naive_grid(model, batches, args.max_loops),
-    }, args.repeats, args.warmup)
+    seconds = time_interleaved(
+        {
+            "one unroll": lambda: one_unroll_grid(model, batches, args.max_loops),
+            "naive (one pass per K)": lambda: naive_grid(model, batches, args.max_loops),
+        },
+        args.repeats,
+        args.warmup,
+    )
 
     cells = len(args.lengths) * args.max_loops
-    print(f"eval_grid: binary_addition, lengths {args.lengths} x {args.samples} samples, K = 1..{args.max_loops}, "
-          f"d_model {args.d_model}, {args.layers} core layers, random init, {args.threads} threads")
-    print(f"timing: equality check (one untimed grid per path) + {args.warmup} warm-up + {args.repeats} timed grids "
-          "per path, interleaved; "
-          f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(f"check: correctness [{len(args.lengths)} x {args.samples} x {args.max_loops}] and flips identical "
-          f"({true_correct} correct entries, {true_flips} flip entries True) -> OK")
+    print(
+        f"eval_grid: binary_addition, lengths {args.lengths} x {args.samples} samples, K = 1..{args.max_loops}, "
+        f"d_model {args.d_model}, {args.layers} core layers, random init, {args.threads} threads"
+    )
+    print(
+        f"timing: equality check (one untimed grid per path) + {args.warmup} warm-up + {args.repeats} timed grids "
+        "per path, interleaved; "
+        f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
+    print(
+        f"check: correctness [{len(args.lengths)} x {args.samples} x {args.max_loops}] and flips identical "
+        f"({true_correct} correct entries, {true_flips} flip entries True) -> OK"
+    )
     ideal = sum(range(1, args.max_loops + 1)) / args.max_loops
     print(f"work: loops per grid {args.max_loops} vs {sum(range(1, args.max_loops + 1))} (ideal ratio {ideal:.1f}x)")
-    rows = [[name, f"{median(s):.3f}", f"{min(s):.3f}", f"{max(s):.3f}", f"{1e3 * median(s) / cells:.1f}"]
-            for name, s in seconds.items()]
+    rows = [
+        [name, f"{median(s):.3f}", f"{min(s):.3f}", f"{max(s):.3f}", f"{1e3 * median(s) / cells:.1f}"]
+        for name, s in seconds.items()
+    ]
     print_table(["path", "median s/grid", "min s", "max s", "ms per (n, K) cell"], rows)
-    print_verdict("naive / one unroll grid time",
-                  median(seconds["naive (one pass per K)"]) / median(seconds["one unroll"]), GOAL)
+    print_verdict(
+        "naive / one unroll grid time", median(seconds["naive (one pass per K)"]) / median(seconds["one unroll"]), GOAL
+    )
 
 
 if __name__ == "__main__":

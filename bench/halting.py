@@ -26,19 +26,37 @@ def main() -> None:
 
     runs, stats = {}, {}
     for mode in ("exact", "sampled"):
-        runs[mode], stats[mode] = step_runner([
-            "task.name=binary_addition", "task.train_min=1", "task.train_max=19", "schedule.name=rl_halting",
-            f"schedule.t_max={args.t_max}", f"schedule.entropy_mode={mode}", f"model.d_model={args.d_model}",
-            "model.core_layers=3", "train.batch_size=64", f"run.seed={args.seed}",
-        ])
+        runs[mode], stats[mode] = step_runner(
+            [
+                "task.name=binary_addition",
+                "task.train_min=1",
+                "task.train_max=19",
+                "schedule.name=rl_halting",
+                f"schedule.t_max={args.t_max}",
+                f"schedule.entropy_mode={mode}",
+                f"model.d_model={args.d_model}",
+                "model.core_layers=3",
+                "train.batch_size=64",
+                f"run.seed={args.seed}",
+            ]
+        )
     seconds = time_interleaved(runs, args.repeats, args.warmup)
 
     rows = []
     for mode in ("exact", "sampled"):
-        mean = {k: sum(s[k] for s in stats[mode]) / len(stats[mode]) for k in ("block_evals", "row_loops_mean",
-                                                                                 "halt_depth_mean")}
-        rows.append([mode, f"{1000 * median(seconds[mode]):.1f}", f"{mean['block_evals']:.2f}",
-                     f"{mean['row_loops_mean']:.2f}", f"{mean['halt_depth_mean']:.2f}"])
+        mean = {
+            k: sum(s[k] for s in stats[mode]) / len(stats[mode])
+            for k in ("block_evals", "row_loops_mean", "halt_depth_mean")
+        }
+        rows.append(
+            [
+                mode,
+                f"{1000 * median(seconds[mode]):.1f}",
+                f"{mean['block_evals']:.2f}",
+                f"{mean['row_loops_mean']:.2f}",
+                f"{mean['halt_depth_mean']:.2f}",
+            ]
+        )
     print(f"RL-Halting training step, T_max = {args.t_max}, batch 64, d = {args.d_model}, {args.threads} threads")
     print_table(["mode", "ms/step", "block evals (max τ)", "loops per row", "mean τ"], rows)
     print_verdict("sampled vs exact step time", median(seconds["exact"]) / median(seconds["sampled"]), 1.3)

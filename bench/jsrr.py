@@ -28,18 +28,30 @@ def main() -> None:
 
     runs = {}
     for estimator in ("none", "jvp", "vjp", "frobenius"):
-        runs[estimator], _ = step_runner([
-            "task.name=binary_addition", "task.train_min=8", "task.train_max=12", "schedule.name=fixed",
-            f"schedule.depth={args.loops}", f"model.d_model={args.d_model}", "model.n_heads=4",
-            "model.placement=post_sandwich", f"stability.jsrr.estimator={estimator}", "stability.jsrr.power_iters=1",
-            "train.batch_size=64", f"run.seed={args.seed}",
-        ])
+        runs[estimator], _ = step_runner(
+            [
+                "task.name=binary_addition",
+                "task.train_min=8",
+                "task.train_max=12",
+                "schedule.name=fixed",
+                f"schedule.depth={args.loops}",
+                f"model.d_model={args.d_model}",
+                "model.n_heads=4",
+                "model.placement=post_sandwich",
+                f"stability.jsrr.estimator={estimator}",
+                "stability.jsrr.power_iters=1",
+                "train.batch_size=64",
+                f"run.seed={args.seed}",
+            ]
+        )
     seconds = time_interleaved(runs, args.repeats, args.warmup)
 
     plain = median(seconds["none"])
     rows = [[name, f"{1000 * median(times):.1f}", f"{median(times) / plain:.2f}x"] for name, times in seconds.items()]
-    print(f"training step, binary addition n in 8..12, batch 64, {args.loops} loops, d = {args.d_model}, "
-          f"{args.threads} threads")
+    print(
+        f"training step, binary addition n in 8..12, batch 64, {args.loops} loops, d = {args.d_model}, "
+        f"{args.threads} threads"
+    )
     print_table(["jsrr estimator", "ms/step", "vs plain"], rows)
     ratio = median(seconds["jvp"]) / plain
     met = ratio <= GOAL

@@ -24,8 +24,11 @@ from looplab.eval.grid import evaluate_lengths
 from looplab.eval.metrics import summarize
 from looplab.train.trainer import train
 
-SCHEMES = {"rope": ["model.positional=rope"], "causal_nope": ["model.positional=nope", "model.causal=true"],
-           "learned": ["model.positional=learned"]}
+SCHEMES = {
+    "rope": ["model.positional=rope"],
+    "causal_nope": ["model.positional=nope", "model.causal=true"],
+    "learned": ["model.positional=learned"],
+}
 
 
 def main() -> None:
@@ -47,12 +50,21 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             exp = train(config, Path(tmp), progress=False)
         seconds = time.perf_counter() - began
-        outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, config.task.eval_lengths,
-                                    config.eval.max_loops, config.eval.samples, config.eval.batch_size,
-                                    config.run.seed)
+        outcomes = evaluate_lengths(
+            exp.model,
+            exp.task,
+            exp.schedule,
+            config.task.eval_lengths,
+            config.eval.max_loops,
+            config.eval.samples,
+            config.eval.batch_size,
+            config.run.seed,
+        )
         s = summarize(outcomes, config.task.train_max)
-        print(f"{name:<14} {seed:>4} {100 * s['oracle_id']:>8.1f}% {100 * s['oracle_ood']:>9.1f}% {s['front90']:>8} "
-              f"{seconds:>7.0f}")
+        print(
+            f"{name:<14} {seed:>4} {100 * s['oracle_id']:>8.1f}% {100 * s['oracle_ood']:>9.1f}% {s['front90']:>8} "
+            f"{seconds:>7.0f}"
+        )
 
 
 if __name__ == "__main__":

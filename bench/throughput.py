@@ -35,8 +35,8 @@ import argparse
 import os
 
 import torch
-
 from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
+
 from looplab.config import Config, validate
 from looplab.experiment import Experiment
 from looplab.train.trainer import make_optimizer, train_step
@@ -47,7 +47,7 @@ GOAL_D_MODEL = 256
 
 def step_flops(batch: int, length: int, loops: int, layers: int, d_model: int, mlp_ratio: int) -> float:
     """Analytic FLOPs of one training step (forward + backward of the core layers), per the module docstring."""
-    per_token_layer = 2 * (4 + 2 * mlp_ratio) * d_model ** 2 + 4 * length * d_model
+    per_token_layer = 2 * (4 + 2 * mlp_ratio) * d_model**2 + 4 * length * d_model
     return 3.0 * batch * length * loops * layers * per_token_layer
 
 
@@ -56,7 +56,7 @@ def matmul_peak(size: int, repeats: int) -> float:
     a, b = torch.randn(size, size), torch.randn(size, size)
     out = torch.empty(size, size)
     seconds = time_interleaved({"mm": lambda: torch.mm(a, b, out=out)}, repeats, warmup=2)["mm"]
-    return 2.0 * size ** 3 / median(seconds) / 1e9
+    return 2.0 * size**3 / median(seconds) / 1e9
 
 
 def make_config(args: argparse.Namespace, d_model: int) -> Config:
@@ -92,8 +92,10 @@ def profile_step(run_step, top: int) -> None:
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    rows = [[e.key, e.count, f"{e.self_cpu_time_total / 1e3:.1f}", f"{100 * e.self_cpu_time_total / total:.1f}"]
-            for e in events[:top]]
+    rows = [
+        [e.key, e.count, f"{e.self_cpu_time_total / 1e3:.1f}", f"{100 * e.self_cpu_time_total / total:.1f}"]
+        for e in events[:top]
+    ]
     print_table(["op", "calls", "self ms", "share %"], rows)
 
 
@@ -126,15 +128,28 @@ def main() -> None:
         achieved = flops / seconds / 1e9
         percent[d_model] = 100 * achieved / peak
         params = sum(p.numel() for p in exp.model.parameters())
-        rows.append([d_model, f"{config.model.n_heads}x{args.head_dim}", f"{params / 1e6:.2f}M",
-                     f"{1e3 * seconds:.0f}", f"{tokens / seconds:,.0f}", f"{flops / 1e9:.1f}",
-                     f"{achieved:.1f}", f"{percent[d_model]:.1f}"])
+        rows.append(
+            [
+                d_model,
+                f"{config.model.n_heads}x{args.head_dim}",
+                f"{params / 1e6:.2f}M",
+                f"{1e3 * seconds:.0f}",
+                f"{tokens / seconds:,.0f}",
+                f"{flops / 1e9:.1f}",
+                f"{achieved:.1f}",
+                f"{percent[d_model]:.1f}",
+            ]
+        )
 
-    print(f"throughput: binary_addition n ~ U{{{args.min_length}..{args.max_length}}} (L = {length}), "
-          f"batch {args.batch}, fixed depth {args.loops}, {args.layers} core layers, MLP ratio {args.mlp_ratio}, "
-          f"fp32, {args.threads} threads")
-    print(f"timing: {args.warmup} warm-up + {args.repeats} timed train_step calls per model; "
-          f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(
+        f"throughput: binary_addition n ~ U{{{args.min_length}..{args.max_length}}} (L = {length}), "
+        f"batch {args.batch}, fixed depth {args.loops}, {args.layers} core layers, MLP ratio {args.mlp_ratio}, "
+        f"fp32, {args.threads} threads"
+    )
+    print(
+        f"timing: {args.warmup} warm-up + {args.repeats} timed train_step calls per model; "
+        f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
     print(f"peak: torch.mm {args.peak_size}x{args.peak_size} fp32 = {peak:.1f} GFLOP/s")
     print_table(["d_model", "heads x dim", "params", "ms/step", "tokens/s", "GFLOP/step", "GFLOP/s", "% of peak"], rows)
     if args.profile:

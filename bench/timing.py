@@ -11,7 +11,7 @@ import argparse
 import random
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -65,8 +65,9 @@ def _write_json(path: Path, data: dict) -> None:
         os.fsync(handle.fileno())
 
 
-def save_checkpoint(run_dir: Path, step: int, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
-                    state: dict, keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer, state: dict, keep: int
+) -> Path:
     """Atomically write the checkpoint of ``step``; keep the newest ``keep`` ones.
 
     Each of ``modules`` goes to ``<name>.safetensors``; ``state`` to state.json.
@@ -79,8 +80,9 @@ def save_checkpoint(run_dir: Path, step: int, modules: dict[str, nn.Module], opt
     try:
         tmp.mkdir()
         for name, module in modules.items():
-            save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
-                      tmp / f"{name}.safetensors")
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, tmp / f"{name}.safetensors"
+            )
         opt_tensors, opt_meta = _optimizer_tensors(optimizer)
         save_file(opt_tensors, tmp / "optimizer.safetensors")
         _write_json(tmp / "optimizer.json", opt_meta)
@@ -90,8 +92,9 @@ def save_checkpoint(run_dir: Path, step: int, modules: dict[str, nn.Module], opt
         shutil.rmtree(tmp, ignore_errors=True)
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
         kept = latest_checkpoint(run_dir)
-        raise LooplabError(f"cannot write checkpoint {final} ({reason}); "
-                           f"{f'kept {kept}' if kept else 'no earlier checkpoint'}") from None
+        raise LooplabError(
+            f"cannot write checkpoint {final} ({reason}); {f'kept {kept}' if kept else 'no earlier checkpoint'}"
+        ) from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in checkpoint_dirs(run_dir)[:-keep]:
@@ -124,8 +127,10 @@ def _load_module(path: Path, module: nn.Module) -> None:
         if missing or unexpected:
             detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         else:
-            detail = (f"shape of {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, "
-                      f"config wants {tuple(expected[wrong[0]].shape)}")
+            detail = (
+                f"shape of {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, "
+                f"config wants {tuple(expected[wrong[0]].shape)}"
+            )
         raise LooplabError(f"checkpoint {path} does not match the model config: {detail}")
     module.load_state_dict(tensors)
 

@@ -18,9 +18,17 @@ from looplab.report.paper import PAPERS
 
 ANALYSES = ("mechanistic", "spectral", "pca")
 STUDIES = tuple(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper"))
-MECHANISTIC_HEADLINE = ("fixed_point_self_cos", "fixed_point_self_cos_median", "fixed_point_cross_cos_min",
-                        "state_norm_first", "state_norm_last", "update_ratio_mean", "attention_diff_last",
-                        "token_dynamics", "massive_ratio_max")
+MECHANISTIC_HEADLINE = (
+    "fixed_point_self_cos",
+    "fixed_point_self_cos_median",
+    "fixed_point_cross_cos_min",
+    "state_norm_first",
+    "state_norm_last",
+    "update_ratio_mean",
+    "attention_diff_last",
+    "token_dynamics",
+    "massive_ratio_max",
+)
 
 
 def _lengths(text: str) -> list[int]:
@@ -52,10 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--lengths", type=_lengths, help="comma-separated instance sizes, e.g. 8,12,16")
     evaluate.add_argument("--max-loops", type=int, help="unroll depth T_eval")
     evaluate.add_argument("--samples", type=int, help="samples per length")
-    evaluate.add_argument("--scaling", action="store_true",
-                          help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)")
-    evaluate.add_argument("--lm-loops", type=int, metavar="T",
-                          help="text (kjv) runs: validation loss against loops 1..T (eval/lm_loops.csv)")
+    evaluate.add_argument(
+        "--scaling", action="store_true", help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)"
+    )
+    evaluate.add_argument(
+        "--lm-loops",
+        type=int,
+        metavar="T",
+        help="text (kjv) runs: validation loss against loops 1..T (eval/lm_loops.csv)",
+    )
 
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True)
@@ -65,19 +78,28 @@ def _parser() -> argparse.ArgumentParser:
 
     analyze = commands.add_parser("analyze", help="analyse a trained run (results under RUN_DIR/analysis)")
     kinds = analyze.add_subparsers(dest="kind", required=True)
-    mechanistic = kinds.add_parser("mechanistic", help="fixed points, attention across loops, ColSum stages "
-                                   "(the default: `looplab analyze RUN_DIR`)")
+    mechanistic = kinds.add_parser(
+        "mechanistic",
+        help="fixed points, attention across loops, ColSum stages (the default: `looplab analyze RUN_DIR`)",
+    )
     spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
     pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
     mechanistic.add_argument("run_dir", help="a run dir, or a config TOML to analyse its untrained initialisation")
     mechanistic.add_argument("--loops", type=int, default=128, help="unroll depth (default 128)")
     mechanistic.add_argument("--samples", type=int, default=8)
-    mechanistic.add_argument("--out", help="output folder (default RUN_DIR/analysis/mechanistic; "
-                             "required for a config)")
-    mechanistic.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                             help="override a key of a config (not of a run dir)")
-    mechanistic.add_argument("--no-mlp-ablation", action="store_true",
-                             help="skip the re-traces with each core layer's MLP zeroed")
+    mechanistic.add_argument(
+        "--out", help="output folder (default RUN_DIR/analysis/mechanistic; required for a config)"
+    )
+    mechanistic.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a key of a config (not of a run dir)",
+    )
+    mechanistic.add_argument(
+        "--no-mlp-ablation", action="store_true", help="skip the re-traces with each core layer's MLP zeroed"
+    )
     for sub in (spectral, pca):
         sub.add_argument("run_dir")
         sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
@@ -92,8 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="tables, plots and report.html from a sweep dir")
     report.add_argument("sweep_dir")
     report.add_argument("--paper", choices=PAPERS, help="put this paper's numbers side by side")
-    reproduce = commands.add_parser("reproduce", help="run a paper's study at CPU (-small) or paper (-paper) scale, "
-                                    "then its report")
+    reproduce = commands.add_parser(
+        "reproduce", help="run a paper's study at CPU (-small) or paper (-paper) scale, then its report"
+    )
     reproduce.add_argument("study", choices=STUDIES)
     for sub in (sweep, reproduce):
         sub.add_argument("--out", required=True, help="sweep dir (resumed if it exists)")
@@ -172,10 +195,13 @@ def _sweep(args, sweep_file: Path) -> None:
 
     began = time.perf_counter()
     spec = load_sweep(sweep_file)
-    frame = run_sweep(spec, args.out, args.workers, args.backend, args.address, not args.no_progress,
-                      sweep_file.read_text())
-    print(f"sweep: {len(frame)} runs finished in {time.perf_counter() - began:.0f} s; "
-          f"results in {Path(args.out) / 'results.parquet'}")
+    frame = run_sweep(
+        spec, args.out, args.workers, args.backend, args.address, not args.no_progress, sweep_file.read_text()
+    )
+    print(
+        f"sweep: {len(frame)} runs finished in {time.perf_counter() - began:.0f} s; "
+        f"results in {Path(args.out) / 'results.parquet'}"
+    )
 
 
 def _report(sweep_dir: str, paper: str | None) -> None:
@@ -192,8 +218,10 @@ def _demo(args) -> None:
 
     config = load_config(PRESETS / "demo.toml")
     began = time.perf_counter()
-    print(f"demo: {config.task.name}, train lengths {config.task.train_min}..{config.task.train_max}, "
-          f"schedule {config.schedule.name}, {config.train.steps} steps -> {args.out}")
+    print(
+        f"demo: {config.task.name}, train lengths {config.task.train_min}..{config.task.train_max}, "
+        f"schedule {config.schedule.name}, {config.train.steps} steps -> {args.out}"
+    )
     train(config, Path(args.out))
     summary = evaluate_run(args.out, progress=True)
     print(format_summary(summary))

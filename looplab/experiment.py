@@ -48,14 +48,20 @@ def check_device(device: str) -> None:
     count = torch.cuda.device_count()
     if int(index or 0) >= count:
         found = f"{count} CUDA device(s), cuda:0..cuda:{count - 1}" if count else "no CUDA device"
-        raise LooplabError(f"run.device = {device!r}, but this machine has {found}; valid choices: cpu"
-                           + (", cuda[:N]" if count else ""))
+        raise LooplabError(
+            f"run.device = {device!r}, but this machine has {found}; valid choices: cpu"
+            + (", cuda[:N]" if count else "")
+        )
 
 
 def all_finite(modules: dict[str, torch.nn.Module]) -> bool:
     """Whether every parameter and buffer of ``modules`` is finite."""
-    return all(bool(torch.isfinite(t).all()) for module in modules.values()
-               for t in [*module.parameters(), *module.buffers()] if t.is_floating_point())
+    return all(
+        bool(torch.isfinite(t).all())
+        for module in modules.values()
+        for t in [*module.parameters(), *module.buffers()]
+        if t.is_floating_point()
+    )
 
 
 @dataclass
@@ -70,15 +76,18 @@ class Experiment:
     checkpoint: str | None = None
 
     @staticmethod
-    def build(config: Config, parallel: Parallel = SINGLE) -> "Experiment":
+    def build(config: Config, parallel: Parallel = SINGLE) -> Experiment:
         """Fresh objects, the model initialised from ``run.seed``; ``parallel`` is this process's rank."""
         check_config(config)
         check_device(config.run.device)
         torch.manual_seed(config.run.seed)
         task = make_task(config.task.name, config.task.alphabet)
-        check_fits(f"a model of d_model = {config.model.d_model}",
-                   FLOAT * parameter_count(config, task.vocab_size), config.run.device,
-                   "use a smaller model.d_model or fewer layers")
+        check_fits(
+            f"a model of d_model = {config.model.d_model}",
+            FLOAT * parameter_count(config, task.vocab_size),
+            config.run.device,
+            "use a smaller model.d_model or fewer layers",
+        )
         model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
         context = ScheduleContext(task, config.model.d_model, parallel, config.train.backprop_loops)
         schedule = make_schedule(config.schedule, context)
@@ -87,7 +96,7 @@ class Experiment:
         return Experiment(config, task, model, schedule, build_regularisers(config))
 
     @staticmethod
-    def from_run(run_dir: str | Path) -> "Experiment":
+    def from_run(run_dir: str | Path) -> Experiment:
         """The experiment of a run directory, with the weights of its latest checkpoint, in eval mode."""
         config = load_run_config(run_dir)
         checkpoint = latest_checkpoint(run_dir)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from looplab.errors import LooplabError
 

@@ -20,7 +20,7 @@ from looplab.tasks import Task
 __all__ = ["parameter_count", "training_bytes", "eval_bytes", "device_bytes", "check_fits"]
 
 FLOAT = 4
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def parameter_count(config: Config, vocab_size: int) -> int:
@@ -76,5 +76,7 @@ def check_fits(what: str, needed: int, device: str, advice: str) -> None:
     """Refuse ``what`` when its estimate exceeds the device's memory."""
     available = device_bytes(device)
     if needed > available:
-        raise LooplabError(f"{what} needs an estimated {needed / GIB:,.1f} GiB, more than the "
-                           f"{available / GIB:,.1f} GiB of {device}; {advice}")
+        raise LooplabError(
+            f"{what} needs an estimated {needed / GIB:,.1f} GiB, more than the "
+            f"{available / GIB:,.1f} GiB of {device}; {advice}"
+        )

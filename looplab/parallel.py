@@ -8,8 +8,8 @@ Schedules draw their per-row randomness through :meth:`Parallel.draw_rows` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,7 @@ class Parallel:
         """
         if self.world_size == 1:
             return draw(rows)
-        return draw(rows * self.world_size)[self.rank * rows:(self.rank + 1) * rows]
+        return draw(rows * self.world_size)[self.rank * rows : (self.rank + 1) * rows]
 
     def fork(self, generator: torch.Generator) -> torch.Generator:
         """A stream for draws on this rank's rows alone: ``generator`` itself in one process.
@@ -68,7 +68,7 @@ class Parallel:
         """
         if self.world_size == 1:
             return generator
-        seeds = torch.randint(2 ** 62, (self.world_size,), generator=generator)
+        seeds = torch.randint(2**62, (self.world_size,), generator=generator)
         return torch.Generator().manual_seed(int(seeds[self.rank]))
 
     def _sum(self, values: Tensor) -> Tensor:
@@ -101,11 +101,11 @@ class Parallel:
         grads = [torch.zeros_like(p).flatten() if p.grad is None else p.grad.flatten() for p in params]
         touched = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=self.device)
         flat = self._sum(torch.cat(grads + [touched]))
-        flat[:-len(params)] /= self.world_size
+        flat[: -len(params)] /= self.world_size
         offset = 0
-        for p, used in zip(params, flat[-len(params):].tolist()):
+        for p, used in zip(params, flat[-len(params) :].tolist()):
             if used:
-                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                p.grad = flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
     def average_state(self, state: dict) -> dict:

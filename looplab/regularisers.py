@@ -35,8 +35,14 @@ from looplab.parallel import Parallel
 from looplab.seeding import derive_generator
 from looplab.stability.jacobian import jsrr_per_sample
 
-__all__ = ["REGULARISERS", "Regulariser", "JacobianPenalty", "register_regulariser", "build_regularisers",
-           "regularised_loss"]
+__all__ = [
+    "REGULARISERS",
+    "Regulariser",
+    "JacobianPenalty",
+    "register_regulariser",
+    "build_regularisers",
+    "regularised_loss",
+]
 
 
 @dataclass
@@ -50,7 +56,7 @@ class Regulariser(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(cls, config: Config) -> "Regulariser | None":
+    def from_config(cls, config: Config) -> Regulariser | None:
         """The regulariser ``config`` asks for, or None when it is off."""
 
     @abstractmethod
@@ -81,8 +87,13 @@ def build_regularisers(config: Config) -> list[Regulariser]:
     return [found for cls in REGULARISERS.values() if (found := cls.from_config(config)) is not None]
 
 
-def regularised_loss(loss: Tensor, stats: dict[str, float], model: LoopedTransformer, probe: LoopProbe | None,
-                     active: list[tuple[Regulariser, torch.Generator]]) -> tuple[Tensor, dict[str, float]]:
+def regularised_loss(
+    loss: Tensor,
+    stats: dict[str, float],
+    model: LoopedTransformer,
+    probe: LoopProbe | None,
+    active: list[tuple[Regulariser, torch.Generator]],
+) -> tuple[Tensor, dict[str, float]]:
     """(1 − Σ w)·loss + Σ w·mean(penalty) over ``active`` (each regulariser with its generator), and the
     stats with each mean penalty added."""
     if not active:

@@ -1,8 +1,8 @@
 """A run directory on disk: its saved config and its JSONL log.
 
-    RUN_DIR/config.toml        the resolved config (every key, defaults written out)
-    RUN_DIR/log.jsonl          one JSON record per logged training step
-    RUN_DIR/checkpoints/       step_<N>/ with safetensors weights and a JSON state (``looplab.checkpoint``)
+RUN_DIR/config.toml        the resolved config (every key, defaults written out)
+RUN_DIR/log.jsonl          one JSON record per logged training step
+RUN_DIR/checkpoints/       step_<N>/ with safetensors weights and a JSON state (``looplab.checkpoint``)
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def prepare_run_dir(run_dir: Path, config: Config) -> None:
         wanted = config.to_dict()
         diff = [f"{s}.{k}" for s in wanted for k in wanted[s] if saved[s][k] != wanted[s][k]]
         if diff:
-            raise LooplabError(f"run dir {run_dir} holds a different config (differs in {', '.join(diff[:5])}); "
-                               "use a new --out")
+            raise LooplabError(
+                f"run dir {run_dir} holds a different config (differs in {', '.join(diff[:5])}); use a new --out"
+            )
         return
     atomic_write(path, lambda tmp: tmp.write_text(config.to_toml()))

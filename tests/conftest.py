@@ -70,8 +70,7 @@ def train_tiny_run(root: Path, steps: int, checkpoint_every: int, *overrides: st
 def run_cli(*args: str, env_extra: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m looplab ARGS`` in a subprocess with one torch thread (and ``env_extra`` set)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "looplab", *args], capture_output=True, text=True, env=env,
-                          **kwargs)
+    return subprocess.run([sys.executable, "-m", "looplab", *args], capture_output=True, text=True, env=env, **kwargs)
 
 
 def pytest_configure(config):

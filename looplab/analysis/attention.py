@@ -36,12 +36,18 @@ from torch import Tensor
 from looplab.analysis.trace import Trace
 from looplab.model.looped import LoopedTransformer
 
-__all__ = ["attention_difference", "consecutive_attention_difference", "LipschitzCheck", "head_kappa", "lipschitz_check"]
+__all__ = [
+    "attention_difference",
+    "consecutive_attention_difference",
+    "LipschitzCheck",
+    "head_kappa",
+    "lipschitz_check",
+]
 
 
 def attention_difference(attn: Tensor) -> Tensor:
     """D_ℓ[t, t′] for attn [loops, layers, B, H, T, T]: [layers, loops, loops] (batch mean)."""
-    flat = attn.double().permute(1, 2, 0, 3, 4, 5).flatten(3)   # [layers, B, loops, H·T·T]
+    flat = attn.double().permute(1, 2, 0, 3, 4, 5).flatten(3)  # [layers, B, loops, H·T·T]
     return torch.cdist(flat, flat).mean(1).to(attn.dtype)
 
 
@@ -51,7 +57,7 @@ def consecutive_attention_difference(attn: Tensor) -> Tensor:
     The difference is taken in the stored dtype (for float32 probabilities it is exact up to
     one rounding) and its norm accumulated in float64.
     """
-    delta = (attn[1:] - attn[:-1]).flatten(-3).double().norm(dim=-1)   # [loops − 1, layers, B]
+    delta = (attn[1:] - attn[:-1]).flatten(-3).double().norm(dim=-1)  # [loops − 1, layers, B]
     return delta.mean(-1).transpose(0, 1).to(attn.dtype)
 
 
@@ -61,11 +67,11 @@ def head_kappa(weight: Tensor, bias: Tensor | None, n_heads: int, rope: bool) ->
     head_dim = d_model // n_heads
     weight = weight.double()
     bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device) if bias is None else bias.double()
-    augmented = torch.cat([weight, bias[:, None]], dim=1)        # [3d, d+1]: x̃ ↦ W̃ x̃
+    augmented = torch.cat([weight, bias[:, None]], dim=1)  # [3d, d+1]: x̃ ↦ W̃ x̃
     kappas = []
     for h in range(n_heads):
-        query = augmented[h * head_dim:(h + 1) * head_dim].T                       # [d+1, d_h]
-        key = augmented[d_model + h * head_dim:d_model + (h + 1) * head_dim].T     # [d+1, d_h]
+        query = augmented[h * head_dim : (h + 1) * head_dim].T  # [d+1, d_h]
+        key = augmented[d_model + h * head_dim : d_model + (h + 1) * head_dim].T  # [d+1, d_h]
         if rope:
             kappas.append(torch.linalg.matrix_norm(query, 2) * torch.linalg.matrix_norm(key, 2))
         else:
@@ -102,21 +108,27 @@ def lipschitz_check(model: LoopedTransformer, recorded: Trace, atol: float = 1e-
     rope = model.cfg.positional == "rope"
     n_heads = model.cfg.n_heads
     head_dim = model.cfg.d_model // n_heads
-    attn = recorded.attention()                                # [loops, layers, B, H, T, T]
-    inputs = recorded.attention_inputs().double()              # [loops, layers, B, T, d]
+    attn = recorded.attention()  # [loops, layers, B, H, T, T]
+    inputs = recorded.attention_inputs().double()  # [loops, layers, B, T, d]
     augmented = torch.cat([inputs, torch.ones_like(inputs[..., :1])], dim=-1)
     if rope:
-        size = torch.linalg.matrix_norm(augmented, "fro")       # [loops, layers, B]
+        size = torch.linalg.matrix_norm(augmented, "fro")  # [loops, layers, B]
     else:
         size = torch.linalg.matrix_norm(augmented, 2)
-    input_bound = torch.maximum(size[1:], size[:-1]).transpose(0, 1)                 # [layers, P, B]
+    input_bound = torch.maximum(size[1:], size[:-1]).transpose(0, 1)  # [layers, P, B]
     delta_input = (inputs[1:] - inputs[:-1]).flatten(-2).norm(dim=-1).transpose(0, 1)
     # The difference in the stored dtype (exact up to one rounding), its norm in float64.
     delta_attn = (attn[1:] - attn[:-1]).flatten(-2).double().norm(dim=-1).transpose(0, 1)  # [layers, P, B, H]
-    kappa = torch.stack([head_kappa(model.core[layer].attn.qkv.weight, model.core[layer].attn.qkv.bias,
-                                    n_heads, rope) for layer in recorded.layers]).to(attn.device)
-    bound = 0.5 * (2 * input_bound[..., None] * kappa[:, None, None, :] / math.sqrt(head_dim)) \
-        * delta_input[..., None]
-    ratio = torch.where(bound > 0, delta_attn / bound.clamp_min(1e-300),
-                        torch.where(delta_attn > 0, torch.full_like(bound, float("inf")), torch.zeros_like(bound)))
+    kappa = torch.stack(
+        [
+            head_kappa(model.core[layer].attn.qkv.weight, model.core[layer].attn.qkv.bias, n_heads, rope)
+            for layer in recorded.layers
+        ]
+    ).to(attn.device)
+    bound = 0.5 * (2 * input_bound[..., None] * kappa[:, None, None, :] / math.sqrt(head_dim)) * delta_input[..., None]
+    ratio = torch.where(
+        bound > 0,
+        delta_attn / bound.clamp_min(1e-300),
+        torch.where(delta_attn > 0, torch.full_like(bound, float("inf")), torch.zeros_like(bound)),
+    )
     return LipschitzCheck(delta_attn, delta_input, input_bound, kappa, bound, ratio, delta_attn <= bound + atol)

@@ -31,11 +31,11 @@ def colsum_concentration(probs: Tensor, valid: Tensor | None = None) -> Tensor:
     length = probs.shape[-1]
     if valid is None:
         valid = torch.ones(probs.shape[-4], length, dtype=torch.bool, device=probs.device)
-    rows = valid.to(probs.device, torch.double)[:, None, :, None]   # [B, 1, T, 1]: valid queries
-    count = rows.sum(-2).clamp_min(1.0)                              # [B, 1, 1]
-    column = (probs * rows).sum(-2) / count                          # [..., B, H, T]
+    rows = valid.to(probs.device, torch.double)[:, None, :, None]  # [B, 1, T, 1]: valid queries
+    count = rows.sum(-2).clamp_min(1.0)  # [B, 1, 1]
+    column = (probs * rows).sum(-2) / count  # [..., B, H, T]
     plogp = torch.where(column > 0, column * column.clamp_min(1e-300).log(), torch.zeros_like(column))
-    log_n = count[..., 0].log()                                      # [B, 1]
+    log_n = count[..., 0].log()  # [B, 1]
     # Mathematically in [0, 1]; the clamp only removes rounding from float32 probabilities.
     concentration = (1.0 + plogp.sum(-1) / log_n.clamp_min(1e-300)).clamp(0.0, 1.0)
     return torch.where(log_n > 0, concentration, torch.ones_like(concentration))
@@ -62,7 +62,6 @@ def colsum_depth(recorded: Trace, core: Tensor | None = None) -> tuple[Tensor, l
     prelude = [f"prelude{i}.attn" for i in range(recorded.n_prelude)]
     core_names = [recorded.name(t, layer, "attn") for t in recorded.loops for layer in recorded.layers]
     coda = [f"coda{i}.attn" for i in range(recorded.n_coda)]
-    core = colsum_trace(recorded) if core is None else core    # [loops, layers, H]: one batched call
+    core = colsum_trace(recorded) if core is None else core  # [loops, layers, H]: one batched call
     values = torch.cat([once(prelude), core.flatten(0, 1), once(coda)])
     return values, [name.removesuffix(".attn") for name in prelude + core_names + coda]
-

@@ -45,8 +45,9 @@ def _max_relative_gap(x: Tensor, lag: int) -> Tensor:
     return gap.max(0).values
 
 
-def token_dynamics(trajectory: Tensor, window: int | None = None, tol: float = 1e-3,
-                   max_period: int = 8) -> TokenDynamics:
+def token_dynamics(
+    trajectory: Tensor, window: int | None = None, tol: float = 1e-3, max_period: int = 8
+) -> TokenDynamics:
     """Classify each token of trajectory [loops, N, d] over its last ``window`` loops (default: all).
 
     Periods are searched up to min(max_period, W − 1); a window of at least

@@ -32,8 +32,18 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["convergence", "cosine", "layer_cosines", "self_convergence", "fixed_point_self_cos",
-           "fixed_point_self_cos_median", "late_self_cos", "fixed_point_cross_cos_min", "update_ratios", "state_norms"]
+__all__ = [
+    "convergence",
+    "cosine",
+    "layer_cosines",
+    "self_convergence",
+    "fixed_point_self_cos",
+    "fixed_point_self_cos_median",
+    "late_self_cos",
+    "fixed_point_cross_cos_min",
+    "update_ratios",
+    "state_norms",
+]
 
 EPS = 1e-12
 
@@ -61,7 +71,7 @@ def cosine(x: Tensor, y: Tensor, valid: Tensor | None = None) -> Tensor:
 
 def layer_cosines(states: Tensor, valid: Tensor | None = None) -> Tensor:
     """C_{ℓℓ′} = batch mean of cos(X_{ℓ,r}, X_{ℓ′,r}) at the last loop r: [layers, layers]."""
-    final = states[-1]                                    # [layers, B, T, d]
+    final = states[-1]  # [layers, B, T, d]
     cos = cosine(final[:, None], final[None, :], valid)  # [layers, layers, B]
     return cos.mean(-1).to(states.dtype)
 
@@ -87,14 +97,16 @@ def late_self_cos(curves: Tensor, window: int | None = None) -> tuple[float, flo
     return float(curves.mean(-1)[late].min()), float(curves[late].min(dim=0).values.median())
 
 
-def fixed_point_self_cos(states: Tensor, valid: Tensor | None = None, window: int | None = None,
-                         layer: int = 0) -> float:
+def fixed_point_self_cos(
+    states: Tensor, valid: Tensor | None = None, window: int | None = None, layer: int = 0
+) -> float:
     """min over the last W loops before r of S_{layer,t} (W = max(1, loops // 4)); 1.0 for a single loop."""
     return late_self_cos(self_convergence(states, valid, per_sample=True)[layer], window)[0]
 
 
-def fixed_point_self_cos_median(states: Tensor, valid: Tensor | None = None, window: int | None = None,
-                                layer: int = 0) -> float:
+def fixed_point_self_cos_median(
+    states: Tensor, valid: Tensor | None = None, window: int | None = None, layer: int = 0
+) -> float:
     """Median over samples of each sample's min over the last W loops before r of its own S_{layer,t}."""
     return late_self_cos(self_convergence(states, valid, per_sample=True)[layer], window)[1]
 

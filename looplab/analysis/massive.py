@@ -13,8 +13,8 @@ sink stages vanish, that MLP writes the massive activations that create them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +30,7 @@ def massive_ratio(x: Tensor, valid: Tensor | None = None) -> Tensor:
     """R for x [..., B, T, d] over its last three dims (valid [B, T] selects tokens): [...]."""
     magnitude = x.double().abs()
     if valid is not None:
-        magnitude = magnitude[..., valid.to(x.device), :]    # [..., N_valid, d]
+        magnitude = magnitude[..., valid.to(x.device), :]  # [..., N_valid, d]
     flat = magnitude.flatten(-2) if valid is not None else magnitude.flatten(-3)
     return (flat.max(-1).values / flat.median(-1).values.clamp_min(1e-30)).to(x.dtype)
 
@@ -52,8 +52,9 @@ def zero_mlp(model: LoopedTransformer, layer: int) -> Iterator[nn.Module]:
 
 
 @torch.no_grad()
-def colsum_mlp_ablation(model: LoopedTransformer, tokens: Tensor, valid: Tensor, loops: int,
-                        layer: int) -> tuple[Tensor, Tensor]:
+def colsum_mlp_ablation(
+    model: LoopedTransformer, tokens: Tensor, valid: Tensor, loops: int, layer: int
+) -> tuple[Tensor, Tensor]:
     """ColSum concentration [loops, layers, H] without and with core layer ``layer``'s MLP zeroed."""
     base = colsum_trace(trace(model, tokens, valid, loops, attention=True))
     with zero_mlp(model, layer):

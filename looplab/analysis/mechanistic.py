@@ -28,11 +28,23 @@ import torch
 from looplab.analysis.attention import attention_difference, consecutive_attention_difference, lipschitz_check
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.dynamics import token_dynamics
-from looplab.analysis.fixed_points import (convergence, fixed_point_cross_cos_min, late_self_cos, layer_cosines,
-                                           self_convergence, state_norms, update_ratios)
+from looplab.analysis.fixed_points import (
+    convergence,
+    fixed_point_cross_cos_min,
+    late_self_cos,
+    layer_cosines,
+    self_convergence,
+    state_norms,
+    update_ratios,
+)
 from looplab.analysis.massive import massive_activations, zero_mlp
-from looplab.analysis.plots import (ATTENTION_PANELS, plot_attention_difference, plot_colsum_depth, plot_convergence,
-                                    plot_cosine_matrix)
+from looplab.analysis.plots import (
+    ATTENTION_PANELS,
+    plot_attention_difference,
+    plot_colsum_depth,
+    plot_convergence,
+    plot_cosine_matrix,
+)
 from looplab.analysis.registry import AnalysisInput, MetricResult, register_metric, run_metrics
 from looplab.analysis.trace import trace
 from looplab.config import Config
@@ -48,8 +60,9 @@ def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def analyze_mechanistic(run_dir: str | Path, loops: int = 128, out: str | Path | None = None, samples: int = 8,
-                        **options) -> dict:
+def analyze_mechanistic(
+    run_dir: str | Path, loops: int = 128, out: str | Path | None = None, samples: int = 8, **options
+) -> dict:
     """Analyse ``run_dir``'s latest checkpoint; returns the summary (also in summary.json).
 
     ``out`` defaults to ``RUN_DIR/analysis/mechanistic``; ``options`` as for :func:`analyze_experiment`.
@@ -67,9 +80,18 @@ def analyze_config(config: Config, out: str | Path, loops: int = 128, samples: i
 
 
 @torch.no_grad()
-def analyze_experiment(exp: Experiment, out: Path, loops: int = 128, samples: int = 8, *, label: str = "",
-                       window: int | None = None, tol: float = 1e-3, max_period: int = 8,
-                       mlp_ablation: bool = True) -> dict:
+def analyze_experiment(
+    exp: Experiment,
+    out: Path,
+    loops: int = 128,
+    samples: int = 8,
+    *,
+    label: str = "",
+    window: int | None = None,
+    tol: float = 1e-3,
+    max_period: int = 8,
+    mlp_ablation: bool = True,
+) -> dict:
     """Trace ``exp.model`` for ``loops`` loops and write every registered metric's entries, tables and plots.
 
     Args:
@@ -88,14 +110,31 @@ def analyze_experiment(exp: Experiment, out: Path, loops: int = 128, samples: in
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "mechanistic", length))
 
     def retrace():
-        return trace(exp.model, batch.tokens, batch.valid, loops, attention=True, dtype=torch.float32, device="cpu",
-                     generator=derive_generator(cfg.run.seed, "mechanistic", "init"))
+        return trace(
+            exp.model,
+            batch.tokens,
+            batch.valid,
+            loops,
+            attention=True,
+            dtype=torch.float32,
+            device="cpu",
+            generator=derive_generator(cfg.run.seed, "mechanistic", "init"),
+        )
 
-    inputs = AnalysisInput(exp, retrace(), label, retrace,
-                           {"window": window, "tol": tol, "max_period": max_period, "mlp_ablation": mlp_ablation})
-    header = {"checkpoint": exp.checkpoint,
-              "steps_trained": int(exp.checkpoint.split("_")[1]) if exp.checkpoint else 0,
-              "loops": loops, "samples": samples, "length": length}
+    inputs = AnalysisInput(
+        exp,
+        retrace(),
+        label,
+        retrace,
+        {"window": window, "tol": tol, "max_period": max_period, "mlp_ablation": mlp_ablation},
+    )
+    header = {
+        "checkpoint": exp.checkpoint,
+        "steps_trained": int(exp.checkpoint.split("_")[1]) if exp.checkpoint else 0,
+        "loops": loops,
+        "samples": samples,
+        "length": length,
+    }
     return run_metrics(inputs, out, header)
 
 
@@ -104,56 +143,88 @@ def fixed_point_metric(inputs: AnalysisInput) -> MetricResult:
     """Cosine of each state to its own final state, between layers' fixed points, state norms, update ratios."""
     states, valid, loops = inputs.states, inputs.valid, inputs.loops
     n_layers = states.shape[1]
-    cosines = layer_cosines(states, valid)                          # [k, k]
+    cosines = layer_cosines(states, valid)  # [k, k]
     self_curves = self_convergence(states, valid, per_sample=True)  # [k, r, B]
-    self_cos = self_curves.mean(-1)                                 # [k, r]
+    self_cos = self_curves.mean(-1)  # [k, r]
     self_first, self_first_median = late_self_cos(self_curves[0])
-    norms = state_norms(inputs.loop_states, valid)                  # [r]
-    ratios = update_ratios(states, valid)                           # [k − 1]
+    norms = state_norms(inputs.loop_states, valid)  # [r]
+    ratios = update_ratios(states, valid)  # [k − 1]
     return MetricResult(
-        summary={"fixed_point_self_cos": _finite(self_first), "fixed_point_self_cos_median": _finite(self_first_median),
-                 "fixed_point_cross_cos_min": _finite(fixed_point_cross_cos_min(states, valid)),
-                 "state_norm_first": float(norms[0]), "state_norm_last": float(norms[-1]),
-                 "update_ratio_mean": float(ratios.mean()) if ratios.numel() else None,
-                 "update_ratio_last": ratios.tolist()},
-        tables={"fixed_points.csv": (["layer", "loop", "cos_to_own_final_state"],
-                                     [(layer, t, float(self_cos[layer, t - 1])) for layer in range(n_layers)
-                                      for t in range(1, loops + 1)]),
-                "layer_cosines.csv": (["layer", *[f"layer{j}" for j in range(n_layers)]],
-                                      [[i, *(float(v) for v in cosines[i])] for i in range(n_layers)])},
-        plots={"cosine_matrix.png": lambda path: plot_cosine_matrix(
-            cosines, path, f"{inputs.label}: cos between layers, loop {loops}")})
+        summary={
+            "fixed_point_self_cos": _finite(self_first),
+            "fixed_point_self_cos_median": _finite(self_first_median),
+            "fixed_point_cross_cos_min": _finite(fixed_point_cross_cos_min(states, valid)),
+            "state_norm_first": float(norms[0]),
+            "state_norm_last": float(norms[-1]),
+            "update_ratio_mean": float(ratios.mean()) if ratios.numel() else None,
+            "update_ratio_last": ratios.tolist(),
+        },
+        tables={
+            "fixed_points.csv": (
+                ["layer", "loop", "cos_to_own_final_state"],
+                [(layer, t, float(self_cos[layer, t - 1])) for layer in range(n_layers) for t in range(1, loops + 1)],
+            ),
+            "layer_cosines.csv": (
+                ["layer", *[f"layer{j}" for j in range(n_layers)]],
+                [[i, *(float(v) for v in cosines[i])] for i in range(n_layers)],
+            ),
+        },
+        plots={
+            "cosine_matrix.png": lambda path: plot_cosine_matrix(
+                cosines, path, f"{inputs.label}: cos between layers, loop {loops}"
+            )
+        },
+    )
 
 
 @register_metric("convergence")
 def convergence_metric(inputs: AnalysisInput) -> MetricResult:
     """Δ_(ℓ,t) = ‖X_t − X_{t−1}‖ / ‖X_t‖ per core layer and loop."""
-    delta = convergence(inputs.states, inputs.valid)                # [k, r−1]
-    rows = [(layer, t, float(delta[layer, t - 2])) for layer in range(delta.shape[0])
-            for t in range(2, inputs.loops + 1)]
+    delta = convergence(inputs.states, inputs.valid)  # [k, r−1]
+    rows = [
+        (layer, t, float(delta[layer, t - 2])) for layer in range(delta.shape[0]) for t in range(2, inputs.loops + 1)
+    ]
     return MetricResult(
         summary={"convergence_last": [float(v) for v in delta[:, -1]] if inputs.loops >= 2 else []},
         tables={"convergence.csv": (["layer", "loop", "delta"], rows)},
-        plots={"convergence.png": lambda path: plot_convergence(delta, path, f"{inputs.label}: convergence Δ_(ℓ,t)")})
+        plots={"convergence.png": lambda path: plot_convergence(delta, path, f"{inputs.label}: convergence Δ_(ℓ,t)")},
+    )
 
 
 @register_metric("attention")
 def attention_metric(inputs: AnalysisInput) -> MetricResult:
     """‖A_t − A_t′‖_F between loops, its consecutive-loop curve and the Lipschitz bound."""
     attn, loops = inputs.attention, inputs.loops
-    diff = attention_difference(attn[:, :ATTENTION_PANELS])         # [min(k, panels), r, r], for the heatmaps
-    step_diff = consecutive_attention_difference(attn)             # [k, r−1]
+    diff = attention_difference(attn[:, :ATTENTION_PANELS])  # [min(k, panels), r, r], for the heatmaps
+    step_diff = consecutive_attention_difference(attn)  # [k, r−1]
     bound = lipschitz_check(inputs.exp.model, inputs.recorded)
-    rows = [(layer, t, float(step_diff[layer, t - 2]), float(bound.ratio[layer, t - 2].max()),
-             bool(bound.holds[layer, t - 2].all())) for layer in range(step_diff.shape[0]) for t in range(2, loops + 1)]
+    rows = [
+        (
+            layer,
+            t,
+            float(step_diff[layer, t - 2]),
+            float(bound.ratio[layer, t - 2].max()),
+            bool(bound.holds[layer, t - 2].all()),
+        )
+        for layer in range(step_diff.shape[0])
+        for t in range(2, loops + 1)
+    ]
     return MetricResult(
-        summary={"attention_diff_last": float(step_diff[:, -1].mean()) if loops >= 2 else 0.0,
-                 "lipschitz": {"holds_fraction": float(bound.holds.double().mean()) if bound.holds.numel() else 1.0,
-                               "ratio_max": float(bound.ratio.max()) if bound.ratio.numel() else 0.0,
-                               "kappa": bound.kappa.tolist()}},
+        summary={
+            "attention_diff_last": float(step_diff[:, -1].mean()) if loops >= 2 else 0.0,
+            "lipschitz": {
+                "holds_fraction": float(bound.holds.double().mean()) if bound.holds.numel() else 1.0,
+                "ratio_max": float(bound.ratio.max()) if bound.ratio.numel() else 0.0,
+                "kappa": bound.kappa.tolist(),
+            },
+        },
         tables={"attention.csv": (["layer", "loop", "attn_diff_prev", "lipschitz_ratio_max", "bound_holds"], rows)},
-        plots={"attention_difference.png": lambda path: plot_attention_difference(
-            diff, path, f"{inputs.label}: ‖A_t − A_t′‖_F")})
+        plots={
+            "attention_difference.png": lambda path: plot_attention_difference(
+                diff, path, f"{inputs.label}: ‖A_t − A_t′‖_F"
+            )
+        },
+    )
 
 
 @register_metric("colsum")
@@ -165,16 +236,29 @@ def colsum_metric(inputs: AnalysisInput) -> MetricResult:
     for layer in range(len(model.core) if inputs.options.get("mlp_ablation", True) else 0):
         with zero_mlp(model, layer):
             ablated = colsum_trace(inputs.retrace())
-        ablation.append({"layer": layer, "colsum_mean": float(colsum.mean()),
-                         "colsum_mean_ablated": float(ablated.mean())})
-    rows = [(i, name, head, float(depth_values[i, head])) for i, name in enumerate(depth_labels)
-            for head in range(depth_values.shape[1])]
+        ablation.append(
+            {"layer": layer, "colsum_mean": float(colsum.mean()), "colsum_mean_ablated": float(ablated.mean())}
+        )
+    rows = [
+        (i, name, head, float(depth_values[i, head]))
+        for i, name in enumerate(depth_labels)
+        for head in range(depth_values.shape[1])
+    ]
     return MetricResult(
-        summary={"colsum": {"mean": float(colsum.mean()), "last_loop_per_layer": colsum[-1].mean(-1).tolist(),
-                            "mlp_ablation": ablation}},
+        summary={
+            "colsum": {
+                "mean": float(colsum.mean()),
+                "last_loop_per_layer": colsum[-1].mean(-1).tolist(),
+                "mlp_ablation": ablation,
+            }
+        },
         tables={"colsum.csv": (["depth", "name", "head", "colsum"], rows)},
-        plots={"colsum_depth.png": lambda path: plot_colsum_depth(
-            depth_values, depth_labels, path, f"{inputs.label}: ColSum over effective depth")})
+        plots={
+            "colsum_depth.png": lambda path: plot_colsum_depth(
+                depth_values, depth_labels, path, f"{inputs.label}: ColSum over effective depth"
+            )
+        },
+    )
 
 
 @register_metric("token_dynamics")
@@ -185,18 +269,24 @@ def token_dynamics_metric(inputs: AnalysisInput) -> MetricResult:
     tol = options.get("tol", 1e-3)
     if loops < 2:
         return MetricResult({"token_dynamics": None})
-    dynamics = token_dynamics(inputs.loop_states[:, inputs.valid], window=window, tol=tol,
-                              max_period=options.get("max_period", 8))
-    return MetricResult({"token_dynamics": {**dynamics.fractions, "tokens": int(dynamics.labels.numel()),
-                                            "window": window, "tol": tol}})
+    dynamics = token_dynamics(
+        inputs.loop_states[:, inputs.valid], window=window, tol=tol, max_period=options.get("max_period", 8)
+    )
+    return MetricResult(
+        {"token_dynamics": {**dynamics.fractions, "tokens": int(dynamics.labels.numel()), "window": window, "tol": tol}}
+    )
 
 
 @register_metric("massive")
 def massive_metric(inputs: AnalysisInput) -> MetricResult:
     """Massive activations: the largest |activation| over the median, per loop and layer."""
-    massive = massive_activations(inputs.states, inputs.valid)     # [r, k]
-    rows = [(t, layer, float(massive[t - 1, layer])) for t in range(1, inputs.loops + 1)
-            for layer in range(massive.shape[1])]
-    return MetricResult(summary={"massive_ratio_max": float(massive.max()),
-                                 "massive_ratio_last_loop": massive[-1].tolist()},
-                        tables={"massive.csv": (["loop", "layer", "max_over_median"], rows)})
+    massive = massive_activations(inputs.states, inputs.valid)  # [r, k]
+    rows = [
+        (t, layer, float(massive[t - 1, layer]))
+        for t in range(1, inputs.loops + 1)
+        for layer in range(massive.shape[1])
+    ]
+    return MetricResult(
+        summary={"massive_ratio_max": float(massive.max()), "massive_ratio_last_loop": massive[-1].tolist()},
+        tables={"massive.csv": (["loop", "layer", "max_over_median"], rows)},
+    )

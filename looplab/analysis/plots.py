@@ -16,8 +16,13 @@ def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
     plt = pyplot()
     values = delta.double().clamp_min(1e-16).log10().numpy()
     fig, axis = plt.subplots(figsize=(7, 1.2 + 0.4 * values.shape[0]))
-    image = axis.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest",
-                        extent=(1.5, values.shape[1] + 1.5, values.shape[0] - 0.5, -0.5))
+    image = axis.imshow(
+        values,
+        aspect="auto",
+        cmap="viridis",
+        interpolation="nearest",
+        extent=(1.5, values.shape[1] + 1.5, values.shape[0] - 0.5, -0.5),
+    )
     fig.colorbar(image, ax=axis, label="log10 Δ")
     axis.set_xlabel("loop t")
     axis.set_ylabel("core layer")

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from torch import Tensor
 
@@ -96,9 +97,11 @@ METRICS: dict[str, Metric] = {}
 
 def register_metric(name: str) -> Callable[[Metric], Metric]:
     """Function decorator: every mechanistic analysis computes the metric and writes its files."""
+
     def register(metric: Metric) -> Metric:
         METRICS[name] = metric
         return metric
+
     return register
 
 
@@ -110,7 +113,7 @@ def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any]) -> dic
     summary = dict(header)
     for result in results:
         for name, (columns, rows) in result.tables.items():
-            atomic_write(out / name, lambda path: _write_csv(path, columns, rows))
+            atomic_write(out / name, partial(_write_csv, header=columns, rows=rows))
         for name, draw in result.plots.items():
             atomic_write(out / name, draw)
         summary.update(result.summary)

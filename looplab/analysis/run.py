@@ -9,14 +9,15 @@ import torch
 
 from looplab.analysis.pca import plot_trajectories, trajectory_pca
 from looplab.errors import LooplabError
+from looplab.experiment import Experiment
 from looplab.seeding import derive_generator
 from looplab.stability.spectral import EXACT_MAX_DIM, plot_spectral, spectral_trajectory
 from looplab.tasks import TaskBatch
-from looplab.experiment import Experiment
 
 
-def _prepare(run_dir: str | Path, out: str | Path | None, length: int | None, loops: int | None,
-             samples: int) -> tuple[Experiment, TaskBatch, int, Path]:
+def _prepare(
+    run_dir: str | Path, out: str | Path | None, length: int | None, loops: int | None, samples: int
+) -> tuple[Experiment, TaskBatch, int, Path]:
     """Load the run, draw ``samples`` instances of ``length`` (default: the longest training length)."""
     exp = Experiment.from_run(run_dir)
     cfg = exp.config
@@ -40,8 +41,11 @@ def analyze_spectral(run_dir, length=None, loops=None, samples=4, iters=50, out=
     frame.to_csv(out / "spectral.csv", index=False)
     plot_spectral(frame, out / "spectral.png", f"{Path(run_dir).name}: loop Jacobian, n = {batch.lengths[0]}")
     per_loop = frame.groupby("loop")["rho_power"].mean()
-    summary = {"rho_power_first": float(per_loop.iloc[0]), "rho_power_last": float(per_loop.iloc[-1]),
-               "rho_power_max": float(per_loop.max())}
+    summary = {
+        "rho_power_first": float(per_loop.iloc[0]),
+        "rho_power_last": float(per_loop.iloc[-1]),
+        "rho_power_max": float(per_loop.max()),
+    }
     if exact:
         exact_last = frame.groupby("loop")["rho_exact"].mean()
         summary["rho_exact_last"] = float(exact_last.iloc[-1])

@@ -88,8 +88,9 @@ class Trace:
     def _stack(self, kind: str) -> Tensor:
         """The ``kind`` entries as [loops, layers, ...], stacked once (a trace is not added to after recording)."""
         if kind not in self._stacked:
-            self._stacked[kind] = torch.stack([torch.stack([self.cache[self.name(t, layer, kind)]
-                                                            for layer in self.layers]) for t in self.loops])
+            self._stacked[kind] = torch.stack(
+                [torch.stack([self.cache[self.name(t, layer, kind)] for layer in self.layers]) for t in self.loops]
+            )
         return self._stacked[kind]
 
     def states(self) -> Tensor:
@@ -112,10 +113,19 @@ class Trace:
 
 
 @torch.no_grad()
-def trace(model: LoopedTransformer, tokens: Tensor, valid: Tensor, loops: int, *,
-          layers: list[int] | None = None, loop_indices: list[int] | None = None, attention: bool = False,
-          dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-          generator: torch.Generator | None = None) -> Trace:
+def trace(
+    model: LoopedTransformer,
+    tokens: Tensor,
+    valid: Tensor,
+    loops: int,
+    *,
+    layers: list[int] | None = None,
+    loop_indices: list[int] | None = None,
+    attention: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+) -> Trace:
     """Run ``loops`` loops of ``model`` on tokens/valid [B, T] and record the selected activations.
 
     Args:
@@ -140,8 +150,15 @@ def trace(model: LoopedTransformer, tokens: Tensor, valid: Tensor, loops: int, *
         raise ValueError(f"loop indices must lie in 0..{loops}")
     run_device = next(model.parameters()).device
     tokens, valid = tokens.to(run_device), valid.to(run_device)
-    out = Trace(valid=valid.detach().to(device), loops=sorted(t for t in wanted if t >= 1), layers=layers,
-                total_loops=loops, n_prelude=len(model.prelude), n_coda=len(model.coda), has_attention=attention)
+    out = Trace(
+        valid=valid.detach().to(device),
+        loops=sorted(t for t in wanted if t >= 1),
+        layers=layers,
+        total_loops=loops,
+        n_prelude=len(model.prelude),
+        n_coda=len(model.coda),
+        has_attention=attention,
+    )
 
     def keep(name: str, value: Tensor) -> None:
         out.cache[name] = value.detach().to(device=device, dtype=dtype)

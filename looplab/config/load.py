@@ -85,8 +85,10 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
         raise LooplabError(f"{what} {path} is a directory, not a TOML file")
     if not path.is_file():
         folders = sorted(p.name for p in PRESETS.iterdir() if p.is_dir())
-        raise LooplabError(f"{what} not found: {path} (neither a file nor a bundled preset; presets: demo, "
-                           f"{', '.join(f'{folder}/…' for folder in folders)})")
+        raise LooplabError(
+            f"{what} not found: {path} (neither a file nor a bundled preset; presets: demo, "
+            f"{', '.join(f'{folder}/…' for folder in folders)})"
+        )
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
@@ -104,6 +106,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         for depth, key in enumerate(keys[:-1]):
             table = table.setdefault(key, {})
             if not isinstance(table, dict):
-                raise LooplabError(f"config section [{'.'.join(keys[:depth + 1])}] must be a table")
+                raise LooplabError(f"config section [{'.'.join(keys[: depth + 1])}] must be a table")
         table[keys[-1]] = value
     return from_dict(data)

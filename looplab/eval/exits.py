@@ -20,8 +20,8 @@ writes its depths to eval/samples.parquet, in registration order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -44,9 +44,11 @@ EXITS: dict[str, ExitRule] = {}
 
 def register_exit(name: str) -> Callable[[ExitRule], ExitRule]:
     """Function decorator: report the exit under ``name``."""
+
     def register(rule: ExitRule) -> ExitRule:
         EXITS[name] = rule
         return rule
+
     return register
 
 

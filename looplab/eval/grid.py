@@ -8,8 +8,8 @@ instead of one per K. Non-finite logits count as wrong answers, never a crash.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -18,9 +18,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from looplab.model import LoopedTransformer
+from looplab.schedules import Schedule
 from looplab.seeding import derive_generator
 from looplab.tasks import Task, TaskBatch
-from looplab.schedules import Schedule
 
 
 @dataclass
@@ -73,8 +73,9 @@ class LengthOutcome:
 
 
 @torch.no_grad()
-def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
-                    schedule: Schedule | None = None) -> dict[str, Tensor]:
+def unroll_outcomes(
+    model: LoopedTransformer, batch: TaskBatch, max_loops: int, schedule: Schedule | None = None
+) -> dict[str, Tensor]:
     """Everything the readout says about each row at each depth, from one unroll.
 
     Returns:
@@ -85,8 +86,7 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
     answer = batch.answer_mask
     valid = batch.valid.unsqueeze(-1)
     tokens = batch.valid.sum(1).clamp_min(1).double().sqrt()
-    signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "state_norm": [],
-                                        "step_norm": []}
+    signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "state_norm": [], "step_norm": []}
     h, e, ctx = model.start(batch.tokens, batch.valid)
     previous = None
     for _ in range(max_loops):
@@ -109,8 +109,10 @@ def unroll_outcomes(model: LoopedTransformer, batch: TaskBatch, max_loops: int,
         if hazard is not None:
             signals.setdefault("hazard_logits", []).append(hazard.float())
     rows = len(batch.tokens)
-    return {name: torch.stack(values, dim=1) if values else torch.zeros(rows, 0, dtype=torch.bool)
-            for name, values in signals.items()}
+    return {
+        name: torch.stack(values, dim=1) if values else torch.zeros(rows, 0, dtype=torch.bool)
+        for name, values in signals.items()
+    }
 
 
 def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: int) -> Iterator[TaskBatch]:
@@ -127,9 +129,17 @@ def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: i
         yield task.sample(length, min(batch_size, samples - start), generator)
 
 
-def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, lengths: list[int],
-                     max_loops: int, samples: int, batch_size: int, seed: int,
-                     progress: bool = False) -> list[LengthOutcome]:
+def evaluate_lengths(
+    model: LoopedTransformer,
+    task: Task,
+    schedule: Schedule,
+    lengths: list[int],
+    max_loops: int,
+    samples: int,
+    batch_size: int,
+    seed: int,
+    progress: bool = False,
+) -> list[LengthOutcome]:
     """Evaluate ``samples`` fresh instances per length (drawn by :func:`eval_batches`).
 
     ``progress`` shows a bar over the evaluation batches (on a terminal).
@@ -138,8 +148,14 @@ def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, l
     was_training = model.training
     model.eval()
     outcomes = []
-    bar = tqdm(total=len(lengths) * math.ceil(samples / batch_size), desc="eval", unit="batch",
-               disable=None if progress else True, leave=False, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(lengths) * math.ceil(samples / batch_size),
+        desc="eval",
+        unit="batch",
+        disable=None if progress else True,
+        leave=False,
+        dynamic_ncols=True,
+    )
     for n in lengths:
         parts: dict[str, list[Tensor]] = {}
         for batch in eval_batches(task, n, samples, batch_size, seed):
@@ -149,9 +165,18 @@ def evaluate_lengths(model: LoopedTransformer, task: Task, schedule: Schedule, l
         signals = {name: torch.cat(values) for name, values in parts.items()}
         hazards = signals.get("hazard_logits")
         policy = schedule.test_depths(torch.full((samples,), n), hazards).clamp(1, max_loops)
-        outcomes.append(LengthOutcome(n, signals["correct"].numpy(), signals["flips"].numpy(), policy.numpy(),
-                                      signals["confidence"].numpy(), signals["state_norm"].numpy(),
-                                      signals["step_norm"].numpy(), None if hazards is None else hazards.numpy()))
+        outcomes.append(
+            LengthOutcome(
+                n,
+                signals["correct"].numpy(),
+                signals["flips"].numpy(),
+                policy.numpy(),
+                signals["confidence"].numpy(),
+                signals["state_norm"].numpy(),
+                signals["step_norm"].numpy(),
+                None if hazards is None else hazards.numpy(),
+            )
+        )
     bar.close()
     model.train(was_training)
     return outcomes
@@ -163,13 +188,15 @@ def grid_frame(outcomes: list[LengthOutcome], train_max: int) -> pd.DataFrame:
     for outcome in outcomes:
         flip = outcome.flips.mean(axis=0) if outcome.flips.size else np.zeros(0)
         for k, acc in enumerate(outcome.accuracy, start=1):
-            rows.append({
-                "length": outcome.length,
-                "loops": k,
-                "accuracy": float(acc),
-                "flip_rate": float(flip[k - 1]) if k - 1 < len(flip) else float("nan"),
-                "split": "id" if outcome.length <= train_max else "ood",
-            })
+            rows.append(
+                {
+                    "length": outcome.length,
+                    "loops": k,
+                    "accuracy": float(acc),
+                    "flip_rate": float(flip[k - 1]) if k - 1 < len(flip) else float("nan"),
+                    "split": "id" if outcome.length <= train_max else "ood",
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -74,8 +74,9 @@ def exit_summary(outcomes: list[LengthOutcome], train_max: int, settings: ExitSe
     return summary
 
 
-def summarize(outcomes: list[LengthOutcome], train_max: int, settings: ExitSettings = ExitSettings()) -> dict:
-    """The summary.json content for one evaluated run; ``settings`` configure the exits."""
+def summarize(outcomes: list[LengthOutcome], train_max: int, settings: ExitSettings | None = None) -> dict:
+    """The summary.json content for one evaluated run; ``settings`` configure the exits (default ExitSettings())."""
+    settings = settings or ExitSettings()
     per_length, oracle = {}, {}
     for o in outcomes:
         acc = o.accuracy

@@ -12,17 +12,23 @@ from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
 from looplab.eval.metrics import summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
-from looplab.io import atomic_write
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
-from looplab.memory import check_fits, eval_bytes
 from looplab.experiment import Experiment
+from looplab.io import atomic_write
+from looplab.memory import check_fits, eval_bytes
 from looplab.rundir import read_log
 
 EVAL_DIR = "eval"
 
 
-def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loops: int | None = None,
-                 samples: int | None = None, scaling: bool = False, progress: bool = False) -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    lengths: list[int] | None = None,
+    max_loops: int | None = None,
+    samples: int | None = None,
+    scaling: bool = False,
+    progress: bool = False,
+) -> dict:
     """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config.
 
     With ``scaling``, also write the test-time scaling curve (``eval/scaling.csv``
@@ -32,8 +38,10 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     exp = Experiment.from_run(run_dir)
     config = exp.config
     if not exp.task.exact_match:
-        raise LooplabError(f"run {run_dir} trains the {config.task.name!r} language-modelling task; "
-                           f"evaluate it with: looplab eval {run_dir} --lm-loops 64")
+        raise LooplabError(
+            f"run {run_dir} trains the {config.task.name!r} language-modelling task; "
+            f"evaluate it with: looplab eval {run_dir} --lm-loops 64"
+        )
     for name, value in (("max-loops", max_loops), ("samples", samples)):
         if value is not None and value < 1:
             raise LooplabError(f"--{name} must be >= 1, got {value}")
@@ -43,19 +51,39 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
     max_loops = max_loops or config.eval.max_loops
     samples = samples or config.eval.samples
     if config.eval.fixed_exit > max_loops:
-        raise LooplabError(f"eval.fixed_exit {config.eval.fixed_exit} cannot be read from --max-loops {max_loops}; "
-                           f"evaluate to at least {config.eval.fixed_exit} loops")
-    check_fits(f"evaluating {samples} samples x {max_loops} loops x {len(lengths)} lengths",
-               eval_bytes(config, exp.task, lengths, max_loops, samples), config.run.device,
-               "use fewer --samples, --max-loops or --lengths")
+        raise LooplabError(
+            f"eval.fixed_exit {config.eval.fixed_exit} cannot be read from --max-loops {max_loops}; "
+            f"evaluate to at least {config.eval.fixed_exit} loops"
+        )
+    check_fits(
+        f"evaluating {samples} samples x {max_loops} loops x {len(lengths)} lengths",
+        eval_bytes(config, exp.task, lengths, max_loops, samples),
+        config.run.device,
+        "use fewer --samples, --max-loops or --lengths",
+    )
 
-    outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, lengths, max_loops, samples,
-                                config.eval.batch_size, config.run.seed, progress)
+    outcomes = evaluate_lengths(
+        exp.model,
+        exp.task,
+        exp.schedule,
+        lengths,
+        max_loops,
+        samples,
+        config.eval.batch_size,
+        config.run.seed,
+        progress,
+    )
     settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, max_loops), config.eval.convergence_eps)
     summary = summarize(outcomes, config.task.train_max, settings)
     summary["training_cost"] = training_cost(run_dir)
-    summary.update({"checkpoint": exp.checkpoint, "max_loops": max_loops, "samples": samples,
-                    "train_range": [config.task.train_min, config.task.train_max]})
+    summary.update(
+        {
+            "checkpoint": exp.checkpoint,
+            "max_loops": max_loops,
+            "samples": samples,
+            "train_range": [config.task.train_min, config.task.train_max],
+        }
+    )
     out = run_dir / EVAL_DIR
     out.mkdir(exist_ok=True)
     if scaling:
@@ -76,8 +104,10 @@ def evaluate_run(run_dir: str | Path, lengths: list[int] | None = None, max_loop
 def training_cost(run_dir: Path) -> dict:
     """Mean block evaluations per training step (and mean loops per row) from the JSONL log."""
     records = read_log(run_dir)
-    return {key: float(sum(r[key] for r in records) / len(records)) if records else None
-            for key in ("block_evals", "row_loops_mean")}
+    return {
+        key: float(sum(r[key] for r in records) / len(records)) if records else None
+        for key in ("block_evals", "row_loops_mean")
+    }
 
 
 def _pct(value: float | None) -> str:
@@ -88,13 +118,17 @@ def format_summary(summary: dict) -> str:
     """A readable results table: per length, then the headline metrics (percent)."""
     lines = [f"{'length':>6}  {'split':<5} {'policy':>7} {'oracle':>7} {'best K':>6} {'flip':>6}"]
     for n, row in summary["per_length"].items():
-        lines.append(f"{n:>6}  {row['split']:<5} {_pct(row['policy']):>7} {_pct(row['oracle']):>7} "
-                     f"{row['best_k']:>6} {_pct(row['flip_rate']):>6}")
+        lines.append(
+            f"{n:>6}  {row['split']:<5} {_pct(row['policy']):>7} {_pct(row['oracle']):>7} "
+            f"{row['best_k']:>6} {_pct(row['flip_rate']):>6}"
+        )
     lines.append("")
     gap = summary["gap"]
-    lines.append(f"Oracle ID {_pct(summary['oracle_id'])}%   Oracle OOD {_pct(summary['oracle_ood'])}%   "
-                 f"Policy OOD {_pct(summary['policy_ood'])}%   Gap {'-' if gap is None else f'{100 * gap:.1f}'} pp   "
-                 f"Front@90 {summary['front90']}   Flip rate {_pct(summary['flip_rate'])}%")
+    lines.append(
+        f"Oracle ID {_pct(summary['oracle_id'])}%   Oracle OOD {_pct(summary['oracle_ood'])}%   "
+        f"Policy OOD {_pct(summary['policy_ood'])}%   Gap {'-' if gap is None else f'{100 * gap:.1f}'} pp   "
+        f"Front@90 {summary['front90']}   Flip rate {_pct(summary['flip_rate'])}%"
+    )
     lines += ["", f"{'exit':<12} {'ID acc':>7} {'OOD acc':>7} {'depth':>6}"]
     for name, row in summary["exits"].items():
         lines.append(f"{name:<12} {_pct(row['policy_id']):>7} {_pct(row['policy_ood']):>7} {row['mean_depth']:>6.1f}")
@@ -102,13 +136,16 @@ def format_summary(summary: dict) -> str:
         lines.append(f"halting at n={n}: mean depth {halting['mean_depth']:.1f}, entropy {halting['entropy']:.2f}")
     if "scaling_peak" in summary:
         at = ", ".join(f"{k}: {_pct(v).strip()}" for k, v in summary["scaling_at"].items())
-        lines.append(f"scaling: peak {_pct(summary['scaling_peak']).strip()}% at {summary['scaling_peak_loops']} "
-                     f"loops; relative drop to the last loop {100 * summary['relative_drop']:.1f}%; "
-                     f"non-finite at the last loop {_pct(summary['nonfinite_last']).strip()}%")
+        lines.append(
+            f"scaling: peak {_pct(summary['scaling_peak']).strip()}% at {summary['scaling_peak_loops']} "
+            f"loops; relative drop to the last loop {100 * summary['relative_drop']:.1f}%; "
+            f"non-finite at the last loop {_pct(summary['nonfinite_last']).strip()}%"
+        )
         lines.append(f"accuracy by loops: {at}")
     cost = summary.get("training_cost", {})
     if cost.get("block_evals") is not None:
-        lines.append(f"training: {cost['block_evals']:.2f} block evaluations per step "
-                     f"({cost['row_loops_mean']:.2f} loops per row)")
+        lines.append(
+            f"training: {cost['block_evals']:.2f} block evaluations per step "
+            f"({cost['row_loops_mean']:.2f} loops per row)"
+        )
     return "\n".join(lines)
-

@@ -33,9 +33,13 @@ def samples_frame(outcomes: list[LengthOutcome], settings: ExitSettings) -> pd.D
     parts = []
     for outcome in outcomes:
         count = len(outcome.correct)
-        part = {"length": np.full(count, outcome.length), "sample": np.arange(count),
-                "policy_depth": outcome.policy_depth.astype(np.int64),
-                "correct": list(outcome.correct), "flips": list(outcome.flips)}
+        part = {
+            "length": np.full(count, outcome.length),
+            "sample": np.arange(count),
+            "policy_depth": outcome.policy_depth.astype(np.int64),
+            "correct": list(outcome.correct),
+            "flips": list(outcome.flips),
+        }
         chosen = outcome.exit_depths if outcome.exit_depths is not None else exit_depths(outcome, settings)
         part.update({_DEPTH + name: np.asarray(depths, dtype=np.int64) for name, depths in chosen.items()})
         if outcome.hazard_logits is not None:
@@ -51,16 +55,20 @@ def outcomes_from_samples(frame: pd.DataFrame) -> list[LengthOutcome]:
     for length, rows in frame.groupby("length", sort=False):
         rows = rows.sort_values("sample")
         hazards = rows["hazard_logits"] if "hazard_logits" in rows else None
-        outcomes.append(LengthOutcome(
-            length=int(length),
-            correct=np.stack(rows["correct"].to_numpy()).astype(bool),
-            flips=_stack_bool(rows["flips"]),
-            policy_depth=rows["policy_depth"].to_numpy(),
-            hazard_logits=None if hazards is None or hazards.isna().any()
-            else np.stack(hazards.to_numpy()).astype(np.float32),
-            exit_depths={column[len(_DEPTH):]: rows[column].to_numpy() for column in exits
-                         if not rows[column].isna().any()},
-        ))
+        outcomes.append(
+            LengthOutcome(
+                length=int(length),
+                correct=np.stack(rows["correct"].to_numpy()).astype(bool),
+                flips=_stack_bool(rows["flips"]),
+                policy_depth=rows["policy_depth"].to_numpy(),
+                hazard_logits=None
+                if hazards is None or hazards.isna().any()
+                else np.stack(hazards.to_numpy()).astype(np.float32),
+                exit_depths={
+                    column[len(_DEPTH) :]: rows[column].to_numpy() for column in exits if not rows[column].isna().any()
+                },
+            )
+        )
     return outcomes
 
 

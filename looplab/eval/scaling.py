@@ -35,13 +35,15 @@ def scaling_frame(outcomes: list[LengthOutcome]) -> pd.DataFrame:
     correct = np.concatenate([o.correct for o in outcomes])
     state = np.concatenate([o.state_norm for o in outcomes])
     step = np.concatenate([o.step_norm for o in outcomes])
-    return pd.DataFrame({
-        "loops": np.arange(1, correct.shape[1] + 1),
-        "accuracy": correct.mean(axis=0),
-        "state_norm": _finite_mean(state),
-        "step_norm": _finite_mean(step),
-        "nonfinite_fraction": (~np.isfinite(state)).mean(axis=0),
-    })
+    return pd.DataFrame(
+        {
+            "loops": np.arange(1, correct.shape[1] + 1),
+            "accuracy": correct.mean(axis=0),
+            "state_norm": _finite_mean(state),
+            "step_norm": _finite_mean(step),
+            "nonfinite_fraction": (~np.isfinite(state)).mean(axis=0),
+        }
+    )
 
 
 def scaling_summary(frame: pd.DataFrame) -> dict:

@@ -34,10 +34,10 @@ import torch
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
 from looplab.analysis.plots import plot_colsum_depth
-from looplab.tasks.corpus import load_corpus
 from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages
 from looplab.lm.retrofit import RetrofittedLoop, fine_tune, next_token_loss
 from looplab.seeding import derive_generator
+from looplab.tasks.corpus import load_corpus
 
 TEST_LOOPS = (1, 2, 4, 8, 16, 32)
 
@@ -46,13 +46,19 @@ def text_chunks(split: str, count: int, chars: int, seed: int) -> list[str]:
     """``count`` random passages of ``chars`` characters from a corpus split."""
     text = load_corpus().text(split)
     starts = torch.randint(0, len(text) - chars, (count,), generator=derive_generator(seed, "smollm2", split))
-    return [text[s:s + chars] for s in starts.tolist()]
+    return [text[s : s + chars] for s in starts.tolist()]
 
 
 @torch.no_grad()
 def loss_by_loops(model: RetrofittedLoop, batch, loops) -> dict[int, float]:
-    return {r: float(next_token_loss(model(batch["input_ids"], batch["attention_mask"], loops=r),
-                                     batch["input_ids"], batch["attention_mask"])) for r in loops}
+    return {
+        r: float(
+            next_token_loss(
+                model(batch["input_ids"], batch["attention_mask"], loops=r), batch["input_ids"], batch["attention_mask"]
+            )
+        )
+        for r in loops
+    }
 
 
 def stage_repeat(colsum: torch.Tensor) -> float:
@@ -67,13 +73,14 @@ def measure(looped: RetrofittedLoop, batch, loops: int, out: Path, name: str) ->
     recorded = looped.record(batch["input_ids"], batch["attention_mask"], loops=loops)
     states, valid = recorded.states(), recorded.valid
     self_mean, self_median = late_self_cos(self_convergence(states, valid, per_sample=True)[0])
-    colsum = colsum_trace(recorded)                      # [loops, layers, heads]
+    colsum = colsum_trace(recorded)  # [loops, layers, heads]
     values, labels = colsum_depth(recorded, colsum)
     plot_colsum_depth(values, labels, out / f"{name}-colsum_depth.png", f"SmolLM2 retrofit {name}: ColSum")
-    delta = convergence(states, valid)                   # [layers, loops − 1]
+    delta = convergence(states, valid)  # [layers, loops − 1]
     return {
         "val_loss": loss_by_loops(looped, batch, [r for r in TEST_LOOPS if r <= loops]),
-        "fixed_point_self_cos": self_mean, "fixed_point_self_cos_median": self_median,
+        "fixed_point_self_cos": self_mean,
+        "fixed_point_self_cos_median": self_median,
         "fixed_point_cross_cos_min": fixed_point_cross_cos_min(states, valid),
         "convergence_per_loop": [float(v) for v in delta.mean(0)],
         "colsum_per_loop": colsum.mean(-1).mean(-1).tolist(),
@@ -97,8 +104,12 @@ def main() -> None:
 
     began = time.perf_counter()
     model, tokenizer = load_smollm2()
-    summary = {"load_seconds": round(time.perf_counter() - began, 1), "loops": args.loops,
-               "steps": args.steps, "train_loops": args.train_loops}
+    summary = {
+        "load_seconds": round(time.perf_counter() - began, 1),
+        "loops": args.loops,
+        "steps": args.steps,
+        "train_loops": args.train_loops,
+    }
     stages = feedforward_stages(model, tokenizer, text_chunks("val", 4, 400, args.seed))
     plot_feedforward_stages(stages, out)
     summary["feedforward"] = stages.rows()
@@ -107,8 +118,10 @@ def main() -> None:
         batch = tokenizer(texts, return_tensors="pt", truncation=True, max_length=args.tokens, padding=True)
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
-    pairs = [(b["input_ids"], b["attention_mask"])
-             for b in (encode(text_chunks("train", 4, 400, args.seed + i)) for i in range(args.steps))]
+    pairs = [
+        (b["input_ids"], b["attention_mask"])
+        for b in (encode(text_chunks("train", 4, 400, args.seed + i)) for i in range(args.steps))
+    ]
     val_batch = encode(text_chunks("val", 8, 400, args.seed))
     rows = []
     for inject in args.inject.split(","):
@@ -118,15 +131,32 @@ def main() -> None:
         began = time.perf_counter()
         losses = fine_tune(looped, pairs, args.steps, lr=1e-4, loops=args.train_loops)
         tuned = measure(looped, val_batch, args.loops, out, f"{inject}-fine_tuned")
-        summary[inject] = {"as_is": before, "fine_tuned": {**tuned, "fine_tune_seconds":
-                                                           round(time.perf_counter() - began, 1),
-                                                           "fine_tune_loss": losses}}
+        summary[inject] = {
+            "as_is": before,
+            "fine_tuned": {
+                **tuned,
+                "fine_tune_seconds": round(time.perf_counter() - began, 1),
+                "fine_tune_loss": losses,
+            },
+        }
         for stage, result in (("as_is", before), ("fine_tuned", tuned)):
-            rows.append({"inject": inject, "stage": stage,
-                         **{key: round(result[key], 4) for key in ("fixed_point_self_cos", "fixed_point_self_cos_median",
-                                                                   "fixed_point_cross_cos_min", "colsum_stage_repeat")},
-                         "convergence_last": round(result["convergence_per_loop"][-1], 5),
-                         **{f"val_loss_r{r}": round(v, 3) for r, v in result["val_loss"].items()}})
+            rows.append(
+                {
+                    "inject": inject,
+                    "stage": stage,
+                    **{
+                        key: round(result[key], 4)
+                        for key in (
+                            "fixed_point_self_cos",
+                            "fixed_point_self_cos_median",
+                            "fixed_point_cross_cos_min",
+                            "colsum_stage_repeat",
+                        )
+                    },
+                    "convergence_last": round(result["convergence_per_loop"][-1], 5),
+                    **{f"val_loss_r{r}": round(v, 3) for r, v in result["val_loss"].items()},
+                }
+            )
         del looped
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out / "retrofit.csv").open("w", newline="") as handle:

@@ -20,14 +20,14 @@ import pandas as pd
 import torch
 
 from looplab.errors import LooplabError
+from looplab.experiment import Experiment
 from looplab.io import atomic_write
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot
+from looplab.schedules import DepthRule
 from looplab.seeding import derive_generator
 from looplab.tasks import IGNORE
 from looplab.tasks.text import KJVText
-from looplab.schedules import DepthRule
-from looplab.experiment import Experiment
 
 EVAL_DIR = "eval"
 CSV_FILE = "lm_loops.csv"
@@ -36,8 +36,16 @@ SUMMARY_FILE = "lm_summary.json"
 
 
 @torch.no_grad()
-def lm_loss_by_loops(model: LoopedTransformer, task: KJVText, window: int, samples: int, max_loops: int,
-                     seed: int, split: str = "val", batch_size: int = 64) -> pd.DataFrame:
+def lm_loss_by_loops(
+    model: LoopedTransformer,
+    task: KJVText,
+    window: int,
+    samples: int,
+    max_loops: int,
+    seed: int,
+    split: str = "val",
+    batch_size: int = 64,
+) -> pd.DataFrame:
     """Loss, bits per byte and next-byte accuracy after 1..max_loops loops.
 
     ``samples`` windows of ``window`` bytes come from ``split``, drawn with
@@ -73,17 +81,20 @@ def lm_loss_by_loops(model: LoopedTransformer, task: KJVText, window: int, sampl
         model.train(was_training)
     count = samples * window  # scored positions: one per byte of every window
     loss = (nll / count).tolist()
-    return pd.DataFrame({
-        "loops": range(1, max_loops + 1),
-        "loss": loss,
-        "bits_per_byte": [x / math.log(2) for x in loss],
-        "accuracy": (correct / count).tolist(),
-        "nonfinite": (nonfinite / count).tolist(),
-    })
+    return pd.DataFrame(
+        {
+            "loops": range(1, max_loops + 1),
+            "loss": loss,
+            "bits_per_byte": [x / math.log(2) for x in loss],
+            "accuracy": (correct / count).tolist(),
+            "nonfinite": (nonfinite / count).tolist(),
+        }
+    )
 
 
 def lm_summary(frame: pd.DataFrame, training_depth: int | None) -> dict:
     """Loss at the training depth, the best loss and its loop count, and the loss at ``max_loops``."""
+
     def at(k: int | None) -> float | None:
         rows = frame.loc[frame.loops == k, "loss"]
         return float(rows.iloc[0]) if k is not None and len(rows) else None
@@ -129,9 +140,9 @@ def training_depth(exp: Experiment) -> int | None:
     return int(exp.schedule.policy_depth(window)[0])
 
 
-
-def evaluate_lm_run(run_dir: str | Path, max_loops: int = 64, samples: int = 256,
-                    out: str | Path | None = None, batch_size: int = 64) -> dict:
+def evaluate_lm_run(
+    run_dir: str | Path, max_loops: int = 64, samples: int = 256, out: str | Path | None = None, batch_size: int = 64
+) -> dict:
     """Write ``lm_loops.csv``, ``lm_loops.png`` and ``lm_summary.json`` for a trained KJV run.
 
     The window is the run's ``task.train_max``; ``out`` defaults to ``RUN_DIR/eval``.
@@ -142,11 +153,17 @@ def evaluate_lm_run(run_dir: str | Path, max_loops: int = 64, samples: int = 256
     if not isinstance(exp.task, KJVText):
         raise LooplabError(f"{run_dir} trains task {exp.config.task.name!r}; LM evaluation needs 'kjv'")
     window = exp.config.task.train_max
-    frame = lm_loss_by_loops(exp.model, exp.task, window, samples, max_loops, exp.config.run.seed,
-                             batch_size=batch_size)
+    frame = lm_loss_by_loops(
+        exp.model, exp.task, window, samples, max_loops, exp.config.run.seed, batch_size=batch_size
+    )
     depth = training_depth(exp)
-    summary = {**lm_summary(frame, depth), "window": window, "samples": samples, "split": "val",
-               "checkpoint": exp.checkpoint}
+    summary = {
+        **lm_summary(frame, depth),
+        "window": window,
+        "samples": samples,
+        "split": "val",
+        "checkpoint": exp.checkpoint,
+    }
     out = Path(out) if out is not None else run_dir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))

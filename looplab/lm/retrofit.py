@@ -46,7 +46,7 @@ same names as looplab's own traces (``prelude0.resid``, ``loop03.core1.resid``,
 from __future__ import annotations
 
 import copy
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -86,20 +86,37 @@ class RetrofittedLoop(nn.Module):
             drawn from torch's global generator.
     """
 
-    def __init__(self, model: nn.Module, prelude: int = 4, core: int = 6, coda: int = 4, *,
-                 keep_middle: bool = False, copy_weights: bool = True, inject_init: str = "state",
-                 inject_gain: float = 0.25):
+    def __init__(
+        self,
+        model: nn.Module,
+        prelude: int = 4,
+        core: int = 6,
+        coda: int = 4,
+        *,
+        keep_middle: bool = False,
+        copy_weights: bool = True,
+        inject_init: str = "state",
+        inject_gain: float = 0.25,
+    ):
         super().__init__()
         try:
             n_layers = len(model.model.layers)
         except AttributeError as exc:
             raise LooplabError(f"{type(model).__name__} is not a Llama-architecture causal LM") from exc
         if min(prelude, coda) < 0 or core < 1 or prelude + core + coda > n_layers:
-            raise LooplabError(f"retrofit needs p ≥ 0, k ≥ 1, c ≥ 0 and p + k + c ≤ {n_layers} layers; "
-                               f"got (p, k, c) = ({prelude}, {core}, {coda})")
-        parts = nn.ModuleDict({"embed": model.model.embed_tokens, "rotary": model.model.rotary_emb,
-                               "norm": model.model.norm, "head": model.lm_head,
-                               "layers": model.model.layers})
+            raise LooplabError(
+                f"retrofit needs p ≥ 0, k ≥ 1, c ≥ 0 and p + k + c ≤ {n_layers} layers; "
+                f"got (p, k, c) = ({prelude}, {core}, {coda})"
+            )
+        parts = nn.ModuleDict(
+            {
+                "embed": model.model.embed_tokens,
+                "rotary": model.model.rotary_emb,
+                "norm": model.model.norm,
+                "head": model.lm_head,
+                "layers": model.model.layers,
+            }
+        )
         if copy_weights:
             parts = copy.deepcopy(parts)  # one deepcopy: shared (tied) parameters stay shared
         layers = list(parts["layers"])
@@ -107,19 +124,19 @@ class RetrofittedLoop(nn.Module):
         self.config._attn_implementation = "eager"
         self.embed, self.rotary, self.norm, self.lm_head = parts["embed"], parts["rotary"], parts["norm"], parts["head"]
         self.prelude = nn.ModuleList(layers[:prelude])
-        self.core = nn.ModuleList(layers[prelude:prelude + core])
-        self.middle = nn.ModuleList(layers[prelude + core:n_layers - coda] if keep_middle else [])
-        self.coda = nn.ModuleList(layers[n_layers - coda:])
+        self.core = nn.ModuleList(layers[prelude : prelude + core])
+        self.middle = nn.ModuleList(layers[prelude + core : n_layers - coda] if keep_middle else [])
+        self.coda = nn.ModuleList(layers[n_layers - coda :])
         for layer in layers:
             if hasattr(layer, "self_attn"):
                 layer.self_attn.config = self.config
         self.n_layers, self.p, self.k, self.c, self.keep_middle = n_layers, prelude, core, coda, keep_middle
         d = self.embed.weight.shape[1]
-        self.inject = nn.Linear(2 * d, d, bias=False, dtype=self.embed.weight.dtype,
-                                device=self.embed.weight.device)
+        self.inject = nn.Linear(2 * d, d, bias=False, dtype=self.embed.weight.dtype, device=self.embed.weight.device)
         with torch.no_grad():
-            self.inject.weight.copy_(injection_weight(inject_init, d, inject_gain, self.inject.weight.dtype,
-                                                      self.inject.weight.device))
+            self.inject.weight.copy_(
+                injection_weight(inject_init, d, inject_gain, self.inject.weight.dtype, self.inject.weight.device)
+            )
 
     # ------------------------------------------------------------------ pieces
 
@@ -177,9 +194,18 @@ class RetrofittedLoop(nn.Module):
         return self.readout(h, rope, mask)
 
     @torch.no_grad()
-    def record(self, input_ids: Tensor, attention_mask: Tensor | None = None, loops: int = 1, *,
-               attention: bool = True, layers: list[int] | None = None, loop_indices: list[int] | None = None,
-               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Trace:
+    def record(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        loops: int = 1,
+        *,
+        attention: bool = True,
+        layers: list[int] | None = None,
+        loop_indices: list[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> Trace:
         """A looplab :class:`Trace` of one forward pass (names as in :mod:`looplab.analysis.trace`).
 
         Records ``preludeI.resid``, ``loopTT.coreL.resid`` (X_{L,t}), ``loopTT.state`` (h_t,
@@ -196,8 +222,15 @@ class RetrofittedLoop(nn.Module):
         if any(not 0 <= t <= loops for t in wanted):
             raise LooplabError(f"loop indices must lie in 0..{loops}")
         x, rope, mask, attention_mask = self._context(input_ids, attention_mask)
-        out = Trace(valid=attention_mask.bool().detach().to(device), loops=sorted(t for t in wanted if t >= 1),
-                    layers=layers, total_loops=loops, n_prelude=self.p, n_coda=self.c, has_attention=attention)
+        out = Trace(
+            valid=attention_mask.bool().detach().to(device),
+            loops=sorted(t for t in wanted if t >= 1),
+            layers=layers,
+            total_loops=loops,
+            n_prelude=self.p,
+            n_coda=self.c,
+            has_attention=attention,
+        )
 
         def keep(name: str, value: Tensor) -> None:
             if name in out.cache:
@@ -219,8 +252,10 @@ class RetrofittedLoop(nn.Module):
             def post(_module, _args, output):
                 grabbed["probs"] = output[1]
 
-            handles = [layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True),
-                       layer.self_attn.register_forward_hook(post)]
+            handles = [
+                layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True),
+                layer.self_attn.register_forward_hook(post),
+            ]
             try:
                 x = self._layer(layer, x, rope, mask)
             finally:
@@ -270,9 +305,17 @@ def _as_batch(batch) -> tuple[Tensor, Tensor | None]:
     return ids, mask
 
 
-def fine_tune(loop_model: RetrofittedLoop, batches: Iterable, steps: int, lr: float = 1e-4, loops: int = 4, *,
-              weight_decay: float = 0.0, clip: float = 1.0, trainable: Iterable[nn.Parameter] | None = None
-              ) -> list[float]:
+def fine_tune(
+    loop_model: RetrofittedLoop,
+    batches: Iterable,
+    steps: int,
+    lr: float = 1e-4,
+    loops: int = 4,
+    *,
+    weight_decay: float = 0.0,
+    clip: float = 1.0,
+    trainable: Iterable[nn.Parameter] | None = None,
+) -> list[float]:
     """Short next-token fine-tune with AdamW at ``loops`` loops; returns the loss of every step.
 
     ``batches`` yields input_ids [B, T], (input_ids, attention_mask) pairs or tokenizer

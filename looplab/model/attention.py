@@ -51,7 +51,7 @@ class AttentionContext:
     probs: list | None = None
 
     @staticmethod
-    def build(valid: Tensor, causal: bool, rope: tuple[Tensor, Tensor] | None, use_math: bool) -> "AttentionContext":
+    def build(valid: Tensor, causal: bool, rope: tuple[Tensor, Tensor] | None, use_math: bool) -> AttentionContext:
         """Context for a [B, L] validity mask; padded keys are never attended."""
         length = valid.shape[1]
         mask = None
@@ -61,7 +61,7 @@ class AttentionContext:
                 mask = mask & torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
         return AttentionContext(mask, causal, rope, use_math)
 
-    def select(self, rows: Tensor | slice) -> "AttentionContext":
+    def select(self, rows: Tensor | slice) -> AttentionContext:
         """The context restricted to some rows of the batch (an index tensor, boolean mask or slice)."""
         return replace(self, mask=None if self.mask is None else self.mask[rows])
 

@@ -32,9 +32,9 @@ Notable:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -44,7 +44,6 @@ from looplab.errors import LooplabError, choice_error
 from looplab.model.attention import AttentionContext, rope_tables
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
-
 
 #: hook(site, index, layer, x, ctx) -> the layer's output; site is "prelude", "core" or "coda"
 LayerHook = Callable[[str, int, Layer, Tensor, AttentionContext], Tensor]
@@ -142,32 +141,39 @@ class LoopedTransformer(nn.Module):
             h = self._run("coda", index, layer, h, ctx)
         return self.head(self.final_norm(h))
 
-    def start(self, tokens: Tensor, valid: Tensor,
-              generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, AttentionContext]:
+    def start(
+        self, tokens: Tensor, valid: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, AttentionContext]:
         """(h_0, e, ctx) for a batch: the initial state, the injected input and the attention context."""
         ctx = self.context(valid)
         e = self.encode(tokens, ctx)
         return self.initial_state(e, generator), e, ctx
 
-    def unroll(self, tokens: Tensor, valid: Tensor, loops: int,
-               generator: torch.Generator | None = None) -> Iterator[tuple[Tensor, AttentionContext]]:
+    def unroll(
+        self, tokens: Tensor, valid: Tensor, loops: int, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[Tensor, AttentionContext]]:
         """Yield (h_t [B, L, d], ctx) for t = 1..loops from one unroll."""
         h, e, ctx = self.start(tokens, valid, generator)
         for _ in range(loops):
             h = self.step(h, e, ctx)
             yield h, ctx
 
-    def forward(self, tokens: Tensor, valid: Tensor, loops: int,
-                generator: torch.Generator | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, valid: Tensor, loops: int, generator: torch.Generator | None = None) -> Tensor:
         """Logits [B, L, V] after ``loops`` loops for every row (loops = 0 reads h_0)."""
         h, e, ctx = self.start(tokens, valid, generator)
         for _ in range(loops):
             h = self.step(h, e, ctx)
         return self.readout(h, ctx)
 
-    def forward_at_depths(self, tokens: Tensor, valid: Tensor, depths: Tensor,
-                          generator: torch.Generator | None = None, backprop_loops: int = 0,
-                          return_probe: bool = False) -> Tensor | tuple[Tensor, "LoopProbe"]:
+    def forward_at_depths(
+        self,
+        tokens: Tensor,
+        valid: Tensor,
+        depths: Tensor,
+        generator: torch.Generator | None = None,
+        backprop_loops: int = 0,
+        return_probe: bool = False,
+    ) -> Tensor | tuple[Tensor, LoopProbe]:
         """Logits read at each row's own depths, by active-set compaction.
 
         Args:
@@ -234,8 +240,9 @@ class LoopProbe:
     valid: Tensor
 
 
-def injection_weight(kind: str, d: int, gain: float = 0.25, dtype: torch.dtype = torch.float32,
-                     device: torch.device | str | None = None) -> Tensor:
+def injection_weight(
+    kind: str, d: int, gain: float = 0.25, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> Tensor:
     """The initial W_I [d, 2d] of W_I [e; h]: ``sum`` [I | I], ``state`` [0 | I], ``input`` [I | 0],
     ``mix`` [I/2 | I/2], ``random`` N(0, gain²/d) per entry (drawn from torch's global generator).
 

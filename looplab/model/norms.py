@@ -10,7 +10,7 @@ For a sublayer f and norms N, N₁, N₂:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor, nn
 

@@ -31,21 +31,51 @@ RESAMPLES = 10_000
 LEVEL = 0.95
 
 # the paper-1 headline metrics (docs/methods.md §5), in table order
-HEADLINE_METRICS = ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate",
-                    "training_cost.block_evals")
+HEADLINE_METRICS = ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate", "training_cost.block_evals")
 # test-time scaling (docs/methods.md §6): the eval summary's keys, then the report's derived ones
-SCALING_METRICS = ("scaling_peak", "scaling_peak_loops", "relative_drop", "relative_drop_4_to_8",
-                   "accuracy_min_4_to_100", "nonfinite_last")
+SCALING_METRICS = (
+    "scaling_peak",
+    "scaling_peak_loops",
+    "relative_drop",
+    "relative_drop_4_to_8",
+    "accuracy_min_4_to_100",
+    "nonfinite_last",
+)
 # text runs (eval/lm_summary.json): validation loss against loops
-LM_METRICS = ("lm.loss_at_training_depth", "lm.bits_per_byte_at_training_depth", "lm.best_loss", "lm.best_loops",
-              "lm.loss_at_max_loops")
+LM_METRICS = (
+    "lm.loss_at_training_depth",
+    "lm.bits_per_byte_at_training_depth",
+    "lm.best_loss",
+    "lm.best_loops",
+    "lm.loss_at_max_loops",
+)
 # analysis.* keys that record how the analysis was run, not what it found
-ANALYSIS_PARAMETERS = frozenset({"analysis.loops", "analysis.samples", "analysis.length", "analysis.checkpoint",
-                                 "analysis.token_dynamics.tokens", "analysis.token_dynamics.window",
-                                 "analysis.token_dynamics.tol"})
+ANALYSIS_PARAMETERS = frozenset(
+    {
+        "analysis.loops",
+        "analysis.samples",
+        "analysis.length",
+        "analysis.checkpoint",
+        "analysis.token_dynamics.tokens",
+        "analysis.token_dynamics.window",
+        "analysis.token_dynamics.tol",
+    }
+)
 
-PERCENT_METRICS = frozenset({"oracle_id", "oracle_ood", "policy_id", "policy_ood", "flip_rate", "scaling_peak",
-                             "relative_drop", "relative_drop_4_to_8", "accuracy_min_4_to_100", "nonfinite_last"})
+PERCENT_METRICS = frozenset(
+    {
+        "oracle_id",
+        "oracle_ood",
+        "policy_id",
+        "policy_ood",
+        "flip_rate",
+        "scaling_peak",
+        "relative_drop",
+        "relative_drop_4_to_8",
+        "accuracy_min_4_to_100",
+        "nonfinite_last",
+    }
+)
 POINT_METRICS = frozenset({"gap"})  # a difference of two percentages
 
 STATS = ("n", "mean", "std", "ci_lo", "ci_hi")
@@ -75,8 +105,9 @@ def _resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
     return indices
 
 
-def bootstrap_ci(values, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                 level: float = LEVEL) -> tuple[float, float]:
+def bootstrap_ci(
+    values, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``values`` [n]; (NaN, NaN) when n = 0."""
     values = np.asarray(values, dtype=float)
     if values.size == 0:
@@ -92,8 +123,13 @@ def seed_stats(values) -> dict[str, float]:
     values = values[np.isfinite(values)]
     n = values.size
     lo, hi = bootstrap_ci(values)
-    return {"n": n, "mean": float(values.mean()) if n else float("nan"),
-            "std": float(values.std(ddof=1)) if n > 1 else float("nan"), "ci_lo": lo, "ci_hi": hi}
+    return {
+        "n": n,
+        "mean": float(values.mean()) if n else float("nan"),
+        "std": float(values.std(ddof=1)) if n > 1 else float("nan"),
+        "ci_lo": lo,
+        "ci_hi": hi,
+    }
 
 
 def group_sizes(results: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -121,7 +157,7 @@ def aggregate(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.Da
 
 
 def unit(metric: str) -> str:
-    """"%" for fractions shown in percent, "pp" for Gap, "" for lengths, counts and cosines."""
+    """ "%" for fractions shown in percent, "pp" for Gap, "" for lengths, counts and cosines."""
     if metric in PERCENT_METRICS:
         return "%"
     return "pp" if metric in POINT_METRICS else ""

@@ -17,9 +17,19 @@ from pathlib import Path
 import pandas as pd
 
 from looplab.io import atomic_write
-from looplab.report.aggregate import (BOOTSTRAP_SEED, HEADLINE_METRICS, LEVEL, LM_METRICS, RESAMPLES,
-                                      SCALING_METRICS, aggregate, analysis_metrics, group_sizes, in_display_units,
-                                      present)
+from looplab.report.aggregate import (
+    BOOTSTRAP_SEED,
+    HEADLINE_METRICS,
+    LEVEL,
+    LM_METRICS,
+    RESAMPLES,
+    SCALING_METRICS,
+    aggregate,
+    analysis_metrics,
+    group_sizes,
+    in_display_units,
+    present,
+)
 from looplab.report.html import to_html
 from looplab.report.paper import Ours, check_paper, compare
 from looplab.report.plots import write_task_plots
@@ -41,8 +51,10 @@ def method_notes(results: pd.DataFrame) -> list[str]:
         "points (pp); Front@90 is a length, averaged over seeds.",
     ]
     if "status" in results.columns:
-        notes.append("Diverged: runs whose training diverged. They have no metrics, so a cell's statistics "
-                     "are over the other seeds.")
+        notes.append(
+            "Diverged: runs whose training diverged. They have no metrics, so a cell's statistics "
+            "are over the other seeds."
+        )
     return notes
 
 
@@ -55,8 +67,11 @@ def sweep_statistics(results: pd.DataFrame) -> Ours:
 def our_tables(ours: Ours) -> list[Table]:
     """Results for every group; then scaling, language modelling and analysis for the groups that measured them."""
     tables = [seed_table("Results", ours.groups, ours.long[ours.long["metric"].isin(HEADLINE_METRICS)], ours.by)]
-    for title, candidates in (("Test-time scaling", SCALING_METRICS), ("Language modelling", LM_METRICS),
-                              ("Mechanistic analysis", analysis_metrics(ours.results))):
+    for title, candidates in (
+        ("Test-time scaling", SCALING_METRICS),
+        ("Language modelling", LM_METRICS),
+        ("Mechanistic analysis", analysis_metrics(ours.results)),
+    ):
         long = ours.long[ours.long["metric"].isin(present(ours.results, candidates))]
         measured = long.loc[long["n"] > 0, ours.by].drop_duplicates()
         if not measured.empty:
@@ -103,11 +118,16 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     out.mkdir(exist_ok=True)
     written = [_write_csv(out / "table.csv", seed_table("all", ours.groups, ours.long, BY).numbers)]
     written += [_write_csv(out / f"{t.name}.csv", t.numbers) for t in tables if t.name]
-    written += [_write_text(out / "table.md", to_markdown(tables, title, notes)),
-                _write_text(out / "table.tex", to_latex(tables))]
+    written += [
+        _write_text(out / "table.md", to_markdown(tables, title, notes)),
+        _write_text(out / "table.tex", to_latex(tables)),
+    ]
     per_length = per_length_frame(results)
-    figures = [path for task in sorted(results["task.name"].dropna().unique())
-               for path in write_task_plots(out, task, per_length, grids, depths)]
+    figures = [
+        path
+        for task in sorted(results["task.name"].dropna().unique())
+        for path in write_task_plots(out, task, per_length, grids, depths)
+    ]
     written += figures
     written.append(_write_text(out / "report.html", to_html(title, notes, tables, figures)))
     for stale in [*out.glob("*.png"), *out.glob("paper_*.csv")]:

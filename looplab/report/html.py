@@ -31,17 +31,27 @@ def png_data_uri(path: Path) -> str:
 
 def to_html(title: str, notes: list[str], tables: list[Table], figures: list[Path]) -> str:
     """The page: title, notes, each table under its heading, then each figure captioned with its file name."""
-    parts = ["<!DOCTYPE html>", "<html lang=\"en\">", "<head>", "<meta charset=\"utf-8\">",
-             f"<title>{html.escape(title)}</title>", f"<style>{_STYLE}</style>", "</head>", "<body>",
-             f"<h1>{html.escape(title)}</h1>"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_STYLE}</style>",
+        "</head>",
+        "<body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
     if notes:
-        parts.append("<ul class=\"note\">" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+        parts.append('<ul class="note">' + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     for table in tables:
         parts += [f"<h2>{html.escape(table.title)}</h2>", to_html_table(table)]
     if figures:
         parts.append("<h2>Figures</h2>")
     for path in figures:
-        parts.append(f"<figure><img alt=\"{html.escape(path.stem)}\" src=\"{png_data_uri(path)}\">"
-                     f"<figcaption class=\"note\">{html.escape(path.name)}</figcaption></figure>")
+        parts.append(
+            f'<figure><img alt="{html.escape(path.stem)}" src="{png_data_uri(path)}">'
+            f'<figcaption class="note">{html.escape(path.name)}</figcaption></figure>'
+        )
     parts += ["</body>", "</html>", ""]
     return "\n".join(parts)

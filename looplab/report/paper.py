@@ -13,9 +13,9 @@ lives here is only the mapping from our names to the paper's:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
@@ -23,22 +23,42 @@ import looplab
 from looplab.config import PLACEMENT_ALIASES
 from looplab.errors import choice_error
 from looplab.report.aggregate import SCALING_METRICS, STATS, aggregate, group_sizes, in_display_units, present
-from looplab.report.tables import (MISSING, Table, cell, decimals, group_key, header, key_cells, metric_stats,
-                                   number, seed_table, stats_by_group)
+from looplab.report.tables import (
+    MISSING,
+    Table,
+    cell,
+    decimals,
+    group_key,
+    header,
+    key_cells,
+    metric_stats,
+    number,
+    seed_table,
+    stats_by_group,
+)
 
 PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parent / "data" / "paper_tables"
 PAPERS = ("stopping", "stars", "mechanistic")
 
 # paper 1: our schedule stems → the schedule names of stopping_main.csv and stopping_cost.csv
-STOPPING_SCHEDULES = {"fixed": "fixed_K20", "matched": "matched_K_n", "window": "window_n_pm5",
-                      "rl_halting": "rl_halting"}
+STOPPING_SCHEDULES = {
+    "fixed": "fixed_K20",
+    "matched": "matched_K_n",
+    "window": "window_n_pm5",
+    "rl_halting": "rl_halting",
+}
 # … and → the config names of the ablation table, which the paper ran on one task only
 STOPPING_ABLATION_TASK = "binary_addition"
 STOPPING_ABLATIONS = {
-    "fixed": "fixed_K20", "fixed_window": "fixed_window_K20_pm5", "pondernet": "pondernet_weighted_loss",
-    "multi_depth": "multi_depth_average", "window": "window_n_pm5_single_depth",
-    "rl_halting": "rl_halting_ent0.001", "rl_halting-ent0": "rl_halting_ent0",
-    "rl_halting-ent0.1": "rl_halting_ent0.1", "rl_halting-tmax5": "rl_halting_Tmax5",
+    "fixed": "fixed_K20",
+    "fixed_window": "fixed_window_K20_pm5",
+    "pondernet": "pondernet_weighted_loss",
+    "multi_depth": "multi_depth_average",
+    "window": "window_n_pm5_single_depth",
+    "rl_halting": "rl_halting_ent0.001",
+    "rl_halting-ent0": "rl_halting_ent0",
+    "rl_halting-ent0.1": "rl_halting_ent0.1",
+    "rl_halting-tmax5": "rl_halting_Tmax5",
     "rl_halting-tmax10": "rl_halting_Tmax10",
 }
 # paper 2: fact → (our variant, our metric). The paper's base model (Ouro) is an RMSNorm
@@ -51,19 +71,27 @@ STARS_FACTS = {
 # paper 3: our placements → its norm names (the config aliases are those names)
 MECHANISTIC_NORMS = {"pre": "pre_norm", **{ours: paper for paper, ours in PLACEMENT_ALIASES.items()}}
 MECHANISTIC_BY = ["model.placement", "model.injection", "variant"]  # variant: never pool a control with a model
-MECHANISTIC_METRICS = ("analysis.fixed_point_self_cos", "analysis.fixed_point_cross_cos_min",
-                       "analysis.fixed_point_self_cos_median", "analysis.state_norm_first",
-                       "analysis.state_norm_last", "analysis.update_ratio_mean")
+MECHANISTIC_METRICS = (
+    "analysis.fixed_point_self_cos",
+    "analysis.fixed_point_cross_cos_min",
+    "analysis.fixed_point_self_cos_median",
+    "analysis.state_norm_first",
+    "analysis.state_norm_last",
+    "analysis.update_ratio_mean",
+)
 # paper 3: how one of our seed means is held against a printed value (see mechanistic_verdict)
 COSINE_ONE, COSINE_TOLERANCE = 0.99, 0.05
-MECHANISTIC_RULE = (f"Reproduced: both paper cosines are met by our seed means ('1.000': >= {COSINE_ONE}; "
-                    f"'<x': < x; any other value v: within ±{COSINE_TOLERANCE}), the self cosine read as the "
-                    "median per-sample value (one oscillating sequence neither hides nor drags the rest); "
-                    "'partly' when one of the two is met.")
+MECHANISTIC_RULE = (
+    f"Reproduced: both paper cosines are met by our seed means ('1.000': >= {COSINE_ONE}; "
+    f"'<x': < x; any other value v: within ±{COSINE_TOLERANCE}), the self cosine read as the "
+    "median per-sample value (one oscillating sequence neither hides nor drags the rest); "
+    "'partly' when one of the two is met."
+)
 # paper column → the value of ours the verdict holds against it
-MECHANISTIC_JUDGED = {"cos_first_layer_to_own_fixed_point": "ours.analysis.fixed_point_self_cos_median",
-                      "min_cos_first_layer_to_other_layers_fixed_point":
-                          "ours.min_cos_first_layer_to_other_layers_fixed_point"}
+MECHANISTIC_JUDGED = {
+    "cos_first_layer_to_own_fixed_point": "ours.analysis.fixed_point_self_cos_median",
+    "min_cos_first_layer_to_other_layers_fixed_point": "ours.min_cos_first_layer_to_other_layers_fixed_point",
+}
 
 
 @dataclass(frozen=True)
@@ -125,9 +153,16 @@ def _paper_name(text: str) -> str:
     return text.split(" (", 1)[0].strip()
 
 
-def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dict], dict | None],
-                 pairs: list[Pair], note: str = "", name: str = "",
-                 judge: Callable[[dict], str] | None = None) -> Table | None:
+def side_by_side(
+    title: str,
+    ours: Ours,
+    paper: pd.DataFrame,
+    key: Callable[[dict], dict | None],
+    pairs: list[Pair],
+    note: str = "",
+    name: str = "",
+    judge: Callable[[dict], str] | None = None,
+) -> Table | None:
     """One row per group of ``ours`` with a paper row: per pair, our statistic then the paper's value.
 
     ``key`` maps a group (column → value) to the paper columns that identify its row, or None
@@ -149,8 +184,7 @@ def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dic
             continue
         published = match.iloc[0]
         found = stats.get(group_key(row[:-1]))
-        shown = {**key_cells(ours.by, row[:-1]), "Seeds": str(runs),
-                 "Paper row": " / ".join(map(str, wanted.values()))}
+        shown = {**key_cells(ours.by, row[:-1]), "Seeds": str(runs), "Paper row": " / ".join(map(str, wanted.values()))}
         values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}
         for pair in pairs:
             column = pair.paper or pair.metric
@@ -173,8 +207,9 @@ def side_by_side(title: str, ours: Ours, paper: pd.DataFrame, key: Callable[[dic
     return Table(title, pd.DataFrame(display), pd.DataFrame(numbers), note, name)
 
 
-def _compare(title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, judge=None,
-             note: str = "") -> tuple[list[Table], list[str]]:
+def _compare(
+    title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, judge=None, note: str = ""
+) -> tuple[list[Table], list[str]]:
     """side_by_side against one paper CSV, with a note when the file or every counterpart is missing."""
     paper, notes = read_paper_table(file, tables_dir)
     if paper is None:
@@ -182,8 +217,16 @@ def _compare(title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, ju
     lacking = [p.paper for p in pairs if p.paper and p.paper not in paper.columns]
     if lacking:
         return [], [f"paper table {file} lacks column(s) {', '.join(lacking)}: left out of this report"]
-    table = side_by_side(title, ours, paper, key, pairs, " ".join(filter(None, [f"paper numbers from {file}.", note])),
-                         f"paper_{Path(file).stem}", judge)
+    table = side_by_side(
+        title,
+        ours,
+        paper,
+        key,
+        pairs,
+        " ".join(filter(None, [f"paper numbers from {file}.", note])),
+        f"paper_{Path(file).stem}",
+        judge,
+    )
     if table is None:
         return [], [f"no group of this sweep has a counterpart in {file}"]
     return [table], []
@@ -192,29 +235,58 @@ def _compare(title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, ju
 def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
     """Paper 1: the main table, the ablations and the training cost."""
     main = _compare(
-        "Ours vs paper: stopping (main table)", "stopping_main.csv", ours, tables_dir,
+        "Ours vs paper: stopping (main table)",
+        "stopping_main.csv",
+        ours,
+        tables_dir,
         lambda g: {"task": g["task.name"], "schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
-        [Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"), Pair("Front@90", "front90", "front90"),
-         Pair("Std (pp)", "std_pp", "oracle_ood", "std"), Pair("Gap (pp)", "gap_pp", "gap")])
+        [
+            Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"),
+            Pair("Front@90", "front90", "front90"),
+            Pair("Std (pp)", "std_pp", "oracle_ood", "std"),
+            Pair("Gap (pp)", "gap_pp", "gap"),
+        ],
+    )
     ablation = _compare(
         f"Ours vs paper: stopping ablations ({STOPPING_ABLATION_TASK})",
-        f"stopping_ablation_{STOPPING_ABLATION_TASK}.csv", ours, tables_dir,
-        lambda g: ({"config": STOPPING_ABLATIONS.get(variant_stem(g["variant"]))}
-                   if g["task.name"] == STOPPING_ABLATION_TASK else None),
-        [Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"), Pair("Policy OOD (%)", "policy_ood_pct", "policy_ood"),
-         Pair("Std (pp)", "std_pp", "oracle_ood", "std"), Pair("Note", "note")])
+        f"stopping_ablation_{STOPPING_ABLATION_TASK}.csv",
+        ours,
+        tables_dir,
+        lambda g: (
+            {"config": STOPPING_ABLATIONS.get(variant_stem(g["variant"]))}
+            if g["task.name"] == STOPPING_ABLATION_TASK
+            else None
+        ),
+        [
+            Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"),
+            Pair("Policy OOD (%)", "policy_ood_pct", "policy_ood"),
+            Pair("Std (pp)", "std_pp", "oracle_ood", "std"),
+            Pair("Note", "note"),
+        ],
+    )
     cost = _compare(
-        "Ours vs paper: training cost", "stopping_cost.csv", ours, tables_dir,
+        "Ours vs paper: training cost",
+        "stopping_cost.csv",
+        ours,
+        tables_dir,
         lambda g: {"schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
-        [Pair("Block evals / step", "block_evals_per_step", "training_cost.block_evals")])
+        [Pair("Block evals / step", "block_evals_per_step", "training_cost.block_evals")],
+    )
     return main[0] + ablation[0] + cost[0], main[1] + ablation[1] + cost[1]
 
 
 def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
     """Paper 2: our test-time scaling by variant, and the paper's facts with our analogue beside each."""
     metrics = present(ours.results, (*SCALING_METRICS, "oracle_id"))
-    scaling = replace(seed_table("Ours: test-time scaling by variant (STARS)", ours.groups,
-                                 ours.long[ours.long["metric"].isin(metrics)], ours.by), name="paper_stars_scaling")
+    scaling = replace(
+        seed_table(
+            "Ours: test-time scaling by variant (STARS)",
+            ours.groups,
+            ours.long[ours.long["metric"].isin(metrics)],
+            ours.by,
+        ),
+        name="paper_stars_scaling",
+    )
     facts, notes = read_paper_table("stars_facts.csv", tables_dir)
     if facts is None or not {"fact", "value"} <= set(facts.columns):
         return [scaling], notes or ["paper table stars_facts.csv lacks its fact / value columns: left out"]
@@ -233,10 +305,21 @@ def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
             else:
                 source = f"{header(metric)}, {' / '.join(map(str, group.values()))}"
             display.append({"Fact": fact, "Paper": text, "Ours": cell(s, decimals(metric)), "Our analogue": source})
-            numbers.append({"fact": fact, "paper": _paper_value(text), "ours.source": source,
-                            **{f"ours.{stat}": s[stat] for stat in STATS}})
-    table = Table("Ours vs paper: STARS facts", pd.DataFrame(display), pd.DataFrame(numbers),
-                  "paper numbers from stars_facts.csv", "paper_stars_facts")
+            numbers.append(
+                {
+                    "fact": fact,
+                    "paper": _paper_value(text),
+                    "ours.source": source,
+                    **{f"ours.{stat}": s[stat] for stat in STATS},
+                }
+            )
+    table = Table(
+        "Ours vs paper: STARS facts",
+        pd.DataFrame(display),
+        pd.DataFrame(numbers),
+        "paper numbers from stars_facts.csv",
+        "paper_stars_facts",
+    )
     return [scaling, table], notes
 
 
@@ -249,22 +332,37 @@ def mechanistic_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[
         what = f"column(s) {', '.join(missing)}" if missing else "analysis.fixed_point_* values"
         return [], [f"no {what} in results.parquet: the mechanistic comparison needs runs analysed by the sweep"]
     analysed = results[results[metrics].apply(pd.to_numeric, errors="coerce").notna().any(axis=1)]
-    by_model = Ours(analysed, group_sizes(analysed, MECHANISTIC_BY),
-                    in_display_units(aggregate(analysed, MECHANISTIC_BY, metrics)), MECHANISTIC_BY)
+    by_model = Ours(
+        analysed,
+        group_sizes(analysed, MECHANISTIC_BY),
+        in_display_units(aggregate(analysed, MECHANISTIC_BY, metrics)),
+        MECHANISTIC_BY,
+    )
     return _compare(
-        "Ours vs paper: fixed points by norm placement and input injection", "mechanistic_norm_ablation.csv",
-        by_model, tables_dir,
-        lambda g: {"norm": MECHANISTIC_NORMS.get(g["model.placement"]),
-                   "input_injection": "no" if g["model.injection"] == "none" else "yes"},
-        [Pair("cos to own fixed point", "cos_first_layer_to_own_fixed_point", "analysis.fixed_point_self_cos"),
-         Pair("min cos to other layers", "min_cos_first_layer_to_other_layers_fixed_point",
-              "analysis.fixed_point_cross_cos_min"),
-         Pair("Verdict", "verdict"),
-         Pair("Median per-sample self cos", None, "analysis.fixed_point_self_cos_median"),
-         Pair("‖h‖ loop 1", None, "analysis.state_norm_first"),
-         Pair("‖h‖ last loop", None, "analysis.state_norm_last"),
-         Pair("Layer update ratio", None, "analysis.update_ratio_mean")],
-        mechanistic_verdict, MECHANISTIC_RULE)
+        "Ours vs paper: fixed points by norm placement and input injection",
+        "mechanistic_norm_ablation.csv",
+        by_model,
+        tables_dir,
+        lambda g: {
+            "norm": MECHANISTIC_NORMS.get(g["model.placement"]),
+            "input_injection": "no" if g["model.injection"] == "none" else "yes",
+        },
+        [
+            Pair("cos to own fixed point", "cos_first_layer_to_own_fixed_point", "analysis.fixed_point_self_cos"),
+            Pair(
+                "min cos to other layers",
+                "min_cos_first_layer_to_other_layers_fixed_point",
+                "analysis.fixed_point_cross_cos_min",
+            ),
+            Pair("Verdict", "verdict"),
+            Pair("Median per-sample self cos", None, "analysis.fixed_point_self_cos_median"),
+            Pair("‖h‖ loop 1", None, "analysis.state_norm_first"),
+            Pair("‖h‖ last loop", None, "analysis.state_norm_last"),
+            Pair("Layer update ratio", None, "analysis.update_ratio_mean"),
+        ],
+        mechanistic_verdict,
+        MECHANISTIC_RULE,
+    )
 
 
 def meets(ours: float | None, printed) -> bool:
@@ -282,7 +380,7 @@ def meets(ours: float | None, printed) -> bool:
 
 
 def mechanistic_verdict(values: dict) -> str:
-    """"reproduced" / "partly" / "not reproduced" for one norm-ablation row by :func:`meets`."""
+    """ "reproduced" / "partly" / "not reproduced" for one norm-ablation row by :func:`meets`."""
     met = sum(meets(values.get(ours), values.get(f"paper.{paper}")) for paper, ours in MECHANISTIC_JUDGED.items())
     return {2: "reproduced", 1: "partly"}.get(met, "not reproduced")
 

@@ -32,8 +32,9 @@ def _panels(count: int, title: str, width: float = 3.6, height: float = 3.0):
     plt = pyplot()
     columns = min(count, PANEL_COLUMNS)
     rows = -(-count // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(width * columns + 1, height * rows + 0.6),
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(width * columns + 1, height * rows + 0.6), squeeze=False, layout="constrained"
+    )
     axes = list(axes.flat)
     for axis in axes[count:]:
         axis.set_visible(False)
@@ -48,8 +49,9 @@ def _seed_band(axis, frame: pd.DataFrame, x: str, y: str, label: str, color: str
     axis.plot(stats.index, mean, color=color, label=label, marker="o", markersize=2.5)
     _integer_ticks(axis)
     if std.notna().any():
-        axis.fill_between(stats.index, (mean - std).clip(lower=0), (mean + std).clip(upper=100),
-                          color=color, alpha=0.2, linewidth=0)
+        axis.fill_between(
+            stats.index, (mean - std).clip(lower=0), (mean + std).clip(upper=100), color=color, alpha=0.2, linewidth=0
+        )
 
 
 def _integer_ticks(axis) -> None:
@@ -81,9 +83,15 @@ def plot_accuracy_heatmaps(grids: pd.DataFrame, path: Path, title: str) -> bool:
     for axis, variant in zip(axes, variants):
         part = grids[grids["variant"] == variant]
         acc = part.groupby(["length", "loops"])["accuracy"].mean().unstack("loops").sort_index()
-        image = axis.imshow(100 * acc.to_numpy(), vmin=0, vmax=100, cmap="viridis", aspect="auto",
-                            interpolation="nearest",
-                            extent=(acc.columns.min() - 0.5, acc.columns.max() + 0.5, len(acc) - 0.5, -0.5))
+        image = axis.imshow(
+            100 * acc.to_numpy(),
+            vmin=0,
+            vmax=100,
+            cmap="viridis",
+            aspect="auto",
+            interpolation="nearest",
+            extent=(acc.columns.min() - 0.5, acc.columns.max() + 0.5, len(acc) - 0.5, -0.5),
+        )
         axis.set_yticks(range(len(acc)), [str(n) for n in acc.index])
         trained = int((part.drop_duplicates("length")["split"] == "id").sum())
         if 0 < trained < len(acc):
@@ -147,8 +155,12 @@ def plot_depth_histograms(depths: pd.DataFrame, splits: pd.DataFrame, path: Path
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             share = counts[name] / counts[name].sum()
-            axis.bar(share.index + (i - (len(names) - 1) / 2) * width, 100 * share.to_numpy(), width=width,
-                     label=name.upper() if name != "all" else name)
+            axis.bar(
+                share.index + (i - (len(names) - 1) / 2) * width,
+                100 * share.to_numpy(),
+                width=width,
+                label=name.upper() if name != "all" else name,
+            )
         axis.set(title=variant, xlabel="policy depth", ylabel="samples (%)")
         _integer_ticks(axis)
         axis.legend(fontsize="small")
@@ -177,8 +189,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^\w.-]+", "_", str(text))
 
 
-def write_task_plots(out: Path, task: str, per_length: pd.DataFrame, grids: pd.DataFrame,
-                     depths: pd.DataFrame) -> list[Path]:
+def write_task_plots(
+    out: Path, task: str, per_length: pd.DataFrame, grids: pd.DataFrame, depths: pd.DataFrame
+) -> list[Path]:
     """Every figure of one task that its inputs allow; returns the PNGs written."""
     per_length, grids, depths = (f[f["task.name"] == task] for f in (per_length, grids, depths))
     if not grids.empty:

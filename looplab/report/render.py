@@ -11,9 +11,25 @@ import re
 
 from looplab.report.tables import Table
 
-_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-          "±": r"$\pm$", "–": "--", "→": r"$\to$", "<": r"$<$", ">": r"$>$", "≥": r"$\geq$", "≤": r"$\leq$"}
+_LATEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "–": "--",
+    "→": r"$\to$",
+    "<": r"$<$",
+    ">": r"$>$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+}
 _LATEX_SPECIAL = re.compile("|".join(map(re.escape, _LATEX)))
 
 
@@ -44,12 +60,19 @@ def to_latex(tables: list[Table]) -> str:
     lines = [r"% looplab report tables; needs \usepackage{booktabs}"]
     for table in tables:
         frame = table.display
-        lines += [r"\begin{table}[ht]", r"\centering", r"\small",
-                  rf"\caption{{{latex_escape(table.title)}}}",
-                  rf"\begin{{tabular}}{{{'l' * len(frame.columns)}}}", r"\toprule",
-                  " & ".join(latex_escape(str(c)) for c in frame.columns) + r" \\", r"\midrule"]
-        lines += [" & ".join(latex_escape(str(c)) for c in row) + r" \\"
-                  for row in frame.itertuples(index=False, name=None)]
+        lines += [
+            r"\begin{table}[ht]",
+            r"\centering",
+            r"\small",
+            rf"\caption{{{latex_escape(table.title)}}}",
+            rf"\begin{{tabular}}{{{'l' * len(frame.columns)}}}",
+            r"\toprule",
+            " & ".join(latex_escape(str(c)) for c in frame.columns) + r" \\",
+            r"\midrule",
+        ]
+        lines += [
+            " & ".join(latex_escape(str(c)) for c in row) + r" \\" for row in frame.itertuples(index=False, name=None)
+        ]
         lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(lines)
 
@@ -58,7 +81,9 @@ def to_html_table(table: Table) -> str:
     """A ``<table>`` element (escaped) for one table, preceded by its note."""
     frame = table.display
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-                     for row in frame.itertuples(index=False, name=None))
-    note = f"<p class=\"note\">{html.escape(table.note)}</p>\n" if table.note else ""
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+        for row in frame.itertuples(index=False, name=None)
+    )
+    note = f'<p class="note">{html.escape(table.note)}</p>\n' if table.note else ""
     return f"{note}<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"

@@ -76,9 +76,13 @@ def per_length_frame(results: pd.DataFrame) -> pd.DataFrame:
         if match:
             n = int(match.group(1))
             split = f"per_length.{n}.split"
-            parts.append(results[list(KEYS)].assign(
-                length=n, oracle=numeric(results, column),
-                split=results[split] if split in results.columns else None))
+            parts.append(
+                results[list(KEYS)].assign(
+                    length=n,
+                    oracle=numeric(results, column),
+                    split=results[split] if split in results.columns else None,
+                )
+            )
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "length", "oracle", "split"])
     frame = pd.concat(parts, ignore_index=True)
@@ -105,8 +109,9 @@ def add_scaling_metrics(results: pd.DataFrame, grids: pd.DataFrame) -> pd.DataFr
     """
     results = results.copy()
     if {"scaling_at.4", "scaling_at.8"} <= set(results.columns):
-        results["relative_drop_4_to_8"] = relative_drop(numeric(results, "scaling_at.4"),
-                                                        numeric(results, "scaling_at.8"))
+        results["relative_drop_4_to_8"] = relative_drop(
+            numeric(results, "scaling_at.4"), numeric(results, "scaling_at.8")
+        )
     curves = scaling_curves(grids)
     if not curves.empty:
         window = curves[curves["loops"].between(4, 100)].groupby("run_id")

@@ -14,23 +14,38 @@ The numeric form has one column per (metric, statistic), named
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import pandas as pd
 
 from looplab.report.aggregate import STATS, unit
 
-KEY_HEADERS = {"task.name": "Task", "variant": "Variant", "model.placement": "Placement",
-               "model.injection": "Injection"}
+KEY_HEADERS = {
+    "task.name": "Task",
+    "variant": "Variant",
+    "model.placement": "Placement",
+    "model.injection": "Injection",
+}
 METRIC_HEADERS = {
-    "oracle_id": "Oracle ID", "oracle_ood": "Oracle OOD", "policy_ood": "Policy OOD", "gap": "Gap",
-    "front90": "Front@90", "flip_rate": "Flip rate", "training_cost.block_evals": "Block evals / step",
-    "scaling_peak": "Peak accuracy", "scaling_peak_loops": "Peak at loops",
-    "relative_drop": "Rel. drop peak→last", "relative_drop_4_to_8": "Rel. drop 4→8 loops",
-    "accuracy_min_4_to_100": "Min accuracy, loops 4–100", "nonfinite_last": "Non-finite at last loop",
+    "oracle_id": "Oracle ID",
+    "oracle_ood": "Oracle OOD",
+    "policy_ood": "Policy OOD",
+    "gap": "Gap",
+    "front90": "Front@90",
+    "flip_rate": "Flip rate",
+    "training_cost.block_evals": "Block evals / step",
+    "scaling_peak": "Peak accuracy",
+    "scaling_peak_loops": "Peak at loops",
+    "relative_drop": "Rel. drop peak→last",
+    "relative_drop_4_to_8": "Rel. drop 4→8 loops",
+    "accuracy_min_4_to_100": "Min accuracy, loops 4–100",
+    "nonfinite_last": "Non-finite at last loop",
     "lm.loss_at_training_depth": "Loss at training depth",
-    "lm.bits_per_byte_at_training_depth": "Bits/byte at training depth", "lm.best_loss": "Best loss", "lm.best_loops": "Best loss at loops", "lm.loss_at_max_loops": "Loss at max loops",
+    "lm.bits_per_byte_at_training_depth": "Bits/byte at training depth",
+    "lm.best_loss": "Best loss",
+    "lm.best_loops": "Best loss at loops",
+    "lm.loss_at_max_loops": "Loss at max loops",
 }
 _SUFFIX = {"%": "_pct", "pp": "_pp", "": ""}
 # lengths and loop counts (means of integers) and the paper's two-decimal training cost
@@ -78,7 +93,7 @@ def number(value, digits: int) -> str:
 
 
 def cell(stats: Mapping, digits: int) -> str:
-    """"mean ± std [lo, hi]" from a row with n, mean, std, ci_lo, ci_hi (display units)."""
+    """ "mean ± std [lo, hi]" from a row with n, mean, std, ci_lo, ci_hi (display units)."""
     if stats["n"] == 0:
         return MISSING
     text = number(stats["mean"], digits)
@@ -91,8 +106,9 @@ def cell(stats: Mapping, digits: int) -> str:
 
 def key_cells(by: list[str], key: tuple) -> dict[str, str]:
     """Display cells of a group key, titled by KEY_HEADERS."""
-    return {KEY_HEADERS.get(column, column): MISSING if pd.isna(value) else str(value)
-            for column, value in zip(by, key)}
+    return {
+        KEY_HEADERS.get(column, column): MISSING if pd.isna(value) else str(value) for column, value in zip(by, key)
+    }
 
 
 def group_key(key) -> tuple[str, ...]:

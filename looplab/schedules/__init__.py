@@ -5,6 +5,7 @@ schedules (fixed, matched, window, fixed_window, multi_depth, lognormal,
 poisson_lognormal) and ``halting.py`` the learned ones (rl_halting, pondernet).
 """
 
+from looplab.schedules import halting, rules  # noqa: F401,E402  (importing registers the built-in schedules)
 from looplab.schedules.base import (
     PARAM_DOMAINS,
     SCHEDULES,
@@ -17,9 +18,20 @@ from looplab.schedules.base import (
     make_schedule,
     register_schedule,
 )
-from looplab.schedules import halting, rules  # noqa: F401,E402  (importing registers the built-in schedules)
 from looplab.schedules.halting import HaltingSample, PonderNet, RLHalting  # noqa: E402
 
-__all__ = ["PARAM_DOMAINS", "SCHEDULES", "DepthRule", "HaltingSample", "PonderNet", "RLHalting", "Schedule",
-           "ScheduleContext", "StepOutput", "check_schedule_config", "depth_stats", "make_schedule",
-           "register_schedule"]
+__all__ = [
+    "PARAM_DOMAINS",
+    "SCHEDULES",
+    "DepthRule",
+    "HaltingSample",
+    "PonderNet",
+    "RLHalting",
+    "Schedule",
+    "ScheduleContext",
+    "StepOutput",
+    "check_schedule_config",
+    "depth_stats",
+    "make_schedule",
+    "register_schedule",
+]

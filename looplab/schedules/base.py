@@ -50,12 +50,19 @@ from looplab.tasks import Task, TaskBatch
 
 #: (low, high, low inclusive, high inclusive) of every [schedule] number a schedule may read
 PARAM_DOMAINS: dict[str, tuple[float, float, bool, bool]] = {
-    "depth": (1, math.inf, True, False), "window": (0, math.inf, True, False), "t_max": (1, math.inf, True, False),
-    "entropy_weight": (0, math.inf, True, False), "baseline_momentum": (0, 1, True, False),
-    "ponder_prior": (0, 1, False, False), "ponder_beta": (0, math.inf, True, False),
-    "lr_scale": (0, math.inf, False, False), "mu": (-math.inf, math.inf, False, False),
-    "sigma": (0, math.inf, True, False), "mean_depth": (1, math.inf, True, False),
-    "lo": (1, math.inf, True, False), "hi": (1, math.inf, True, False),
+    "depth": (1, math.inf, True, False),
+    "window": (0, math.inf, True, False),
+    "t_max": (1, math.inf, True, False),
+    "entropy_weight": (0, math.inf, True, False),
+    "baseline_momentum": (0, 1, True, False),
+    "ponder_prior": (0, 1, False, False),
+    "ponder_beta": (0, math.inf, True, False),
+    "lr_scale": (0, math.inf, False, False),
+    "mu": (-math.inf, math.inf, False, False),
+    "sigma": (0, math.inf, True, False),
+    "mean_depth": (1, math.inf, True, False),
+    "lo": (1, math.inf, True, False),
+    "hi": (1, math.inf, True, False),
 }
 
 
@@ -129,8 +136,9 @@ class Schedule(ABC):
         """Raise :class:`LooplabError` for constraints between parameters (the domains are checked generically)."""
 
     @abstractmethod
-    def training_loss(self, model: LoopedTransformer, batch: TaskBatch, generator: torch.Generator,
-                      probe: bool = False) -> StepOutput:
+    def training_loss(
+        self, model: LoopedTransformer, batch: TaskBatch, generator: torch.Generator, probe: bool = False
+    ) -> StepOutput:
         """The loss of one training batch (this rank's rows), its statistics, and (if ``probe``) the probe states."""
 
     def hazard_logit(self, h: Tensor, valid: Tensor) -> Tensor | None:
@@ -171,8 +179,14 @@ class DepthRule(Schedule):
 
     def training_loss(self, model, batch, generator, probe=False):
         depths = self.train_depths(batch.lengths, generator)
-        out = model.forward_at_depths(batch.tokens, batch.valid, depths, self.parallel.fork(generator),
-                                      backprop_loops=self.context.backprop_loops, return_probe=probe)
+        out = model.forward_at_depths(
+            batch.tokens,
+            batch.valid,
+            depths,
+            self.parallel.fork(generator),
+            backprop_loops=self.context.backprop_loops,
+            return_probe=probe,
+        )
         logits, found = out if probe else (out, None)
         loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
         return StepOutput(loss, depth_stats(depths), found)
@@ -208,8 +222,10 @@ def check_schedule_config(cfg: ScheduleConfig) -> type[Schedule]:
         value = getattr(cfg, key)
         if key in PARAM_DOMAINS and not _inside(value, *PARAM_DOMAINS[key]):
             low, high, low_in, high_in = PARAM_DOMAINS[key]
-            raise LooplabError(f"schedule.{key} must be in {'[' if low_in else '('}{low:g}, {high:g}"
-                               f"{']' if high_in else ')'} for the {cfg.name} schedule, got {value!r}")
+            raise LooplabError(
+                f"schedule.{key} must be in {'[' if low_in else '('}{low:g}, {high:g}"
+                f"{']' if high_in else ')'} for the {cfg.name} schedule, got {value!r}"
+            )
     cls.check(cfg)
     return cls
 

@@ -80,8 +80,10 @@ class LearnedHalting(Schedule):
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         if context.d_model is None:
-            raise LooplabError(f"the {self.name} schedule needs the model width for its halting head; "
-                               "pass ScheduleContext(d_model=...)")
+            raise LooplabError(
+                f"the {self.name} schedule needs the model width for its halting head; "
+                "pass ScheduleContext(d_model=...)"
+            )
         self.module = HazardHead(context.d_model)
 
     def hazard_logit(self, h, valid):
@@ -167,8 +169,9 @@ class RLHalting(LearnedHalting):
             the sample, with the whole distribution ``log_pi``.
         """
         t_max = self.cfg.t_max
-        uniform = self.parallel.draw_rows(lambda n: torch.rand(n, generator=generator, dtype=torch.float64),
-                                          len(batch.tokens))
+        uniform = self.parallel.draw_rows(
+            lambda n: torch.rand(n, generator=generator, dtype=torch.float64), len(batch.tokens)
+        )
         h, e, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
         states, logits = [], []
         for _ in range(t_max):
@@ -190,8 +193,9 @@ class RLHalting(LearnedHalting):
             the sample; its entropy is the one-sample estimate −log π(τ), for logging.
         """
         t_max = self.cfg.t_max
-        uniform = self.parallel.draw_rows(lambda n: torch.rand(n, max(t_max - 1, 0), generator=generator),
-                                          len(batch.tokens)).to(batch.tokens.device)  # [B, T_max − 1]
+        uniform = self.parallel.draw_rows(
+            lambda n: torch.rand(n, max(t_max - 1, 0), generator=generator), len(batch.tokens)
+        ).to(batch.tokens.device)  # [B, T_max − 1]
         h, e_rows, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
         e = e_rows
         batch_size = len(batch.tokens)

@@ -18,8 +18,9 @@ def per_row_loss(logits: Tensor, labels: Tensor) -> Tensor:
     Returns:
         [...] loss per row; every row weighs the same whatever its answer length.
     """
-    token_loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE,
-                                 reduction="none").view(labels.shape)
+    token_loss = F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE, reduction="none"
+    ).view(labels.shape)
     answer = (labels != IGNORE).to(token_loss.dtype)
     return (token_loss * answer).sum(-1) / answer.sum(-1).clamp_min(1)
 

@@ -135,5 +135,5 @@ class PoissonLogNormal(RandomLoops):
         if excess <= 0:
             return torch.ones(count, dtype=torch.long)
         normal = torch.randn(count, generator=generator, dtype=torch.float64)
-        rate = torch.exp(math.log(excess) - sigma ** 2 / 2 + sigma * normal)
+        rate = torch.exp(math.log(excess) - sigma**2 / 2 + sigma * normal)
         return 1 + torch.poisson(rate, generator=generator).long()

@@ -15,7 +15,7 @@ iterations v approaches the top eigenvector and ‖Jv‖ approaches ρ(J).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -38,8 +38,9 @@ def _per_sample_norm(x: Tensor) -> Tensor:
     return x.flatten(1).norm(dim=1)
 
 
-def random_direction(valid: Tensor, d_model: int, generator: torch.Generator | None, unit: bool = True,
-                     dtype=torch.float32) -> Tensor:
+def random_direction(
+    valid: Tensor, d_model: int, generator: torch.Generator | None, unit: bool = True, dtype=torch.float32
+) -> Tensor:
     """Gaussian [B, L, d] on valid positions (zero on padding), scaled to unit norm per sample if ``unit``."""
     v = torch.randn(*valid.shape, d_model, generator=generator, dtype=dtype).to(valid.device)
     v = v * valid.unsqueeze(-1)
@@ -82,8 +83,14 @@ def power_iterate(phi: LoopMap, h: Tensor, v: Tensor, valid: Tensor, iters: int,
     return v
 
 
-def jsrr_per_sample(model: LoopedTransformer, probe: LoopProbe, estimator: str, power_iters: int = 0,
-                    generator: torch.Generator | None = None, direction: Tensor | None = None) -> Tensor:
+def jsrr_per_sample(
+    model: LoopedTransformer,
+    probe: LoopProbe,
+    estimator: str,
+    power_iters: int = 0,
+    generator: torch.Generator | None = None,
+    direction: Tensor | None = None,
+) -> Tensor:
     """The chosen estimator at each probe state: [B], differentiable in the model's parameters.
 
     Args:
@@ -97,8 +104,11 @@ def jsrr_per_sample(model: LoopedTransformer, probe: LoopProbe, estimator: str, 
     mask = probe.valid.unsqueeze(-1).to(probe.h.dtype)
     d_model = probe.h.shape[-1]
     if estimator == "frobenius":
-        g = random_direction(probe.valid, d_model, generator, unit=False, dtype=probe.h.dtype) \
-            if direction is None else direction
+        g = (
+            random_direction(probe.valid, d_model, generator, unit=False, dtype=probe.h.dtype)
+            if direction is None
+            else direction
+        )
         dims = probe.valid.sum(1).to(probe.h.dtype) * d_model
         return (jacobian_vector(phi, probe.h, g) * mask).flatten(1).pow(2).sum(1) / dims
     if estimator not in ("jvp", "vjp"):
@@ -111,8 +121,9 @@ def jsrr_per_sample(model: LoopedTransformer, probe: LoopProbe, estimator: str, 
 
 
 @torch.no_grad()
-def spectral_radius_power(phi: LoopMap, h: Tensor, valid: Tensor, iters: int,
-                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def spectral_radius_power(
+    phi: LoopMap, h: Tensor, valid: Tensor, iters: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """Estimate ρ(J) per sample by power iteration.
 
     Returns:
@@ -129,7 +140,7 @@ def spectral_radius_power(phi: LoopMap, h: Tensor, valid: Tensor, iters: int,
         log_growth.append(norm.log())
         v = w / norm[:, None, None]
     jv = _jacobian_vector_no_grad(phi, h, v) * mask
-    growth = torch.stack(log_growth[len(log_growth) // 2:]).mean(0).exp()
+    growth = torch.stack(log_growth[len(log_growth) // 2 :]).mean(0).exp()
     return growth, (v * jv).flatten(1).sum(1)
 
 

@@ -19,8 +19,9 @@ from looplab.tasks import TaskBatch
 EXACT_MAX_DIM = 4096
 
 
-def spectral_trajectory(model: LoopedTransformer, batch: TaskBatch, loops: int, iters: int,
-                        exact: bool, generator: torch.Generator) -> pd.DataFrame:
+def spectral_trajectory(
+    model: LoopedTransformer, batch: TaskBatch, loops: int, iters: int, exact: bool, generator: torch.Generator
+) -> pd.DataFrame:
     """One row per (loop, sample): ``rho_power``, ``rayleigh`` and (if ``exact``) ``rho_exact``."""
     rows = []
     with torch.no_grad():
@@ -34,8 +35,8 @@ def spectral_trajectory(model: LoopedTransformer, batch: TaskBatch, loops: int, 
             row = {"loop": t, "sample": i, "rho_power": float(growth[i]), "rayleigh": float(rayleigh[i])}
             if exact:
                 length = int(batch.valid[i].sum())
-                single = loop_map(model, e[i:i + 1, :length], batch.valid[i:i + 1, :length])
-                row["rho_exact"] = spectral_radius_exact(single, h[i:i + 1, :length])
+                single = loop_map(model, e[i : i + 1, :length], batch.valid[i : i + 1, :length])
+                row["rho_exact"] = spectral_radius_exact(single, h[i : i + 1, :length])
             rows.append(row)
     return pd.DataFrame(rows)
 

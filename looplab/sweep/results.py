@@ -24,8 +24,11 @@ from looplab.sweep.spec import RunPoint
 
 RESULTS_FILE = "results.parquet"
 RUNS_DIR = "runs"
-SUMMARIES = {"": ("eval", "summary.json"), "lm.": ("eval", "lm_summary.json"),
-             "analysis.": ("analysis", "mechanistic", "summary.json")}
+SUMMARIES = {
+    "": ("eval", "summary.json"),
+    "lm.": ("eval", "lm_summary.json"),
+    "analysis.": ("analysis", "mechanistic", "summary.json"),
+}
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -48,8 +51,12 @@ def run_row(sweep_dir: Path, point: RunPoint) -> dict[str, Any] | None:
     result = read_result(run_dir)
     if result is None:
         return None
-    row: dict[str, Any] = {"run_id": point.run_id, "run_dir": f"{RUNS_DIR}/{point.run_id}", "variant": point.variant,
-                           **result}
+    row: dict[str, Any] = {
+        "run_id": point.run_id,
+        "run_dir": f"{RUNS_DIR}/{point.run_id}",
+        "variant": point.variant,
+        **result,
+    }
     row.update(flatten(tomllib.loads(point.config_toml)))
     for prefix, parts in SUMMARIES.items():
         path = run_dir.joinpath(*parts)

@@ -80,8 +80,9 @@ def run_point(job: PointJob) -> dict:
     if status == "done" and job.analyze:
         from looplab.analysis.mechanistic import analyze_mechanistic
 
-        analyze_mechanistic(run_dir, loops=job.analyze_loops, samples=job.analyze_samples,
-                            mlp_ablation=job.mlp_ablation)
+        analyze_mechanistic(
+            run_dir, loops=job.analyze_loops, samples=job.analyze_samples, mlp_ablation=job.mlp_ablation
+        )
     result = {"status": status, "wall_s": round(time.perf_counter() - began, 3)}
     atomic_write(run_dir / RESULT_FILE, lambda p: p.write_text(json.dumps(result)))
     return result

@@ -14,9 +14,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
@@ -41,8 +42,15 @@ class SweepIncomplete(LooplabError):
     exit_code = 1
 
 
-def run_sweep(spec: SweepSpec, out: str | Path, workers: int = 1, backend: str = "local",
-              address: str | None = None, progress: bool = True, sweep_text: str | None = None):
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path,
+    workers: int = 1,
+    backend: str = "local",
+    address: str | None = None,
+    progress: bool = True,
+    sweep_text: str | None = None,
+):
     """Run every unfinished point of ``spec`` under ``out`` and write ``out/results.parquet``.
 
     Args:
@@ -75,18 +83,36 @@ def _check_same_sweep(out: Path, sweep_text: str | None) -> None:
     """Refuse to run a different sweep file into a sweep dir that already holds one."""
     saved = out / SWEEP_FILE
     if sweep_text is not None and saved.is_file() and saved.read_text() != sweep_text:
-        raise LooplabError(f"sweep dir {out} holds a different sweep ({saved} differs from this sweep file); "
-                           "use a new --out")
+        raise LooplabError(
+            f"sweep dir {out} holds a different sweep ({saved} differs from this sweep file); use a new --out"
+        )
 
 
 def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address: str | None, progress: bool):
     """The body of :func:`run_sweep`, under the sweep dir's lock."""
     points = spec.points()
-    jobs = [PointJob(str(out / RUNS_DIR / p.run_id), p.config_toml, spec.scaling, spec.analyze, spec.analyze_loops,
-                     spec.evaluate, spec.analyze_samples, spec.mlp_ablation)
-            for p in points if not is_done(out / RUNS_DIR / p.run_id)]
-    bar = tqdm(total=len(points), initial=len(points) - len(jobs), desc="sweep", unit="run",
-               disable=None if progress else True, dynamic_ncols=True)
+    jobs = [
+        PointJob(
+            str(out / RUNS_DIR / p.run_id),
+            p.config_toml,
+            spec.scaling,
+            spec.analyze,
+            spec.analyze_loops,
+            spec.evaluate,
+            spec.analyze_samples,
+            spec.mlp_ablation,
+        )
+        for p in points
+        if not is_done(out / RUNS_DIR / p.run_id)
+    ]
+    bar = tqdm(
+        total=len(points),
+        initial=len(points) - len(jobs),
+        desc="sweep",
+        unit="run",
+        disable=None if progress else True,
+        dynamic_ncols=True,
+    )
     failures: list[str] = []
     last_write = time.monotonic()
 
@@ -94,7 +120,9 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         nonlocal last_write
         bar.update(1)
         if error is not None:
-            failures.append(f"{Path(job.run_dir).name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+            failures.append(
+                f"{Path(job.run_dir).name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            )
         elif time.monotonic() - last_write > RESULTS_EVERY_S:
             write_results(out, points)  # a partial table to watch while the sweep runs
             last_write = time.monotonic()
@@ -108,8 +136,10 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         bar.close()
     frame = write_results(out, points)
     if failures:
-        raise SweepIncomplete(f"{len(failures)} of {len(points)} runs failed ({'; '.join(failures[:3])}); "
-                              "re-run the same command to retry them")
+        raise SweepIncomplete(
+            f"{len(failures)} of {len(points)} runs failed ({'; '.join(failures[:3])}); "
+            "re-run the same command to retry them"
+        )
     return frame
 
 
@@ -134,7 +164,7 @@ def _run_local(jobs: list[PointJob], workers: int, on_result: OnResult) -> None:
     """In this process when ``workers == 1``, else in spawned worker processes."""
     if workers == 1 or len(jobs) <= 1:
         for job in jobs:
-            _guarded(job, on_result, lambda: run_point(job))
+            _guarded(job, on_result, partial(run_point, job))
         return
     # spawn, not fork: a forked child of a process that already ran torch can deadlock in OpenMP.
     context = multiprocessing.get_context("spawn")
@@ -161,7 +191,7 @@ def _run_ray(jobs: list[PointJob], address: str | None, on_result: OnResult) -> 
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
-                _guarded(pending.pop(ref), on_result, lambda: ray.get(ref))
+                _guarded(pending.pop(ref), on_result, partial(ray.get, ref))
     finally:
         ray.shutdown()
 
@@ -185,4 +215,3 @@ def _guarded(job: PointJob, on_result: OnResult, get: Callable[[], dict]) -> Non
         on_result(job, None, error)
         return
     on_result(job, result, None)
-

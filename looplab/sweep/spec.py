@@ -32,11 +32,20 @@ from pathlib import Path
 import tomli_w
 
 from looplab.config import Config, load_config, read_toml, resolve_preset
-from looplab.experiment import check_config
 from looplab.errors import LooplabError, choice_error
+from looplab.experiment import check_config
 
-SWEEP_KEYS = ("configs", "seeds", "set", "scaling", "evaluate", "analyze", "analyze_loops", "analyze_samples",
-              "mlp_ablation")
+SWEEP_KEYS = (
+    "configs",
+    "seeds",
+    "set",
+    "scaling",
+    "evaluate",
+    "analyze",
+    "analyze_loops",
+    "analyze_samples",
+    "mlp_ablation",
+)
 SWEEP_FLAGS = {"scaling": False, "evaluate": True, "analyze": False, "mlp_ablation": True}
 TOP_KEYS = ("sweep", "grid")
 
@@ -135,8 +144,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise LooplabError(f"[sweep] {key} must be true or false, got {value!r}")
-    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **flags,
-                     **counts)
+    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **flags, **counts)
     spec.points()  # resolve every config now, so a bad key fails before anything runs
     return spec
 

@@ -1,6 +1,5 @@
 """Length-controlled algorithmic tasks (docs/methods.md §2) and their registry."""
 
-from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, START, TASKS, Task, TaskBatch, make_task, register_task
 from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     addition,
     copy_task,
@@ -9,5 +8,6 @@ from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     text,
     unique_set,
 )
+from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, START, TASKS, Task, TaskBatch, make_task, register_task
 
 __all__ = ["IGNORE", "PAD", "QUERY", "SEP", "START", "TASKS", "Task", "TaskBatch", "make_task", "register_task"]

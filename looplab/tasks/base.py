@@ -59,7 +59,7 @@ class TaskBatch:
         """[B, L] bool: positions whose prediction is scored."""
         return self.labels != IGNORE
 
-    def to(self, device) -> "TaskBatch":
+    def to(self, device) -> TaskBatch:
         return TaskBatch(*(t.to(device) for t in (self.tokens, self.labels, self.valid, self.lengths)))
 
 
@@ -123,8 +123,11 @@ class Task(ABC):
         """Row ``row`` of ``batch`` in words: its input, its answer and, if given, the
         predicted answer (``prediction`` [L] ids, read at the answer positions)."""
         answer = batch.answer_mask[row]
-        lines = [f"n = {int(batch.lengths[row])}", f"input:  {self.decode(batch.tokens[row])}",
-                 f"answer: {self.decode(batch.labels[row][answer])}"]
+        lines = [
+            f"n = {int(batch.lengths[row])}",
+            f"input:  {self.decode(batch.tokens[row])}",
+            f"answer: {self.decode(batch.labels[row][answer])}",
+        ]
         if prediction is not None:
             lines.append(f"model:  {self.decode(prediction[answer])}")
         return "\n".join(lines)

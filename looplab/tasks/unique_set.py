@@ -34,9 +34,7 @@ class UniqueSet(Task):
         return n.clone()
 
     def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        x = self.ids(*alphabet_symbols(self.alphabet))[
-            torch.randint(0, self.alphabet, (count, n), generator=generator)
-        ]
+        x = self.ids(*alphabet_symbols(self.alphabet))[torch.randint(0, self.alphabet, (count, n), generator=generator)]
         # seen[b, i]: x_i equals some earlier x_j (j < i) in row b.
         earlier = torch.ones((n, n), dtype=torch.bool).tril(-1)
         seen = ((x[:, :, None] == x[:, None, :]) & earlier).any(dim=2)

@@ -24,8 +24,8 @@ errors so that no rank waits at a collective for a rank that has stopped.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -49,8 +49,10 @@ def data_parallel(config: Config) -> Iterator[Parallel]:
         return
     batch_size = config.train.batch_size
     if batch_size % world_size:
-        raise LooplabError(f"train.batch_size {batch_size} does not split evenly over {world_size} processes "
-                           f"(world size); use a multiple of {world_size}")
+        raise LooplabError(
+            f"train.batch_size {batch_size} does not split evenly over {world_size} processes "
+            f"(world size); use a multiple of {world_size}"
+        )
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     cuda = config.run.device.startswith("cuda")
     device = f"cuda:{local_rank}" if cuda else "cpu"

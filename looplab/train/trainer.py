@@ -43,7 +43,7 @@ class TrainingDiverged(LooplabError):
     exit_code = 1
 
 
-def make_optimizer(exp: "Experiment") -> torch.optim.AdamW:
+def make_optimizer(exp: Experiment) -> torch.optim.AdamW:
     """AdamW over the model and any learned-schedule module.
 
     Weight decay applies to matrices only (not norms or biases); a schedule's
@@ -55,8 +55,11 @@ def make_optimizer(exp: "Experiment") -> torch.optim.AdamW:
         params = [p for p in module.parameters() if p.requires_grad]
         scale = config.schedule.lr_scale if name == "schedule" else 1.0
         groups += [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.train.weight_decay,
-             "lr_scale": scale},
+            {
+                "params": [p for p in params if p.dim() >= 2],
+                "weight_decay": config.train.weight_decay,
+                "lr_scale": scale,
+            },
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale},
         ]
     return torch.optim.AdamW(groups, lr=config.train.lr, betas=(config.train.beta1, config.train.beta2))
@@ -114,8 +117,11 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     batch = parallel.shard(exp.task.sample_lengths(lengths, generator)).to(cfg.run.device)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
-    active = [(reg, found) for reg in exp.regularisers
-              if (found := reg.generator_for(step, cfg.run.seed, parallel)) is not None]
+    active = [
+        (reg, found)
+        for reg in exp.regularisers
+        if (found := reg.generator_for(step, cfg.run.seed, parallel)) is not None
+    ]
     with autocast(cfg):
         out = exp.schedule.training_loss(exp.model, batch, generator, probe=bool(active))
     loss, stats = regularised_loss(out.loss, out.stats, exp.model, out.probe, active)
@@ -127,8 +133,10 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     parallel.average_gradients(exp.modules())
     exp.schedule.load_state_dict(parallel.average_state(exp.schedule.state_dict()))
     # Clipped per module, so the halting head's gradients never rescale the model's.
-    norms = {name: float(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.train.grad_clip))
-             for name, module in exp.modules().items()}
+    norms = {
+        name: float(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.train.grad_clip))
+        for name, module in exp.modules().items()
+    }
     if not all(math.isfinite(norm) for norm in norms.values()):  # a finite loss can still have a NaN gradient
         optimizer.zero_grad(set_to_none=True)
         return {"loss": global_loss, "grad_norm": next(n for n in norms.values() if not math.isfinite(n))}
@@ -150,8 +158,12 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     run_dir = Path(run_dir)
     check_config(config)  # before anything is written
     check_device(config.run.device)
-    check_fits("training", training_bytes(config, make_task(config.task.name, config.task.alphabet)),
-               config.run.device, "use a smaller model.d_model, train.batch_size or training depth")
+    check_fits(
+        "training",
+        training_bytes(config, make_task(config.task.name, config.task.alphabet)),
+        config.run.device,
+        "use a smaller model.d_model, train.batch_size or training depth",
+    )
     if config.run.threads > 0:
         torch.set_num_threads(config.run.threads)
     with data_parallel(config) as parallel, ExitStack() as held:
@@ -162,8 +174,9 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
             prepare_run_dir(run_dir, config)
 
         parallel.on_main(claim)
-        exp = Experiment.build(dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)),
-                               parallel)
+        exp = Experiment.build(
+            dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)), parallel
+        )
         optimizer = make_optimizer(exp)
         start = 0
         checkpoint = latest_checkpoint(run_dir)
@@ -183,8 +196,15 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     return exp
 
 
-def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path, start: int, log: RunLog | None,
-                progress: bool, parallel: Parallel) -> None:
+def _train_loop(
+    exp: Experiment,
+    optimizer: torch.optim.Optimizer,
+    run_dir: Path,
+    start: int,
+    log: RunLog | None,
+    progress: bool,
+    parallel: Parallel,
+) -> None:
     """Steps start+1..train.steps; rank 0 (the one holding ``log``) writes the log and checkpoints."""
     tr = exp.config.train
 
@@ -192,28 +212,47 @@ def _train_loop(exp: Experiment, optimizer: torch.optim.Optimizer, run_dir: Path
         # Only finite state is ever saved, so the last checkpoint is always a good one. Every rank
         # checks (their weights are identical), so all stop together; rank 0 writes.
         if not all_finite(exp.modules()):
-            raise TrainingDiverged(f"non-finite weights after step {step}, not saved; "
-                                   f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
+            raise TrainingDiverged(
+                f"non-finite weights after step {step}, not saved; "
+                f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}"
+            )
         if parallel.is_main:
-            save_checkpoint(run_dir, step, exp.modules(), optimizer,
-                            {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()}, tr.keep_checkpoints)
+            save_checkpoint(
+                run_dir,
+                step,
+                exp.modules(),
+                optimizer,
+                {"seed": exp.config.run.seed, "schedule": exp.schedule.state_dict()},
+                tr.keep_checkpoints,
+            )
 
     if tr.steps == 0 and start == 0:  # an untrained run: its checkpoint is the initialisation
         checkpoint(0)
     window: list[dict] = []
     began = time.perf_counter()
-    bar = tqdm(range(start + 1, tr.steps + 1), initial=start, total=tr.steps, desc="train",
-               disable=None if progress and parallel.is_main else True, dynamic_ncols=True)
+    bar = tqdm(
+        range(start + 1, tr.steps + 1),
+        initial=start,
+        total=tr.steps,
+        desc="train",
+        disable=None if progress and parallel.is_main else True,
+        dynamic_ncols=True,
+    )
     for step in bar:
         metrics = train_step(exp, optimizer, step, parallel)
         for key in ("loss", "grad_norm"):
             if not math.isfinite(metrics.get(key, 0.0)):
-                raise TrainingDiverged(f"non-finite {key.replace('_', ' ')} {metrics[key]} at step {step}, "
-                                       f"not applied; last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
+                raise TrainingDiverged(
+                    f"non-finite {key.replace('_', ' ')} {metrics[key]} at step {step}, "
+                    f"not applied; last good checkpoint: {latest_checkpoint(run_dir) or 'none'}"
+                )
         window.append(metrics)
         if step % tr.log_every == 0 or step == tr.steps:
-            record = {"step": step, **parallel.mean_metrics(_window_mean(window)),
-                      "elapsed_s": round(time.perf_counter() - began, 3)}
+            record = {
+                "step": step,
+                **parallel.mean_metrics(_window_mean(window)),
+                "elapsed_s": round(time.perf_counter() - began, 3),
+            }
             if log is not None:
                 log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")

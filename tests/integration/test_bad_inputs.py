@@ -50,8 +50,11 @@ def world(tmp_path_factory):
 
 def snapshot(directory: Path) -> dict[str, str]:
     """Content hash of every file under ``directory`` (the lock file aside: it holds the last pid)."""
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 CASES = [
@@ -187,8 +190,10 @@ def test_debug_variable_shows_the_traceback(world, tmp_path):
 def test_second_writer_of_a_run_dir_is_refused_with_the_holders_pid(tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(TINY.format(steps=400, checkpoint_every=100))
-    first = subprocess.Popen([sys.executable, "-m", "looplab", "train", str(config), "--out", str(tmp_path / "run"),
-                              "--no-progress"], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    first = subprocess.Popen(
+        [sys.executable, "-m", "looplab", "train", str(config), "--out", str(tmp_path / "run"), "--no-progress"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "run" / "log.jsonl").exists() and time.monotonic() < deadline:
@@ -206,9 +211,21 @@ def test_second_writer_of_a_run_dir_is_refused_with_the_holders_pid(tmp_path):
 def test_killed_sweep_leaves_no_worker_behind(tmp_path):
     (tmp_path / "tiny.toml").write_text(TINY.format(steps=3000, checkpoint_every=1000))
     (tmp_path / "sweep.toml").write_text("[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\n")
-    sweep = subprocess.Popen([sys.executable, "-m", "looplab", "sweep", str(tmp_path / "sweep.toml"), "--out",
-                              str(tmp_path / "out"), "--workers", "2", "--no-progress"],
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "looplab",
+            "sweep",
+            str(tmp_path / "sweep.toml"),
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.monotonic() + 60
     while len(_children(sweep.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -246,10 +263,13 @@ def _alive(pid: int) -> bool:
 def test_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_debris(tmp_path):
     """A file-size limit (as a full disk) while checkpointing: one line, exit 2, no partial checkpoint."""
     (tmp_path / "tiny.toml").write_text(TINY.format(steps=20, checkpoint_every=10))
-    command = (f"ulimit -f 40; exec {sys.executable} -m looplab train {tmp_path / 'tiny.toml'} "
-               f"--out {tmp_path / 'run'} --no-progress")
-    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = (
+        f"ulimit -f 40; exec {sys.executable} -m looplab train {tmp_path / 'tiny.toml'} "
+        f"--out {tmp_path / 'run'} --no-progress"
+    )
+    result = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "cannot write checkpoint" in result.stderr
     assert list((tmp_path / "run" / "checkpoints").iterdir()) == []

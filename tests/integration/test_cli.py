@@ -51,18 +51,22 @@ def test_eval_writes_grid_and_summary(trained_run):
 
 
 def test_config_show_applies_overrides(tiny_config):
-    result = run_cli("config", "show", str(tiny_config()), "--set", "model.d_model=48", "--set",
-                     "model.placement=sandwich_residual")
+    result = run_cli(
+        "config", "show", str(tiny_config()), "--set", "model.d_model=48", "--set", "model.placement=sandwich_residual"
+    )
     assert result.returncode == 0, result.stderr
     assert "d_model = 48" in result.stdout and 'placement = "post_sandwich"' in result.stdout
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("model.colour=3", "valid choices"),
-    ("model.norm=batchnorm", "layernorm"),
-    ("model.d_model=abc", "must be int"),
-    ("schedule.name=sometimes", "matched"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("model.colour=3", "valid choices"),
+        ("model.norm=batchnorm", "layernorm"),
+        ("model.d_model=abc", "must be int"),
+        ("schedule.name=sometimes", "matched"),
+    ],
+)
 def test_bad_config_is_one_line_exit_2(tiny_config, tmp_path, override, needle):
     result = run_cli("train", str(tiny_config()), "--set", override, "--out", str(tmp_path / "never"))
     assert needle in _one_line_error(result)
@@ -88,8 +92,17 @@ def test_corrupt_checkpoint_is_reported_and_left_alone(trained_run, tmp_path):
 def test_mismatched_checkpoint_is_reported(trained_run, tmp_path):
     config, run_dir = trained_run
     other = tmp_path / "other"
-    result = run_cli("train", str(config), "--set", "model.d_model=16", "--set", "train.steps=2",
-                     "--out", str(other), "--no-progress")
+    result = run_cli(
+        "train",
+        str(config),
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "train.steps=2",
+        "--out",
+        str(other),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     shutil.rmtree(other / "checkpoints")
     shutil.copytree(run_dir / "checkpoints", other / "checkpoints")

@@ -15,8 +15,10 @@ from safetensors.torch import load_file
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="needs torch.distributed with gloo",
+)
 
 
 def _free_port() -> int:
@@ -27,16 +29,30 @@ def _free_port() -> int:
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node=2 -m looplab ARGS`` with one torch thread per process."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), "-m", "looplab", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "looplab",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
 
 def _weights(run_dir, step=20) -> dict[str, torch.Tensor]:
     folder = run_dir / "checkpoints" / f"step_{step:07d}"
-    return {f"{file.name}:{name}": tensor for file in sorted(folder.glob("*.safetensors"))
-            for name, tensor in load_file(file).items()}
+    return {
+        f"{file.name}:{name}": tensor
+        for file in sorted(folder.glob("*.safetensors"))
+        for name, tensor in load_file(file).items()
+    }
 
 
 def _losses(run_dir) -> dict[int, float]:

@@ -14,11 +14,26 @@ from looplab.lm.evaluate import evaluate_lm_run, lm_loss_by_loops
 from looplab.tasks import make_task
 from looplab.train.trainer import train
 
-TINY_LM = ["task.name=kjv", "task.train_min=16", "task.train_max=16", "task.eval_lengths=[16]",
-           "model.d_model=16", "model.n_heads=2", "model.core_layers=1", "model.prelude_layers=1",
-           "model.coda_layers=1", "model.injection=concat", "model.causal=true",
-           "schedule.name=fixed", "schedule.depth=2", "train.steps=5", "train.batch_size=8",
-           "train.warmup_steps=1", "train.log_every=5", "run.threads=1"]
+TINY_LM = [
+    "task.name=kjv",
+    "task.train_min=16",
+    "task.train_max=16",
+    "task.eval_lengths=[16]",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.core_layers=1",
+    "model.prelude_layers=1",
+    "model.coda_layers=1",
+    "model.injection=concat",
+    "model.causal=true",
+    "schedule.name=fixed",
+    "schedule.depth=2",
+    "train.steps=5",
+    "train.batch_size=8",
+    "train.warmup_steps=1",
+    "train.log_every=5",
+    "run.threads=1",
+]
 
 
 def test_train_then_evaluate_loss_by_loops(tmp_path):
@@ -56,9 +71,14 @@ def test_loss_by_loops_matches_forward_and_survives_non_finite_logits():
     batches = [task.sample_split(12, count, generator, "val") for count in (4, 2)]
     for loops in (1, 3):
         with torch.no_grad():
-            losses = [torch.nn.functional.cross_entropy(
-                model(t, torch.ones_like(t, dtype=torch.bool), loops).flatten(0, 1), l.flatten(), reduction="sum")
-                for t, l in batches]
+            losses = [
+                torch.nn.functional.cross_entropy(
+                    model(t, torch.ones_like(t, dtype=torch.bool), loops).flatten(0, 1),
+                    labels.flatten(),
+                    reduction="sum",
+                )
+                for t, labels in batches
+            ]
         assert frame.loss[loops - 1] == pytest.approx(float(sum(losses)) / 72, rel=1e-5)
     with torch.no_grad():
         model.head.bias.fill_(float("nan"))

@@ -14,11 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from looplab import experiment
+from looplab.checkpoint import latest_checkpoint, load_weights
 from looplab.config import load_config
 from looplab.errors import LooplabError
-from looplab import experiment
 from looplab.schedules import base as schedules
-from looplab.checkpoint import latest_checkpoint, load_weights
 from looplab.train.trainer import TrainingDiverged, train
 from tests.conftest import TINY, run_cli
 
@@ -41,8 +41,12 @@ def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path, schedu
 
     killed = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "looplab", *args, "--out", str(killed)],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "looplab", *args, "--out", str(killed)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while latest_checkpoint(killed) is None or latest_checkpoint(killed).name < "step_0000040":
         assert process.poll() is None and time.time() < deadline, "run ended before it could be killed"
@@ -116,8 +120,19 @@ def test_huge_learning_rate_never_saves_or_evaluates_poisoned_weights(tmp_path):
     """lr = 1e6: finite losses with NaN gradients or weights; every kept checkpoint is finite."""
     run_dir = tmp_path / "run"
     (tmp_path / "tiny.toml").write_text(TINY.format(steps=40, checkpoint_every=2))
-    result = run_cli("train", str(tmp_path / "tiny.toml"), "--out", str(run_dir), "--no-progress",
-                     "--set", "train.lr=1e6", "--set", "train.keep_checkpoints=1", "--set", "train.warmup_steps=0")
+    result = run_cli(
+        "train",
+        str(tmp_path / "tiny.toml"),
+        "--out",
+        str(run_dir),
+        "--no-progress",
+        "--set",
+        "train.lr=1e6",
+        "--set",
+        "train.keep_checkpoints=1",
+        "--set",
+        "train.warmup_steps=0",
+    )
     assert result.returncode == 1, result.stderr
     assert "non-finite" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -15,22 +15,41 @@ from looplab.rundir import load_run_config
 from looplab.tasks import make_task
 from tests.conftest import run_cli
 
-METRICS = ["oracle_id", "oracle_ood", "policy_id", "policy_ood", "gap", "front90", "flip_rate", "flip_curve",
-           "per_length", "exits", "halting"]
+METRICS = [
+    "oracle_id",
+    "oracle_ood",
+    "policy_id",
+    "policy_ood",
+    "gap",
+    "front90",
+    "flip_rate",
+    "flip_curve",
+    "per_length",
+    "exits",
+    "halting",
+]
 
 
 @pytest.mark.parametrize("schedule", ["window", "rl_halting"])
 def test_summary_is_recomputed_from_the_samples_file(tiny_config, tmp_path, schedule):
     run = tmp_path / "run"
-    trained = run_cli("train", str(tiny_config(steps=10)), "--out", str(run), "--set", f"schedule.name={schedule}",
-                      "--set", "eval.fixed_exit=5", "--no-progress")
+    trained = run_cli(
+        "train",
+        str(tiny_config(steps=10)),
+        "--out",
+        str(run),
+        "--set",
+        f"schedule.name={schedule}",
+        "--set",
+        "eval.fixed_exit=5",
+        "--no-progress",
+    )
     assert trained.returncode == 0, trained.stderr
     evaluated = run_cli("eval", str(run))
     assert evaluated.returncode == 0, evaluated.stderr
     summary = json.loads((run / "eval" / "summary.json").read_text())
     config = load_run_config(run)
-    settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, summary["max_loops"]),
-                            config.eval.convergence_eps)
+    settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, summary["max_loops"]), config.eval.convergence_eps)
     again = json.loads(json.dumps(summarize(read_samples(run / "eval"), config.task.train_max, settings)))
     assert {key: again[key] for key in METRICS} == {key: summary[key] for key in METRICS}
     frame = pd.read_parquet(run / "eval" / "samples.parquet")

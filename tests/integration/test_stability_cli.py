@@ -43,8 +43,9 @@ def test_exploding_pre_norm_core_gives_complete_scaling_csv(run_dir, tmp_path):
 
 
 def test_analyze_spectral_and_pca(run_dir, tmp_path):
-    result = run_cli("analyze", "spectral", str(run_dir), "--loops", "3", "--samples", "2", "--iters", "20",
-                     "--out", str(tmp_path))
+    result = run_cli(
+        "analyze", "spectral", str(run_dir), "--loops", "3", "--samples", "2", "--iters", "20", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     frame = pd.read_csv(tmp_path / "spectral.csv")
     assert set(frame["loop"]) == {1, 2, 3} and len(frame) == 6

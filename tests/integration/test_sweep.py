@@ -52,18 +52,21 @@ def test_expansion_names_and_hashes(tmp_path):
     assert [p.run_id for p in load_sweep(tmp_path / "sweep.toml").points()] == [p.run_id for p in points]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[sweep]\nconfigs = ['tiny.toml']\nworkers = 2\n", "unknown key in [sweep] 'workers'; valid choices"),
-    ("[sweep]\nconfigs = ['nothing-*.toml']\n", "nothing matches 'nothing-*.toml'"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nseeds = 0\n", "seeds must be a count >= 1"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nset = ['model.colour=3']\n", "unknown key in [model] 'colour'"),
-    ("[sweeps]\n", "unknown sweep file section 'sweeps'; valid choices: grid, sweep"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nscaling = 'no'\n", "scaling must be true or false, got 'no'"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nevaluate = 0\n", "evaluate must be true or false, got 0"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nanalyze = 1\n", "analyze must be true or false, got 1"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_samples = 0\n", "analyze_samples must be an integer >= 1"),
-    ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_loops = true\n", "analyze_loops must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[sweep]\nconfigs = ['tiny.toml']\nworkers = 2\n", "unknown key in [sweep] 'workers'; valid choices"),
+        ("[sweep]\nconfigs = ['nothing-*.toml']\n", "nothing matches 'nothing-*.toml'"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nseeds = 0\n", "seeds must be a count >= 1"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nset = ['model.colour=3']\n", "unknown key in [model] 'colour'"),
+        ("[sweeps]\n", "unknown sweep file section 'sweeps'; valid choices: grid, sweep"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nscaling = 'no'\n", "scaling must be true or false, got 'no'"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nevaluate = 0\n", "evaluate must be true or false, got 0"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze = 1\n", "analyze must be true or false, got 1"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_samples = 0\n", "analyze_samples must be an integer >= 1"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_loops = true\n", "analyze_loops must be an integer >= 1"),
+    ],
+)
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
     with pytest.raises(LooplabError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
         load_sweep(write_sweep(tmp_path, text))
@@ -89,9 +92,24 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path):
 
     out = tmp_path / "killed"
     delay = random.uniform(0.0, 1.0)
-    sweep = subprocess.Popen([sys.executable, "-m", "looplab", "sweep", str(sweep_file), "--out", str(out),
-                              "--workers", "2", "--no-progress"], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "looplab",
+            "sweep",
+            str(sweep_file),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not list(out.glob("runs/*/checkpoints/step_*")) and time.monotonic() < deadline:  # training has begun
         time.sleep(0.05)
@@ -119,15 +137,26 @@ def test_rerun_of_a_finished_sweep_skips_everything(tmp_path):
     assert again.returncode == 0 and "2 runs finished" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     frame = pd.read_parquet(out / "results.parquet")
-    for column in ("run_id", "variant", "task.name", "schedule.name", "run.seed", "oracle_ood", "front90",
-                   "training_cost.block_evals", "per_length.8.oracle"):
+    for column in (
+        "run_id",
+        "variant",
+        "task.name",
+        "schedule.name",
+        "run.seed",
+        "oracle_ood",
+        "front90",
+        "training_cost.block_evals",
+        "per_length.8.oracle",
+    ):
         assert column in frame.columns, column
 
 
 def test_analysis_only_sweep_of_untrained_models(tmp_path):
     """train.steps = 0 and evaluate = false: each point is its seeded initialisation, analysed only."""
-    text = ("[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\nset = ['train.steps=0', 'model.core_layers=2']\n"
-            "evaluate = false\nanalyze = true\nanalyze_loops = 6\nanalyze_samples = 2\nmlp_ablation = false\n")
+    text = (
+        "[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\nset = ['train.steps=0', 'model.core_layers=2']\n"
+        "evaluate = false\nanalyze = true\nanalyze_loops = 6\nanalyze_samples = 2\nmlp_ablation = false\n"
+    )
     result = sweep_cli(write_sweep(tmp_path, text), tmp_path / "out")
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(tmp_path / "out" / "results.parquet")

@@ -48,13 +48,31 @@ def ray_head():
     # Ray's session sockets live under the temp dir, and AF_UNIX paths must stay short.
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
-           "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "OMP_NUM_THREADS": "1",
+    }
     head = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}",
-         "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         address = f"127.0.0.1:{port}"
         probe = f"import ray; ray.init(address={address!r}); ray.shutdown()"
@@ -92,4 +110,3 @@ def test_ray_sweep_equals_local_and_resumes(tmp_path, ray_head):
     assert again.returncode == 0, again.stderr[-2000:]
     assert (redo / "result.json").is_file() and (keep / "result.json").stat().st_mtime_ns == kept
     pd.testing.assert_frame_equal(_results(out), _results(local), check_exact=True)
-

@@ -15,33 +15,60 @@ pytestmark = pytest.mark.slow
 def _train_and_score(tmp_path, overrides: list[str]) -> dict:
     config = load_config(None, overrides)
     exp = train(config, tmp_path / "run", progress=False)
-    outcomes = evaluate_lengths(exp.model, exp.task, exp.schedule, config.task.eval_lengths,
-                                config.eval.max_loops, 256, 256, config.run.seed)
+    outcomes = evaluate_lengths(
+        exp.model, exp.task, exp.schedule, config.task.eval_lengths, config.eval.max_loops, 256, 256, config.run.seed
+    )
     return summarize(outcomes, config.task.train_max)
 
 
 def test_binary_addition_matched_learns_in_distribution(tmp_path):
-    summary = _train_and_score(tmp_path, [
-        "task.name=binary_addition", "task.train_max=8", "task.eval_lengths=[3,5,8,12]",
-        "schedule.name=matched", "train.steps=500", "train.lr=1e-3", "eval.max_loops=16",
-    ])
+    summary = _train_and_score(
+        tmp_path,
+        [
+            "task.name=binary_addition",
+            "task.train_max=8",
+            "task.eval_lengths=[3,5,8,12]",
+            "schedule.name=matched",
+            "train.steps=500",
+            "train.lr=1e-3",
+            "eval.max_loops=16",
+        ],
+    )
     assert summary["policy_id"] >= 0.95, summary
     assert summary["oracle_id"] >= 0.95, summary
 
 
 def test_parity_window_learns_in_distribution(tmp_path):
-    summary = _train_and_score(tmp_path, [
-        "task.name=parity", "task.train_max=8", "task.eval_lengths=[3,5,8]", "schedule.name=window",
-        "schedule.window=2", "schedule.t_max=10", "train.steps=600", "train.lr=1e-3", "eval.max_loops=12",
-    ])
+    summary = _train_and_score(
+        tmp_path,
+        [
+            "task.name=parity",
+            "task.train_max=8",
+            "task.eval_lengths=[3,5,8]",
+            "schedule.name=window",
+            "schedule.window=2",
+            "schedule.t_max=10",
+            "train.steps=600",
+            "train.lr=1e-3",
+            "eval.max_loops=12",
+        ],
+    )
     assert summary["oracle_id"] >= 0.95, summary
 
 
 def test_rl_halting_learns_in_distribution(tmp_path):
-    summary = _train_and_score(tmp_path, [
-        "task.name=binary_addition", "task.train_max=8", "task.eval_lengths=[3,5,8]",
-        "schedule.name=rl_halting", "schedule.t_max=12", "train.steps=500", "eval.max_loops=16",
-    ])
+    summary = _train_and_score(
+        tmp_path,
+        [
+            "task.name=binary_addition",
+            "task.train_max=8",
+            "task.eval_lengths=[3,5,8]",
+            "schedule.name=rl_halting",
+            "schedule.t_max=12",
+            "train.steps=500",
+            "eval.max_loops=16",
+        ],
+    )
     assert summary["policy_id"] >= 0.9, summary
     assert summary["halting"], "an RL-Halting run reports its halting distribution"
 
@@ -52,11 +79,22 @@ def test_jsrr_lowers_the_spectral_radius(tmp_path):
 
     radius = {}
     for estimator in ("none", "jvp"):
-        config = load_config(None, [
-            "task.name=decimal_addition", "task.train_min=4", "task.train_max=4", "task.eval_lengths=[4]",
-            "model.injection=none", "model.d_model=32", "model.n_heads=2", "schedule.name=fixed",
-            "schedule.depth=4", "train.steps=300", f"stability.jsrr.estimator={estimator}",
-        ])
+        config = load_config(
+            None,
+            [
+                "task.name=decimal_addition",
+                "task.train_min=4",
+                "task.train_max=4",
+                "task.eval_lengths=[4]",
+                "model.injection=none",
+                "model.d_model=32",
+                "model.n_heads=2",
+                "schedule.name=fixed",
+                "schedule.depth=4",
+                "train.steps=300",
+                f"stability.jsrr.estimator={estimator}",
+            ],
+        )
         exp = train(config, tmp_path / estimator, progress=False)
         batch = exp.task.sample(4, 8, derive_generator(0, "spectral-test"))
         frame = spectral_trajectory(exp.model, batch, 4, 40, False, derive_generator(0, "power"))
@@ -67,8 +105,17 @@ def test_jsrr_lowers_the_spectral_radius(tmp_path):
 @pytest.mark.parametrize("positional", ["rope", "nope"])
 def test_causal_binary_addition_learns_every_training_length(tmp_path, positional):
     """With the start token a causal model can tell the first positions of 11 11 ... apart (≥ 99 %)."""
-    summary = _train_and_score(tmp_path, [
-        "task.name=binary_addition", "task.train_max=6", "task.eval_lengths=[2,4,6]", "model.causal=true",
-        f"model.positional={positional}", "schedule.name=matched", "train.steps=400", "eval.max_loops=10",
-    ])
+    summary = _train_and_score(
+        tmp_path,
+        [
+            "task.name=binary_addition",
+            "task.train_max=6",
+            "task.eval_lengths=[2,4,6]",
+            "model.causal=true",
+            f"model.positional={positional}",
+            "schedule.name=matched",
+            "train.steps=400",
+            "eval.max_loops=10",
+        ],
+    )
     assert summary["oracle_id"] >= 0.99, summary

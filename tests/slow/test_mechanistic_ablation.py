@@ -15,8 +15,8 @@ from looplab.analysis.fixed_points import fixed_point_cross_cos_min, late_self_c
 from looplab.analysis.trace import trace
 from looplab.cli import PRESETS
 from looplab.config import load_config
-from looplab.seeding import derive_generator
 from looplab.experiment import Experiment
+from looplab.seeding import derive_generator
 
 pytestmark = pytest.mark.slow
 SEEDS = (0, 1, 2, 3, 4)

@@ -12,8 +12,10 @@ pytestmark = pytest.mark.slow
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TEXTS = ["In the beginning God created the heaven and the earth.",
-         "And the earth was without form, and void; and darkness was upon the face of the deep."]
+TEXTS = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void; and darkness was upon the face of the deep.",
+]
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ def test_token_dynamics_kinds_and_periods():
     period2 = torch.stack([a if t % 2 == 0 else b for t in range(loops)])
     period3 = torch.stack([(a, b, c)[t % 3] for t in range(loops)])
     drift = torch.stack([a + 0.5 * t * b for t in range(loops)])
-    x = torch.stack([fixed, period2, period3, drift], dim=1)      # [loops, 4, d]
+    x = torch.stack([fixed, period2, period3, drift], dim=1)  # [loops, 4, d]
     result = token_dynamics(x, window=12, tol=1e-6, max_period=4)
     assert result.labels.tolist() == [FIXED, ORBIT, ORBIT, SLIDER]
     assert result.periods.tolist() == [1, 2, 3, 0]

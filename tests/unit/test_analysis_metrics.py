@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from looplab.analysis.attention import attention_difference, lipschitz_check
-from looplab.analysis.fixed_points import (convergence, fixed_point_cross_cos_min, fixed_point_self_cos,
-                                           layer_cosines, self_convergence)
+from looplab.analysis.fixed_points import (
+    convergence,
+    fixed_point_cross_cos_min,
+    fixed_point_self_cos,
+    layer_cosines,
+    self_convergence,
+)
 from looplab.analysis.massive import colsum_mlp_ablation, massive_activations, massive_ratio, zero_mlp
 from looplab.analysis.trace import trace
 from looplab.config import ModelConfig
@@ -36,7 +41,7 @@ def inputs():
 def test_layer_cosines_and_summaries_on_constructed_states():
     # 3 layers, B = 1, T = 1, d = 2 at the last loop: e1, e2, (e1 + e2)/√2 scaled.
     final = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]]).view(3, 1, 1, 2)
-    states = torch.stack([final, final])                         # [loops=2, layers=3, 1, 1, 2]
+    states = torch.stack([final, final])  # [loops=2, layers=3, 1, 1, 2]
     matrix = layer_cosines(states)
     s = 1 / math.sqrt(2)
     assert torch.allclose(matrix, torch.tensor([[1, 0, s], [0, 1, s], [s, s, 1]]), atol=1e-6)
@@ -56,8 +61,8 @@ def test_self_convergence_and_self_cos():
 def test_convergence_on_constructed_trajectory():
     # X_t = (1 + 2^-t) v: Δ_t = 2^-t / (1 + 2^-t) for t = 2, 3
     v = torch.tensor([3.0, 4.0])
-    states = torch.stack([(1 + 2.0 ** -t) * v for t in (1, 2, 3)]).view(3, 1, 1, 1, 2)
-    expected = torch.tensor([[2.0 ** -2 / (1 + 2.0 ** -2), 2.0 ** -3 / (1 + 2.0 ** -3)]])
+    states = torch.stack([(1 + 2.0**-t) * v for t in (1, 2, 3)]).view(3, 1, 1, 1, 2)
+    expected = torch.tensor([[2.0**-2 / (1 + 2.0**-2), 2.0**-3 / (1 + 2.0**-3)]])
     assert torch.allclose(convergence(states), expected, atol=1e-6)
     # padded tokens never count
     padded = torch.cat([states, 100 * torch.randn(3, 1, 1, 1, 2)], dim=3)
@@ -86,10 +91,10 @@ def test_lipschitz_bound_holds(positional):
 
 
 def test_massive_ratio():
-    x = torch.ones(1, 2, 3)                       # [B, T, d], median 1
+    x = torch.ones(1, 2, 3)  # [B, T, d], median 1
     x[0, 1, 2] = -50.0
     assert massive_ratio(x).item() == pytest.approx(50.0)
-    x[0, 0, 0] = 1000.0                           # on a padded token: ignored
+    x[0, 0, 0] = 1000.0  # on a padded token: ignored
     valid = torch.tensor([[False, True]])
     assert massive_ratio(x, valid).item() == pytest.approx(50.0)
     states = torch.ones(2, 3, 1, 2, 3)

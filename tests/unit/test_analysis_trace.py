@@ -35,8 +35,16 @@ def test_names_are_unique_and_complete():
     recorded = trace(model, *batch(), 3, attention=True, dtype=torch.float64)
     names = recorded.names()
     assert len(names) == len(set(names))
-    assert {"prelude0.resid", "prelude0.attn", "coda0.resid", "loop00.state", "loop03.state",
-            "loop01.core0.resid", "loop03.core1.attn", "loop02.core1.attn_in"} <= set(names)
+    assert {
+        "prelude0.resid",
+        "prelude0.attn",
+        "coda0.resid",
+        "loop00.state",
+        "loop03.state",
+        "loop01.core0.resid",
+        "loop03.core1.attn",
+        "loop02.core1.attn_in",
+    } <= set(names)
     assert recorded.states().shape == (3, 2, 2, 6, 16)
     assert recorded.attention().shape == (3, 2, 2, 2, 6, 6)
 
@@ -84,5 +92,5 @@ def test_attention_rows_sum_to_one():
     tokens, valid = batch()
     attn = trace(model, tokens, valid, 2, attention=True).attention()
     assert torch.allclose(attn.sum(-1), torch.ones(attn.shape[:-1]), atol=1e-5)
-    assert torch.all(attn[..., 1, :, :, 4:] == 0)          # padded keys of sample 1 get nothing
-    assert torch.all(attn[..., 0, :, 0, 1:] == 0)          # causal: the first query sees only itself
+    assert torch.all(attn[..., 1, :, :, 4:] == 0)  # padded keys of sample 1 get nothing
+    assert torch.all(attn[..., 0, :, 0, 1:] == 0)  # causal: the first query sees only itself

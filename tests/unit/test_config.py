@@ -20,9 +20,9 @@ from looplab.config import (
     parse_override,
 )
 from looplab.errors import LooplabError
-from looplab.tasks import TASKS
 from looplab.experiment import check_config
 from looplab.schedules import SCHEDULES
+from looplab.tasks import TASKS
 
 
 def _write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
@@ -58,7 +58,9 @@ def test_defaults_are_independent_instances():
 
 
 def test_toml_file_and_overrides(tmp_path):
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 [task]
 name = "copy"
 train_max = 7
@@ -67,16 +69,19 @@ train_max = 7
 d_model = 48
 n_heads = 4
 placement = "post"
-""")
-    cfg = load_config(path, ["model.d_model=32", "task.eval_lengths=[4,8]", "schedule.name=window",
-                             "train.lr=0.5", "model.causal=true"])
+""",
+    )
+    cfg = load_config(
+        path,
+        ["model.d_model=32", "task.eval_lengths=[4,8]", "schedule.name=window", "train.lr=0.5", "model.causal=true"],
+    )
     assert cfg.task.name == "copy"
     assert cfg.task.train_max == 7
-    assert cfg.model.d_model == 32            # override wins over the file
+    assert cfg.model.d_model == 32  # override wins over the file
     assert cfg.model.n_heads == 4
     assert cfg.model.placement == "post"
     assert cfg.task.eval_lengths == [4, 8]
-    assert cfg.schedule.name == "window"      # bare string, not valid TOML, kept as a string
+    assert cfg.schedule.name == "window"  # bare string, not valid TOML, kept as a string
     assert cfg.train.lr == 0.5
     assert cfg.model.causal is True
     # untouched keys keep their defaults
@@ -135,18 +140,21 @@ def test_unknown_key():
     _names_all(message, ["d_model", "n_heads", "placement", "injection"])
 
 
-@pytest.mark.parametrize("override, where", [
-    ('model.d_model="big"', "model.d_model"),
-    ("model.d_model=true", "model.d_model"),
-    ("model.d_model=32.0", "model.d_model"),
-    ("train.lr=true", "train.lr"),
-    ('train.lr="fast"', "train.lr"),
-    ("model.causal=1", "model.causal"),
-    ("model.norm=3", "model.norm"),
-    ("task.eval_lengths=4", "task.eval_lengths"),
-    ('task.eval_lengths=[4, "x"]', "task.eval_lengths"),
-    ("task.eval_lengths=[4, true]", "task.eval_lengths"),
-])
+@pytest.mark.parametrize(
+    "override, where",
+    [
+        ('model.d_model="big"', "model.d_model"),
+        ("model.d_model=true", "model.d_model"),
+        ("model.d_model=32.0", "model.d_model"),
+        ("train.lr=true", "train.lr"),
+        ('train.lr="fast"', "train.lr"),
+        ("model.causal=1", "model.causal"),
+        ("model.norm=3", "model.norm"),
+        ("task.eval_lengths=4", "task.eval_lengths"),
+        ('task.eval_lengths=[4, "x"]', "task.eval_lengths"),
+        ("task.eval_lengths=[4, true]", "task.eval_lengths"),
+    ],
+)
 def test_wrong_type(override, where):
     with pytest.raises(LooplabError) as err:
         load_config(None, [override])
@@ -160,24 +168,27 @@ def test_wrong_type_in_file(tmp_path):
 
 
 def test_section_not_a_table(tmp_path):
-    path = _write(tmp_path, 'model = 3\n')
+    path = _write(tmp_path, "model = 3\n")
     with pytest.raises(LooplabError):
         load_config(path)
 
 
-@pytest.mark.parametrize("key, choices", [
-    ("model.norm", NORMS),
-    ("model.placement", PLACEMENTS),
-    ("model.injection", INJECTIONS),
-    ("model.init_state", ("embed", "zeros", "noise")),
-    ("model.positional", POSITIONALS),
-    ("model.attention", ("sdpa", "math")),
-    ("model.init_scaling", ("none", "sqrt_d")),
-    ("model.inject_init", ("sum", "state", "input", "mix", "random")),
-    ("run.precision", ("fp32", "bf16")),
-    ("schedule.name", ("fixed", "matched", "window", "fixed_window", "multi_depth")),
-    ("task.name", ("copy", "unique_set", "binary_addition", "dyck1", "parity", "decimal_addition")),
-])
+@pytest.mark.parametrize(
+    "key, choices",
+    [
+        ("model.norm", NORMS),
+        ("model.placement", PLACEMENTS),
+        ("model.injection", INJECTIONS),
+        ("model.init_state", ("embed", "zeros", "noise")),
+        ("model.positional", POSITIONALS),
+        ("model.attention", ("sdpa", "math")),
+        ("model.init_scaling", ("none", "sqrt_d")),
+        ("model.inject_init", ("sum", "state", "input", "mix", "random")),
+        ("run.precision", ("fp32", "bf16")),
+        ("schedule.name", ("fixed", "matched", "window", "fixed_window", "multi_depth")),
+        ("task.name", ("copy", "unique_set", "binary_addition", "dyck1", "parity", "decimal_addition")),
+    ],
+)
 def test_bad_choice_names_valid_choices(key, choices):
     # task and schedule names are checked against their registries, above the config schema
     with pytest.raises(LooplabError) as err:
@@ -210,28 +221,52 @@ def test_rope_needs_even_head_dim():
     assert cfg.model.d_model == 6
 
 
-@pytest.mark.parametrize("override", [
-    "model.core_layers=0", "task.train_min=0", "task.train_min=9", "task.eval_lengths=[]",
-    "train.steps=-1", "train.lr=0",
-    "eval.max_loops=0", "run.device=tpu",
-    "model.init_std=0", "model.init_std=-0.02", "model.init_std=inf", "model.init_std=nan",
-    "model.embed_std=0", "model.embed_std=-1", "model.inject_gain=0", "model.inject_gain=-inf",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.core_layers=0",
+        "task.train_min=0",
+        "task.train_min=9",
+        "task.eval_lengths=[]",
+        "train.steps=-1",
+        "train.lr=0",
+        "eval.max_loops=0",
+        "run.device=tpu",
+        "model.init_std=0",
+        "model.init_std=-0.02",
+        "model.init_std=inf",
+        "model.init_std=nan",
+        "model.embed_std=0",
+        "model.embed_std=-1",
+        "model.inject_gain=0",
+        "model.inject_gain=-inf",
+    ],
+)
 def test_range_checks(override):
     extra = ["task.train_max=8"] if override.startswith("task.train_min") else []
     with pytest.raises(LooplabError):
         load_config(None, extra + [override])
 
 
-@pytest.mark.parametrize("schedule, override, domain", [
-    ("fixed", "depth=0", r"\[1, inf\)"), ("fixed_window", "window=-1", r"\[0, inf\)"),
-    ("window", "t_max=0", r"\[1, inf\)"), ("multi_depth", "t_max=-3", r"\[1, inf\)"),
-    ("lognormal", "sigma=-0.1", r"\[0, inf\)"), ("lognormal", "mu=nan", r"\(-inf, inf\)"),
-    ("lognormal", "lo=0", r"\[1, inf\)"), ("poisson_lognormal", "mean_depth=0.5", r"\[1, inf\)"),
-    ("rl_halting", "baseline_momentum=1.0", r"\[0, 1\)"), ("rl_halting", "entropy_weight=-1", r"\[0, inf\)"),
-    ("rl_halting", "lr_scale=0", r"\(0, inf\)"), ("pondernet", "ponder_prior=1.0", r"\(0, 1\)"),
-    ("pondernet", "ponder_beta=-0.5", r"\[0, inf\)"), ("pondernet", "t_max=0", r"\[1, inf\)"),
-])
+@pytest.mark.parametrize(
+    "schedule, override, domain",
+    [
+        ("fixed", "depth=0", r"\[1, inf\)"),
+        ("fixed_window", "window=-1", r"\[0, inf\)"),
+        ("window", "t_max=0", r"\[1, inf\)"),
+        ("multi_depth", "t_max=-3", r"\[1, inf\)"),
+        ("lognormal", "sigma=-0.1", r"\[0, inf\)"),
+        ("lognormal", "mu=nan", r"\(-inf, inf\)"),
+        ("lognormal", "lo=0", r"\[1, inf\)"),
+        ("poisson_lognormal", "mean_depth=0.5", r"\[1, inf\)"),
+        ("rl_halting", "baseline_momentum=1.0", r"\[0, 1\)"),
+        ("rl_halting", "entropy_weight=-1", r"\[0, inf\)"),
+        ("rl_halting", "lr_scale=0", r"\(0, inf\)"),
+        ("pondernet", "ponder_prior=1.0", r"\(0, 1\)"),
+        ("pondernet", "ponder_beta=-0.5", r"\[0, inf\)"),
+        ("pondernet", "t_max=0", r"\[1, inf\)"),
+    ],
+)
 def test_schedule_parameters_are_checked_by_the_schedule_that_reads_them(schedule, override, domain):
     key = override.split("=")[0]
     with pytest.raises(LooplabError, match=rf"schedule\.{key} must be in {domain} for the {schedule} schedule"):
@@ -242,11 +277,14 @@ def test_schedule_parameters_are_checked_by_the_schedule_that_reads_them(schedul
         check_config(load_config(None, [f"schedule.name={other}", f"schedule.{override}"]))
 
 
-@pytest.mark.parametrize("override, message", [
-    (["schedule.name=lognormal", "schedule.lo=5", "schedule.hi=2"], "lo <= schedule.hi"),
-    (["schedule.name=rl_halting", "schedule.entropy_mode=guess"], "exact, sampled"),
-    (["schedule.name=rl_halting", "train.backprop_loops=2"], "needs a rule schedule"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["schedule.name=lognormal", "schedule.lo=5", "schedule.hi=2"], "lo <= schedule.hi"),
+        (["schedule.name=rl_halting", "schedule.entropy_mode=guess"], "exact, sampled"),
+        (["schedule.name=rl_halting", "train.backprop_loops=2"], "needs a rule schedule"),
+    ],
+)
 def test_schedule_constraints_between_keys(override, message):
     with pytest.raises(LooplabError, match=message):
         check_config(load_config(None, override))
@@ -265,9 +303,19 @@ def test_zero_steps_is_an_untrained_run():
 
 
 def test_round_trip(tmp_path):
-    cfg = load_config(None, ["model.d_model=32", "model.placement=sandwich_residual", "task.eval_lengths=[3,5,9]",
-                             "schedule.name=fixed_window", "model.causal=true", "train.lr=0.002",
-                             "model.positional=learned", "run.device=cuda:1"])
+    cfg = load_config(
+        None,
+        [
+            "model.d_model=32",
+            "model.placement=sandwich_residual",
+            "task.eval_lengths=[3,5,9]",
+            "schedule.name=fixed_window",
+            "model.causal=true",
+            "train.lr=0.002",
+            "model.positional=learned",
+            "run.device=cuda:1",
+        ],
+    )
     path = _write(tmp_path, cfg.to_toml())
     again = load_config(path)
     assert again == cfg

@@ -21,8 +21,8 @@ from looplab.model.halting import (
     masked_mean_pool,
     policy_depth,
 )
-from looplab.tasks import make_task
 from looplab.schedules import PonderNet, RLHalting, ScheduleContext
+from looplab.tasks import make_task
 
 TASK = make_task("parity")
 
@@ -57,7 +57,7 @@ def test_argmax_counts_the_remainder_mass():
 
 def test_geometric_prior_and_entropy():
     prior = log_geometric_prior(0.2, 6).exp()
-    expected = [0.2 * 0.8 ** (t - 1) for t in range(1, 6)] + [0.8 ** 5]
+    expected = [0.2 * 0.8 ** (t - 1) for t in range(1, 6)] + [0.8**5]
     assert np.allclose(prior.numpy(), expected, atol=1e-6)
     uniform = torch.full((1, 4), math.log(0.25))
     assert entropy(uniform).item() == pytest.approx(math.log(4))
@@ -127,8 +127,9 @@ def test_halting_loss_leaves_model_gradients_unchanged(mode):
         schedule = _rl(entropy_mode=mode, entropy_weight=weight)
         schedule.baseline = baseline
         schedule.training_loss(model, batch, torch.Generator().manual_seed(2)).loss.backward()
-        grads.append(([p.grad.clone() for p in model.parameters()],
-                      [p.grad.clone() for p in schedule.module.parameters()]))
+        grads.append(
+            ([p.grad.clone() for p in model.parameters()], [p.grad.clone() for p in schedule.module.parameters()])
+        )
     (model_a, head_a), (model_b, head_b) = grads
     assert all(torch.equal(a, b) for a, b in zip(model_a, model_b))
     assert not all(torch.equal(a, b) for a, b in zip(head_a, head_b))
@@ -230,7 +231,10 @@ def test_pondernet_loss_trains_head_and_model_together():
 def test_exits_pick_the_expected_depths():
     correct = np.array([[False, True, True, False], [True, True, True, True]])
     outcome = LengthOutcome(
-        length=3, correct=correct, flips=np.zeros((2, 3), dtype=bool), policy_depth=np.array([2, 4]),
+        length=3,
+        correct=correct,
+        flips=np.zeros((2, 3), dtype=bool),
+        policy_depth=np.array([2, 4]),
         confidence=np.array([[-3.0, -0.1, -0.5, -2.0], [-0.2, -0.3, -0.4, -0.5]]),
         state_norm=np.array([[1.0, 1.0, 2.0, 1.0], [np.inf, np.nan, np.nan, np.nan]]),
         step_norm=np.array([[0.5, 0.1, 2e-4, 1e-5], [np.inf, np.nan, np.nan, np.nan]]),

@@ -22,16 +22,20 @@ def build(*overrides: str, seed: int = 0) -> LoopedTransformer:
 
 
 def linear_weights(model: LoopedTransformer) -> torch.Tensor:
-    return torch.cat([m.weight.flatten() for m in model.modules()
-                      if isinstance(m, torch.nn.Linear) and m is not model.inject])
+    return torch.cat(
+        [m.weight.flatten() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.inject]
+    )
 
 
-@pytest.mark.parametrize("overrides, std", [
-    ((), 0.02),
-    (("model.init_std=0.05",), 0.05),
-    (("model.init_std=0.4", "model.init_scaling=\"sqrt_d\""), 0.4 / math.sqrt(256)),
-    (("model.init_std=1.6", "model.init_scaling=\"sqrt_d\""), 0.1),
-])
+@pytest.mark.parametrize(
+    "overrides, std",
+    [
+        ((), 0.02),
+        (("model.init_std=0.05",), 0.05),
+        (("model.init_std=0.4", 'model.init_scaling="sqrt_d"'), 0.4 / math.sqrt(256)),
+        (("model.init_std=1.6", 'model.init_scaling="sqrt_d"'), 0.1),
+    ],
+)
 def test_linear_weight_std(overrides, std):
     weights = linear_weights(build(*overrides))
     assert weights.mean().abs() < 0.05 * std
@@ -42,7 +46,7 @@ def test_linear_weight_std(overrides, std):
 
 @pytest.mark.parametrize("std", [0.02, 1.0])
 def test_embedding_std_covers_tokens_and_learned_positions(std):
-    model = build(f"model.embed_std={std}", "model.positional=\"learned\"", "model.max_len=256")
+    model = build(f"model.embed_std={std}", 'model.positional="learned"', "model.max_len=256")
     for weight in (model.embedding.weight, model.positions.weight):
         assert abs(weight.std().item() / std - 1) < 0.05
 
@@ -60,21 +64,21 @@ def test_injection_blocks():
 
 @pytest.mark.parametrize("gain", [0.25, 1.0])
 def test_random_injection_has_gain_over_sqrt_d(gain):
-    weight = build("model.injection=\"concat\"", "model.inject_init=\"random\"", f"model.inject_gain={gain}").inject.weight
+    weight = build('model.injection="concat"', 'model.inject_init="random"', f"model.inject_gain={gain}").inject.weight
     assert weight.shape == (256, 512)
     assert abs(weight.std().item() / (gain / 16) - 1) < 0.01
 
 
 def test_random_injection_follows_the_seed():
-    first = build("model.injection=\"concat\"", "model.inject_init=\"random\"", seed=1).inject.weight
-    again = build("model.injection=\"concat\"", "model.inject_init=\"random\"", seed=1).inject.weight
-    other = build("model.injection=\"concat\"", "model.inject_init=\"random\"", seed=2).inject.weight
+    first = build('model.injection="concat"', 'model.inject_init="random"', seed=1).inject.weight
+    again = build('model.injection="concat"', 'model.inject_init="random"', seed=1).inject.weight
+    other = build('model.injection="concat"', 'model.inject_init="random"', seed=2).inject.weight
     assert torch.equal(first, again) and not torch.equal(first, other)
 
 
 def test_sum_injection_equals_add_exactly():
-    concat = build("model.injection=\"concat\"", "model.init_std=0.05", "model.embed_std=1.0")
-    added = build("model.injection=\"add\"")
+    concat = build('model.injection="concat"', "model.init_std=0.05", "model.embed_std=1.0")
+    added = build('model.injection="add"')
     added.load_state_dict({k: v for k, v in concat.state_dict().items() if not k.startswith("inject.")})
     tokens = torch.randint(0, 11, (3, 9), generator=torch.Generator().manual_seed(0))
     valid = torch.ones_like(tokens, dtype=torch.bool)
@@ -84,6 +88,6 @@ def test_sum_injection_equals_add_exactly():
 
 
 def test_state_injection_ignores_the_input_after_the_first_loop():
-    model = build("model.injection=\"concat\"", "model.inject_init=\"state\"")
+    model = build('model.injection="concat"', 'model.inject_init="state"')
     h, e = torch.randn(2, 5, 256), torch.randn(2, 5, 256)
     assert torch.equal(model.core_input(h, e), h)

@@ -62,8 +62,12 @@ def test_every_unit_has_a_layer():
 
 
 def test_imports_never_point_up():
-    upward = sorted(f"{source} -> {target}" for source, targets in _edges().items() for target in targets
-                    if LAYER_OF[target] > LAYER_OF[source])
+    upward = sorted(
+        f"{source} -> {target}"
+        for source, targets in _edges().items()
+        for target in targets
+        if LAYER_OF[target] > LAYER_OF[source]
+    )
     assert upward == []
 
 
@@ -79,7 +83,7 @@ def test_no_import_cycles_between_units():
         state[unit] = 1
         for target in sorted(edges[unit]):
             if state.get(target) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(target):] + [target]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(target) :] + [target]))
             if target not in state:
                 visit(target, path + [target])
         state[unit] = 2

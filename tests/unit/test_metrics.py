@@ -10,7 +10,6 @@ import pytest
 from looplab.eval.grid import LengthOutcome, grid_frame
 from looplab.eval.metrics import flip_rate_after_policy, front_at, summarize
 
-
 # ----------------------------------------------------------------------------- front@90
 
 
@@ -47,8 +46,7 @@ def test_front_ignores_dict_order():
 
 
 def test_flip_rate_after_policy_by_hand():
-    flips = np.array([[1, 0, 1, 0],
-                      [0, 0, 0, 1]], dtype=bool)                    # T = 5; column K-1 is K → K+1
+    flips = np.array([[1, 0, 1, 0], [0, 0, 0, 1]], dtype=bool)  # T = 5; column K-1 is K → K+1
     # row 0 from K = 2: columns 1..3 → 0, 1, 0 → 1/3; row 1 from K = 5: no column → left out
     assert flip_rate_after_policy(flips, np.array([2, 5])) == pytest.approx(1 / 3)
     # row 0 from K = 1: 2/4; row 1 from K = 4: 1/1 → mean 0.75
@@ -71,14 +69,30 @@ def _b(rows) -> np.ndarray:
 
 def synthetic_outcomes() -> list[LengthOutcome]:
     """train_max = 4; T = 3 loops; N = 4 samples per length."""
-    id2 = LengthOutcome(2, _b([[1, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 0]]),       # acc .5 1 .75
-                        _b([[0, 0]] * 4), np.array([2, 2, 2, 2]))
-    id4 = LengthOutcome(4, _b([[1, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 0]]),       # acc .25 .5 .75
-                        _b([[0, 0]] * 4), np.array([3, 3, 3, 3]))
-    ood6 = LengthOutcome(6, _b([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 0]]),      # acc .75 .75 .25
-                         _b([[0, 1], [1, 0], [0, 0], [1, 1]]), np.array([3, 3, 3, 3]))
-    ood8 = LengthOutcome(8, _b([[0, 1, 0], [0, 0, 0], [0, 1, 1], [1, 1, 0]]),      # acc .25 .75 .25
-                         _b([[1, 1], [0, 0], [0, 0], [1, 0]]), np.array([1, 2, 3, 3]))
+    id2 = LengthOutcome(
+        2,
+        _b([[1, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 0]]),  # acc .5 1 .75
+        _b([[0, 0]] * 4),
+        np.array([2, 2, 2, 2]),
+    )
+    id4 = LengthOutcome(
+        4,
+        _b([[1, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 0]]),  # acc .25 .5 .75
+        _b([[0, 0]] * 4),
+        np.array([3, 3, 3, 3]),
+    )
+    ood6 = LengthOutcome(
+        6,
+        _b([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 0]]),  # acc .75 .75 .25
+        _b([[0, 1], [1, 0], [0, 0], [1, 1]]),
+        np.array([3, 3, 3, 3]),
+    )
+    ood8 = LengthOutcome(
+        8,
+        _b([[0, 1, 0], [0, 0, 0], [0, 1, 1], [1, 1, 0]]),  # acc .25 .75 .25
+        _b([[1, 1], [0, 0], [0, 0], [1, 0]]),
+        np.array([1, 2, 3, 3]),
+    )
     return [id2, id4, ood6, ood8]
 
 
@@ -93,10 +107,10 @@ def test_summarize_by_hand():
     s = summarize(synthetic_outcomes(), train_max=4)
     assert s["oracle_id"] == pytest.approx((1.0 + 0.75) / 2)
     assert s["oracle_ood"] == pytest.approx((0.75 + 0.75) / 2)
-    assert s["policy_id"] == pytest.approx((1.0 + 0.75) / 2)        # id2 at K=2: 1.0; id4 at K=3: .75
-    assert s["policy_ood"] == pytest.approx((0.25 + 0.25) / 2)      # ood6 at K=3: .25; ood8: .25
+    assert s["policy_id"] == pytest.approx((1.0 + 0.75) / 2)  # id2 at K=2: 1.0; id4 at K=3: .75
+    assert s["policy_ood"] == pytest.approx((0.25 + 0.25) / 2)  # ood6 at K=3: .25; ood8: .25
     assert s["gap"] == pytest.approx(0.5)
-    assert s["front90"] == 2                                         # length 4 (ID) fails at .75
+    assert s["front90"] == 2  # length 4 (ID) fails at .75
     # flips over OOD rows: ood6 rows all have policy 3 (> T-1) and drop out;
     # ood8: row 0 from K=1 → 2/2, row 1 from K=2 → 0/1 → mean .5
     assert s["flip_rate"] == pytest.approx(0.5)
@@ -105,10 +119,11 @@ def test_summarize_by_hand():
 
     per = s["per_length"]
     assert set(per) == {"2", "4", "6", "8"}
-    assert per["2"] == pytest.approx({"split": "id", "oracle": 1.0, "best_k": 2, "policy": 1.0,
-                                      "policy_depth": 2.0, "flip_rate": 0.0})
+    assert per["2"] == pytest.approx(
+        {"split": "id", "oracle": 1.0, "best_k": 2, "policy": 1.0, "policy_depth": 2.0, "flip_rate": 0.0}
+    )
     assert per["4"]["best_k"] == 3 and per["4"]["oracle"] == pytest.approx(0.75)
-    assert per["6"]["split"] == "ood" and per["6"]["best_k"] == 1     # first of the tied maxima
+    assert per["6"]["split"] == "ood" and per["6"]["best_k"] == 1  # first of the tied maxima
     assert per["6"]["flip_rate"] == 0.0
     assert per["8"]["policy_depth"] == pytest.approx(2.25)
     assert per["8"]["flip_rate"] == pytest.approx(0.5)
@@ -119,7 +134,7 @@ def test_summarize_front_when_first_ood_fails():
     outcomes = synthetic_outcomes()
     outcomes[1] = LengthOutcome(4, _b([[1, 1, 1]] * 4), _b([[0, 0]] * 4), np.array([3, 3, 3, 3]))
     s = summarize(outcomes, train_max=5)
-    assert s["front90"] == 5                     # 2 and 4 pass, first OOD (6) fails → train_max
+    assert s["front90"] == 5  # 2 and 4 pass, first OOD (6) fails → train_max
     assert s["oracle_id"] == pytest.approx(1.0)
 
 
@@ -127,7 +142,7 @@ def test_summarize_without_ood_lengths():
     s = summarize(synthetic_outcomes()[:2], train_max=4)
     assert s["oracle_ood"] is None and s["policy_ood"] is None and s["gap"] is None
     assert s["oracle_id"] == pytest.approx(0.875)
-    assert s["flip_rate"] == 0.0                 # falls back to all (ID) rows, which never flip
+    assert s["flip_rate"] == 0.0  # falls back to all (ID) rows, which never flip
     assert s["flip_curve"] == [0.0, 0.0]
 
 
@@ -137,7 +152,7 @@ def test_grid_frame():
     assert len(frame) == 4 * 3
     row = frame[(frame.length == 8) & (frame.loops == 2)].iloc[0]
     assert row.accuracy == pytest.approx(0.75) and row.split == "ood"
-    assert row.flip_rate == pytest.approx(0.25)   # column 1 of ood8's flips: 1, 0, 0, 0
+    assert row.flip_rate == pytest.approx(0.25)  # column 1 of ood8's flips: 1, 0, 0, 0
     assert frame[(frame.length == 6) & (frame.loops == 1)].flip_rate.iloc[0] == pytest.approx(0.5)
     assert math.isnan(frame[(frame.length == 6) & (frame.loops == 3)].flip_rate.iloc[0])
     assert set(frame[frame.length <= 4].split) == {"id"}

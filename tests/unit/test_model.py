@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 
 import pytest
 import torch
 
-from looplab.config import INJECTIONS, INIT_STATES, NORMS, PLACEMENTS, ModelConfig
+from looplab.config import INIT_STATES, INJECTIONS, NORMS, PLACEMENTS, ModelConfig
 from looplab.errors import LooplabError
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext, SelfAttention, apply_rope, rope_tables
-
 
 VOCAB = 7
 TOL = 1e-5
@@ -27,9 +25,9 @@ def _randomize(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> Non
             noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
             if p.dim() >= 2:
                 p.copy_(scale * noise)
-            elif name.endswith("weight"):          # a norm's scale
+            elif name.endswith("weight"):  # a norm's scale
                 p.copy_(1.0 + 0.1 * noise)
-            else:                                  # a bias
+            else:  # a bias
                 p.copy_(0.1 * noise)
 
 
@@ -58,9 +56,9 @@ def _gen(seed: int = 123) -> torch.Generator:
 
 def naive_states(model, tokens, valid, loops, generator=None):
     states, ctx = [], None
-    for h, ctx in model.unroll(tokens, valid, loops, generator):
+    for h, ctx in model.unroll(tokens, valid, loops, generator):  # noqa: B007 (the last ctx is returned)
         states.append(h)
-    return torch.stack(states), ctx          # [T, B, L, d]
+    return torch.stack(states), ctx  # [T, B, L, d]
 
 
 def naive_at_depths(model, tokens, valid, depths, generator=None):
@@ -108,15 +106,21 @@ def _variant(index: int) -> dict:
     )
 
 
-@pytest.mark.parametrize("norm, placement, injection, init", COMBOS,
-                         ids=["-".join(c) for c in COMBOS])
+@pytest.mark.parametrize("norm, placement, injection, init", COMBOS, ids=["-".join(c) for c in COMBOS])
 def test_forward_at_depths_matches_naive(norm, placement, injection, init):
     index = COMBOS.index((norm, placement, injection, init))
-    model = make_model(seed=index, norm=norm, placement=placement, injection=injection, init_state=init,
-                       noise_std=0.5, **_variant(index))
+    model = make_model(
+        seed=index,
+        norm=norm,
+        placement=placement,
+        injection=injection,
+        init_state=init,
+        noise_std=0.5,
+        **_variant(index),
+    )
     tokens, valid = make_batch(seed=index)
     B = tokens.shape[0]
-    answer = valid                                                # compare on valid positions
+    answer = valid  # compare on valid positions
 
     # [B] depths, ties and a row of depth 1 included
     depths = torch.tensor([3, 1, 4, 2, 3])
@@ -144,11 +148,21 @@ def test_forward_at_depths_gradients_match_naive(norm, placement, multi):
     index = STRUCTURES.index((norm, placement))
     injection = INJECTIONS[index % 3]
     init = INIT_STATES[(index // 3) % 3] if injection != "none" else "embed"
-    model = make_model(seed=100 + index, norm=norm, placement=placement, injection=injection, init_state=init,
-                       noise_std=0.5, **_variant(index + 3))
+    model = make_model(
+        seed=100 + index,
+        norm=norm,
+        placement=placement,
+        injection=injection,
+        init_state=init,
+        noise_std=0.5,
+        **_variant(index + 3),
+    )
     tokens, valid = make_batch(seed=index)
-    depths = torch.tensor([[2, 0, 3], [1, -1, 0], [3, 3, 1], [0, 0, 2], [3, 2, 1]]) if multi \
+    depths = (
+        torch.tensor([[2, 0, 3], [1, -1, 0], [3, 3, 1], [0, 0, 2], [3, 2, 1]])
+        if multi
         else torch.tensor([3, 1, 3, 2, 2])
+    )
     weights = torch.randn((*depths.shape, tokens.shape[1], VOCAB), generator=_gen(5), dtype=torch.float64)
     mask = valid[:, None, :, None] if multi else valid[:, :, None]
     if multi:
@@ -264,21 +278,22 @@ def test_init_states():
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 @pytest.mark.parametrize("positional", ["rope", "learned"])
 def test_padding_invariance(causal, positional):
-    model = make_model(causal=causal, positional=positional, prelude_layers=1, coda_layers=1,
-                       placement="post_sandwich", norm="rmsnorm")
+    model = make_model(
+        causal=causal, positional=positional, prelude_layers=1, coda_layers=1, placement="post_sandwich", norm="rmsnorm"
+    )
     tokens, valid = make_batch(lengths=(4, 2, 3))
-    alone = model(tokens, valid, 3)                                           # padded to 4
+    alone = model(tokens, valid, 3)  # padded to 4
     wider_tokens, wider_valid = make_batch(lengths=(4, 2, 3), width=9)
-    wider_tokens[:, :4] = tokens                                              # same rows, more padding
+    wider_tokens[:, :4] = tokens  # same rows, more padding
     wider_tokens[:, 4:] = 0
     extra_tokens, extra_valid = make_batch(lengths=(9,), seed=7)
-    big_tokens = torch.cat([wider_tokens, extra_tokens])                      # plus a longer row
+    big_tokens = torch.cat([wider_tokens, extra_tokens])  # plus a longer row
     big_valid = torch.cat([wider_valid, extra_valid])
     big = model(big_tokens, big_valid, 3)[:3, :4]
     assert_close_on(alone, big, valid, atol=1e-10)
     # each row alone, without any padding, agrees as well
     for i, n in enumerate((4, 2, 3)):
-        single = model(tokens[i:i + 1, :n], valid[i:i + 1, :n], 3)
+        single = model(tokens[i : i + 1, :n], valid[i : i + 1, :n], 3)
         assert torch.allclose(single[0], alone[i, :n], atol=1e-10)
     # and forward_at_depths too
     fad = model.forward_at_depths(big_tokens, big_valid, torch.tensor([3, 3, 3, 1]))[:3, :4]
@@ -414,7 +429,7 @@ def test_only_nope_is_permutation_equivariant(positional, equivariant):
 def test_learned_positions_reject_too_long_sequences():
     model = make_model(positional="learned", max_len=6)
     tokens, valid = make_batch(lengths=(6, 3))
-    assert model(tokens, valid, 1).shape == (2, 6, VOCAB)          # exactly max_len is fine
+    assert model(tokens, valid, 1).shape == (2, 6, VOCAB)  # exactly max_len is fine
     long_tokens, long_valid = make_batch(lengths=(7, 3))
     with pytest.raises(LooplabError, match="max_len"):
         model(long_tokens, long_valid, 1)
@@ -429,9 +444,9 @@ def test_rope_relative_position_property():
     g = _gen(0)
     q = torch.randn(head_dim, generator=g, dtype=torch.float64)
     k = torch.randn(head_dim, generator=g, dtype=torch.float64)
-    rq = apply_rope(q.expand(1, 1, length, head_dim), cos, sin)[0, 0]    # q placed at every position
+    rq = apply_rope(q.expand(1, 1, length, head_dim), cos, sin)[0, 0]  # q placed at every position
     rk = apply_rope(k.expand(1, 1, length, head_dim), cos, sin)[0, 0]
-    scores = rq @ rk.T                                                    # [m, n] = <R_m q, R_n k>
+    scores = rq @ rk.T  # [m, n] = <R_m q, R_n k>
     for m in range(length - 1):
         for n in range(length - 1):
             assert abs(float(scores[m + 1, n + 1] - scores[m, n])) < 1e-5
@@ -449,7 +464,7 @@ def test_rope_rotates_channel_pairs_by_expected_angle():
     x = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64).expand(1, 1, 3, head_dim)
     out = apply_rope(x, cos, sin)[0, 0]
     for pos in range(3):
-        for i, freq in enumerate([1.0, 100.0 ** -0.5]):
+        for i, freq in enumerate([1.0, 100.0**-0.5]):
             angle = pos * freq
             assert out[pos, i] == pytest.approx(math.cos(angle), abs=1e-6)
             assert out[pos, i + head_dim // 2] == pytest.approx(math.sin(angle), abs=1e-6)
@@ -501,7 +516,7 @@ def test_norm_counts_per_placement(placement, count, norm):
     model = make_model(placement=placement, norm=norm, randomize=False)
     layer = model.core[0]
     norms = [m for m in layer.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
-    assert len(norms) == 2 * count                     # attention and MLP sublayers
+    assert len(norms) == 2 * count  # attention and MLP sublayers
     params = sum(p.numel() for m in norms for p in m.parameters())
     expected = {"layernorm": 2 * 16, "rmsnorm": 16, "simplenorm": 0}[norm] * 2 * count
     assert params == expected

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.func import jvp
 
+from looplab import regularisers
 from looplab.analysis import registry as metric_registry
 from looplab.analysis.mechanistic import analyze_experiment
 from looplab.analysis.registry import MetricResult, register_metric
@@ -21,17 +22,25 @@ from looplab.experiment import Experiment
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.parallel import SINGLE
-from looplab import regularisers
 from looplab.regularisers import JacobianPenalty, Regulariser, build_regularisers, regularised_loss
 from looplab.stability.jacobian import jsrr_per_sample, loop_map, random_direction
 from looplab.tasks import make_task
 from looplab.train.trainer import make_optimizer, train_step
 
-TINY = ["model.d_model=16", "model.n_heads=2", "model.core_layers=1", "task.train_max=4", "train.batch_size=8",
-        "schedule.name=fixed", "schedule.depth=3", "train.steps=10"]
+TINY = [
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.core_layers=1",
+    "task.train_max=4",
+    "train.batch_size=8",
+    "schedule.name=fixed",
+    "schedule.depth=3",
+    "train.steps=10",
+]
 
 
 # ---------------------------------------------------------------- regularisers
+
 
 @dataclass
 class StateEnergy(Regulariser):
@@ -54,8 +63,11 @@ def state_energy(monkeypatch):
 
 def test_jsrr_is_built_from_its_config_section_and_off_by_default():
     assert build_regularisers(load_config(None, TINY)) == []
-    (jsrr,) = build_regularisers(load_config(None, TINY + ["stability.jsrr.estimator=vjp",
-                                                           "stability.jsrr.weight=0.3", "stability.jsrr.warmup=4"]))
+    (jsrr,) = build_regularisers(
+        load_config(
+            None, TINY + ["stability.jsrr.estimator=vjp", "stability.jsrr.weight=0.3", "stability.jsrr.warmup=4"]
+        )
+    )
     assert isinstance(jsrr, JacobianPenalty) and (jsrr.estimator, jsrr.weight, jsrr.warmup) == ("vjp", 0.3, 4)
 
 
@@ -88,8 +100,9 @@ def test_a_registered_regulariser_trains_and_is_logged(state_energy):
 def test_jsrr_per_sample_uses_the_given_direction():
     torch.manual_seed(0)
     task = make_task("copy")
-    model = LoopedTransformer(ModelConfig(d_model=8, n_heads=2, core_layers=1, attention="math"),
-                              task.vocab_size).double()
+    model = LoopedTransformer(
+        ModelConfig(d_model=8, n_heads=2, core_layers=1, attention="math"), task.vocab_size
+    ).double()
     batch = task.sample(3, 4, torch.Generator().manual_seed(1))
     h, e, ctx = model.start(batch.tokens, batch.valid)
     probe = LoopProbe(model.step(h, e, ctx).detach(), e.detach(), batch.valid)
@@ -99,19 +112,31 @@ def test_jsrr_per_sample_uses_the_given_direction():
     expected = jvp(phi, (probe.h,), (v,))[1].mul(batch.valid.unsqueeze(-1)).flatten(1).pow(2).sum(1)
     assert values.shape == (4,)
     assert torch.allclose(values, expected)
-    other = jsrr_per_sample(model, probe, "jvp", 0, direction=random_direction(
-        batch.valid, 8, torch.Generator().manual_seed(3), dtype=torch.float64))
+    other = jsrr_per_sample(
+        model,
+        probe,
+        "jvp",
+        0,
+        direction=random_direction(batch.valid, 8, torch.Generator().manual_seed(3), dtype=torch.float64),
+    )
     assert not torch.allclose(values, other)
 
 
 # ---------------------------------------------------------------- exits
 
+
 def _outcome(count=6, steps=5, seed=0):
     rng = np.random.default_rng(seed)
-    return LengthOutcome(length=4, correct=rng.random((count, steps)) < 0.5, flips=rng.random((count, steps - 1)) < 0.3,
-                         policy_depth=rng.integers(1, steps + 1, count), confidence=rng.normal(size=(count, steps)),
-                         state_norm=np.ones((count, steps)), step_norm=rng.random((count, steps)) * 1e-2,
-                         hazard_logits=rng.normal(size=(count, steps)).astype(np.float32))
+    return LengthOutcome(
+        length=4,
+        correct=rng.random((count, steps)) < 0.5,
+        flips=rng.random((count, steps - 1)) < 0.3,
+        policy_depth=rng.integers(1, steps + 1, count),
+        confidence=rng.normal(size=(count, steps)),
+        state_norm=np.ones((count, steps)),
+        step_norm=rng.random((count, steps)) * 1e-2,
+        hazard_logits=rng.normal(size=(count, steps)).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("name", sorted(exits.EXITS))
@@ -124,8 +149,9 @@ def test_every_exit_returns_depths_in_range(name):
 
 
 def test_a_registered_exit_is_summarised(monkeypatch):
-    monkeypatch.setitem(exits.EXITS, "last", lambda outcome, settings: np.full(len(outcome.correct),
-                                                                             outcome.correct.shape[1]))
+    monkeypatch.setitem(
+        exits.EXITS, "last", lambda outcome, settings: np.full(len(outcome.correct), outcome.correct.shape[1])
+    )
     outcome = _outcome()
     summary = summarize([outcome], train_max=8)
     assert list(summary["exits"])[-1] == "last"
@@ -134,6 +160,7 @@ def test_a_registered_exit_is_summarised(monkeypatch):
 
 
 # ---------------------------------------------------------------- metrics and the trace hook
+
 
 @pytest.fixture
 def tiny_experiment():
@@ -145,8 +172,11 @@ def tiny_experiment():
 def test_a_registered_metric_writes_its_entries_tables_and_plots(tiny_experiment, tmp_path, monkeypatch):
     def final_norm(inputs):
         value = float(inputs.loop_states[-1].norm())
-        return MetricResult({"final_norm": value}, {"final.csv": (["norm"], [(value,)])},
-                            {"final.txt": lambda path: path.write_text(f"{value}")})
+        return MetricResult(
+            {"final_norm": value},
+            {"final.csv": (["norm"], [(value,)])},
+            {"final.txt": lambda path: path.write_text(f"{value}")},
+        )
 
     monkeypatch.setitem(metric_registry.METRICS, "final_norm", final_norm)
     assert register_metric("final_norm")(final_norm) is final_norm
@@ -160,8 +190,14 @@ def test_a_registered_metric_writes_its_entries_tables_and_plots(tiny_experiment
 
 def test_builtin_metrics_keep_their_summary_order(tiny_experiment, tmp_path):
     summary = analyze_experiment(tiny_experiment, tmp_path, loops=3, samples=2, mlp_ablation=False)
-    assert list(metric_registry.METRICS)[:6] == ["fixed_points", "convergence", "attention", "colsum",
-                                                 "token_dynamics", "massive"]
+    assert list(metric_registry.METRICS)[:6] == [
+        "fixed_points",
+        "convergence",
+        "attention",
+        "colsum",
+        "token_dynamics",
+        "massive",
+    ]
     assert list(summary)[5:8] == ["fixed_point_self_cos", "fixed_point_self_cos_median", "fixed_point_cross_cos_min"]
     assert list(summary)[-2:] == ["massive_ratio_max", "massive_ratio_last_loop"]
 

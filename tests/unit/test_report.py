@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from looplab.errors import LooplabError
-from looplab.report import write_report
 from looplab.report import paper as paper_module
+from looplab.report import write_report
 from looplab.report.aggregate import BOOTSTRAP_SEED, RESAMPLES, bootstrap_ci, seed_stats
 from looplab.report.build import sweep_statistics
 from looplab.report.paper import compare
@@ -48,21 +48,44 @@ def _grid(shift: float) -> pd.DataFrame:
     rows = []
     for n in LENGTHS:
         for k in range(1, LOOPS + 1):
-            rows.append({"length": n, "loops": k, "accuracy": float(np.clip(1.1 - 0.05 * n + 0.04 * k - shift, 0, 1)),
-                         "flip_rate": 0.3 / k if k < LOOPS else math.nan, "split": "id" if n <= TRAIN_MAX else "ood"})
+            rows.append(
+                {
+                    "length": n,
+                    "loops": k,
+                    "accuracy": float(np.clip(1.1 - 0.05 * n + 0.04 * k - shift, 0, 1)),
+                    "flip_rate": 0.3 / k if k < LOOPS else math.nan,
+                    "split": "id" if n <= TRAIN_MAX else "ood",
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def _run_row(task: int, variant: int, seed: int, grid: pd.DataFrame) -> dict:
     hand = task == 0 and variant == 0
     oracle_ood = HAND_ORACLE_OOD[seed] if hand else 0.2 + 0.1 * variant + 0.03 * seed + 0.05 * task
-    row = {"run_id": f"r{task}{variant}{seed}", "run_dir": f"runs/r{task}{variant}{seed}",
-           "variant": VARIANTS[variant], "wall_s": 1.5, "task.name": TASKS[task], "task.train_max": TRAIN_MAX,
-           "schedule.name": VARIANTS[variant], "run.seed": seed, "task.eval_lengths": json.dumps(list(LENGTHS)),
-           "oracle_id": 0.99, "oracle_ood": oracle_ood, "policy_ood": oracle_ood - 0.1, "gap": 0.1,
-           "front90": HAND_FRONT90[seed] if hand else 8 + 4 * variant, "flip_rate": 0.05 * (seed + 1),
-           "training_cost.block_evals": 20.0 - variant, "flip_curve": json.dumps([0.3, 0.15, 0.1]),
-           "scaling_at.4": 0.8, "scaling_at.8": 0.6, "scaling_peak": 0.9, "scaling_peak_loops": 5}
+    row = {
+        "run_id": f"r{task}{variant}{seed}",
+        "run_dir": f"runs/r{task}{variant}{seed}",
+        "variant": VARIANTS[variant],
+        "wall_s": 1.5,
+        "task.name": TASKS[task],
+        "task.train_max": TRAIN_MAX,
+        "schedule.name": VARIANTS[variant],
+        "run.seed": seed,
+        "task.eval_lengths": json.dumps(list(LENGTHS)),
+        "oracle_id": 0.99,
+        "oracle_ood": oracle_ood,
+        "policy_ood": oracle_ood - 0.1,
+        "gap": 0.1,
+        "front90": HAND_FRONT90[seed] if hand else 8 + 4 * variant,
+        "flip_rate": 0.05 * (seed + 1),
+        "training_cost.block_evals": 20.0 - variant,
+        "flip_curve": json.dumps([0.3, 0.15, 0.1]),
+        "scaling_at.4": 0.8,
+        "scaling_at.8": 0.6,
+        "scaling_peak": 0.9,
+        "scaling_peak_loops": 5,
+    }
     for n, oracle in grid.groupby("length")["accuracy"].max().items():
         row[f"per_length.{n}.oracle"] = oracle
         row[f"per_length.{n}.split"] = "id" if n <= TRAIN_MAX else "ood"
@@ -81,8 +104,13 @@ def make_sweep(root) -> pd.DataFrame:
                 eval_dir.mkdir(parents=True)
                 grid.to_parquet(eval_dir / "grid.parquet", index=False)
                 if TASKS[t] == "binary_addition":
-                    depths = pd.DataFrame({"length": np.repeat(LENGTHS, 2), "depth": [3, 4] * len(LENGTHS),
-                                           "count": [10 + v, 22 - seed] * len(LENGTHS)})
+                    depths = pd.DataFrame(
+                        {
+                            "length": np.repeat(LENGTHS, 2),
+                            "depth": [3, 4] * len(LENGTHS),
+                            "count": [10 + v, 22 - seed] * len(LENGTHS),
+                        }
+                    )
                     depths.to_parquet(eval_dir / "policy_depths.parquet", index=False)
                 rows.append(row)
     results = pd.DataFrame(rows)
@@ -143,8 +171,16 @@ def test_table_csv_matches_hand_computed_seed_statistics(sweep):
 
 
 def test_diverged_runs_count_as_seeds_without_metrics():
-    results = pd.DataFrame({"run_id": list("abc"), "run_dir": list("abc"), "task.name": "copy", "variant": "fixed",
-                            "status": ["done", "diverged", "done"], "oracle_ood": [0.5, None, 0.7]})
+    results = pd.DataFrame(
+        {
+            "run_id": list("abc"),
+            "run_dir": list("abc"),
+            "task.name": "copy",
+            "variant": "fixed",
+            "status": ["done", "diverged", "done"],
+            "oracle_ood": [0.5, None, 0.7],
+        }
+    )
     ours = sweep_statistics(results)
     assert ours.groups[["runs", "diverged"]].values.tolist() == [[3, 1]]
     stats = ours.long.set_index("metric").loc["oracle_ood"]
@@ -175,8 +211,13 @@ def test_html_is_self_contained_and_embeds_every_png(sweep):
 def test_stopping_paper_numbers_side_by_side(sweep):
     _, report, _ = sweep
     for text in ((report / "table.md").read_text(), (report / "report.html").read_text()):
-        for column in ("Oracle OOD (%) ours", "Oracle OOD (%) paper", "Front@90 paper", "Std (pp) paper",
-                       "Gap (pp) paper"):
+        for column in (
+            "Oracle OOD (%) ours",
+            "Oracle OOD (%) paper",
+            "Front@90 paper",
+            "Std (pp) paper",
+            "Gap (pp) paper",
+        ):
             assert column in text
     side = pd.read_csv(report / "paper_stopping_main.csv")
     assert set(side["variant"]) == {"fixed", "rl_halting"} and set(side["task.name"]) == {"binary_addition"}
@@ -198,14 +239,20 @@ def test_missing_paper_tables_leave_a_note(sweep, tmp_path):
 def test_mechanistic_groups_by_placement_and_injection(tmp_path):
     (tmp_path / "mechanistic_norm_ablation.csv").write_text(
         "norm,input_injection,cos_first_layer_to_own_fixed_point,min_cos_first_layer_to_other_layers_fixed_point,"
-        "verdict\npre_norm,yes,1.000,<0.65,healthy\nsandwich_residual (huginn),no,0.920,0.880,unstable\n")
-    results = pd.DataFrame({
-        "run_id": list("abcd"), "run_dir": list("abcd"), "task.name": "kjv",
-        "variant": ["ablation-pre-injection"] * 2 + ["ablation-post_sandwich-none"] * 2,
-        "model.placement": ["pre", "pre", "post_sandwich", "post_sandwich"],
-        "model.injection": ["concat", "concat", "none", "none"],
-        "analysis.fixed_point_self_cos": [1.0, 0.98, 0.9, 0.94],
-        "analysis.fixed_point_cross_cos_min": [0.6, 0.5, 0.88, 0.86]})
+        "verdict\npre_norm,yes,1.000,<0.65,healthy\nsandwich_residual (huginn),no,0.920,0.880,unstable\n"
+    )
+    results = pd.DataFrame(
+        {
+            "run_id": list("abcd"),
+            "run_dir": list("abcd"),
+            "task.name": "kjv",
+            "variant": ["ablation-pre-injection"] * 2 + ["ablation-post_sandwich-none"] * 2,
+            "model.placement": ["pre", "pre", "post_sandwich", "post_sandwich"],
+            "model.injection": ["concat", "concat", "none", "none"],
+            "analysis.fixed_point_self_cos": [1.0, 0.98, 0.9, 0.94],
+            "analysis.fixed_point_cross_cos_min": [0.6, 0.5, 0.88, 0.86],
+        }
+    )
     (table,), notes = compare("mechanistic", sweep_statistics(results), tmp_path)
     numbers = table.numbers.set_index("model.placement")
     assert numbers.loc["pre", "paper.norm"] == "pre_norm"
@@ -216,9 +263,19 @@ def test_mechanistic_groups_by_placement_and_injection(tmp_path):
 
 
 def test_stars_facts_beside_our_scaling(tmp_path):
-    (tmp_path / "stars_facts.csv").write_text("fact,value\ngsm8k_relative_drop_4_to_8_stars_pct,8.26\njsrr_lambda,0.1\n")
-    results = pd.DataFrame({"run_id": ["a", "b"], "run_dir": ["a", "b"], "task.name": "decimal_addition",
-                            "variant": "stars-recipe", "relative_drop_4_to_8": [0.1, 0.2], "scaling_peak": [0.9, 1.0]})
+    (tmp_path / "stars_facts.csv").write_text(
+        "fact,value\ngsm8k_relative_drop_4_to_8_stars_pct,8.26\njsrr_lambda,0.1\n"
+    )
+    results = pd.DataFrame(
+        {
+            "run_id": ["a", "b"],
+            "run_dir": ["a", "b"],
+            "task.name": "decimal_addition",
+            "variant": "stars-recipe",
+            "relative_drop_4_to_8": [0.1, 0.2],
+            "scaling_peak": [0.9, 1.0],
+        }
+    )
     scaling, facts = compare("stars", sweep_statistics(results), tmp_path)[0]
     assert "Peak accuracy (%)" in scaling.display.columns
     row = facts.numbers.set_index("fact").loc["gsm8k_relative_drop_4_to_8_stars_pct"]

@@ -21,8 +21,15 @@ LAYERS, HEADS, VOCAB = 6, 4, 50
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
@@ -49,8 +56,9 @@ def test_r1_reproduces_original_logits(tiny, batch):
             assert torch.equal(next(loop.unroll(ids, mask, 1)), loop.record(ids, mask, 1)["loop01.state"])
 
 
-@pytest.mark.parametrize("inject_init, exact", [("state", True), ("mix", True), ("input", True),
-                                                ("sum", False), ("random", False)])
+@pytest.mark.parametrize(
+    "inject_init, exact", [("state", True), ("mix", True), ("input", True), ("sum", False), ("random", False)]
+)
 def test_injection_choices_and_the_r1_equivalence(tiny, batch, inject_init, exact):
     ids, mask = batch
     valid = mask.bool()
@@ -122,9 +130,11 @@ def test_trace_of_the_original_model(tiny, batch, tmp_path):
     assert probs.shape == (LAYERS, 2, HEADS, 9, 9)
     with torch.no_grad():  # entry 0 is the embedding, the last the raw residual after the last layer
         assert torch.equal(states[0], tiny.model.embed_tokens(ids))
-        assert torch.allclose(tiny.model.norm(states[-1]), tiny(input_ids=ids, attention_mask=mask,
-                                                                output_hidden_states=True).hidden_states[-1],
-                              atol=1e-5)
+        assert torch.allclose(
+            tiny.model.norm(states[-1]),
+            tiny(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1],
+            atol=1e-5,
+        )
     valid = mask.bool()
     heads = colsum_concentration(probs, valid).mean(-2).float()
     assert heads.shape == (LAYERS, HEADS) and float(heads.min()) >= 0.0 and float(heads.max()) <= 1.0

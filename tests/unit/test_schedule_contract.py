@@ -22,7 +22,8 @@ def _model() -> LoopedTransformer:
     return LoopedTransformer(ModelConfig(d_model=16, n_heads=2, core_layers=1), TASK.vocab_size).double()
 
 
-def _schedule(name: str, parallel: Parallel = Parallel(), **extra):
+def _schedule(name: str, parallel: Parallel | None = None, **extra):
+    parallel = parallel or Parallel()
     schedule = make_schedule(ScheduleConfig(name=name, **CFG, **extra), ScheduleContext(TASK, 16, parallel))
     if schedule.module is not None:
         torch.manual_seed(1)
@@ -44,8 +45,17 @@ NAMES = sorted(SCHEDULES)
 
 
 def test_every_builtin_schedule_is_registered():
-    assert {"fixed", "matched", "window", "fixed_window", "multi_depth", "lognormal", "poisson_lognormal",
-            "rl_halting", "pondernet"} <= set(SCHEDULES)
+    assert {
+        "fixed",
+        "matched",
+        "window",
+        "fixed_window",
+        "multi_depth",
+        "lognormal",
+        "poisson_lognormal",
+        "rl_halting",
+        "pondernet",
+    } <= set(SCHEDULES)
 
 
 @pytest.mark.parametrize("name", NAMES)

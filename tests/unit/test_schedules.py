@@ -10,13 +10,12 @@ import torch.nn.functional as F
 
 from looplab.config import ScheduleConfig
 from looplab.errors import LooplabError
-from looplab.tasks import IGNORE, make_task
-from looplab.schedules.objectives import depth_supervised_loss, per_row_loss
 from looplab.schedules import SCHEDULES, ScheduleContext, make_schedule
+from looplab.schedules.objectives import depth_supervised_loss, per_row_loss
+from looplab.tasks import IGNORE, make_task
 
-
-COPY = make_task("copy")                 # T(n) = n
-ADD = make_task("binary_addition")       # T(n) = n + 1
+COPY = make_task("copy")  # T(n) = n
+ADD = make_task("binary_addition")  # T(n) = n + 1
 
 
 def sched(name, task=COPY, depth=6, window=2, t_max=10):
@@ -111,8 +110,8 @@ def test_fixed_window():
     d = s.train_depths(lengths, gen())
     assert d.shape == lengths.shape and d.dtype == torch.long
     assert ((d >= c - w) & (d <= min(c + w, t_max))).all()
-    assert set(d.tolist()) == {4, 5, 6, 7}               # 8 is clipped to t_max = 7
-    assert (d == 7).sum() > (d == 5).sum()               # the clip piles mass onto t_max
+    assert set(d.tolist()) == {4, 5, 6, 7}  # 8 is clipped to t_max = 7
+    assert (d == 7).sum() > (d == 5).sum()  # the clip piles mass onto t_max
     assert (s.policy_depth(lengths) == c).all()
     # lower clip at 1
     low = sched("fixed_window", depth=1, window=3, t_max=10).train_depths(lengths, gen())
@@ -132,7 +131,7 @@ def test_multi_depth(task, offset):
         steps = n + offset
         expected = [k for k in range(steps - w, steps + w + 1) if 1 <= k <= t_max]
         if not expected:
-            expected = [t_max]                         # a window wholly above t_max falls back to t_max
+            expected = [t_max]  # a window wholly above t_max falls back to t_max
         used = row[row > 0].tolist()
         assert sorted(used) == expected, (n, row)
         assert len(used) == len(set(used))
@@ -150,13 +149,16 @@ def test_multi_depth_concrete_rows():
 # ----------------------------------------------------------------------------- policy table and determinism
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("fixed", lambda n: torch.full_like(n, 6)),
-    ("matched", lambda n: n + 1),
-    ("window", lambda n: n + 1),
-    ("fixed_window", lambda n: torch.full_like(n, 6)),
-    ("multi_depth", lambda n: n + 1),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("fixed", lambda n: torch.full_like(n, 6)),
+        ("matched", lambda n: n + 1),
+        ("window", lambda n: n + 1),
+        ("fixed_window", lambda n: torch.full_like(n, 6)),
+        ("multi_depth", lambda n: n + 1),
+    ],
+)
 def test_policy_depth_table(name, expected):
     s = sched(name, task=ADD, depth=6, window=2, t_max=10)
     policy = s.policy_depth(LENGTHS)
@@ -183,7 +185,7 @@ def test_per_row_loss_by_hand():
     logits = torch.tensor([[[5.0, -5.0], [0.0, 0.0], [2.0, 0.0]]])
     labels = torch.tensor([[IGNORE, 1, 1]])
     # CE at pos 1: -log(1/2); at pos 2: -log(e^0 / (e^2 + e^0)) = log(1 + e^2)
-    expected = (math.log(2.0) + math.log(1.0 + math.e ** 2)) / 2
+    expected = (math.log(2.0) + math.log(1.0 + math.e**2)) / 2
     got = per_row_loss(logits, labels)
     assert got.shape == (1,)
     assert got.item() == pytest.approx(expected, rel=1e-6)

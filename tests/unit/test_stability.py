@@ -10,6 +10,7 @@ import torch
 from looplab.config import ModelConfig, ScheduleConfig
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
+from looplab.schedules import ScheduleContext, make_schedule
 from looplab.stability.jacobian import (
     jacobian_vector,
     jsrr_per_sample,
@@ -20,7 +21,6 @@ from looplab.stability.jacobian import (
     vector_jacobian,
 )
 from looplab.tasks import make_task
-from looplab.schedules import ScheduleContext, make_schedule
 
 TASK = make_task("copy")
 
@@ -67,7 +67,7 @@ def test_power_iteration_finds_the_spectral_radius(seed):
     model, batch, h, e, phi = _setup(seed=seed, padded=False)
     growth, _ = spectral_radius_power(phi, h, batch.valid, iters=400, generator=torch.Generator().manual_seed(0))
     for i in range(len(h)):
-        exact = spectral_radius_exact(loop_map(model, e[i:i + 1], batch.valid[i:i + 1]), h[i:i + 1])
+        exact = spectral_radius_exact(loop_map(model, e[i : i + 1], batch.valid[i : i + 1]), h[i : i + 1])
         eigenvalues = torch.linalg.eigvals(_full_jacobian(phi, h)[i]).abs()
         assert exact == pytest.approx(float(eigenvalues.max()), rel=1e-9)
         assert float(growth[i]) == pytest.approx(exact, rel=0.03)
@@ -89,7 +89,9 @@ def test_jsrr_is_differentiable_through_the_sdpa_model(estimator):
     model, batch, h, e, phi = _setup()
     assert model.cfg.attention == "sdpa"  # the penalty switches to the math path itself
     h = h.clone().requires_grad_(True)
-    penalty = jsrr_per_sample(model, LoopProbe(h, e, batch.valid), estimator, 1, torch.Generator().manual_seed(0)).mean()
+    penalty = jsrr_per_sample(
+        model, LoopProbe(h, e, batch.valid), estimator, 1, torch.Generator().manual_seed(0)
+    ).mean()
     penalty.backward()
     assert penalty.item() > 0
     matrices = [p for p in model.core.parameters() if p.dim() == 2]
@@ -101,7 +103,9 @@ def test_jvp_penalty_after_power_iterations_approaches_rho_squared():
     probe = LoopProbe(h, e, batch.valid)
     with torch.no_grad():
         penalty = jsrr_per_sample(model, probe, "jvp", 300, torch.Generator().manual_seed(0)).mean()
-    exact = [spectral_radius_exact(loop_map(model, e[i:i + 1], batch.valid[i:i + 1]), h[i:i + 1]) for i in range(2)]
+    exact = [
+        spectral_radius_exact(loop_map(model, e[i : i + 1], batch.valid[i : i + 1]), h[i : i + 1]) for i in range(2)
+    ]
     assert penalty.item() == pytest.approx(sum(r * r for r in exact) / 2, rel=0.1)
 
 

@@ -12,8 +12,16 @@ from looplab.tasks import START, make_task
 
 @pytest.mark.parametrize("positional", ["rope", "nope"])
 def test_start_token_separates_equal_causal_prefixes(positional):
-    config = load_config(None, ["model.causal=true", f"model.positional={positional}", "model.d_model=32",
-                                "model.n_heads=2", "model.core_layers=2"])
+    config = load_config(
+        None,
+        [
+            "model.causal=true",
+            f"model.positional={positional}",
+            "model.d_model=32",
+            "model.n_heads=2",
+            "model.core_layers=2",
+        ],
+    )
     task = make_task("binary_addition")
     torch.manual_seed(0)
     model = LoopedTransformer(config.model, task.vocab_size).eval()

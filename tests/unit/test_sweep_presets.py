@@ -23,8 +23,9 @@ def test_stopping_small_is_4_tasks_x_4_schedules_x_5_seeds():
     assert len(points) == 80
     assert Counter(p.variant for p in points) == {name: 20 for name in ("fixed", "matched", "window", "rl_halting")}
     configs = [tomllib.loads(p.config_toml) for p in points]
-    assert Counter(c["task"]["name"] for c in configs) == {task: 20 for task in ("binary_addition", "dyck1",
-                                                                                 "unique_set", "copy")}
+    assert Counter(c["task"]["name"] for c in configs) == {
+        task: 20 for task in ("binary_addition", "dyck1", "unique_set", "copy")
+    }
     assert sorted({c["run"]["seed"] for c in configs}) == [0, 1, 2, 3, 4]
 
 
@@ -38,10 +39,16 @@ def test_mechanistic_small_is_the_untrained_ablation():
     assert len(points) == 36 and not spec.evaluate and spec.analyze and spec.analyze_loops == 128
     configs = [tomllib.loads(p.config_toml) for p in points]
     assert Counter((c["model"]["placement"], c["model"]["injection"]) for c in configs) == {
-        (placement, injection): 6 for placement in ("pre", "pre_sandwich", "post_sandwich")
-        for injection in ("concat", "none")}
+        (placement, injection): 6
+        for placement in ("pre", "pre_sandwich", "post_sandwich")
+        for injection in ("concat", "none")
+    }
     for c in configs:
         assert c["train"]["steps"] == 0 and c["model"]["core_layers"] == 12
         assert c["model"]["prelude_layers"] == c["model"]["coda_layers"] == 0
-        assert (c["model"]["init_std"], c["model"]["init_scaling"], c["model"]["embed_std"],
-                c["model"]["inject_init"]) == (0.4, "sqrt_d", 1.0, "random")
+        assert (
+            c["model"]["init_std"],
+            c["model"]["init_scaling"],
+            c["model"]["embed_std"],
+            c["model"]["inject_init"],
+        ) == (0.4, "sqrt_d", 1.0, "random")

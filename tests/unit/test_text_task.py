@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplab.tasks.corpus import load_corpus
 from looplab.tasks import IGNORE, START, make_task
+from looplab.tasks.corpus import load_corpus
 from looplab.tasks.text import BYTE_OFFSET
 
 
