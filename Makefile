@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -n 2 -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	$(PY) bench/compaction.py

@@ -33,8 +33,17 @@ from looplab.train.trainer import train
 
 def main(out: Path, steps: int = 400) -> dict:
     """Run the walk-through in ``out``; returns the numbers it prints."""
-    config = load_config("demo", ["schedule.name=rl_halting", "schedule.t_max=12", f"train.steps={steps}",
-                                  "train.checkpoint_every=200", "eval.samples=64", "eval.max_loops=16"])
+    config = load_config(
+        "demo",
+        [
+            "schedule.name=rl_halting",
+            "schedule.t_max=12",
+            f"train.steps={steps}",
+            "train.checkpoint_every=200",
+            "eval.samples=64",
+            "eval.max_loops=16",
+        ],
+    )
     run_dir = out / "run"
     exp = train(config, run_dir, progress=False)  # resumes if run_dir already holds this run
     summary = evaluate_run(run_dir)
@@ -55,8 +64,10 @@ def main(out: Path, steps: int = 400) -> dict:
     with torch.no_grad():
         drawn = exp.schedule.sample(exp.model, batch, generator)
         log_pi = exp.schedule.distribution(exp.model, batch)
-    print(f"tau {drawn.depth.tolist()}, log pi(tau) {[round(v, 2) for v in drawn.log_prob.tolist()]}, "
-          f"argmax pi {(log_pi.argmax(1) + 1).tolist()}")
+    print(
+        f"tau {drawn.depth.tolist()}, log pi(tau) {[round(v, 2) for v in drawn.log_prob.tolist()]}, "
+        f"argmax pi {(log_pi.argmax(1) + 1).tolist()}"
+    )
 
     # The Jacobian penalty at each row's state h_tau, along a direction of our choosing.
     probe = LoopProbe(drawn.states.detach(), drawn.e.detach(), batch.valid)
@@ -74,9 +85,15 @@ def main(out: Path, steps: int = 400) -> dict:
     recorded = trace(exp.model, batch.tokens, batch.valid, loops=6)
     state = recorded["loop03.core1.resid"]
     print(f"trace: {len(recorded.names())} entries; loop03.core1.resid {tuple(state.shape)}")
-    return {"policy_ood_summary": summary["policy_ood"], "policy_ood_samples": policy_ood,
-            "depth": drawn.depth, "log_prob": drawn.log_prob, "log_pi": log_pi, "penalty": penalty,
-            "trace_names": recorded.names()}
+    return {
+        "policy_ood_summary": summary["policy_ood"],
+        "policy_ood_samples": policy_ood,
+        "depth": drawn.depth,
+        "log_prob": drawn.log_prob,
+        "log_pi": log_pi,
+        "penalty": penalty,
+        "trace_names": recorded.names(),
+    }
 
 
 if __name__ == "__main__":

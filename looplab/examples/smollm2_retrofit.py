@@ -34,8 +34,9 @@ import torch
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
 from looplab.analysis.plots import plot_colsum_depth
+from looplab.lm.finetune import fine_tune, next_token_loss
 from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages
-from looplab.lm.retrofit import RetrofittedLoop, fine_tune, next_token_loss
+from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
 from looplab.tasks.corpus import load_corpus
 

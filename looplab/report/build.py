@@ -31,7 +31,8 @@ from looplab.report.aggregate import (
     present,
 )
 from looplab.report.html import to_html
-from looplab.report.paper import Ours, check_paper, compare
+from looplab.report.comparison import Ours
+from looplab.report.paper import check_paper, compare
 from looplab.report.plots import write_task_plots
 from looplab.report.render import to_latex, to_markdown
 from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results

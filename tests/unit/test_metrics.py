@@ -1,4 +1,4 @@
-"""Paper-1 metrics (SPEC §5) on hand-computed examples."""
+"""Paper-1 metrics (docs/methods.md §5) on hand-computed examples."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _snippets() -> list[str]:
     text = README.read_text()
-    section = text[text.index("## Extending looplab"):]
+    section = text[text.index("## Extending looplab") :]
     section = section[: section.index("\n## ", 1)]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
@@ -61,8 +61,13 @@ def test_the_regulariser_snippet(registries):
 
 def test_the_exit_snippet(registries):
     confidence = np.log(np.array([[0.5, 0.95, 0.99], [0.1, 0.2, 0.3]]))
-    outcome = LengthOutcome(5, np.array([[False, True, True], [False, False, True]]), np.zeros((2, 2), bool),
-                            np.array([3, 3]), confidence=confidence)
+    outcome = LengthOutcome(
+        5,
+        np.array([[False, True, True], [False, False, True]]),
+        np.zeros((2, 2), bool),
+        np.array([3, 3]),
+        confidence=confidence,
+    )
     assert exits.EXITS["first_confident"](outcome, exits.ExitSettings()).tolist() == [2, 3]
     assert summarize([outcome], train_max=8)["exits"]["first_confident"]["policy_id"] == pytest.approx(1.0)
 
@@ -73,3 +78,15 @@ def test_the_metric_snippet(registries, tmp_path):
     summary = analyze_experiment(exp, tmp_path, loops=3, samples=2, mlp_ablation=False)
     assert summary["final_norm_mean"] > 0
     assert (tmp_path / "final_norm.csv").read_text().startswith("token,norm")
+
+
+def test_the_readme_lists_what_each_schedule_reads():
+    text = README.read_text()
+    table = text[text.index("| schedule | reads |") :]
+    table = table[: table.index("\n\n")]
+    listed = {}
+    for row in table.splitlines()[2:]:
+        names, keys = (cell.strip() for cell in row.strip("|").split("|"))
+        for name in re.findall(r"`(\w+)`", names):
+            listed[name] = set(re.findall(r"`(\w+)`", keys))
+    assert listed == {name: set(cls.params) for name, cls in SCHEDULES.items()}

@@ -13,8 +13,9 @@ from looplab.analysis.colsum import colsum_concentration, colsum_depth, colsum_t
 from looplab.analysis.fixed_points import convergence, layer_cosines  # noqa: E402
 from looplab.analysis.massive import massive_ratio  # noqa: E402
 from looplab.errors import LooplabError  # noqa: E402
+from looplab.lm.finetune import fine_tune  # noqa: E402
 from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages, trace_pretrained  # noqa: E402
-from looplab.lm.retrofit import RetrofittedLoop, fine_tune  # noqa: E402
+from looplab.lm.retrofit import RetrofittedLoop  # noqa: E402
 
 LAYERS, HEADS, VOCAB = 6, 4, 50
 

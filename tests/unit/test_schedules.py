@@ -1,4 +1,4 @@
-"""Training-depth schedules (SPEC §3) and the answer-region losses."""
+"""Training-depth schedules (docs/methods.md §3) and the answer-region losses."""
 
 from __future__ import annotations
 

@@ -1,0 +1,164 @@
+"""One comparison table: our seed statistics per group beside a paper table's row for that group.
+
+The paper numbers are read at report time from the CSVs in PAPER_TABLES_DIR
+(``looplab/data/paper_tables``, shipped with the package, with the citation of
+each file in its ``SOURCES.md``), never written into the code; a missing file
+leaves a note in the report instead of failing it. ``paper.py`` holds what is
+particular to each paper: which of our groups matches which paper row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+import looplab
+from looplab.report.tables import (
+    MISSING,
+    Table,
+    cell,
+    decimals,
+    group_key,
+    key_cells,
+    metric_stats,
+    number,
+    stats_by_group,
+)
+
+PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parent / "data" / "paper_tables"
+
+
+@dataclass(frozen=True)
+class Ours:
+    """The sweep's statistics the comparisons draw on.
+
+    ``groups``/``long``: :func:`aggregate.group_sizes` and display-unit :func:`aggregate.aggregate`
+    over ``by`` = (task.name, variant); ``results`` the per-run rows, for other groupings.
+    """
+
+    results: pd.DataFrame
+    groups: pd.DataFrame
+    long: pd.DataFrame
+    by: list[str]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A paper column and our statistic it compares with; ``metric`` None shows the paper's column alone,
+    ``paper`` None our statistic alone (a measurement the paper does not report).
+
+    ``stat`` "mean" shows our full cell (mean ± std [interval]); "std" our std alone (the paper's Std).
+    """
+
+    header: str
+    paper: str | None
+    metric: str | None = None
+    stat: str = "mean"
+
+
+def variant_stem(variant: str) -> str:
+    """The config part of a variant, without its overrides: "fixed+train.steps=800" → "fixed"."""
+    return str(variant).split("+", 1)[0]
+
+
+def read_paper_table(name: str, tables_dir: Path) -> tuple[pd.DataFrame | None, list[str]]:
+    """The paper CSV as strings (as printed: "<0.65" stays), or None and a note when it is missing."""
+    path = tables_dir / name
+    if not path.is_file():
+        return None, [f"paper table {path} not found: its numbers are left out of this report"]
+    return pd.read_csv(path, dtype=str, keep_default_na=False), []
+
+
+def paper_value(text: str):
+    """A number when the paper printed one, else the text (None when empty)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text or None
+
+
+def paper_name(text: str) -> str:
+    """A paper key without its parenthesised gloss: "sandwich_output (ouro)" → "sandwich_output"."""
+    return text.split(" (", 1)[0].strip()
+
+
+def side_by_side(
+    title: str,
+    ours: Ours,
+    paper: pd.DataFrame,
+    key: Callable[[dict], dict | None],
+    pairs: list[Pair],
+    note: str = "",
+    name: str = "",
+    judge: Callable[[dict], str] | None = None,
+) -> Table | None:
+    """One row per group of ``ours`` with a paper row: per pair, our statistic then the paper's value.
+
+    ``key`` maps a group (column → value) to the paper columns that identify its row, or None
+    when the paper has no counterpart. ``judge``, given a row's numbers (``ours.<column>`` and
+    ``paper.<column>``), returns its verdict for a last "Reproduced" column. Returns None when
+    no group has a counterpart.
+    """
+    stats = stats_by_group(ours.long, ours.by)
+    display, numbers = [], []
+    for row in ours.groups[[*ours.by, "runs"]].itertuples(index=False, name=None):
+        group, runs = dict(zip(ours.by, row[:-1])), row[-1]
+        wanted = key(group)
+        if wanted is None or any(v is None for v in wanted.values()):
+            continue
+        match = paper
+        for column, value in wanted.items():
+            match = match[match[column].map(paper_name) == value] if column in match.columns else match.iloc[:0]
+        if match.empty:
+            continue
+        published = match.iloc[0]
+        found = stats.get(group_key(row[:-1]))
+        shown = {**key_cells(ours.by, row[:-1]), "Seeds": str(runs), "Paper row": " / ".join(map(str, wanted.values()))}
+        values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}
+        for pair in pairs:
+            column = pair.paper or pair.metric
+            if pair.metric is not None:
+                s, digits = metric_stats(found, pair.metric), decimals(pair.metric)
+                ours_header = f"{pair.header} ours" if pair.paper else pair.header
+                shown[ours_header] = cell(s, digits) if pair.stat == "mean" else number(s[pair.stat], digits)
+                values[f"ours.{column}"] = s[pair.stat]
+                if pair.stat == "mean":
+                    values.update({f"ours.{column}.{b}": s[b] for b in ("ci_lo", "ci_hi")})
+            if pair.paper:
+                shown[f"{pair.header} paper"] = published[pair.paper] or MISSING
+                values[f"paper.{pair.paper}"] = paper_value(published[pair.paper])
+        if judge is not None:
+            shown["Reproduced"] = values["reproduced"] = judge(values)
+        display.append(shown)
+        numbers.append(values)
+    if not display:
+        return None
+    return Table(title, pd.DataFrame(display), pd.DataFrame(numbers), note, name)
+
+
+def compare_table(
+    title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, judge=None, note: str = ""
+) -> tuple[list[Table], list[str]]:
+    """side_by_side against one paper CSV, with a note when the file or every counterpart is missing."""
+    paper, notes = read_paper_table(file, tables_dir)
+    if paper is None:
+        return [], notes
+    lacking = [p.paper for p in pairs if p.paper and p.paper not in paper.columns]
+    if lacking:
+        return [], [f"paper table {file} lacks column(s) {', '.join(lacking)}: left out of this report"]
+    table = side_by_side(
+        title,
+        ours,
+        paper,
+        key,
+        pairs,
+        " ".join(filter(None, [f"paper numbers from {file}.", note])),
+        f"paper_{Path(file).stem}",
+        judge,
+    )
+    if table is None:
+        return [], [f"no group of this sweep has a counterpart in {file}"]
+    return [table], []
