@@ -30,8 +30,8 @@ from looplab.report.aggregate import (
     in_display_units,
     present,
 )
-from looplab.report.html import to_html
 from looplab.report.comparison import Ours
+from looplab.report.html import to_html
 from looplab.report.paper import check_paper, compare
 from looplab.report.plots import write_task_plots
 from looplab.report.render import to_latex, to_markdown
