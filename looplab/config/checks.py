@@ -59,6 +59,9 @@ def validate(config: Config) -> None:
     )
     _require(m.positional != "rope" or (m.d_model // m.n_heads) % 2 == 0, "rope needs an even head dimension")
     _require(m.core_layers >= 1, "model.core_layers must be >= 1")
+    _require(
+        m.attention_window >= 0, f"model.attention_window must be >= 0 (0 = every position), got {m.attention_window}"
+    )
     _require(min(m.prelude_layers, m.coda_layers, m.mlp_ratio - 1) >= 0, "layer counts must be >= 0, mlp_ratio >= 1")
     _require(1 <= t.train_min <= t.train_max, "task needs 1 <= train_min <= train_max")
     _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")

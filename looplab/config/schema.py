@@ -45,6 +45,10 @@ class ModelConfig:
     [I | I] (equal to ``add``), ``state`` [0 | I] (ignores e), ``input`` [I | 0]
     (ignores h), ``mix`` [I/2 | I/2] (the mean of e and h) or ``random``
     N(0, inject_gain²/d) per entry.
+
+    ``attention_window`` w > 0 lets position i attend only to |i − j| ≤ w (causal:
+    0 ≤ i − j ≤ w), so information moves at most w positions per layer and an
+    answer that depends on the whole input needs depth that grows with its length.
     """
 
     d_model: int = 64
@@ -62,6 +66,7 @@ class ModelConfig:
     positional: str = "rope"
     causal: bool = False
     attention: str = "sdpa"
+    attention_window: int = 0
     max_len: int = 512
     rope_base: float = 10000.0
     init_std: float = 0.02

@@ -51,14 +51,31 @@ class AttentionContext:
     probs: list | None = None
 
     @staticmethod
-    def build(valid: Tensor, causal: bool, rope: tuple[Tensor, Tensor] | None, use_math: bool) -> AttentionContext:
-        """Context for a [B, L] validity mask; padded keys are never attended."""
+    def build(
+        valid: Tensor, causal: bool, rope: tuple[Tensor, Tensor] | None, use_math: bool, window: int = 0
+    ) -> AttentionContext:
+        """Context for a [B, L] validity mask; padded keys are never attended.
+
+        ``window`` w > 0 restricts position i to keys j with |i − j| ≤ w (with ``causal``,
+        0 ≤ i − j ≤ w): information then moves at most w positions per layer.
+        """
         length = valid.shape[1]
+        allowed = None
+        if causal:
+            allowed = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+        if window > 0:
+            offset = torch.arange(length, device=valid.device)
+            band = (offset[:, None] - offset[None, :]).abs() <= window
+            allowed = band if allowed is None else allowed & band
         mask = None
         if not bool(valid.all()):
             mask = valid[:, None, None, :].expand(-1, 1, length, -1)
-            if causal:
-                mask = mask & torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+            if allowed is not None:
+                mask = mask & allowed
+            if window > 0:  # a padding query may find no valid key in its window: it attends to itself
+                mask = mask | torch.eye(length, dtype=torch.bool, device=valid.device)
+        elif window > 0:
+            mask = allowed.expand(len(valid), 1, length, length)
         return AttentionContext(mask, causal, rope, use_math)
 
     def select(self, rows: Tensor | slice) -> AttentionContext:

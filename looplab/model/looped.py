@@ -91,7 +91,9 @@ class LoopedTransformer(nn.Module):
         if self.cfg.positional == "rope":
             head_dim = self.cfg.d_model // self.cfg.n_heads
             rope = rope_tables(valid.shape[1], head_dim, self.cfg.rope_base, valid.device, self.head.weight.dtype)
-        return AttentionContext.build(valid, self.cfg.causal, rope, use_math or self.cfg.attention == "math")
+        return AttentionContext.build(
+            valid, self.cfg.causal, rope, use_math or self.cfg.attention == "math", self.cfg.attention_window
+        )
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens [B, L] → E(x) [B, L, d], plus learned positions when configured."""

@@ -207,3 +207,62 @@ def test_rope_rotates_channel_pairs_by_expected_angle():
             angle = pos * freq
             assert out[pos, i] == pytest.approx(math.cos(angle), abs=1e-6)
             assert out[pos, i + head_dim // 2] == pytest.approx(math.sin(angle), abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- local attention windows
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize("window", [1, 2])
+def test_attention_window_masks_far_keys(causal, padded, window):
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 2).double()
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    valid = make_batch(lengths=(7, 3, 5) if padded else (7,) * 3)[1]
+    ctx = AttentionContext.build(valid, causal, None, use_math=True, window=window)
+    ctx.probs = []
+    out = attn(x, ctx)
+    probs = ctx.probs[0]
+    offset = torch.arange(7)[:, None] - torch.arange(7)[None, :]
+    allowed = (offset.abs() <= window) & ((offset >= 0) if causal else True)
+    queries = valid[:, None, :, None].expand_as(probs)  # padding queries' outputs are never read
+    keys = valid[:, None, None, :].expand_as(probs)
+    assert torch.isfinite(probs).all()
+    assert (probs[queries & ~allowed.expand_as(probs)] == 0).all()
+    assert (probs[queries & ~keys] == 0).all()
+    assert (probs[queries & keys & allowed.expand_as(probs)] > 0).all()
+    fast = attn(x, AttentionContext.build(valid, causal, None, use_math=False, window=window))
+    assert torch.allclose(fast[valid], out[valid], atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_attention_window_bounds_how_far_information_moves(causal):
+    """With window w and k core layers, t loops carry a token's influence at most w·k·t positions."""
+    model = make_model(core_layers=2, attention_window=1, causal=causal, positional="nope")
+    tokens, valid = make_batch(lengths=(12,) * 2)
+    changed = tokens.clone()
+    changed[:, 0] = (tokens[:, 0] % (VOCAB - 1)) + 1  # a different token at position 0
+    for loops in (1, 2):
+        reach = 1 * 2 * loops
+        moved = (model(tokens, valid, loops) - model(changed, valid, loops)).abs().amax(-1)  # [B, L]
+        assert (moved[:, reach + 1 :] == 0).all(), loops
+        assert (moved[:, reach] > 0).all(), loops
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_attention_window_per_row_depths_match_naive(causal):
+    from tests.unit.test_model import naive_at_depths
+
+    model = make_model(attention_window=2, causal=causal)
+    tokens, valid = make_batch()
+    depths = torch.tensor([3, 1, 4, 2, 3])
+    fast = model.forward_at_depths(tokens, valid, depths, generator=gen())
+    assert_close_on(fast, naive_at_depths(model, tokens, valid, depths, generator=gen()), valid)
+
+
+def test_attention_window_must_not_be_negative():
+    from looplab.config import load_config
+
+    with pytest.raises(LooplabError, match=r"model\.attention_window must be >= 0"):
+        load_config(None, ["model.attention_window=-1"])
