@@ -1,19 +1,24 @@
-"""Seed statistics of a sweep (docs/methods.md §5): mean, sample std and a bootstrap 95% interval.
+"""Seed statistics of a sweep (docs/methods.md §5): mean with its t-interval, sample std with a bootstrap interval.
 
 Every statistic is over seeds: one value per finished run (a row of
 ``results.parquet``), grouped by the columns ``by``. A NaN (a metric a run did
 not produce, e.g. Oracle OOD of a text run) is left out, so ``n`` may be below
 the group's number of runs.
 
-    mean          arithmetic mean over the n seeds
-    std           sample standard deviation (ddof = 1); NaN for a single seed —
-                  one seed says nothing about the spread, and 0 would claim it does
-    ci_lo, ci_hi  percentile bootstrap of the mean: resample the n seeds with
-                  replacement RESAMPLES times, take the 2.5% and 97.5% quantiles
-                  of the resampled means. Each cell draws from a fresh generator
-                  seeded with BOOTSTRAP_SEED, so an interval depends only on its
-                  own values (not on group order) and a report is reproducible.
-                  One seed gives [v, v].
+    mean            arithmetic mean over the n seeds
+    std             sample standard deviation (ddof = 1); NaN for a single seed —
+                    one seed says nothing about the spread, and 0 would claim it does
+    ci_lo, ci_hi    95% Student-t interval of the mean, mean ± t(0.975, n − 1)·std/√n.
+                    A percentile bootstrap over 3–5 seeds is far too narrow (it
+                    never leaves the range of the seeds); the t-interval is honest
+                    about so few. NaN for a single seed.
+    std_lo, std_hi  percentile bootstrap interval of the std: resample the n seeds
+                    with replacement RESAMPLES times and take the 2.5% and 97.5%
+                    quantiles of the resampled stds. Each cell draws from a fresh
+                    generator seeded with BOOTSTRAP_SEED, so an interval depends
+                    only on its own values and a report is reproducible.
+
+Fewer than FEW_SEEDS seeds make every interval rough; tables flag such cells.
 
 Values stay in their summary.json units (fractions) until :func:`in_display_units`,
 which turns fractions into percent and Gap into percentage points.
@@ -25,10 +30,12 @@ from functools import lru_cache
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 BOOTSTRAP_SEED = 0
 RESAMPLES = 10_000
 LEVEL = 0.95
+FEW_SEEDS = 5  # below this, a table marks the seed count and says why
 
 # the paper-1 headline metrics (docs/methods.md §5), in table order
 HEADLINE_METRICS = ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate", "training_cost.block_evals")
@@ -78,7 +85,7 @@ PERCENT_METRICS = frozenset(
 )
 POINT_METRICS = frozenset({"gap"})  # a difference of two percentages
 
-STATS = ("n", "mean", "std", "ci_lo", "ci_hi")
+STATS = ("n", "mean", "std", "ci_lo", "ci_hi", "std_lo", "std_hi")
 
 
 def numeric(results: pd.DataFrame, column: str) -> pd.Series:
@@ -105,30 +112,48 @@ def _resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
     return indices
 
 
+def t_interval(values, level: float = LEVEL) -> tuple[float, float]:
+    """Student-t interval of the mean of ``values`` [n]; (NaN, NaN) when n < 2."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2:
+        return float("nan"), float("nan")
+    half = scipy_stats.t.ppf((1 + level) / 2, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
+    return float(values.mean() - half), float(values.mean() + half)
+
+
 def bootstrap_ci(
-    values, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
+    values, statistic=np.mean, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` [n]; (NaN, NaN) when n = 0."""
+    """Percentile bootstrap interval of ``statistic`` (applied along axis 1 to [resamples, n] draws)
+    of ``values`` [n]; (NaN, NaN) when n = 0."""
     values = np.asarray(values, dtype=float)
     if values.size == 0:
         return float("nan"), float("nan")
-    means = values[_resample_indices(values.size, resamples, seed)].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    resampled = statistic(values[_resample_indices(values.size, resamples, seed)], axis=1)
+    lo, hi = np.quantile(resampled, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
 
+def _sample_std(draws: np.ndarray, axis: int) -> np.ndarray:
+    return draws.std(axis=axis, ddof=1)
+
+
 def seed_stats(values) -> dict[str, float]:
-    """n, mean, std (ddof = 1), ci_lo, ci_hi of the finite entries of ``values``."""
+    """n, mean, std (ddof = 1), the mean's t-interval and the std's bootstrap interval, over the finite
+    entries of ``values``."""
     values = np.asarray(values, dtype=float)
     values = values[np.isfinite(values)]
     n = values.size
-    lo, hi = bootstrap_ci(values)
+    lo, hi = t_interval(values)
+    std_lo, std_hi = bootstrap_ci(values, _sample_std) if n > 1 else (float("nan"), float("nan"))
     return {
         "n": n,
         "mean": float(values.mean()) if n else float("nan"),
         "std": float(values.std(ddof=1)) if n > 1 else float("nan"),
         "ci_lo": lo,
         "ci_hi": hi,
+        "std_lo": std_lo,
+        "std_hi": std_hi,
     }
 
 
@@ -146,7 +171,7 @@ def group_sizes(results: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 def aggregate(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
     """Long table, one row per (group, metric), groups sorted as :func:`group_sizes`.
 
-    Columns: ``by``..., ``metric``, n, mean, std, ci_lo, ci_hi.
+    Columns: ``by``..., ``metric``, n, mean, std, ci_lo, ci_hi, std_lo, std_hi.
     """
     values = pd.DataFrame({m: numeric(results, m) for m in metrics}, index=results.index)
     rows = []
@@ -171,6 +196,6 @@ def in_display_units(long: pd.DataFrame) -> pd.DataFrame:
     long = long.copy()
     long["unit"] = long["metric"].map(unit)
     scale = np.where(long["unit"] == "", 1.0, 100.0)
-    for stat in ("mean", "std", "ci_lo", "ci_hi"):
+    for stat in ("mean", "std", "ci_lo", "ci_hi", "std_lo", "std_hi"):
         long[stat] = long[stat] * scale
     return long

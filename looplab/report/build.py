@@ -19,6 +19,7 @@ import pandas as pd
 from looplab.io import atomic_write
 from looplab.report.aggregate import (
     BOOTSTRAP_SEED,
+    FEW_SEEDS,
     HEADLINE_METRICS,
     LEVEL,
     LM_METRICS,
@@ -46,8 +47,10 @@ def method_notes(results: pd.DataFrame) -> list[str]:
     """How to read the cells; stated in every report so the numbers never travel without it."""
     notes = [
         f"{len(results)} finished runs. Cells: mean ± std [{LEVEL:.0%} interval] over seeds (the runs of one "
-        f"task × variant). Std is the sample std (ddof = 1), absent for a single seed; the interval is a "
-        f"percentile bootstrap of the mean ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED}).",
+        f"task × variant). Std is the sample std (ddof = 1), absent for a single seed; the interval is the "
+        f"Student-t interval of the mean (absent for a single seed). In the comparisons a Std is shown with a "
+        f"percentile bootstrap interval ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED}). A seed count marked "
+        f"(few) is below {FEW_SEEDS}: its intervals are rough.",
         "Accuracies and rates in %; Gap, and the std of a percent metric (the paper's Std), in percentage "
         "points (pp); Front@90 is a length, averaged over seeds.",
     ]

@@ -9,6 +9,7 @@ particular to each paper: which of our groups matches which paper row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,9 @@ from looplab.report.tables import (
     group_key,
     key_cells,
     metric_stats,
-    number,
+    seeds_cell,
     stats_by_group,
+    std_cell,
 )
 
 PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parent / "data" / "paper_tables"
@@ -50,13 +52,23 @@ class Pair:
     """A paper column and our statistic it compares with; ``metric`` None shows the paper's column alone,
     ``paper`` None our statistic alone (a measurement the paper does not report).
 
-    ``stat`` "mean" shows our full cell (mean ± std [interval]); "std" our std alone (the paper's Std).
+    ``stat`` "mean" shows our full cell (mean ± std [t-interval]); "std" our std with its bootstrap
+    interval (the paper's Std). ``place`` adds a column saying where the paper's value lies against
+    our interval: "inside", "above" or "below".
     """
 
     header: str
     paper: str | None
     metric: str | None = None
     stat: str = "mean"
+    place: bool = False
+
+
+def place(value, low: float, high: float) -> str:
+    """Where a paper ``value`` lies against our interval [low, high]: inside, above, below (– if either is missing)."""
+    if not isinstance(value, (int, float)) or not (math.isfinite(low) and math.isfinite(high)):
+        return MISSING
+    return "above" if value > high else "below" if value < low else "inside"
 
 
 def variant_stem(variant: str) -> str:
@@ -94,13 +106,15 @@ def side_by_side(
     note: str = "",
     name: str = "",
     judge: Callable[[dict], str] | None = None,
+    describe: Callable[[pd.DataFrame], str] | None = None,
 ) -> Table | None:
     """One row per group of ``ours`` with a paper row: per pair, our statistic then the paper's value.
 
     ``key`` maps a group (column → value) to the paper columns that identify its row, or None
     when the paper has no counterpart. ``judge``, given a row's numbers (``ours.<column>`` and
-    ``paper.<column>``), returns its verdict for a last "Reproduced" column. Returns None when
-    no group has a counterpart.
+    ``paper.<column>``), returns its verdict for a last "Reproduced" column. ``describe``, given a
+    group's result rows, names what our variant is ("fixed K = 11") in an "Ours" column. Returns
+    None when no group has a counterpart.
     """
     stats = stats_by_group(ours.long, ours.by)
     display, numbers = [], []
@@ -116,20 +130,29 @@ def side_by_side(
             continue
         published = match.iloc[0]
         found = stats.get(group_key(row[:-1]))
-        shown = {**key_cells(ours.by, row[:-1]), "Seeds": str(runs), "Paper row": " / ".join(map(str, wanted.values()))}
+        shown = {**key_cells(ours.by, row[:-1])}
+        if describe is not None:
+            members = ours.results
+            for column, value in group.items():
+                members = members[members[column].astype(str) == str(value)]
+            shown["Ours"] = describe(members)
+        shown.update({"Seeds": seeds_cell(runs), "Paper row": " / ".join(map(str, wanted.values()))})
         values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}
         for pair in pairs:
             column = pair.paper or pair.metric
             if pair.metric is not None:
                 s, digits = metric_stats(found, pair.metric), decimals(pair.metric)
                 ours_header = f"{pair.header} ours" if pair.paper else pair.header
-                shown[ours_header] = cell(s, digits) if pair.stat == "mean" else number(s[pair.stat], digits)
+                bounds = ("ci_lo", "ci_hi") if pair.stat == "mean" else ("std_lo", "std_hi")
+                shown[ours_header] = cell(s, digits) if pair.stat == "mean" else std_cell(s, digits)
                 values[f"ours.{column}"] = s[pair.stat]
-                if pair.stat == "mean":
-                    values.update({f"ours.{column}.{b}": s[b] for b in ("ci_lo", "ci_hi")})
+                values.update({f"ours.{column}.{b}": s[b] for b in bounds})
             if pair.paper:
                 shown[f"{pair.header} paper"] = published[pair.paper] or MISSING
                 values[f"paper.{pair.paper}"] = paper_value(published[pair.paper])
+            if pair.place and pair.paper and pair.metric is not None:
+                where = place(values[f"paper.{pair.paper}"], *(float(s[b]) for b in bounds))
+                shown[f"{pair.header}: paper vs ours"] = values[f"place.{column}"] = where
         if judge is not None:
             shown["Reproduced"] = values["reproduced"] = judge(values)
         display.append(shown)
@@ -140,12 +163,26 @@ def side_by_side(
 
 
 def compare_table(
-    title: str, file: str, ours: Ours, tables_dir: Path, key, pairs, judge=None, note: str = ""
+    title: str,
+    file: str,
+    ours: Ours,
+    tables_dir: Path,
+    key,
+    pairs,
+    judge=None,
+    note: str = "",
+    describe=None,
+    derive=None,
 ) -> tuple[list[Table], list[str]]:
-    """side_by_side against one paper CSV, with a note when the file or every counterpart is missing."""
+    """side_by_side against one paper CSV, with a note when the file or every counterpart is missing.
+
+    ``derive`` adds columns to the paper frame (e.g. scale-free ratios) before the comparison.
+    """
     paper, notes = read_paper_table(file, tables_dir)
     if paper is None:
         return [], notes
+    if derive is not None:
+        paper = derive(paper)
     lacking = [p.paper for p in pairs if p.paper and p.paper not in paper.columns]
     if lacking:
         return [], [f"paper table {file} lacks column(s) {', '.join(lacking)}: left out of this report"]
@@ -158,6 +195,7 @@ def compare_table(
         " ".join(filter(None, [f"paper numbers from {file}.", note])),
         f"paper_{Path(file).stem}",
         judge,
+        describe,
     )
     if table is None:
         return [], [f"no group of this sweep has a counterpart in {file}"]

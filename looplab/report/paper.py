@@ -28,6 +28,15 @@ from looplab.report.comparison import (
     read_paper_table,
     variant_stem,
 )
+from looplab.report.stopping import (
+    PLACE_RULE,
+    paper_cost_ratio,
+    paper_front_ratio,
+    protocol_lines,
+    schedule_label,
+    stopping_conclusions,
+    with_scale_free_metrics,
+)
 from looplab.report.tables import (
     MISSING,
     Table,
@@ -102,7 +111,10 @@ def check_paper(paper: str) -> None:
 
 
 def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
-    """Paper 1: the main table, the ablations and the training cost."""
+    """Paper 1: the main table (with each side's protocol and a conclusion per task), the ablations and
+    the training cost."""
+    ours = with_scale_free_metrics(ours)
+    protocol, protocol_notes = read_paper_table("stopping_protocol.csv", tables_dir)
     main = compare_table(
         "Ours vs paper: stopping (main table)",
         "stopping_main.csv",
@@ -110,11 +122,14 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
         tables_dir,
         lambda g: {"task": g["task.name"], "schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
         [
-            Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"),
-            Pair("Front@90", "front90", "front90"),
-            Pair("Std (pp)", "std_pp", "oracle_ood", "std"),
-            Pair("Gap (pp)", "gap_pp", "gap"),
+            Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood", place=True),
+            Pair("Front@90 / train max", "front90_rel", "front90_rel", place=True),
+            Pair("Std (pp)", "std_pp", "oracle_ood", "std", place=True),
+            Pair("Gap (pp)", "gap_pp", "gap", place=True),
         ],
+        note=" ".join([*protocol_lines(ours.results, protocol), PLACE_RULE]),
+        describe=schedule_label,
+        derive=lambda paper: paper_front_ratio(paper, protocol),
     )
     ablation = compare_table(
         f"Ours vs paper: stopping ablations ({STOPPING_ABLATION_TASK})",
@@ -132,6 +147,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
             Pair("Std (pp)", "std_pp", "oracle_ood", "std"),
             Pair("Note", "note"),
         ],
+        describe=schedule_label,
     )
     cost = compare_table(
         "Ours vs paper: training cost",
@@ -139,9 +155,15 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
         ours,
         tables_dir,
         lambda g: {"schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
-        [Pair("Block evals / step", "block_evals_per_step", "training_cost.block_evals")],
+        [
+            Pair("Block evals / step", "block_evals_per_step", "training_cost.block_evals"),
+            Pair("Block evals / T_train", "block_evals_rel", "block_evals_rel", place=True),
+        ],
+        describe=schedule_label,
+        derive=paper_cost_ratio,
     )
-    return main[0] + ablation[0] + cost[0], main[1] + ablation[1] + cost[1]
+    notes = main[1] + ablation[1] + cost[1] + protocol_notes + stopping_conclusions(ours)
+    return main[0] + ablation[0] + cost[0], notes
 
 
 def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from looplab.report.aggregate import STATS, unit
+from looplab.report.aggregate import FEW_SEEDS, STATS, unit
 
 KEY_HEADERS = {
     "task.name": "Task",
@@ -35,6 +35,8 @@ METRIC_HEADERS = {
     "front90": "Front@90",
     "flip_rate": "Flip rate",
     "training_cost.block_evals": "Block evals / step",
+    "front90_rel": "Front@90 / train max",
+    "block_evals_rel": "Block evals / T_train",
     "scaling_peak": "Peak accuracy",
     "scaling_peak_loops": "Peak at loops",
     "relative_drop": "Rel. drop peak→last",
@@ -49,7 +51,14 @@ METRIC_HEADERS = {
 }
 _SUFFIX = {"%": "_pct", "pp": "_pp", "": ""}
 # lengths and loop counts (means of integers) and the paper's two-decimal training cost
-PLAIN_DECIMALS = {"front90": 1, "scaling_peak_loops": 1, "lm.best_loops": 1, "training_cost.block_evals": 2}
+PLAIN_DECIMALS = {
+    "front90": 1,
+    "scaling_peak_loops": 1,
+    "lm.best_loops": 1,
+    "training_cost.block_evals": 2,
+    "front90_rel": 2,
+    "block_evals_rel": 2,
+}
 MISSING = "–"
 
 
@@ -93,7 +102,7 @@ def number(value, digits: int) -> str:
 
 
 def cell(stats: Mapping, digits: int) -> str:
-    """ "mean ± std [lo, hi]" from a row with n, mean, std, ci_lo, ci_hi (display units)."""
+    """ "mean ± std [lo, hi]" from a row with n, mean, std and the mean's interval ci_lo, ci_hi (display units)."""
     if stats["n"] == 0:
         return MISSING
     text = number(stats["mean"], digits)
@@ -102,6 +111,21 @@ def cell(stats: Mapping, digits: int) -> str:
     if stats["n"] > 1:
         text += f" [{number(stats['ci_lo'], digits)}, {number(stats['ci_hi'], digits)}]"
     return text
+
+
+def std_cell(stats: Mapping, digits: int) -> str:
+    """ "std [lo, hi]": the sample std and its bootstrap interval (display units)."""
+    if not math.isfinite(stats["std"]):
+        return MISSING
+    text = number(stats["std"], digits)
+    if math.isfinite(stats["std_lo"]):
+        text += f" [{number(stats['std_lo'], digits)}, {number(stats['std_hi'], digits)}]"
+    return text
+
+
+def seeds_cell(runs: int) -> str:
+    """The seed count, flagged "(few)" below FEW_SEEDS: the intervals of such a row are rough."""
+    return f"{runs} (few)" if runs < FEW_SEEDS else str(runs)
 
 
 def key_cells(by: list[str], key: tuple) -> dict[str, str]:
@@ -141,7 +165,7 @@ def seed_table(title: str, groups: pd.DataFrame, long: pd.DataFrame, by: list[st
     for _, row in groups.iterrows():
         key = tuple(row[by])
         found = stats.get(group_key(key))
-        shown = {**key_cells(by, key), "Seeds": str(row["runs"])}
+        shown = {**key_cells(by, key), "Seeds": seeds_cell(row["runs"])}
         values = {**dict(zip(by, key)), "runs": row["runs"]}
         if "diverged" in groups.columns:
             shown["Diverged"] = str(row["diverged"])

@@ -36,12 +36,22 @@ copy,rl_halting,43.2,25,2.7,1.9
 """
 
 
-def loop_bootstrap(values, resamples=RESAMPLES, seed=BOOTSTRAP_SEED):
+# Student's t quantile t(0.975, 2), from a printed table (not from the code under test)
+T_975_DF2 = 4.302652729911275
+
+
+STOPPING_PROTOCOL = (
+    "task,train_min,train_max,ood_min,ood_max,train_depth,test_depth,steps,batch_size,lr,seeds,width,"
+    "core_layers,injection\nbinary_addition,1,19,20,60,20,30,100000,64,1e-4,32,not stated,3,add\n"
+)
+
+
+def loop_bootstrap(values, resamples=RESAMPLES, seed=BOOTSTRAP_SEED, statistic=np.mean):
     """The percentile bootstrap written out one resample at a time."""
     rng = np.random.default_rng(seed)
     values = np.asarray(values, dtype=float)
-    means = [values[rng.integers(0, len(values), size=len(values))].mean() for _ in range(resamples)]
-    return tuple(np.quantile(means, [0.025, 0.975]))
+    draws = [statistic(values[rng.integers(0, len(values), size=len(values))]) for _ in range(resamples)]
+    return tuple(np.quantile(draws, [0.025, 0.975]))
 
 
 def _grid(shift: float) -> pd.DataFrame:
@@ -71,6 +81,9 @@ def _run_row(task: int, variant: int, seed: int, grid: pd.DataFrame) -> dict:
         "task.name": TASKS[task],
         "task.train_max": TRAIN_MAX,
         "schedule.name": VARIANTS[variant],
+        "schedule.depth": 20,
+        "schedule.t_max": 20,
+        "schedule.entropy_weight": 0.001,
         "run.seed": seed,
         "task.eval_lengths": json.dumps(list(LENGTHS)),
         "oracle_id": 0.99,
@@ -123,6 +136,7 @@ def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     paper_dir = tmp_path_factory.mktemp("paper_tables")
     (paper_dir / "stopping_main.csv").write_text(STOPPING_MAIN)
+    (paper_dir / "stopping_protocol.csv").write_text(STOPPING_PROTOCOL)
     results = make_sweep(root)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(paper_module, "PAPER_TABLES_DIR", paper_dir)
@@ -145,7 +159,7 @@ def test_bootstrap_ci_collapses_for_identical_seeds():
 def test_seed_stats_single_seed_and_missing_values():
     one = seed_stats([0.7])
     assert one["n"] == 1 and one["mean"] == 0.7 and math.isnan(one["std"])
-    assert (one["ci_lo"], one["ci_hi"]) == pytest.approx((0.7, 0.7))
+    assert all(math.isnan(one[k]) for k in ("ci_lo", "ci_hi", "std_lo", "std_hi"))  # one seed: no interval
     some = seed_stats([0.1, float("nan"), 0.3])
     assert some["n"] == 2 and some["mean"] == pytest.approx(0.2)
     assert some["std"] == pytest.approx(statistics.stdev([0.1, 0.3]))
@@ -160,14 +174,17 @@ def test_table_csv_matches_hand_computed_seed_statistics(sweep):
     assert row["runs"] == 3 and row["oracle_ood_pct.n"] == 3
     assert row["oracle_ood_pct.mean"] == pytest.approx(100 * statistics.mean(HAND_ORACLE_OOD))
     assert row["oracle_ood_pct.std"] == pytest.approx(100 * statistics.stdev(HAND_ORACLE_OOD))  # the paper's Std (pp)
-    lo, hi = loop_bootstrap(HAND_ORACLE_OOD)
-    assert (row["oracle_ood_pct.ci_lo"], row["oracle_ood_pct.ci_hi"]) == pytest.approx((100 * lo, 100 * hi))
+    half = T_975_DF2 * 6.0 / math.sqrt(3)  # t-interval of the mean: 36 ± t·s/√n, in percent
+    assert (row["oracle_ood_pct.ci_lo"], row["oracle_ood_pct.ci_hi"]) == pytest.approx((36 - half, 36 + half))
+    std_lo, std_hi = loop_bootstrap(HAND_ORACLE_OOD, statistic=lambda v: v.std(ddof=1))
+    assert (row["oracle_ood_pct.std_lo"], row["oracle_ood_pct.std_hi"]) == pytest.approx((100 * std_lo, 100 * std_hi))
     assert row["front90.mean"] == pytest.approx(statistics.mean(HAND_FRONT90))
     assert row["front90.std"] == pytest.approx(statistics.stdev(HAND_FRONT90))
     assert row["gap_pp.mean"] == pytest.approx(10.0)
     assert row["relative_drop_4_to_8_pct.mean"] == pytest.approx(25.0)  # (0.8 − 0.6) / 0.8
     md = (report / "table.md").read_text()
-    assert "36.0 ± 6.0 [30.0, 42.0]" in md  # Oracle OOD cell of (binary_addition, fixed)
+    assert "36.0 ± 6.0 [21.1, 50.9]" in md  # Oracle OOD cell of (binary_addition, fixed)
+    assert "| 3 (few) |" in md  # fewer than 5 seeds are flagged
 
 
 def test_diverged_runs_count_as_seeds_without_metrics():
@@ -214,11 +231,17 @@ def test_stopping_paper_numbers_side_by_side(sweep):
         for column in (
             "Oracle OOD (%) ours",
             "Oracle OOD (%) paper",
-            "Front@90 paper",
+            "Oracle OOD (%): paper vs ours",
+            "Front@90 / train max paper",
             "Std (pp) paper",
             "Gap (pp) paper",
+            "fixed K = 20",
+            "RL-Halting, T_max = 20, λ_ent = 0.001",
+            "Protocol, binary_addition — ours: train n ∈ [?, 8], evaluated to n = 16 (2.0× the longest",
+            "paper: train n ∈ [1, 19], OOD n ∈ [20, 60] (3.2×), T_train 20, 100000 steps, 32 seeds",
+            "Conclusion, binary_addition (two variants differ on a number when their 95% intervals do not overlap",
         ):
-            assert column in text
+            assert column in text, column
     side = pd.read_csv(report / "paper_stopping_main.csv")
     assert set(side["variant"]) == {"fixed", "rl_halting"} and set(side["task.name"]) == {"binary_addition"}
     fixed = side[side["variant"] == "fixed"].iloc[0]
@@ -226,6 +249,11 @@ def test_stopping_paper_numbers_side_by_side(sweep):
     assert (fixed["paper.oracle_ood_pct"], fixed["paper.std_pp"]) == (34.2, 7.4)
     assert fixed["ours.oracle_ood_pct"] == pytest.approx(100 * statistics.mean(HAND_ORACLE_OOD))
     assert fixed["ours.std_pp"] == pytest.approx(100 * statistics.stdev(HAND_ORACLE_OOD))
+    # 34.2 lies inside our t-interval 36 ± 14.9; the paper's std 7.4 lies above our std's bootstrap interval
+    assert fixed["place.oracle_ood_pct"] == "inside"
+    assert fixed["place.std_pp"] == ("above" if fixed["ours.std_pp.std_hi"] < 7.4 else "inside")
+    assert fixed["paper.front90_rel"] == pytest.approx(25 / 19, abs=0.005)
+    assert fixed["ours.front90_rel"] == pytest.approx(statistics.mean(HAND_FRONT90) / TRAIN_MAX)
     # the other stopping CSVs are absent from this paper directory: a note, not a crash
     assert "stopping_cost.csv not found" in (report / "table.md").read_text()
 
@@ -302,3 +330,37 @@ def test_results_without_the_sweep_columns(tmp_path):
     pd.DataFrame({"run_id": ["a"], "oracle_ood": [0.5]}).to_parquet(tmp_path / "results.parquet")
     with pytest.raises(LooplabError, match="lacks column"):
         write_report(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "value, low, high, where",
+    [
+        (5.0, 1.0, 4.0, "above"),
+        (0.5, 1.0, 4.0, "below"),
+        (1.0, 1.0, 4.0, "inside"),
+        (4.0, 1.0, 4.0, "inside"),
+        ("<0.65", 1.0, 4.0, "–"),
+        (2.0, math.nan, 4.0, "–"),
+        (None, 1.0, 4.0, "–"),
+    ],
+)
+def test_where_a_paper_value_lies_against_our_interval(value, low, high, where):
+    from looplab.report.comparison import place
+
+    assert place(value, low, high) == where
+
+
+@pytest.mark.parametrize(
+    "base, other, verdict",
+    [
+        ((1.0, 2.0), (3.0, 4.0), "higher"),
+        ((3.0, 4.0), (1.0, 2.0), "lower"),
+        ((1.0, 3.0), (2.0, 4.0), "not distinguishable"),
+        ((1.0, math.nan), (2.0, 4.0), "not measured"),
+    ],
+)
+def test_conclusion_rule_needs_disjoint_intervals(base, other, verdict):
+    from looplab.report.stopping import _differs
+
+    as_stats = lambda lo_hi: {"ci_lo": lo_hi[0], "ci_hi": lo_hi[1]}
+    assert _differs(as_stats(base), as_stats(other), "mean", ("ci_lo", "ci_hi")) == verdict

@@ -1,0 +1,219 @@
+"""What the stopping comparison says besides the numbers: each side's protocol, what our variants are,
+scale-free ratios, and a conclusion per task from a stated rule.
+
+    Front@90 / train max     our Front@90 over our longest training length; the paper's over 19
+    Block evals / T_train    block evaluations per step over the largest depth the schedule trains at
+                             (ours from its parameters; the paper's T_train = 20)
+
+Conclusion rule: two variants differ on a number when their 95% intervals do
+not overlap (the t-interval of the mean; the bootstrap interval of the std).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import torch
+
+from looplab.errors import LooplabError
+from looplab.report.aggregate import aggregate, in_display_units, numeric
+from looplab.report.comparison import Ours, paper_value, variant_stem
+from looplab.report.tables import group_key, metric_stats, stats_by_group
+from looplab.tasks import make_task
+
+SCALE_FREE = ("front90_rel", "block_evals_rel")
+PLACE_RULE = (
+    "Paper vs ours: where the paper's value lies against our 95% interval (the t-interval of the mean, "
+    "the bootstrap interval of the std)."
+)
+CONCLUSION_RULE = "two variants differ on a number when their 95% intervals do not overlap"
+# how a variant is named by what it is, from its [schedule] keys
+LABELS = {
+    "fixed": "fixed K = {depth}",
+    "fixed_window": "K = {depth} ± {window} (≤ {t_max})",
+    "matched": "matched T(n)",
+    "window": "T(n) ± {window} (≤ {t_max})",
+    "multi_depth": "all of T(n) ± {window}",
+    "rl_halting": "RL-Halting, T_max = {t_max}, λ_ent = {entropy_weight:g}",
+    "pondernet": "PonderNet, T_max = {t_max}",
+    "lognormal": "log-normal loops, read at {depth}",
+    "poisson_lognormal": "Poisson-log-normal loops, read at {depth}",
+}
+
+
+def schedule_label(rows: pd.DataFrame) -> str:
+    """What the variant of these result rows is, e.g. "fixed K = 11"."""
+    if rows.empty or "schedule.name" not in rows:
+        return "–"
+    first = rows.iloc[0]
+    keys = {
+        column.removeprefix("schedule."): first[column] for column in rows.columns if column.startswith("schedule.")
+    }
+    try:
+        return LABELS[keys["name"]].format(**keys)
+    except (KeyError, ValueError):  # a schedule without a label, or results that lack its keys
+        return str(keys.get("name", "–"))
+
+
+def training_depth(row: pd.Series) -> float:
+    """The largest depth the row's schedule supervises (its T_train); NaN when the row lacks a key it needs."""
+    try:
+        return _training_depth(row)
+    except (KeyError, TypeError, ValueError, LooplabError):
+        return math.nan
+
+
+def _training_depth(row: pd.Series) -> float:
+    name, depth, window, t_max = (row.get(f"schedule.{k}") for k in ("name", "depth", "window", "t_max"))
+    if name == "fixed":
+        return float(depth)
+    if name == "fixed_window":
+        return float(min(depth + window, t_max))
+    if name in ("matched", "window", "multi_depth"):
+        natural = _natural(row)
+        return float(natural if name == "matched" else min(natural + window, t_max))
+    if name in ("lognormal", "poisson_lognormal"):
+        return float(row.get("schedule.hi"))
+    return float(t_max)
+
+
+def _natural(row: pd.Series) -> int:
+    """T(train_max) of the row's task."""
+    task = make_task(row["task.name"], int(row["task.alphabet"]))
+    return int(task.steps(torch.tensor([int(row["task.train_max"])]))[0])
+
+
+def with_scale_free_metrics(ours: Ours) -> Ours:
+    """``ours`` with Front@90 / train max and block evaluations / T_train per run, aggregated."""
+    results = ours.results.copy()
+    if "front90" in results:
+        results["front90_rel"] = numeric(results, "front90") / numeric(results, "task.train_max")
+    if "training_cost.block_evals" in results and "schedule.name" in results:
+        depth = results.apply(training_depth, axis=1)
+        results["block_evals_rel"] = numeric(results, "training_cost.block_evals") / depth
+    added = [m for m in SCALE_FREE if m in results]
+    if not added:
+        return ours
+    long = pd.concat([ours.long, in_display_units(aggregate(results, ours.by, added))], ignore_index=True)
+    return Ours(results, ours.groups, long, ours.by)
+
+
+def paper_front_ratio(paper: pd.DataFrame, protocol: pd.DataFrame | None) -> pd.DataFrame:
+    """The paper's main table with Front@90 / its longest training length per task (empty without a protocol)."""
+    longest = {} if protocol is None else dict(zip(protocol["task"], protocol["train_max"].map(paper_value)))
+    paper = paper.copy()
+    if "front90" not in paper:
+        paper["front90_rel"] = ""
+        return paper
+    paper["front90_rel"] = [
+        f"{paper_value(front) / longest[task]:.2f}" if task in longest and isinstance(paper_value(front), float) else ""
+        for task, front in zip(paper["task"], paper["front90"])
+    ]
+    return paper
+
+
+def paper_cost_ratio(paper: pd.DataFrame) -> pd.DataFrame:
+    """The paper's cost table with block evaluations / T_train."""
+    if not {"block_evals_per_step", "T_train"} <= set(paper.columns):
+        return paper
+    paper = paper.copy()
+    paper["block_evals_rel"] = [
+        f"{paper_value(evals) / paper_value(depth):.2f}"
+        for evals, depth in zip(paper["block_evals_per_step"], paper["T_train"])
+    ]
+    return paper
+
+
+def protocol_lines(results: pd.DataFrame, protocol: pd.DataFrame | None) -> list[str]:
+    """One sentence per task: our protocol, then the paper's."""
+    lines = []
+    for task, rows in results.groupby("task.name", sort=True):
+        longest = numeric(rows, "task.train_max").max()
+        evaluated = max(max(json.loads(v)) for v in rows["task.eval_lengths"]) if "task.eval_lengths" in rows else None
+        ours = (
+            f"train n ∈ [{_values(rows, 'task.train_min')}, {_values(rows, 'task.train_max')}], "
+            + (
+                f"evaluated to n = {evaluated} ({evaluated / longest:.1f}× the longest training length), "
+                if evaluated
+                else ""
+            )
+            + f"{_values(rows, 'train.steps')} steps, {_span(rows.groupby('variant').size())} seeds per variant, "
+            f"d_model {_values(rows, 'model.d_model')}, {_values(rows, 'model.core_layers')} core layers, "
+            f"{_values(rows, 'model.injection')} injection, {_values(rows, 'model.positional')} positions, "
+            f"causal {_values(rows, 'model.causal')}"
+        )
+        line = f"Protocol, {task} — ours: {ours}"
+        paper = None if protocol is None else protocol[protocol["task"] == task]
+        if paper is not None and not paper.empty:
+            p = paper.iloc[0]
+            line += (
+                f"; paper: train n ∈ [{p['train_min']}, {p['train_max']}], OOD n ∈ [{p['ood_min']}, {p['ood_max']}] "
+                f"({paper_value(p['ood_max']) / paper_value(p['train_max']):.1f}×), T_train {p['train_depth']}, "
+                f"{p['steps']} steps, {p['seeds']} seeds, width {p['width']}, {p['core_layers']} core layers, "
+                f"{p['injection']} injection"
+            )
+        lines.append(line + ".")
+    return lines
+
+
+def _values(rows: pd.DataFrame, column: str) -> str:
+    """The column's distinct values, "a / b"; "?" when the results do not record it."""
+    if column not in rows:
+        return "?"
+    return " / ".join(sorted(rows[column].astype(str).unique()))
+
+
+def _span(counts: pd.Series) -> str:
+    low, high = int(counts.min()), int(counts.max())
+    return str(low) if low == high else f"{low}–{high}"
+
+
+def stopping_conclusions(ours: Ours, reference: str = "fixed") -> list[str]:
+    """Per task, which variants differ from ``reference`` on Oracle OOD, its std and Gap, by CONCLUSION_RULE."""
+    stats = stats_by_group(ours.long, ours.by)
+    lines = []
+    for task in sorted(ours.results["task.name"].unique()):
+        variants = {variant_stem(v): v for v in ours.groups.loc[ours.groups["task.name"] == task, "variant"]}
+        if reference not in variants:
+            continue
+        base = stats.get(group_key((task, variants[reference])))
+        runs = ours.groups.loc[ours.groups["task.name"] == task, "runs"]
+        parts = []
+        for header, metric, stat, bounds in (
+            ("Oracle OOD", "oracle_ood", "mean", ("ci_lo", "ci_hi")),
+            ("its std", "oracle_ood", "std", ("std_lo", "std_hi")),
+            ("Gap", "gap", "mean", ("ci_lo", "ci_hi")),
+        ):
+            found = []
+            for stem, variant in sorted(variants.items()):
+                if stem == reference:
+                    continue
+                verdict = _differs(
+                    metric_stats(base, metric),
+                    metric_stats(stats.get(group_key((task, variant))), metric),
+                    stat,
+                    bounds,
+                )
+                found.append(f"{stem} {verdict}")
+            parts.append(f"{header}: " + ", ".join(found))
+        lines.append(
+            f"Conclusion, {task} ({CONCLUSION_RULE}; {_span(runs)} seeds), against {reference}: "
+            + "; ".join(parts)
+            + "."
+        )
+    return lines
+
+
+def _differs(base, other, stat: str, bounds: tuple[str, str]) -> str:
+    """ "higher" / "lower" / "not distinguishable" for ``other`` against ``base``."""
+    lo, hi = (float(base[b]) for b in bounds)
+    other_lo, other_hi = (float(other[b]) for b in bounds)
+    if not all(math.isfinite(v) for v in (lo, hi, other_lo, other_hi)):
+        return "not measured"
+    if other_lo > hi:
+        return "higher"
+    if other_hi < lo:
+        return "lower"
+    return "not distinguishable"
