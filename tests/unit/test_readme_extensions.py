@@ -90,3 +90,30 @@ def test_the_readme_lists_what_each_schedule_reads():
         for name in re.findall(r"`(\w+)`", names):
             listed[name] = set(re.findall(r"`(\w+)`", keys))
     assert listed == {name: set(cls.params) for name, cls in SCHEDULES.items()}
+
+
+def test_the_readme_command_block_names_every_option():
+    """Each subcommand's line(s) in the README's command block carry every option its parser accepts."""
+    import argparse
+
+    from looplab.cli import _parser
+
+    text = README.read_text()
+    block = text[text.index("## Command line") :]
+    block = block[block.index("```bash") : block.index("```\n", block.index("```bash") + 7)]
+
+    def leaves(parser, path):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield path, parser
+            return
+        for name, child in subs[0].choices.items():
+            yield from leaves(child, [*path, name])
+
+    for path, parser in leaves(_parser(), []):
+        command = " ".join(path[:1] + [p for p in path[1:] if p != "mechanistic"])
+        lines = [line for line in block.splitlines() if line.startswith(f"looplab {command} ")]
+        assert lines, f"no README line for looplab {' '.join(path)}"
+        options = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        missing = {o for o in options if not any(o in line for line in lines)}
+        assert not missing, (path, missing)
