@@ -18,17 +18,6 @@ from looplab.report.paper import PAPERS
 
 ANALYSES = ("mechanistic", "spectral", "pca")
 STUDIES = tuple(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper"))
-MECHANISTIC_HEADLINE = (
-    "fixed_point_self_cos",
-    "fixed_point_self_cos_median",
-    "fixed_point_cross_cos_min",
-    "state_norm_first",
-    "state_norm_last",
-    "update_ratio_mean",
-    "attention_diff_last",
-    "token_dynamics",
-    "massive_ratio_max",
-)
 
 
 def _lengths(text: str) -> list[int]:
@@ -137,6 +126,7 @@ def _train(args) -> None:
     train(config, Path(args.out), progress=not args.no_progress)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
         print(f"trained: {args.out}")
+        print(f"next: looplab eval {args.out}   (then: tensorboard --logdir {Path(args.out) / 'tensorboard'})")
 
 
 def _eval(args) -> None:
@@ -151,13 +141,19 @@ def _eval(args) -> None:
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
         return
+    from looplab.eval.run import eval_dir
+    from looplab.rundir import load_run_config
+
     summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling, progress=True)
     print(format_summary(summary))
-    print(f"\nwrote {Path(args.run_dir) / 'eval'}/grid.parquet and summary.json")
+    written = eval_dir(Path(args.run_dir), load_run_config(args.run_dir), args.lengths, args.max_loops, args.samples)
+    print(f"\nwrote {written}: grid.parquet, samples.parquet, policy_depths.parquet and summary.json")
+    print(f"next: looplab analyze {args.run_dir}   (fixed points, attention across loops, ColSum stages)")
 
 
 def _analyze(args) -> None:
     from looplab.analysis.run import analyze_pca, analyze_spectral
+    from looplab.analysis.text import format_mechanistic
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
     if args.kind == "mechanistic":
@@ -174,7 +170,7 @@ def _analyze(args) -> None:
             if args.set:
                 raise LooplabError("--set applies to a config file; a run dir's config is fixed")
             summary = analyze_mechanistic(args.run_dir, out=args.out, **options)
-        print(json.dumps({k: summary[k] for k in MECHANISTIC_HEADLINE if k in summary}, indent=2))
+        print(format_mechanistic(summary))
         print(f"wrote {args.out or out / 'mechanistic'}: summary.json, CSVs and plots")
     elif args.kind == "spectral":
         if args.iters < 1:
@@ -198,10 +194,15 @@ def _sweep(args, sweep_file: Path) -> None:
     frame = run_sweep(
         spec, args.out, args.workers, args.backend, args.address, not args.no_progress, sweep_file.read_text()
     )
-    print(
-        f"sweep: {len(frame)} runs finished in {time.perf_counter() - began:.0f} s; "
-        f"results in {Path(args.out) / 'results.parquet'}"
-    )
+    results = Path(args.out) / "results.parquet"
+    if frame.attrs.get("ran", 1) == 0:
+        print(f"sweep: already done, all {len(frame)} runs finished earlier; results in {results}")
+    else:
+        print(
+            f"sweep: {frame.attrs.get('ran', len(frame))} runs finished in {time.perf_counter() - began:.0f} s "
+            f"({len(frame)} in all); results in {results}"
+        )
+    print(f"next: looplab report {args.out}   (add --paper stopping|stars|mechanistic for the paper's numbers)")
 
 
 def _report(sweep_dir: str, paper: str | None) -> None:

@@ -1,7 +1,10 @@
 """Token dynamics in the limit of many loops: fixed point, orbit or slider (docs/methods.md §7).
 
-For one token's trajectory x_t ∈ R^d over the last W loops (window indices
-s = 0..W−1), with relative tolerance ε:
+For one token's trajectory over the last W loops (window indices s = 0..W−1),
+taken as its direction x_s = h_s / ‖h_s‖ (the readout sees the state through a
+norm, and a stream that grows along a fixed direction — h_t ≈ t·e in a
+pre-norm core — is at a fixed point of everything the model computes from
+it; the norms are reported separately), with tolerance ε:
 
     fixed point   max_{s ≥ 1} ‖x_s − x_{s−1}‖ / ‖x_s‖ ≤ ε
     orbit, p      not a fixed point, and p ∈ 2..P is the smallest period with
@@ -40,7 +43,7 @@ class TokenDynamics:
 
 
 def _max_relative_gap(x: Tensor, lag: int) -> Tensor:
-    """max over s ≥ lag of ‖x_s − x_{s−lag}‖ / ‖x_s‖ for x [W, N, d]: [N]."""
+    """max over s ≥ lag of ‖x_s − x_{s−lag}‖ / ‖x_s‖ for x [W, N, d]: [N] (‖x_s‖ = 1 for directions)."""
     gap = (x[lag:] - x[:-lag]).norm(dim=-1) / x[lag:].norm(dim=-1).clamp_min(1e-30)
     return gap.max(0).values
 
@@ -54,6 +57,7 @@ def token_dynamics(
     2·max_period loops sees each candidate orbit repeat at least twice.
     """
     x = trajectory.double()
+    x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     window = min(window or x.shape[0], x.shape[0])
     if window < 2:
         raise ValueError("token dynamics need a window of at least 2 loops")

@@ -21,6 +21,20 @@ from looplab.rundir import read_log
 EVAL_DIR = "eval"
 
 
+def eval_dir(run_dir: Path, config, lengths: list[int] | None, max_loops: int | None, samples: int | None) -> Path:
+    """Where an evaluation is written: ``RUN_DIR/eval`` with the run's own [eval] settings, else a folder
+    beside it named by what differs (``eval/loops64``, ``eval/lengths8-16_samples128``), so a
+    re-evaluation never replaces the one a sweep's report reads."""
+    parts = []
+    if lengths is not None and sorted(set(lengths)) != sorted(set(config.task.eval_lengths)):
+        parts.append("lengths" + "-".join(map(str, sorted(set(lengths)))))
+    if max_loops is not None and max_loops != config.eval.max_loops:
+        parts.append(f"loops{max_loops}")
+    if samples is not None and samples != config.eval.samples:
+        parts.append(f"samples{samples}")
+    return Path(run_dir) / EVAL_DIR / "_".join(parts) if parts else Path(run_dir) / EVAL_DIR
+
+
 def evaluate_run(
     run_dir: str | Path,
     lengths: list[int] | None = None,
@@ -31,8 +45,9 @@ def evaluate_run(
 ) -> dict:
     """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config.
 
-    With ``scaling``, also write the test-time scaling curve (``eval/scaling.csv``
-    and ``scaling.png``) and add its summary keys.
+    Written to :func:`eval_dir` (``RUN_DIR/eval`` unless an option differs from the run's config).
+    With ``scaling``, also write the test-time scaling curve (``scaling.csv`` and
+    ``scaling.png``) and add its summary keys.
     """
     run_dir = Path(run_dir)
     exp = Experiment.from_run(run_dir)
@@ -47,6 +62,7 @@ def evaluate_run(
             raise LooplabError(f"--{name} must be >= 1, got {value}")
     if lengths is not None and (not lengths or min(lengths) < 1):
         raise LooplabError("--lengths must be a non-empty list of integers >= 1")
+    out = eval_dir(run_dir, config, lengths, max_loops, samples)
     lengths = sorted(set(lengths or config.task.eval_lengths))
     max_loops = max_loops or config.eval.max_loops
     samples = samples or config.eval.samples
@@ -84,8 +100,7 @@ def evaluate_run(
             "train_range": [config.task.train_min, config.task.train_max],
         }
     )
-    out = run_dir / EVAL_DIR
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     if scaling:
         curve = scaling_frame(outcomes)
         summary.update(scaling_summary(curve))
@@ -98,7 +113,38 @@ def evaluate_run(
     per_sample = samples_frame(outcomes, settings)
     atomic_write(out / SAMPLES_FILE, lambda p: per_sample.to_parquet(p, index=False))
     atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+    if out == run_dir / EVAL_DIR:
+        log_to_tensorboard(run_dir, config, summary)
     return summary
+
+
+TENSORBOARD_METRICS = ("oracle_id", "oracle_ood", "policy_id", "policy_ood", "gap", "front90", "flip_rate")
+
+
+def log_to_tensorboard(run_dir: Path, config, summary: dict) -> None:
+    """The evaluation's headline metrics as ``eval/*`` scalars at the evaluated checkpoint's step, and the
+    run's hyper-parameters with them (TensorBoard's HParams tab)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    step = int(summary["checkpoint"].split("_")[1]) if summary.get("checkpoint") else 0
+    metrics = {f"eval/{k}": float(summary[k]) for k in TENSORBOARD_METRICS if summary.get(k) is not None}
+    hparams = {
+        f"{section}.{key}": value if isinstance(value, (int, float, str, bool)) else str(value)
+        for section, table in config.to_dict().items()
+        for key, value in _flat(table)
+    }
+    with SummaryWriter(str(run_dir / "tensorboard")) as writer:
+        for name, value in metrics.items():
+            writer.add_scalar(name, value, step)
+        writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, run_name="hparams")
+
+
+def _flat(table: dict, prefix: str = ""):
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def training_cost(run_dir: Path) -> dict:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import partial
@@ -23,6 +25,7 @@ from tqdm import tqdm
 
 from looplab.errors import LooplabError
 from looplab.io import atomic_write, exclusive_lock
+from looplab.progress import ProgressLines
 from looplab.sweep.results import RUNS_DIR, write_results
 from looplab.sweep.run_point import PointJob, is_done, run_point
 from looplab.sweep.spec import SweepSpec
@@ -79,6 +82,22 @@ def run_sweep(
         return _run_points(spec, out, workers, backend, address, progress)
 
 
+def link_tensorboard_runs(out: Path, points) -> None:
+    """``out/tensorboard/<task>-<variant>-seed<N>`` → each run's TensorBoard folder, so that
+    ``tensorboard --logdir out/tensorboard`` names runs by what they are, not by hash."""
+    folder = out / "tensorboard"
+    for point in points:
+        target = out / RUNS_DIR / point.run_id / "tensorboard"
+        if not target.is_dir():
+            continue
+        config = tomllib.loads(point.config_toml)
+        name = f"{config['task']['name']}-{point.variant}-seed{config['run']['seed']}"
+        link = folder / re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name)
+        folder.mkdir(exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(target, folder))
+
+
 def _check_same_sweep(out: Path, sweep_text: str | None) -> None:
     """Refuse to run a different sweep file into a sweep dir that already holds one."""
     saved = out / SWEEP_FILE
@@ -113,12 +132,14 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         disable=None if progress else True,
         dynamic_ncols=True,
     )
+    lines = ProgressLines("sweep", len(points), len(points) - len(jobs), enabled=progress)
     failures: list[str] = []
     last_write = time.monotonic()
 
     def on_result(job: PointJob, result: dict | None, error: BaseException | None) -> None:
         nonlocal last_write
         bar.update(1)
+        lines.update(bar.n, f"last: {Path(job.run_dir).name} ({'failed' if error else 'done'})")
         if error is not None:
             failures.append(
                 f"{Path(job.run_dir).name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
@@ -135,6 +156,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
     finally:
         bar.close()
     frame = write_results(out, points)
+    link_tensorboard_runs(out, points)
+    frame.attrs["ran"] = len(jobs)  # runs this call trained (0: the sweep was already done)
     if failures:
         raise SweepIncomplete(
             f"{len(failures)} of {len(points)} runs failed ({'; '.join(failures[:3])}); "

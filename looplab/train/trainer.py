@@ -29,6 +29,7 @@ from looplab.experiment import Experiment, all_finite, check_config, check_devic
 from looplab.io import atomic_write, exclusive_lock
 from looplab.memory import check_fits, training_bytes
 from looplab.parallel import SINGLE, Parallel
+from looplab.progress import ProgressLines
 from looplab.regularisers import regularised_loss
 from looplab.rundir import LOG_FILE, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
@@ -230,6 +231,7 @@ def _train_loop(
         checkpoint(0)
     window: list[dict] = []
     began = time.perf_counter()
+    lines = ProgressLines("train", tr.steps, start, enabled=progress and parallel.is_main)
     bar = tqdm(
         range(start + 1, tr.steps + 1),
         initial=start,
@@ -256,6 +258,7 @@ def _train_loop(
             if log is not None:
                 log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
+            lines.update(step, f"loss {record['loss']:.4f}")
             window = []
         if step % tr.checkpoint_every == 0 or step == tr.steps:
             checkpoint(step)

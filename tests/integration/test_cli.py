@@ -38,16 +38,32 @@ def test_eval_writes_grid_and_summary(trained_run):
     result = run_cli("eval", str(run_dir), "--lengths", "4,6,9", "--max-loops", "8", "--samples", "24")
     assert result.returncode == 0, result.stderr
     assert "Oracle OOD" in result.stdout and "Front@90" in result.stdout
-    grid = pd.read_parquet(run_dir / "eval" / "grid.parquet")
+    # other settings than the run's [eval] are written beside eval/, named by what differs
+    out = run_dir / "eval" / "lengths4-6-9_loops8_samples24"
+    assert f"wrote {out}" in result.stdout and "next: looplab analyze" in result.stdout
+    grid = pd.read_parquet(out / "grid.parquet")
     assert {"length", "loops", "accuracy"} <= set(grid.columns)
     assert len(grid) == 3 * 8 and grid["accuracy"].between(0, 1).all()
-    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     for key in ("oracle_id", "oracle_ood", "policy_ood", "gap", "front90", "flip_rate", "per_length"):
         assert key in summary
     assert set(summary["per_length"]) == {"4", "6", "9"}
     assert summary["per_length"]["9"]["split"] == "ood" and summary["per_length"]["6"]["split"] == "id"
     for key in ("oracle_id", "oracle_ood", "policy_ood", "flip_rate"):
         assert 0.0 <= summary[key] <= 1.0
+
+
+def test_reevaluation_with_other_settings_writes_beside_the_original(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    trained = run_cli("train", str(tiny_config(steps=10)), "--out", str(run_dir))
+    # not a terminal: the run says how far it is, and what to run next
+    assert "train: 10/10 (100%), loss" in trained.stdout and f"next: looplab eval {run_dir}" in trained.stdout
+    assert run_cli("eval", str(run_dir)).returncode == 0
+    original = (run_dir / "eval" / "summary.json").read_text()
+    again = run_cli("eval", str(run_dir), "--max-loops", "5")
+    assert again.returncode == 0 and f"wrote {run_dir / 'eval' / 'loops5'}" in again.stdout
+    assert (run_dir / "eval" / "summary.json").read_text() == original
+    assert json.loads((run_dir / "eval" / "loops5" / "summary.json").read_text())["max_loops"] == 5
 
 
 def test_config_show_applies_overrides(tiny_config):

@@ -48,7 +48,8 @@ def test_analyze_cli_short_form_runs_the_mechanistic_analysis(tmp_path):
     _, run_dir = train_tiny_run(tmp_path, 5, 5, "model.core_layers=2")
     result = run_cli("analyze", str(run_dir), "--loops", "4", "--samples", "2", "--out", str(tmp_path / "mech"))
     assert result.returncode == 0, result.stderr
-    assert "fixed_point_self_cos" in result.stdout
+    assert "fixed points: first layer's cosine to its own final state" in result.stdout
+    assert "% at a fixed point" in result.stdout and "{" not in result.stdout  # readable lines, not JSON
     assert json.loads((tmp_path / "mech" / "summary.json").read_text())["loops"] == 4
     bad = run_cli("analyze", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "not found" in bad.stderr and "Traceback" not in bad.stderr

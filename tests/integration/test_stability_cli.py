@@ -30,16 +30,17 @@ def test_exploding_pre_norm_core_gives_complete_scaling_csv(run_dir, tmp_path):
 
     result = run_cli("eval", str(run_dir), "--scaling", "--max-loops", "160", "--samples", "16", "--lengths", "4,6")
     assert result.returncode == 0, result.stderr
-    curve = pd.read_csv(run_dir / "eval" / "scaling.csv")
+    out = run_dir / "eval" / "lengths4-6_loops160_samples16"
+    curve = pd.read_csv(out / "scaling.csv")
     assert list(curve.columns) == ["loops", "accuracy", "state_norm", "step_norm", "nonfinite_fraction"]
     assert curve["loops"].tolist() == list(range(1, 161))
     assert curve["nonfinite_fraction"].iloc[0] == 0 and curve["nonfinite_fraction"].iloc[-1] == 1
     assert (curve.loc[curve["nonfinite_fraction"] == 1, "accuracy"] == 0).all()
-    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["nonfinite_last"] == 1.0 and "128" in summary["scaling_at"]
     for key in ("scaling_peak", "scaling_peak_loops", "relative_drop"):
         assert key in summary
-    assert (run_dir / "eval" / "scaling.png").stat().st_size > 1000
+    assert (out / "scaling.png").stat().st_size > 1000
 
 
 def test_analyze_spectral_and_pca(run_dir, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -134,7 +135,8 @@ def test_rerun_of_a_finished_sweep_skips_everything(tmp_path):
     assert sweep_cli(sweep_file, out).returncode == 0
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/**/*") if p.is_file()}
     again = sweep_cli(sweep_file, out)
-    assert again.returncode == 0 and "2 runs finished" in again.stdout
+    assert again.returncode == 0 and "already done, all 2 runs finished earlier" in again.stdout
+    assert "next: looplab report" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     frame = pd.read_parquet(out / "results.parquet")
     for column in (
@@ -166,3 +168,17 @@ def test_analysis_only_sweep_of_untrained_models(tmp_path):
     assert frame["analysis.fixed_point_cross_cos_min"].nunique() == 2  # the seed decides the weights
     for run_dir in frame["run_dir"]:
         assert not (tmp_path / "out" / run_dir / "eval").exists()
+
+
+def test_tensorboard_names_sweep_runs_and_holds_eval_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sweep_file = write_sweep(tmp_path, SWEEP.replace("seeds = [0, 1]", "seeds = [0]"))
+    out = tmp_path / "out"
+    assert sweep_cli(sweep_file, out).returncode == 0
+    links = sorted(p.name for p in (out / "tensorboard").iterdir())
+    assert links and all(re.fullmatch(r"binary_addition-.+-seed0", name) for name in links), links
+    events = EventAccumulator(str(out / "tensorboard" / links[0]))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert "train/loss" in scalars and "eval/oracle_ood" in scalars

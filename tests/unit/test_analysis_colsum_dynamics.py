@@ -60,3 +60,33 @@ def test_token_dynamics_window_ignores_transient():
     x = torch.cat([torch.randn(5, 3, 2), torch.ones(6, 3, 2)])
     result = token_dynamics(x, window=6)
     assert result.fractions["fixed_point"] == 1.0
+
+
+def test_a_state_growing_along_a_fixed_direction_is_at_a_fixed_point():
+    """h_t = t·v (a pre-norm stream without injection): its direction, all the readout sees, is fixed."""
+    from looplab.analysis.dynamics import token_dynamics
+
+    v = torch.randn(3, 8, dtype=torch.float64)
+    steps = torch.arange(1, 33, dtype=torch.float64)[:, None, None]
+    growing = token_dynamics(steps * v, window=16)
+    assert growing.fractions["fixed_point"] == 1.0
+    drifting = token_dynamics(torch.cumsum(torch.randn(32, 3, 8, dtype=torch.float64), 0), window=16)
+    assert drifting.fractions["slider"] == 1.0
+
+
+def test_token_classes_agree_with_the_self_cosine():
+    """A token the dynamics call fixed keeps its direction: its cosine to the final state stays near 1."""
+    from looplab.analysis.dynamics import FIXED, token_dynamics
+
+    torch.manual_seed(0)
+    target, away = torch.randn(50, 16, dtype=torch.float64), torch.randn(50, 16, dtype=torch.float64)
+    rates = torch.linspace(0.5, 0.99, 50, dtype=torch.float64)[:, None]  # fast to slow convergence in direction
+    trajectory = torch.stack([(1 + t) * (target + rates**t * away) for t in range(64)])
+    window, tol = 16, 1e-3
+    found = token_dynamics(trajectory, window=window, tol=tol)
+    late = trajectory[-window:]
+    cos = torch.nn.functional.cosine_similarity(late, late[-1:].expand_as(late), dim=-1).min(0).values
+    fixed = found.labels == FIXED
+    assert fixed.any() and (~fixed).any()
+    # steps of at most tol over the window move the direction by at most window·tol
+    assert (cos[fixed] >= 1 - (window * tol) ** 2 / 2).all()

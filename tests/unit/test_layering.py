@@ -11,7 +11,7 @@ PACKAGE = Path(looplab.__file__).parent
 
 #: lowest first; a unit is a top-level module or subpackage of looplab
 LAYERS = [
-    {"looplab", "errors", "seeding", "io", "plotting"},
+    {"looplab", "errors", "seeding", "io", "plotting", "progress"},
     {"config"},
     {"tasks", "model"},
     {"parallel", "checkpoint", "memory", "rundir"},

@@ -1,0 +1,35 @@
+"""A mechanistic analysis in a few readable lines (what ``looplab analyze`` prints)."""
+
+from __future__ import annotations
+
+
+def _number(value, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def format_mechanistic(summary: dict) -> str:
+    """The headline numbers of an analysis summary.json, one finding per line."""
+    lines = [
+        f"analysed {summary.get('checkpoint') or 'the initialisation'} ({summary.get('steps_trained', 0)} steps "
+        f"trained): {summary['samples']} instances of length {summary['length']}, {summary['loops']} loops",
+        f"fixed points: first layer's cosine to its own final state {_number(summary['fixed_point_self_cos'])} "
+        f"(median over samples {_number(summary['fixed_point_self_cos_median'])}); smallest cosine to the other "
+        f"layers {_number(summary['fixed_point_cross_cos_min'])}",
+        f"state norm per token {_number(summary['state_norm_first'], 1)} at loop 1 → "
+        f"{_number(summary['state_norm_last'], 1)} at loop {summary['loops']}; layer update ratio "
+        f"{_number(summary['update_ratio_mean'])}",
+    ]
+    dynamics = summary.get("token_dynamics")
+    if dynamics:
+        lines.append(
+            f"tokens over the last {dynamics['window']} loops (direction of h_t, tolerance {dynamics['tol']:g}): "
+            f"{100 * dynamics['fixed_point']:.1f}% at a fixed point, {100 * dynamics['orbit']:.1f}% on an orbit, "
+            f"{100 * dynamics['slider']:.1f}% sliding"
+        )
+    colsum = summary.get("colsum", {})
+    lines.append(
+        f"attention: change between the last two loops {_number(summary.get('attention_diff_last'), 4)}; "
+        f"ColSum concentration {_number(colsum.get('mean'))} (1 = a sink takes all attention); "
+        f"largest activation / median {_number(summary.get('massive_ratio_max'), 1)}"
+    )
+    return "\n".join(lines)
