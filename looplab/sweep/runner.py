@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from looplab.errors import LooplabError
 from looplab.io import atomic_write, exclusive_lock
 from looplab.progress import ProgressLines
+from looplab.rundir import read_log
 from looplab.sweep.results import RUNS_DIR, write_results
 from looplab.sweep.run_point import PointJob, is_done, run_point
 from looplab.sweep.spec import SweepSpec
@@ -82,6 +84,28 @@ def run_sweep(
         return _run_points(spec, out, workers, backend, address, progress)
 
 
+class StepWatcher:
+    """Moves the sweep bar while runs train: every few seconds it sums the training steps logged so far
+    by the unfinished runs (their log.jsonl) and shows them beside the count of finished runs."""
+
+    def __init__(self, jobs: list[PointJob], bar: tqdm, every_s: float = 2.0):
+        self.run_dirs = [Path(job.run_dir) for job in jobs]
+        self.total = sum(tomllib.loads(job.config_toml)["train"]["steps"] for job in jobs)
+        self.bar, self.every_s = bar, every_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            done = sum(next((r["step"] for r in reversed(read_log(d)) if "step" in r), 0) for d in self.run_dirs)
+            self.bar.set_postfix_str(f"training steps {done}/{self.total}")
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
 def link_tensorboard_runs(out: Path, points) -> None:
     """``out/tensorboard/<task>-<variant>-seed<N>`` → each run's TensorBoard folder, so that
     ``tensorboard --logdir out/tensorboard`` names runs by what they are, not by hash."""
@@ -133,6 +157,7 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         dynamic_ncols=True,
     )
     lines = ProgressLines("sweep", len(points), len(points) - len(jobs), enabled=progress)
+    watcher = StepWatcher(jobs, bar) if progress and not bar.disable else None
     failures: list[str] = []
     last_write = time.monotonic()
 
@@ -154,6 +179,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         else:
             _run_local(jobs, workers, on_result)
     finally:
+        if watcher is not None:
+            watcher.stop()
         bar.close()
     frame = write_results(out, points)
     link_tensorboard_runs(out, points)
