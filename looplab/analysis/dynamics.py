@@ -4,12 +4,16 @@ For one token's trajectory over the last W loops (window indices s = 0..W−1),
 taken as its direction x_s = h_s / ‖h_s‖ (the readout sees the state through a
 norm, and a stream that grows along a fixed direction — h_t ≈ t·e in a
 pre-norm core — is at a fixed point of everything the model computes from
-it; the norms are reported separately), with tolerance ε:
+it; the norms are reported separately), with tolerance ε on 1 − cos:
 
-    fixed point   max_{s ≥ 1} ‖x_s − x_{s−1}‖ / ‖x_s‖ ≤ ε
+    fixed point   max_s (1 − cos(x_s, x_{W−1})) ≤ ε: the whole window within ε of its last state
     orbit, p      not a fixed point, and p ∈ 2..P is the smallest period with
-                  max_{s ≥ p} ‖x_s − x_{s−p}‖ / ‖x_s‖ ≤ ε          (needs W > p)
+                  max_{s ≥ p} (1 − cos(x_s, x_{s−p})) ≤ ε          (needs W > p)
     slider        neither (the state keeps drifting)
+
+The fixed-point test is the per-token form of the analysis's self cosine (the
+cosine of a state to its own last state over the late loops), so a token is
+called fixed exactly when that cosine stays ≥ 1 − ε.
 
 The paper finds nearly all tokens at fixed points (0.02% / 0.14% non-fixed).
 """
@@ -42,10 +46,9 @@ class TokenDynamics:
     fractions: dict[str, float]
 
 
-def _max_relative_gap(x: Tensor, lag: int) -> Tensor:
-    """max over s ≥ lag of ‖x_s − x_{s−lag}‖ / ‖x_s‖ for x [W, N, d]: [N] (‖x_s‖ = 1 for directions)."""
-    gap = (x[lag:] - x[:-lag]).norm(dim=-1) / x[lag:].norm(dim=-1).clamp_min(1e-30)
-    return gap.max(0).values
+def _max_cosine_gap(x: Tensor, lag: int) -> Tensor:
+    """max over s ≥ lag of 1 − cos(x_s, x_{s−lag}) for unit vectors x [W, N, d]: [N]."""
+    return (1 - (x[lag:] * x[:-lag]).sum(-1)).max(0).values
 
 
 def token_dynamics(
@@ -65,10 +68,10 @@ def token_dynamics(
     count = x.shape[1]
     labels = torch.full((count,), SLIDER, dtype=torch.long)
     periods = torch.zeros(count, dtype=torch.long)
-    fixed = (_max_relative_gap(x, 1) <= tol).cpu()
+    fixed = ((1 - (x * x[-1:]).sum(-1)).max(0).values <= tol).cpu()
     labels[fixed], periods[fixed] = FIXED, 1
     for period in range(2, min(max_period, window - 1) + 1):
-        found = (_max_relative_gap(x, period) <= tol).cpu() & (labels == SLIDER)
+        found = (_max_cosine_gap(x, period) <= tol).cpu() & (labels == SLIDER)
         labels[found], periods[found] = ORBIT, period
     fractions = {name: float((labels == code).float().mean()) if count else 0.0 for code, name in KINDS.items()}
     return TokenDynamics(labels, periods, fractions)

@@ -187,7 +187,11 @@ def convergence_metric(inputs: AnalysisInput) -> MetricResult:
     return MetricResult(
         summary={"convergence_last": [float(v) for v in delta[:, -1]] if inputs.loops >= 2 else []},
         tables={"convergence.csv": (["layer", "loop", "delta"], rows)},
-        plots={"convergence.png": lambda path: plot_convergence(delta, path, f"{inputs.label}: convergence Δ_(ℓ,t)")},
+        plots={
+            "convergence.png": lambda path: plot_convergence(
+                delta, path, rf"{inputs.label}: convergence $\Delta_{{\ell,t}}$"
+            )
+        },
     )
 
 
@@ -221,7 +225,7 @@ def attention_metric(inputs: AnalysisInput) -> MetricResult:
         tables={"attention.csv": (["layer", "loop", "attn_diff_prev", "lipschitz_ratio_max", "bound_holds"], rows)},
         plots={
             "attention_difference.png": lambda path: plot_attention_difference(
-                diff, path, f"{inputs.label}: ‖A_t − A_t′‖_F"
+                diff, path, rf"{inputs.label}: $\|A_{{\ell,t}} - A_{{\ell,t'}}\|_F$"
             )
         },
     )

@@ -1,21 +1,37 @@
-"""Plots of the mechanistic analysis (matplotlib, Agg backend): one function per figure."""
+"""Plots of the mechanistic analysis (matplotlib, Agg backend): one function per figure.
+
+Each is saved by :func:`looplab.plotting.save_figure` (a PNG and a PDF); symbols are
+rendered with matplotlib's mathtext.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from torch import Tensor
 
-from looplab.plotting import pyplot
+from looplab.plotting import pyplot, save_figure
 
 __all__ = ["plot_convergence", "plot_cosine_matrix", "plot_attention_difference", "plot_colsum_depth"]
+
+ATTENTION_PANELS = 6  # core layers shown by plot_attention_difference
+MAX_SEPARATORS = 16  # loop boundaries drawn on the ColSum plot; more would hide the curves
+
+
+def _integer_axis(axis, which: str = "both") -> None:
+    """Layers and loops are integers: no 0.5-layer ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    for name in ("x", "y") if which == "both" else (which,):
+        getattr(axis, f"{name}axis").set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
     """Heatmap of log10 Δ_{ℓ,t} for delta [layers, loops − 1] (loops 2..r on the x axis)."""
     plt = pyplot()
     values = delta.double().clamp_min(1e-16).log10().numpy()
-    fig, axis = plt.subplots(figsize=(7, 1.2 + 0.4 * values.shape[0]))
+    fig, axis = plt.subplots(figsize=(7, 1.4 + 0.4 * values.shape[0]), layout="constrained")
     image = axis.imshow(
         values,
         aspect="auto",
@@ -23,71 +39,91 @@ def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
         interpolation="nearest",
         extent=(1.5, values.shape[1] + 1.5, values.shape[0] - 0.5, -0.5),
     )
-    fig.colorbar(image, ax=axis, label="log10 Δ")
-    axis.set_xlabel("loop t")
-    axis.set_ylabel("core layer")
-    axis.set_title(title or "convergence ‖X_t − X_{t−1}‖ / ‖X_t‖")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.colorbar(image, ax=axis, label=r"$\log_{10}\,\Delta_{\ell,t}$")
+    _integer_axis(axis)
+    axis.set_xlabel("loop $t$")
+    axis.set_ylabel(r"core layer $\ell$")
+    axis.set_title(title or r"convergence $\Delta_{\ell,t} = \|X_{\ell,t} - X_{\ell,t-1}\| \,/\, \|X_{\ell,t}\|$")
+    save_figure(fig, path)
 
 
 def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
-    """Cosine similarity of the core layers' states at the last loop, matrix [layers, layers]."""
+    """1 − cos between the core layers' states at the last loop, matrix [layers, layers], on a log scale.
+
+    Near a shared fixed point every cosine is 0.99…; 1 − cos on a log scale shows which layers
+    agree to 1e-2 and which to 1e-8, where a linear cos scale shows one dark square.
+    """
+    from matplotlib.colors import LogNorm
+
     plt = pyplot()
-    fig, axis = plt.subplots(figsize=(4.5, 4))
-    image = axis.imshow(matrix.numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
+    gap = (1 - matrix.double()).clamp_min(1e-16).numpy()
+    diagonal = np.eye(len(gap), dtype=bool)
+    off = gap[~diagonal]
+    low, high = (float(off.min()), float(off.max())) if off.size else (1e-12, 1e-11)
+    shown = np.ma.masked_array(gap, mask=diagonal)  # a layer against itself says nothing
+    cmap = plt.get_cmap("viridis_r").with_extremes(bad="#dddddd")
+    fig, axis = plt.subplots(figsize=(4.8, 4.2), layout="constrained")
+    image = axis.imshow(shown, norm=LogNorm(vmin=low / 3, vmax=max(high * 3, low * 10)), cmap=cmap)
     if matrix.shape[0] <= 12:
         for i in range(matrix.shape[0]):
             for j in range(matrix.shape[1]):
-                axis.text(j, i, f"{float(matrix[i, j]):.2f}", ha="center", va="center", fontsize=7)
-    fig.colorbar(image, ax=axis, label="cos")
-    axis.set_xlabel("core layer")
-    axis.set_ylabel("core layer")
-    axis.set_title(title or "fixed points: cos between layers (last loop)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-ATTENTION_PANELS = 6  # core layers shown by plot_attention_difference
+                if i != j:
+                    axis.text(
+                        j,
+                        i,
+                        f"{float(matrix[i, j]):.4f}",
+                        ha="center",
+                        va="center",
+                        fontsize=6,
+                        color="black",
+                        bbox={"facecolor": "white", "alpha": 0.6, "linewidth": 0, "pad": 1},
+                    )
+    fig.colorbar(image, ax=axis, label=r"$1 - \cos$ (log scale; cells print $\cos$)")
+    _integer_axis(axis)
+    axis.set_xlabel(r"core layer $\ell'$")
+    axis.set_ylabel(r"core layer $\ell$")
+    axis.set_title(title or "fixed points: cos between layers (last loop)", wrap=True)
+    save_figure(fig, path)
 
 
 def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_layers: int = ATTENTION_PANELS) -> None:
     """‖A_{ℓ,t} − A_{ℓ,t′}‖_F heatmaps for diff [layers, loops, loops], one panel per layer."""
     plt = pyplot()
     shown = min(diff.shape[0], max_layers)
-    fig, axes = plt.subplots(1, shown, figsize=(3.4 * shown + 1, 3.4), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, shown, figsize=(3.4 * shown + 1, 3.6), squeeze=False, layout="constrained")
     top = float(diff.max()) or 1.0
     extent = (0.5, diff.shape[1] + 0.5, diff.shape[1] + 0.5, 0.5)
     for layer, axis in enumerate(axes[0]):
         image = axis.imshow(diff[layer].numpy(), vmin=0, vmax=top, cmap="magma", extent=extent)
-        axis.set_title(f"core layer {layer}")
-        axis.set_xlabel("loop t′")
-        axis.set_ylabel("loop t")
-    fig.colorbar(image, ax=list(axes[0]), label="‖A_t − A_t′‖_F")
+        axis.set_title(rf"core layer $\ell = {layer}$")
+        axis.set_xlabel("loop $t'$")
+        axis.set_ylabel("loop $t$")
+        _integer_axis(axis)
+    fig.colorbar(image, ax=list(axes[0]), label=r"$\|A_{\ell,t} - A_{\ell,t'}\|_F$")
     fig.suptitle(title or "attention difference across loops")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_colsum_depth(values: Tensor, labels: list[str], path: Path, title: str = "") -> None:
-    """ColSum concentration [depth, H] over effective depth; a line per head, loop boundaries dashed."""
+    """ColSum concentration [depth, H] over effective depth; a line per head, loop boundaries dotted
+    (every k-th loop when there are many, so the curves stay visible)."""
     plt = pyplot()
-    fig, axis = plt.subplots(figsize=(8, 3.2))
+    fig, axis = plt.subplots(figsize=(8, 3.2), layout="constrained")
     depth = range(values.shape[0])
     for head in range(values.shape[1]):
         axis.plot(depth, values[:, head].numpy(), linewidth=0.8, label=f"head {head}")
-    axis.plot(depth, values.mean(1).numpy(), color="black", linewidth=1.4, label="mean")
+    axis.plot(depth, values.mean(1).numpy(), color="black", linewidth=1.4, label="mean over heads")
     starts = [i for i, name in enumerate(labels) if name.endswith(".core0")]
-    if len(starts) <= 40:
-        for start in starts:
-            axis.axvline(start - 0.5, color="grey", linestyle="--", linewidth=0.5)
-    axis.set_ylim(-0.02, 1.02)
-    axis.set_xlabel("effective depth (prelude, loop × core, coda)")
+    every = max(1, -(-len(starts) // MAX_SEPARATORS))
+    for start in starts[::every]:
+        axis.axvline(start - 0.5, color="grey", linestyle=":", linewidth=0.6)
+    top = float(values.max()) if values.numel() else 1.0
+    axis.set_ylim(0, min(1.0, max(top * 1.15, 0.05)))
+    axis.set_xlabel(
+        "effective depth (prelude, loop × core layer, coda)"
+        + (f"; a dotted line every {every} loops" if every > 1 else "; dotted: loop starts")
+    )
     axis.set_ylabel("ColSum concentration")
     axis.set_title(title or "attention-sink stages over effective depth")
-    axis.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    axis.legend(fontsize=7, loc="upper right", ncols=2)
+    save_figure(fig, path)

@@ -7,7 +7,8 @@ once on first use); the result holds
 
 - ``summary``: entries for summary.json (JSON-able; merged in registration order),
 - ``tables``: file name → (header, rows), written as CSV,
-- ``plots``: file name → a function that draws the figure to the path it is given.
+- ``plots``: file name → a function that draws the figure to the path it is given
+  (saving it with :func:`looplab.plotting.save_figure`: a PNG and a PDF, atomically).
 
 :func:`run_metrics` computes every registered metric, then writes each file
 atomically (a temporary sibling renamed into place) and summary.json last, so
@@ -115,7 +116,7 @@ def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any]) -> dic
         for name, (columns, rows) in result.tables.items():
             atomic_write(out / name, partial(_write_csv, header=columns, rows=rows))
         for name, draw in result.plots.items():
-            atomic_write(out / name, draw)
+            draw(out / name)  # plots save through looplab.plotting.save_figure, atomically
         summary.update(result.summary)
     atomic_write(out / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
     return summary

@@ -32,11 +32,12 @@ from looplab.report.aggregate import (
     present,
 )
 from looplab.report.comparison import Ours
-from looplab.report.html import to_html
+from looplab.report.html import Section, to_html
 from looplab.report.paper import check_paper, compare
-from looplab.report.plots import write_task_plots
+from looplab.report.plots import CAPTIONS, write_task_plots
 from looplab.report.render import to_latex, to_markdown
 from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
+from looplab.report.stopping import training_depth
 from looplab.report.tables import Table, seed_table
 
 REPORT_DIR = "report"
@@ -83,6 +84,49 @@ def our_tables(ours: Ours) -> list[Table]:
     return tables
 
 
+def sweep_line(results: pd.DataFrame) -> str:
+    """What the sweep holds, in one line."""
+    tasks = results["task.name"].nunique() if "task.name" in results else 0
+    variants = results["variant"].nunique() if "variant" in results else 0
+    seeds = results.groupby(BY).size() if set(BY) <= set(results.columns) else pd.Series([len(results)])
+    low, high = int(seeds.min()), int(seeds.max())
+    return (
+        f"{len(results)} finished runs: {tasks} task(s) × {variants} variant(s), "
+        f"{low if low == high else f'{low}–{high}'} seed(s) each."
+    )
+
+
+def train_depths(results: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """task → variant → the largest depth the variant trains at (for the figures' markers)."""
+    found: dict[str, dict[str, float]] = {}
+    if not set(BY) <= set(results.columns):
+        return found
+    for (task, variant), rows in results.groupby(BY):
+        found.setdefault(task, {})[variant] = training_depth(rows.iloc[0])
+    return found
+
+
+FIGURES_AFTER = {"Results": ("accuracy", "oracle", "flips", "depths"), "Test-time scaling": ("scaling",)}
+
+
+def sections(tables: list[Table], figures: list[Path]) -> list[Section]:
+    """Each table followed by its figures (FIGURES_AFTER); figures whose table is absent follow the first table."""
+    kind = {path: path.stem.rsplit("-", 1)[-1] for path in figures}
+    placed: set[Path] = set()
+    found = []
+    for table in tables:
+        kinds = FIGURES_AFTER.get(table.title, ())
+        mine = [p for p in figures if kind[p] in kinds]
+        placed.update(mine)
+        found.append(Section(table, [(p, CAPTIONS.get(kind[p], "")) for p in mine]))
+    rest = [(p, CAPTIONS.get(kind[p], "")) for p in figures if p not in placed]
+    if found:
+        found[0].figures.extend(rest)
+    elif rest:
+        found.append(Section(None, rest))
+    return found
+
+
 def _write_text(path: Path, text: str) -> Path:
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
     return path
@@ -127,14 +171,18 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
         _write_text(out / "table.tex", to_latex(tables)),
     ]
     per_length = per_length_frame(results)
+    depths_trained = train_depths(results)
     figures = [
         path
         for task in sorted(results["task.name"].dropna().unique())
-        for path in write_task_plots(out, task, per_length, grids, depths)
+        for path in write_task_plots(out, task, per_length, grids, depths, depths_trained.get(task, {}))
     ]
-    written += figures
-    written.append(_write_text(out / "report.html", to_html(title, notes, tables, figures)))
-    for stale in [*out.glob("*.png"), *out.glob("paper_*.csv")]:
+    written += figures + [path.with_suffix(".pdf") for path in figures]
+    summary = [line for line in notes if line.startswith("Conclusion,")]
+    reading = [line for line in notes if not line.startswith("Conclusion,")]
+    html_page = to_html(title, [sweep_line(results), *summary], reading, sections(tables, figures))
+    written.append(_write_text(out / "report.html", html_page))
+    for stale in [*out.glob("*.png"), *out.glob("*.pdf"), *out.glob("paper_*.csv")]:
         if stale not in written:
             stale.unlink()
     return out

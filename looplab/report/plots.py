@@ -1,8 +1,11 @@
-"""Figures of a sweep, one PNG per (task, kind) (matplotlib, Agg backend).
+"""Figures of a sweep, one PNG (and a PDF beside it) per (task, kind), in looplab's one figure style.
 
 Every figure is over seeds: a line is the mean over a variant's runs, a band
-mean ± std (sample std; no band for one seed). Inputs are the stacked per-run
-frames of :mod:`looplab.report.runs`; a figure whose input is empty is skipped.
+mean ± std (sample std; no band for one seed). Each variant keeps its
+schedule's colour in every figure. Inputs are the stacked per-run frames of
+:mod:`looplab.report.runs`; a figure whose input is empty is skipped.
+``train_depths`` (variant → the largest depth it trains at) marks the training
+depth where the x axis is loops. :data:`CAPTIONS` says what each figure shows.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.io import atomic_write
-from looplab.plotting import pyplot
+from looplab.plotting import color_for, pyplot, save_figure
 from looplab.report.runs import scaling_curves
 
 DPI = 100
@@ -22,18 +24,38 @@ PANEL_COLUMNS = 4
 
 
 def _save(fig, path: Path) -> None:
-    # no "Software" tag: it carries matplotlib's URL, and the report embeds no links
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=DPI, metadata={"Software": None}))
-    pyplot().close(fig)
+    save_figure(fig, path)
 
 
-def _panels(count: int, title: str, width: float = 3.6, height: float = 3.0):
+CAPTIONS = {
+    "accuracy": "acc(n, K): the share of samples of length n answered exactly after K loops, mean over seeds, "
+    "one panel per variant. Dashed white line: the train | OOD boundary; dotted white line: the variant's "
+    "training depth.",
+    "oracle": "Oracle(n) = max over K of acc(n, K) against the length n, per variant: the line is the mean over "
+    "seeds, the band mean ± one sample std over seeds. Dotted grey line: the train | OOD boundary.",
+    "flips": "Flip rate: the share of OOD samples whose answer after K + 1 loops differs from after K, mean over "
+    "seeds with a mean ± std band, on a symmetric-log axis (the first loops flip far more than the rest). "
+    "Dashed lines: each variant's training depth.",
+    "depths": "The schedule's own test-time depth: share of samples at each depth, training (ID) and longer (OOD) "
+    "lengths apart, summed over seeds; one panel per variant, on shared axes.",
+    "scaling": "Test-time scaling: accuracy pooled over the evaluated lengths against the loops the runs were "
+    "evaluated at, mean ± std over seeds. Dashed lines: each variant's training depth.",
+}
+
+
+def _panels(count: int, title: str, width: float = 3.6, height: float = 3.0, share: bool = False):
     """A figure with ``count`` panels in rows of PANEL_COLUMNS; returns (figure, the used axes)."""
     plt = pyplot()
     columns = min(count, PANEL_COLUMNS)
     rows = -(-count // columns)
     fig, axes = plt.subplots(
-        rows, columns, figsize=(width * columns + 1, height * rows + 0.6), squeeze=False, layout="constrained"
+        rows,
+        columns,
+        figsize=(width * columns + 1, height * rows + 0.6),
+        squeeze=False,
+        layout="constrained",
+        sharex=share,
+        sharey=share,
     )
     axes = list(axes.flat)
     for axis in axes[count:]:
@@ -71,10 +93,21 @@ def _split_boundary(splits: pd.DataFrame) -> float | None:
 
 
 def _colors(variants) -> dict[str, str]:
-    return {v: f"C{i % 10}" for i, v in enumerate(sorted(variants))}
+    """Each variant in its schedule's colour, the same in every figure."""
+    variants = sorted(map(str, variants))
+    return {v: color_for(v, variants) for v in variants}
 
 
-def plot_accuracy_heatmaps(grids: pd.DataFrame, path: Path, title: str) -> bool:
+def _mark_depths(axis, train_depths: dict, variants, colors: dict | None = None) -> None:
+    """A vertical line at each variant's training depth (white on heatmaps, the variant's colour on curves)."""
+    for variant in variants:
+        depth = train_depths.get(variant)
+        if depth is not None and np.isfinite(depth):
+            color = "white" if colors is None else colors[variant]
+            axis.axvline(depth, color=color, linestyle=":" if colors is None else "--", linewidth=1, alpha=0.8)
+
+
+def plot_accuracy_heatmaps(grids: pd.DataFrame, path: Path, title: str, train_depths: dict | None = None) -> bool:
     """acc(n, K) in percent, mean over seeds: one panel per variant, lengths down, loops across."""
     if grids.empty:
         return False
@@ -96,6 +129,8 @@ def plot_accuracy_heatmaps(grids: pd.DataFrame, path: Path, title: str) -> bool:
         trained = int((part.drop_duplicates("length")["split"] == "id").sum())
         if 0 < trained < len(acc):
             axis.axhline(trained - 0.5, color="white", linestyle="--", linewidth=1)
+        _mark_depths(axis, train_depths or {}, [variant])
+        _integer_ticks(axis)
         axis.set(title=variant, xlabel="loops K", ylabel="length n")
     fig.colorbar(image, ax=axes, label="accuracy (%)")
     _save(fig, path)
@@ -119,7 +154,7 @@ def plot_oracle_by_length(per_length: pd.DataFrame, path: Path, title: str) -> b
     return True
 
 
-def plot_flip_curves(grids: pd.DataFrame, path: Path, title: str) -> bool:
+def plot_flip_curves(grids: pd.DataFrame, path: Path, title: str, train_depths: dict | None = None) -> bool:
     """Flip rate Pr[ŷ_{K+1} ≠ ŷ_K] against K per variant, mean over OOD lengths (all lengths if none)."""
     if grids.empty:
         return False
@@ -133,7 +168,9 @@ def plot_flip_curves(grids: pd.DataFrame, path: Path, title: str) -> bool:
     colors = _colors(per_run["variant"].unique())
     for variant, part in per_run.groupby("variant"):
         _seed_band(axis, part, "loops", "flip_rate", variant, colors[variant])
-    axis.set(xlabel="loops K", ylabel="flip rate K → K+1 (%)")
+    _mark_depths(axis, train_depths or {}, colors, colors)
+    axis.set_yscale("symlog", linthresh=0.1)
+    axis.set(xlabel="loops K", ylabel="flip rate K → K+1 (%), symlog")
     axis.legend(fontsize="small")
     _save(fig, path)
     return True
@@ -148,7 +185,8 @@ def plot_depth_histograms(depths: pd.DataFrame, splits: pd.DataFrame, path: Path
         return False
     depths = depths.merge(splits, on=["run_id", "length"], how="left").fillna({"split": "all"})
     variants = sorted(depths["variant"].unique())
-    fig, axes = _panels(len(variants), title)
+    fig, axes = _panels(len(variants), title, share=True)
+    low, high = int(depths["depth"].min()), int(depths["depth"].max())
     for axis, variant in zip(axes, variants):
         counts = depths[depths["variant"] == variant].groupby(["split", "depth"])["count"].sum()
         names = list(counts.index.unique("split"))
@@ -161,14 +199,14 @@ def plot_depth_histograms(depths: pd.DataFrame, splits: pd.DataFrame, path: Path
                 width=width,
                 label=name.upper() if name != "all" else name,
             )
-        axis.set(title=variant, xlabel="policy depth", ylabel="samples (%)")
+        axis.set(title=variant, xlabel="policy depth", ylabel="samples (%)", xlim=(low - 1, high + 1), ylim=(0, 105))
         _integer_ticks(axis)
-        axis.legend(fontsize="small")
+        axis.legend(fontsize="small", loc="upper left", framealpha=0.8)
     _save(fig, path)
     return True
 
 
-def plot_scaling_curves(grids: pd.DataFrame, path: Path, title: str) -> bool:
+def plot_scaling_curves(grids: pd.DataFrame, path: Path, title: str, train_depths: dict | None = None) -> bool:
     """Test-time scaling: accuracy against loops, mean over lengths, per variant (log₂ x beyond 64 loops)."""
     curves = scaling_curves(grids)
     if curves.empty:
@@ -177,6 +215,8 @@ def plot_scaling_curves(grids: pd.DataFrame, path: Path, title: str) -> bool:
     colors = _colors(curves["variant"].unique())
     for variant, part in curves.groupby("variant"):
         _seed_band(axis, part, "loops", "accuracy", variant, colors[variant])
+    _mark_depths(axis, train_depths or {}, colors, colors)
+    axis.set_xlim(0.5, curves["loops"].max() + 0.5)
     if curves["loops"].max() > 64:
         axis.set_xscale("log", base=2)
     axis.set(xlabel="loops", ylabel="accuracy, mean over lengths (%)", ylim=(-2, 102))
@@ -190,20 +230,25 @@ def _slug(text: str) -> str:
 
 
 def write_task_plots(
-    out: Path, task: str, per_length: pd.DataFrame, grids: pd.DataFrame, depths: pd.DataFrame
+    out: Path,
+    task: str,
+    per_length: pd.DataFrame,
+    grids: pd.DataFrame,
+    depths: pd.DataFrame,
+    train_depths: dict | None = None,
 ) -> list[Path]:
-    """Every figure of one task that its inputs allow; returns the PNGs written."""
+    """Every figure of one task that its inputs allow; returns the PNGs written (each with a PDF beside it)."""
     per_length, grids, depths = (f[f["task.name"] == task] for f in (per_length, grids, depths))
     if not grids.empty:
         splits = grids[["run_id", "length", "split"]].drop_duplicates()
     else:
         splits = per_length[["run_id", "length", "split"]]
     figures = [
-        ("accuracy", lambda p: plot_accuracy_heatmaps(grids, p, f"{task}: acc(n, K), mean over seeds")),
+        ("accuracy", lambda p: plot_accuracy_heatmaps(grids, p, f"{task}: acc(n, K), mean over seeds", train_depths)),
         ("oracle", lambda p: plot_oracle_by_length(per_length, p, f"{task}: Oracle(n) over seeds")),
-        ("flips", lambda p: plot_flip_curves(grids, p, f"{task}: flip rate against depth")),
+        ("flips", lambda p: plot_flip_curves(grids, p, f"{task}: flip rate against depth", train_depths)),
         ("depths", lambda p: plot_depth_histograms(depths, splits, p, f"{task}: test-time policy depth")),
-        ("scaling", lambda p: plot_scaling_curves(grids, p, f"{task}: test-time scaling")),
+        ("scaling", lambda p: plot_scaling_curves(grids, p, f"{task}: test-time scaling", train_depths)),
     ]
     written = []
     for kind, plot in figures:
