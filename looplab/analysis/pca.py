@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from looplab.plotting import pyplot
+from looplab.plotting import pyplot, save_figure
 
 
 def trajectory_pca(states: Tensor, components: int = 3) -> tuple[Tensor, Tensor]:
@@ -51,6 +51,4 @@ def plot_trajectories(coords: Tensor, explained: Tensor, path2d: Path, path3d: P
         if dims == 3:
             axis.set_zlabel(labels[2])
         axis.set_title(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save_figure(fig, path)

@@ -105,7 +105,7 @@ def evaluate_run(
         curve = scaling_frame(outcomes)
         summary.update(scaling_summary(curve))
         atomic_write(out / "scaling.csv", lambda p: curve.to_csv(p, index=False))
-        atomic_write(out / "scaling.png", lambda p: plot_scaling(curve, p, f"{run_dir.name}: test-time scaling"))
+        plot_scaling(curve, out / "scaling.png", f"{run_dir.name}: test-time scaling")  # PNG + PDF, atomically
     frame = grid_frame(outcomes, config.task.train_max)
     atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
     depths = policy_depth_frame(outcomes)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from looplab.eval.grid import LengthOutcome
-from looplab.plotting import pyplot
+from looplab.plotting import pyplot, save_figure
 
 REPORTED_LOOPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -76,6 +76,4 @@ def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "") -> None:
         for axis in (left, right):
             axis.axvline(first, color="tab:red", linestyle=":", label="first non-finite state")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from looplab.config import PRESETS, load_config
 from looplab.eval.run import evaluate_run
+from looplab.plotting import save_figure
 from looplab.train.trainer import train
 
 matplotlib.use("Agg")
@@ -64,8 +65,7 @@ def main() -> None:
     acc.set(xlabel="test loops", ylabel="accuracy (%)", xscale="log", title="accuracy vs test loops")
     norm.set(xlabel="test loops", ylabel="‖h_t‖ per token", xscale="log", yscale="log", title="state norm")
     acc.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(Path(args.out) / "diagnostic.png", dpi=110)
+    save_figure(fig, Path(args.out) / "diagnostic.png")
     print(f"wrote {args.out}/diagnostic.csv and diagnostic.png")
 
 

@@ -23,7 +23,7 @@ from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
 from looplab.model import LoopedTransformer
-from looplab.plotting import pyplot
+from looplab.plotting import pyplot, save_figure
 from looplab.schedules import DepthRule
 from looplab.seeding import derive_generator
 from looplab.tasks import IGNORE
@@ -127,9 +127,7 @@ def plot_lm_loops(frame: pd.DataFrame, path: Path, training_depth: int | None, t
     axis.set_ylabel("next-byte loss (nats)")
     axis.set_title(title or "validation loss vs loops")
     axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def training_depth(exp: Experiment) -> int | None:
@@ -167,6 +165,6 @@ def evaluate_lm_run(
     out = Path(out) if out is not None else run_dir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))
-    atomic_write(out / PLOT_FILE, lambda p: plot_lm_loops(frame, p, depth, f"{run_dir.name}: validation loss"))
+    plot_lm_loops(frame, out / PLOT_FILE, depth, f"{run_dir.name}: validation loss")  # PNG + PDF, atomically
     atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from looplab.analysis.colsum import colsum_concentration
 from looplab.analysis.massive import massive_ratio
 from looplab.errors import LooplabError
-from looplab.plotting import pyplot
+from looplab.plotting import pyplot, save_figure
 
 __all__ = [
     "GGUF_PACKAGE",
@@ -213,10 +213,8 @@ def plot_feedforward_stages(stages: FeedForwardStages, out_dir: Path, title: str
     axis.set_ylabel("ColSum concentration")
     axis.set_title(f"{title}: attention-sink stages (feed-forward)")
     axis.legend(fontsize=6, loc="upper right", ncol=2)
-    fig.tight_layout()
     colsum_path = out_dir / "colsum_vs_layer.png"
-    fig.savefig(colsum_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, colsum_path)
 
     fig, axis = plt.subplots(figsize=(7, 3.2))
     axis.plot(range(-1, stages.massive.shape[0] - 1), stages.massive.numpy(), marker="o", markersize=3)
@@ -224,8 +222,6 @@ def plot_feedforward_stages(stages: FeedForwardStages, out_dir: Path, title: str
     axis.set_xlabel("layer (−1 = embeddings)")
     axis.set_ylabel("max |X| / median |X|")
     axis.set_title(f"{title}: massive activations")
-    fig.tight_layout()
     massive_path = out_dir / "massive_vs_layer.png"
-    fig.savefig(massive_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, massive_path)
     return [colsum_path, massive_path]

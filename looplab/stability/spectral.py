@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from looplab.model import LoopedTransformer
-from looplab.plotting import pyplot
+from looplab.plotting import pyplot, save_figure
 from looplab.stability.jacobian import loop_map, spectral_radius_exact, spectral_radius_power
 from looplab.tasks import TaskBatch
 
@@ -53,6 +53,4 @@ def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     axis.axhline(1.0, color="grey", linewidth=0.8)
     axis.set(xlabel="loop t", ylabel="ρ(∂Φ/∂h at h_t)", title=title)
     axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
