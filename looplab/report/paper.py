@@ -30,6 +30,7 @@ from looplab.report.comparison import (
 )
 from looplab.report.stopping import (
     PLACE_RULE,
+    effect_tests,
     paper_cost_ratio,
     paper_front_ratio,
     protocol_lines,
@@ -163,6 +164,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
         derive=paper_cost_ratio,
     )
     notes = main[1] + ablation[1] + cost[1] + protocol_notes + stopping_conclusions(ours)
+    notes += effect_tests(ours.results)
     return main[0] + ablation[0] + cost[0], notes
 
 

@@ -364,3 +364,20 @@ def test_conclusion_rule_needs_disjoint_intervals(base, other, verdict):
 
     as_stats = lambda lo_hi: {"ci_lo": lo_hi[0], "ci_hi": lo_hi[1]}
     assert _differs(as_stats(base), as_stats(other), "mean", ("ci_lo", "ci_hi")) == verdict
+
+
+def test_effect_test_follows_its_stated_rule():
+    from looplab.report.stopping import effect_tests
+
+    def rows(variant, oods, gaps):
+        return pd.DataFrame({"task.name": "binary_addition", "variant": variant, "oracle_ood": oods, "gap": gaps})
+
+    spread = rows("fixed", [0.1, 0.5, 0.9, 0.3, 0.7, 0.2, 0.8, 0.4], [0.3, 0.2, 0.35, 0.25, 0.3, 0.28, 0.32, 0.22])
+    steady = rows("window", [0.50, 0.51, 0.49, 0.50, 0.52, 0.48, 0.50, 0.51], [0.01] * 8)
+    (line,) = effect_tests(pd.concat([spread, steady]))
+    assert line.startswith("Effect test, binary_addition, fixed vs window (8 and 8 seeds") and line.endswith(
+        ": reproduced."
+    )
+    (same,) = effect_tests(pd.concat([spread, rows("window", spread["oracle_ood"], spread["gap"])]))
+    assert same.endswith(": not reproduced.")
+    assert effect_tests(spread) == []  # nothing to compare with
