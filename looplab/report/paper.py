@@ -28,9 +28,10 @@ from looplab.report.comparison import (
     read_paper_table,
     variant_stem,
 )
+from looplab.report.effect import effect_tests
 from looplab.report.stopping import (
     PLACE_RULE,
-    effect_tests,
+    best_k_table,
     paper_cost_ratio,
     paper_front_ratio,
     protocol_lines,
@@ -165,7 +166,8 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
     )
     notes = main[1] + ablation[1] + cost[1] + protocol_notes + stopping_conclusions(ours)
     notes += effect_tests(ours.results)
-    return main[0] + ablation[0] + cost[0], notes
+    best_k = best_k_table(ours.results)
+    return main[0] + ablation[0] + cost[0] + ([best_k] if best_k is not None else []), notes
 
 
 def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:

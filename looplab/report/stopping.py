@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pandas as pd
 import torch
 
 from looplab.errors import LooplabError
-from looplab.report.aggregate import BOOTSTRAP_SEED, RESAMPLES, aggregate, in_display_units, numeric
+from looplab.report.aggregate import aggregate, in_display_units, numeric
 from looplab.report.comparison import Ours, paper_value, variant_stem
-from looplab.report.tables import group_key, metric_stats, stats_by_group
+from looplab.report.tables import Table, group_key, metric_stats, seeds_cell, stats_by_group
 from looplab.tasks import make_task
 
 SCALE_FREE = ("front90_rel", "block_evals_rel")
@@ -220,53 +219,34 @@ def _differs(base, other, stat: str, bounds: tuple[str, str]) -> str:
     return "not distinguishable"
 
 
-EFFECT_RULE = (
-    "the effect is reproduced for a task when the 95% bootstrap interval of std(fixed) / std(other) of Oracle "
-    "OOD lies above 1 and that of Gap(fixed) − Gap(other) lies above 0 (each variant's seeds resampled apart)"
-)
-
-
-def effect_interval(fixed, other, statistic, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED):
-    """Percentile bootstrap interval (95%) of ``statistic(fixed, other)``, resampling each sample's seeds apart."""
-    fixed, other = np.asarray(fixed, dtype=float), np.asarray(other, dtype=float)
-    rng = np.random.default_rng(seed)
-    draws = [
-        statistic(fixed[rng.integers(0, len(fixed), len(fixed))], other[rng.integers(0, len(other), len(other))])
-        for _ in range(resamples)
-    ]
-    return tuple(float(v) for v in np.nanquantile(draws, [0.025, 0.975]))
-
-
-def _std_ratio(a, b):
-    spread = b.std(ddof=1)
-    return a.std(ddof=1) / spread if spread > 0 else np.nan
-
-
-def _gap_difference(a, b):
-    return a.mean() - b.mean()
-
-
-def effect_tests(results: pd.DataFrame, reference: str = "fixed", others=("window", "rl_halting")) -> list[str]:
-    """Per task and other variant, the stopping paper's effect by EFFECT_RULE (needs ≥ 2 seeds on each side)."""
-    lines = []
-    if not {"task.name", "variant", "oracle_ood", "gap"} <= set(results.columns):
-        return lines
-    stems = results["variant"].map(variant_stem)
-    for task in sorted(results["task.name"].unique()):
-        base = results[(results["task.name"] == task) & (stems == reference)]
-        for other in others:
-            rows = results[(results["task.name"] == task) & (stems == other)]
-            if len(base) < 2 or len(rows) < 2:
-                continue
-            fixed_ood, other_ood = numeric(base, "oracle_ood").to_numpy(), numeric(rows, "oracle_ood").to_numpy()
-            fixed_gap, other_gap = 100 * numeric(base, "gap").to_numpy(), 100 * numeric(rows, "gap").to_numpy()
-            ratio = effect_interval(fixed_ood, other_ood, _std_ratio)
-            gaps = effect_interval(fixed_gap, other_gap, _gap_difference)
-            verdict = "reproduced" if ratio[0] > 1 and gaps[0] > 0 else "not reproduced"
-            lines.append(
-                f"Effect test, {task}, {reference} vs {other} ({len(base)} and {len(rows)} seeds; {EFFECT_RULE}): "
-                f"std ratio {_std_ratio(fixed_ood, other_ood):.2f} [{ratio[0]:.2f}, {ratio[1]:.2f}], "
-                f"Gap difference {_gap_difference(fixed_gap, other_gap):.1f} pp [{gaps[0]:.1f}, {gaps[1]:.1f}]: "
-                f"{verdict}."
+def best_k_table(results: pd.DataFrame) -> Table | None:
+    """Best K per evaluated length (the smallest K reaching Oracle(n)), mean ± std over seeds, per task × variant."""
+    columns = sorted(
+        (c for c in results.columns if c.startswith("per_length.") and c.endswith(".best_k")),
+        key=lambda c: int(c.split(".")[1]),
+    )
+    if not columns or not {"task.name", "variant"} <= set(results.columns):
+        return None
+    display, numbers = [], []
+    for (task, variant), rows in results.groupby(["task.name", "variant"], sort=True):
+        shown, values = (
+            {"Task": task, "Variant": variant, "Seeds": seeds_cell(len(rows))},
+            {"task.name": task, "variant": variant},
+        )
+        for column in columns:
+            n, found = column.split(".")[1], numeric(rows, column).dropna()
+            mean = float(found.mean()) if len(found) else math.nan
+            spread = float(found.std(ddof=1)) if len(found) > 1 else math.nan
+            shown[f"n = {n}"] = (
+                "–" if not len(found) else (f"{mean:.1f}" + (f" ± {spread:.1f}" if len(found) > 1 else ""))
             )
-    return lines
+            values[f"best_k.{n}.mean"], values[f"best_k.{n}.std"] = mean, spread
+        display.append(shown)
+        numbers.append(values)
+    return Table(
+        "Best K per length (mean ± std over seeds)",
+        pd.DataFrame(display),
+        pd.DataFrame(numbers),
+        "Best K: the smallest number of loops at which a run reaches its Oracle(n).",
+        "stopping_best_k",
+    )

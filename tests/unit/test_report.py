@@ -367,7 +367,7 @@ def test_conclusion_rule_needs_disjoint_intervals(base, other, verdict):
 
 
 def test_effect_test_follows_its_stated_rule():
-    from looplab.report.stopping import effect_tests
+    from looplab.report.effect import effect_tests
 
     def rows(variant, oods, gaps):
         return pd.DataFrame({"task.name": "binary_addition", "variant": variant, "oracle_ood": oods, "gap": gaps})
