@@ -159,7 +159,9 @@ class EvalConfig:
     """One-unroll evaluation grid (docs/methods.md §5) and the test-time exits of docs/methods.md §4.
 
     ``fixed_exit`` is the K of the ``fixed`` exit (0: min(20, max_loops));
-    ``convergence_eps`` the ε of the ``convergence`` exit.
+    ``convergence_eps`` the ε of the ``convergence`` exit. ``checkpoint_samples`` > 0
+    evaluates that many samples per length at every checkpoint during training, for
+    TensorBoard's ``eval/*`` curves (0: only the evaluation after training).
     """
 
     max_loops: int = 30
@@ -167,6 +169,7 @@ class EvalConfig:
     batch_size: int = 256
     fixed_exit: int = 0
     convergence_eps: float = 1e-3
+    checkpoint_samples: int = 0
 
 
 @dataclass

@@ -88,6 +88,12 @@ class RunLog:
         self.handle = open(self.path, "a")
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
+    def write_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """Evaluation metrics at a checkpoint, as ``eval/*`` scalars."""
+        for key, value in metrics.items():
+            self.tensorboard.add_scalar(f"eval/{key}", value, step)
+        self.tensorboard.flush()
+
     def write(self, record: dict) -> None:
         self.handle.write(json.dumps(record) + "\n")
         self.handle.flush()
@@ -143,6 +149,27 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
         return {"loss": global_loss, "grad_norm": next(n for n in norms.values() if not math.isfinite(n))}
     optimizer.step()
     return {"loss": global_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"], **stats}
+
+
+def checkpoint_metrics(exp: Experiment) -> dict[str, float]:
+    """The headline metrics of a quick evaluation (``eval.checkpoint_samples`` per length) of the model as it is."""
+    from looplab.eval.grid import evaluate_lengths
+    from looplab.eval.metrics import summarize
+
+    cfg = exp.config
+    outcomes = evaluate_lengths(
+        exp.model,
+        exp.task,
+        exp.schedule,
+        cfg.task.eval_lengths,
+        cfg.eval.max_loops,
+        cfg.eval.checkpoint_samples,
+        cfg.eval.batch_size,
+        cfg.run.seed,
+    )
+    summary = summarize(outcomes, cfg.task.train_max)
+    keys = ("oracle_id", "oracle_ood", "policy_id", "policy_ood", "gap", "front90", "flip_rate")
+    return {key: float(summary[key]) for key in keys if summary.get(key) is not None}
 
 
 def _window_mean(window: list[dict]) -> dict:
@@ -217,6 +244,8 @@ def _train_loop(
                 f"non-finite weights after step {step}, not saved; "
                 f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}"
             )
+        if log is not None and exp.config.eval.checkpoint_samples > 0:
+            log.write_eval(step, checkpoint_metrics(exp))
         if parallel.is_main:
             save_checkpoint(
                 run_dir,

@@ -131,3 +131,23 @@ def test_changed_config_on_existing_run_dir_is_refused(trained_run):
     result = run_cli("train", str(config), "--set", "train.lr=0.5", "--out", str(run_dir))
     assert "train.lr" in _one_line_error(result)
     assert (run_dir / "config.toml").read_text() == before
+
+
+def test_checkpoint_evaluations_reach_tensorboard(tiny_config, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "train",
+        str(tiny_config(steps=10, checkpoint_every=5)),
+        "--out",
+        str(run_dir),
+        "--set",
+        "eval.checkpoint_samples=8",
+        "--no-progress",
+    )
+    assert result.returncode == 0, result.stderr
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/oracle_ood")] == [5, 10]
+    assert all(0 <= e.value <= 1 for e in events.Scalars("eval/oracle_id"))
