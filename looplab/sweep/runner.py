@@ -118,7 +118,7 @@ def link_tensorboard_runs(out: Path, points) -> None:
         name = f"{config['task']['name']}-{point.variant}-seed{config['run']['seed']}"
         link = folder / re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name)
         folder.mkdir(exist_ok=True)
-        if not link.is_symlink():
+        if not (link.exists() or link.is_symlink()):  # a copied sweep dir may hold the folder itself
             link.symlink_to(os.path.relpath(target, folder))
 
 
