@@ -8,9 +8,7 @@ import subprocess
 
 import pytest
 
-from looplab.report import paper as paper_module
-from looplab.report import write_report
-from tests.unit.test_report import STOPPING_MAIN, STOPPING_PROTOCOL, make_sweep
+from tests.unit.test_report import synthetic_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
@@ -43,14 +41,8 @@ window.addEventListener('load', () => {
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    paper_dir = tmp_path_factory.mktemp("paper_tables")
-    (paper_dir / "stopping_main.csv").write_text(STOPPING_MAIN)
-    (paper_dir / "stopping_protocol.csv").write_text(STOPPING_PROTOCOL)
-    make_sweep(root)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(paper_module, "PAPER_TABLES_DIR", paper_dir)
-        report = write_report(root, paper="stopping")
+    """A synthetic sweep's report.html, with the checking script added to a copy."""
+    _, report, _ = synthetic_report(tmp_path_factory)
     checked = report / "checked.html"
     checked.write_text((report / "report.html").read_text().replace("</body>", CHECK))
     return checked

@@ -131,8 +131,8 @@ def make_sweep(root) -> pd.DataFrame:
     return results
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def synthetic_report(tmp_path_factory):
+    """The stopping report of :func:`make_sweep` against small paper tables: (sweep dir, report dir, results)."""
     root = tmp_path_factory.mktemp("sweep")
     paper_dir = tmp_path_factory.mktemp("paper_tables")
     (paper_dir / "stopping_main.csv").write_text(STOPPING_MAIN)
@@ -142,6 +142,11 @@ def sweep(tmp_path_factory):
         patch.setattr(paper_module, "PAPER_TABLES_DIR", paper_dir)
         report = write_report(root, paper="stopping")
     return root, report, results
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return synthetic_report(tmp_path_factory)
 
 
 # ----------------------------------------------------------------------------- (a) statistics
