@@ -100,9 +100,10 @@ def _colors(variants) -> dict[str, str]:
 
 def _mark_depths(axis, train_depths: dict, variants, colors: dict | None = None) -> None:
     """A vertical line at each variant's training depth (white on heatmaps, the variant's colour on curves)."""
+    low, high = sorted(axis.get_xlim())
     for variant in variants:
         depth = train_depths.get(variant)
-        if depth is not None and np.isfinite(depth):
+        if depth is not None and np.isfinite(depth) and low <= depth <= high:  # e.g. not a clip bound of 100
             color = "white" if colors is None else colors[variant]
             axis.axvline(depth, color=color, linestyle=":" if colors is None else "--", linewidth=1, alpha=0.8)
 
