@@ -248,48 +248,6 @@ def test_range_checks(override):
         load_config(None, extra + [override])
 
 
-@pytest.mark.parametrize(
-    "schedule, override, domain",
-    [
-        ("fixed", "depth=0", r"\[1, inf\)"),
-        ("fixed_window", "window=-1", r"\[0, inf\)"),
-        ("window", "t_max=0", r"\[1, inf\)"),
-        ("multi_depth", "t_max=-3", r"\[1, inf\)"),
-        ("lognormal", "sigma=-0.1", r"\[0, inf\)"),
-        ("lognormal", "mu=nan", r"\(-inf, inf\)"),
-        ("lognormal", "lo=0", r"\[1, inf\)"),
-        ("poisson_lognormal", "mean_depth=0.5", r"\[1, inf\)"),
-        ("rl_halting", "baseline_momentum=1.0", r"\[0, 1\)"),
-        ("rl_halting", "entropy_weight=-1", r"\[0, inf\)"),
-        ("rl_halting", "lr_scale=0", r"\(0, inf\)"),
-        ("pondernet", "ponder_prior=1.0", r"\(0, 1\)"),
-        ("pondernet", "ponder_beta=-0.5", r"\[0, inf\)"),
-        ("pondernet", "t_max=0", r"\[1, inf\)"),
-    ],
-)
-def test_schedule_parameters_are_checked_by_the_schedule_that_reads_them(schedule, override, domain):
-    key = override.split("=")[0]
-    with pytest.raises(LooplabError, match=rf"schedule\.{key} must be in {domain} for the {schedule} schedule"):
-        check_config(load_config(None, [f"schedule.name={schedule}", f"schedule.{override}"]))
-    # a schedule that does not read the key is not bothered by it
-    other = "matched" if schedule != "matched" else "fixed"
-    if key not in SCHEDULES[other].params:
-        check_config(load_config(None, [f"schedule.name={other}", f"schedule.{override}"]))
-
-
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        (["schedule.name=lognormal", "schedule.lo=5", "schedule.hi=2"], "lo <= schedule.hi"),
-        (["schedule.name=rl_halting", "schedule.entropy_mode=guess"], "exact, sampled"),
-        (["schedule.name=rl_halting", "train.backprop_loops=2"], "needs a rule schedule"),
-    ],
-)
-def test_schedule_constraints_between_keys(override, message):
-    with pytest.raises(LooplabError, match=message):
-        check_config(load_config(None, override))
-
-
 def test_init_errors_name_the_key_and_the_domain():
     with pytest.raises(LooplabError, match=r"model\.init_std must be in \(0, inf\), got -1\.0"):
         load_config(None, ["model.init_std=-1"])

@@ -1,0 +1,58 @@
+"""The stopping comparison's rules: where a paper value lies against our interval, the conclusion rule,
+and the effect test of the stopping study."""
+
+import math
+
+import pandas as pd
+import pytest
+
+
+@pytest.mark.parametrize(
+    "value, low, high, where",
+    [
+        (5.0, 1.0, 4.0, "above"),
+        (0.5, 1.0, 4.0, "below"),
+        (1.0, 1.0, 4.0, "inside"),
+        (4.0, 1.0, 4.0, "inside"),
+        ("<0.65", 1.0, 4.0, "–"),
+        (2.0, math.nan, 4.0, "–"),
+        (None, 1.0, 4.0, "–"),
+    ],
+)
+def test_where_a_paper_value_lies_against_our_interval(value, low, high, where):
+    from looplab.report.comparison import place
+
+    assert place(value, low, high) == where
+
+
+@pytest.mark.parametrize(
+    "base, other, verdict",
+    [
+        ((1.0, 2.0), (3.0, 4.0), "higher"),
+        ((3.0, 4.0), (1.0, 2.0), "lower"),
+        ((1.0, 3.0), (2.0, 4.0), "not distinguishable"),
+        ((1.0, math.nan), (2.0, 4.0), "not measured"),
+    ],
+)
+def test_conclusion_rule_needs_disjoint_intervals(base, other, verdict):
+    from looplab.report.stopping import _differs
+
+    as_stats = lambda lo_hi: {"ci_lo": lo_hi[0], "ci_hi": lo_hi[1]}
+    assert _differs(as_stats(base), as_stats(other), "mean", ("ci_lo", "ci_hi")) == verdict
+
+
+def test_effect_test_follows_its_stated_rule():
+    from looplab.report.effect import effect_tests
+
+    def rows(variant, oods, gaps):
+        return pd.DataFrame({"task.name": "binary_addition", "variant": variant, "oracle_ood": oods, "gap": gaps})
+
+    spread = rows("fixed", [0.1, 0.5, 0.9, 0.3, 0.7, 0.2, 0.8, 0.4], [0.3, 0.2, 0.35, 0.25, 0.3, 0.28, 0.32, 0.22])
+    steady = rows("window", [0.50, 0.51, 0.49, 0.50, 0.52, 0.48, 0.50, 0.51], [0.01] * 8)
+    (line,) = effect_tests(pd.concat([spread, steady]))
+    assert line.startswith("Effect test, binary_addition, fixed vs window (8 and 8 seeds") and line.endswith(
+        ": reproduced."
+    )
+    (same,) = effect_tests(pd.concat([spread, rows("window", spread["oracle_ood"], spread["gap"])]))
+    assert same.endswith(": not reproduced.")
+    assert effect_tests(spread) == []  # nothing to compare with
