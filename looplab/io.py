@@ -1,12 +1,15 @@
-"""Small file helpers shared by the writers of run directories: atomic writes and exclusive locks."""
+"""Small helpers shared by the writers of run directories: atomic writes, exclusive locks, and the
+flattening of nested records into one-level rows."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from looplab.errors import LooplabError
 
@@ -48,3 +51,17 @@ def exclusive_lock(directory: Path, what: str) -> Iterator[None]:
         yield
     finally:
         handle.close()
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys; lists become JSON strings so every cell is a scalar."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(value)
+        else:
+            flat[name] = value
+    return flat

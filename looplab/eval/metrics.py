@@ -108,3 +108,11 @@ def summarize(outcomes: list[LengthOutcome], train_max: int, settings: ExitSetti
         "exits": exit_summary(outcomes, train_max, settings),
         "halting": {str(o.length): halting_summary(o) for o in outcomes if o.hazard_logits is not None},
     }
+
+
+HEADLINE = ("oracle_id", "oracle_ood", "policy_id", "policy_ood", "gap", "front90", "flip_rate")
+
+
+def headline_metrics(summary: dict) -> dict[str, float]:
+    """The HEADLINE numbers of a summary that it has (Oracle OOD of a run without OOD lengths is None)."""
+    return {key: float(summary[key]) for key in HEADLINE if summary.get(key) is not None}

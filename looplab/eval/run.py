@@ -10,11 +10,11 @@ from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
 from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
-from looplab.eval.metrics import summarize
+from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
 from looplab.experiment import Experiment
-from looplab.io import atomic_write
+from looplab.io import atomic_write, flatten
 from looplab.memory import check_fits, eval_bytes
 from looplab.rundir import read_log
 
@@ -118,33 +118,18 @@ def evaluate_run(
     return summary
 
 
-TENSORBOARD_METRICS = ("oracle_id", "oracle_ood", "policy_id", "policy_ood", "gap", "front90", "flip_rate")
-
-
 def log_to_tensorboard(run_dir: Path, config, summary: dict) -> None:
     """The evaluation's headline metrics as ``eval/*`` scalars at the evaluated checkpoint's step, and the
     run's hyper-parameters with them (TensorBoard's HParams tab)."""
     from torch.utils.tensorboard import SummaryWriter
 
     step = int(summary["checkpoint"].split("_")[1]) if summary.get("checkpoint") else 0
-    metrics = {f"eval/{k}": float(summary[k]) for k in TENSORBOARD_METRICS if summary.get(k) is not None}
-    hparams = {
-        f"{section}.{key}": value if isinstance(value, (int, float, str, bool)) else str(value)
-        for section, table in config.to_dict().items()
-        for key, value in _flat(table)
-    }
+    metrics = {f"eval/{k}": v for k, v in headline_metrics(summary).items()}
+    hparams = flatten(config.to_dict())  # lists as JSON strings: every value a scalar
     with SummaryWriter(str(run_dir / "tensorboard")) as writer:
         for name, value in metrics.items():
             writer.add_scalar(name, value, step)
         writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, run_name="hparams")
-
-
-def _flat(table: dict, prefix: str = ""):
-    for key, value in table.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def training_cost(run_dir: Path) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from looplab.io import atomic_write
+from looplab.io import atomic_write, flatten
 from looplab.sweep.run_point import read_result
 from looplab.sweep.spec import RunPoint
 
@@ -29,20 +29,6 @@ SUMMARIES = {
     "lm.": ("eval", "lm_summary.json"),
     "analysis.": ("analysis", "mechanistic", "summary.json"),
 }
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts to dotted keys; lists become JSON strings so every cell is a scalar."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        elif isinstance(value, (list, tuple)):
-            flat[name] = json.dumps(value)
-        else:
-            flat[name] = value
-    return flat
 
 
 def run_row(sweep_dir: Path, point: RunPoint) -> dict[str, Any] | None:

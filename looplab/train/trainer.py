@@ -154,7 +154,7 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
 def checkpoint_metrics(exp: Experiment) -> dict[str, float]:
     """The headline metrics of a quick evaluation (``eval.checkpoint_samples`` per length) of the model as it is."""
     from looplab.eval.grid import evaluate_lengths
-    from looplab.eval.metrics import summarize
+    from looplab.eval.metrics import headline_metrics, summarize
 
     cfg = exp.config
     outcomes = evaluate_lengths(
@@ -167,9 +167,7 @@ def checkpoint_metrics(exp: Experiment) -> dict[str, float]:
         cfg.eval.batch_size,
         cfg.run.seed,
     )
-    summary = summarize(outcomes, cfg.task.train_max)
-    keys = ("oracle_id", "oracle_ood", "policy_id", "policy_ood", "gap", "front90", "flip_rate")
-    return {key: float(summary[key]) for key in keys if summary.get(key) is not None}
+    return headline_metrics(summarize(outcomes, cfg.task.train_max))
 
 
 def _window_mean(window: list[dict]) -> dict:
