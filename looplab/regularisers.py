@@ -61,7 +61,8 @@ class Regulariser(ABC):
 
     @abstractmethod
     def penalty(self, model: LoopedTransformer, probe: LoopProbe, generator: torch.Generator) -> Tensor:
-        """[B] per-sample penalty at the probe states, differentiable in the model's parameters."""
+        """[B] per-sample penalty at the probe states (or at a subset of them), differentiable in the
+        model's parameters; the loss takes its mean."""
 
     def generator_for(self, step: int, seed: int, parallel: Parallel) -> torch.Generator | None:
         """The generator of this step's penalty, or None when the step is not regularised."""
@@ -107,18 +108,23 @@ def regularised_loss(
 @register_regulariser
 @dataclass
 class JacobianPenalty(Regulariser):
-    """JSRR: the ``estimator`` of the one-loop Jacobian at the probe states (``stability.jacobian``)."""
+    """JSRR: the ``estimator`` of the one-loop Jacobian at the probe states (``stability.jacobian``),
+    on ``rows`` rows drawn at random (0: every row)."""
 
     name: ClassVar[str] = "jsrr"
     estimator: str = "jvp"
     power_iters: int = 1
+    rows: int = 0
 
     @classmethod
     def from_config(cls, config):
         jsrr = config.stability.jsrr
         if jsrr.estimator == "none":
             return None
-        return cls(jsrr.weight, jsrr.warmup, jsrr.prob, jsrr.estimator, jsrr.power_iters)
+        return cls(jsrr.weight, jsrr.warmup, jsrr.prob, jsrr.estimator, jsrr.power_iters, jsrr.rows)
 
     def penalty(self, model, probe, generator):
+        if 0 < self.rows < len(probe.h):
+            chosen = torch.randperm(len(probe.h), generator=generator)[: self.rows].to(probe.h.device)
+            probe = LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen])
         return jsrr_per_sample(model, probe, self.estimator, self.power_iters, generator)

@@ -67,8 +67,8 @@ def validate(config: Config) -> None:
     _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")
     jsrr = config.stability.jsrr
     _require(
-        0 <= jsrr.weight <= 1 and 0 <= jsrr.prob <= 1 and jsrr.power_iters >= 0 and jsrr.warmup >= 0,
-        "stability.jsrr needs weight and prob in [0, 1], power_iters >= 0 and warmup >= 0",
+        0 <= jsrr.weight <= 1 and 0 <= jsrr.prob <= 1 and min(jsrr.power_iters, jsrr.warmup, jsrr.rows) >= 0,
+        "stability.jsrr needs weight and prob in [0, 1], power_iters >= 0, warmup >= 0 and rows >= 0 (0 = every row)",
     )
     _require(tr.backprop_loops >= 0, "train.backprop_loops must be >= 0 (0 = through every loop)")
     _require(

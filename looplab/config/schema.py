@@ -140,6 +140,9 @@ class JsrrConfig:
     ``frobenius`` (Hutchinson estimate of ‖J‖²_F / D, as in DEQ). The loss is
     (1 − weight)·CE + weight·penalty, after ``warmup`` steps, on a step with
     probability ``prob``, with ``power_iters`` gradient-free power iterations first.
+    ``rows`` > 0 computes the penalty on that many rows of the batch, drawn at
+    random each step (0: every row): the same expected penalty, at a fraction of
+    the cost, with more variance.
     """
 
     estimator: str = "none"
@@ -147,6 +150,7 @@ class JsrrConfig:
     power_iters: int = 1
     warmup: int = 0
     prob: float = 1.0
+    rows: int = 0
 
 
 @dataclass

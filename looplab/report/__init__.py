@@ -8,6 +8,7 @@ comparison  one table of our statistics beside a paper CSV's rows
 paper       which of our groups matches which paper row, per paper (read at report time)
 stopping    the stopping comparison's protocols, variant names, scale-free ratios and conclusions
 effect      the stopping study's effect test
+halting     whether a learned halting policy collapsed to shallow depths
 plots       figures per task, with their captions
 html        the self-contained report.html
 build       write_report, which ties them together

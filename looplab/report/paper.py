@@ -29,6 +29,7 @@ from looplab.report.comparison import (
     variant_stem,
 )
 from looplab.report.effect import effect_tests
+from looplab.report.halting import halting_table
 from looplab.report.stopping import (
     PLACE_RULE,
     best_k_table,
@@ -166,8 +167,8 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
     )
     notes = main[1] + ablation[1] + cost[1] + protocol_notes + stopping_conclusions(ours)
     notes += effect_tests(ours.results)
-    best_k = best_k_table(ours.results)
-    return main[0] + ablation[0] + cost[0] + ([best_k] if best_k is not None else []), notes
+    extra = [table for table in (best_k_table(ours.results), halting_table(ours.results)) if table is not None]
+    return main[0] + ablation[0] + cost[0] + extra, notes
 
 
 def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:

@@ -87,6 +87,8 @@ CASES = [
     ("train {cfg} --set run.device=cuda:x --out {new}", 2, "is not 'cpu', 'cuda' or 'cuda:N'"),
     ("train {cfg} --set run.device=tpu --out {new}", 2, "run.device must be 'cpu' or 'cuda[:N]'"),
     ("train {cfg} --set model.d_model=31 --out {new}", 2, "must be a positive multiple of model.n_heads"),
+    ("train {cfg} --set stability.jsrr.rows=-1 --out {new}", 2, "rows >= 0 (0 = every row)"),
+    ("train {cfg} --set model.attention_window=-2 --out {new}", 2, "model.attention_window must be >= 0"),
     # ---- output paths
     ("train {cfg} --out {root}/a_file", 2, "a_file"),
     ("train {cfg} --out /sys/looplab-test-run", 2, "/sys/looplab-test-run"),

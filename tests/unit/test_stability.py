@@ -155,3 +155,30 @@ def test_truncated_backprop_equals_detaching_k_loops_before_the_end(keep):
         model.forward_at_depths(batch.tokens, batch.valid, depths).pow(2).sum().backward()
         full = [p.grad for p in model.parameters()]
         assert not all(torch.allclose(a, b) for a, b in zip(truncated, full))
+
+
+def test_jsrr_on_a_row_subset_is_the_full_penalty_of_those_rows_and_unbiased():
+    from looplab.regularisers import JacobianPenalty
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=8, n_heads=2, core_layers=1, placement="post_sandwich", injection="add")
+    model = LoopedTransformer(cfg, TASK.vocab_size).double()
+    batch = TASK.sample_lengths(torch.tensor([3, 1, 2, 3, 2, 1]), torch.Generator().manual_seed(0))
+    h, e, ctx = model.start(batch.tokens, batch.valid)
+    probe = LoopProbe(model.step(h, e, ctx).detach(), e.detach(), batch.valid)
+    full = JacobianPenalty(0.1, estimator="frobenius", power_iters=0)
+    subset = JacobianPenalty(0.1, estimator="frobenius", power_iters=0, rows=2)
+    chosen = torch.randperm(6, generator=torch.Generator().manual_seed(5))[:2]
+    directions = torch.Generator().manual_seed(5)
+    torch.randperm(6, generator=directions)  # the subset's draw comes first, then its directions
+    expected = jsrr_per_sample(
+        model, LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen]), "frobenius", 0, directions
+    )
+    found = subset.penalty(model, probe, torch.Generator().manual_seed(5))
+    assert found.shape == (2,) and torch.allclose(found, expected)
+    # over many steps the subset's mean penalty estimates the whole batch's
+    many = lambda reg: torch.stack(
+        [reg.penalty(model, probe, torch.Generator().manual_seed(s)).mean().detach() for s in range(400)]
+    ).mean()
+    assert float(many(subset)) == pytest.approx(float(many(full)), rel=0.1)
+    assert JacobianPenalty(0.1, rows=6).rows == 6 and len(JacobianPenalty(0.1, rows=9).penalty(model, probe, None)) == 6

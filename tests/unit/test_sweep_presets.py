@@ -18,15 +18,26 @@ def test_every_study_has_a_loadable_sweep(study):
     assert points and all("threads = 1" in p.config_toml for p in points)
 
 
-def test_stopping_small_is_4_tasks_x_4_schedules_x_5_seeds():
+def test_stopping_small_is_the_pilot_protocol():
     points = load_sweep(PRESETS / "sweeps" / "stopping-small.toml").points()
     assert len(points) == 80
-    assert Counter(p.variant for p in points) == {name: 20 for name in ("fixed", "matched", "window", "rl_halting")}
     configs = [tomllib.loads(p.config_toml) for p in points]
-    assert Counter(c["task"]["name"] for c in configs) == {
-        task: 20 for task in ("binary_addition", "dyck1", "unique_set", "copy")
+    assert Counter((c["task"]["name"], p.variant) for c, p in zip(configs, points)) == {
+        **{("dyck1", v): 8 for v in ("fixed", "matched", "window", "rl_halting", "rl_halting-ent0", "pondernet")},
+        **{("binary_addition", v): 8 for v in ("fixed", "matched", "window", "rl_halting")},
     }
-    assert sorted({c["run"]["seed"] for c in configs}) == [0, 1, 2, 3, 4]
+    assert sorted({c["run"]["seed"] for c in configs}) == list(range(8))
+    for c in configs:  # one causal NoPE layer, a window of 1: an answer at position i needs about i loops
+        model = c["model"]
+        assert (model["core_layers"], model["positional"], model["causal"], model["attention_window"]) == (
+            1,
+            "nope",
+            True,
+            1,
+        )
+        assert c["task"]["eval_lengths"][-1] == 3 * c["task"]["train_max"]
+        assert c["eval"]["max_loops"] == 3 * c["schedule"]["depth"] // 2  # the paper's T_test = 1.5 T_train
+        assert c["train"]["steps"] == 600
 
 
 def test_sweep_files_are_package_data():
