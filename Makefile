@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast test-gpu lint bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -24,18 +24,20 @@ test: setup
 	$(PY) -m pytest -q -n 2 --durations=10
 
 test-fast: setup
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow and not gpu"
+
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 bench: setup
-	$(PY) bench/compaction.py
-	$(PY) bench/eval_grid.py
-	$(PY) bench/throughput.py
-	$(PY) bench/halting.py
-	$(PY) bench/jsrr.py
+	$(PY) bench/all.py
+
+bench-gpu: setup
+	$(PY) bench/gpu.py
 
 clean:
 	rm -rf $(VENV) runs

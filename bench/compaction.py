@@ -127,14 +127,15 @@ def build(args: argparse.Namespace) -> tuple[Experiment, list[tuple[TaskBatch, T
     config.schedule.name = "matched"
     config.model.d_model, config.model.n_heads, config.model.core_layers = args.d_model, args.n_heads, args.layers
     config.train.batch_size = args.batch
-    config.run.seed = args.seed
+    config.run.seed, config.run.device = args.seed, args.device
     validate(config)
     exp = Experiment.build(config)
     batches = []
     for index in range(args.batches):
         generator = derive_generator(args.seed, "bench", "compaction", index)
         lengths = torch.randint(1, args.max_length + 1, (args.batch,), generator=generator)
-        batches.append((exp.task.sample_lengths(lengths, generator), exp.schedule.train_depths(lengths, generator)))
+        depths = exp.schedule.train_depths(lengths, generator)
+        batches.append((exp.task.sample_lengths(lengths, generator).to(args.device), depths.to(args.device)))
     return exp, batches
 
 

@@ -78,11 +78,13 @@ def build(args: argparse.Namespace) -> tuple[LoopedTransformer, list[TaskBatch]]
     config.task.name = "binary_addition"
     config.task.eval_lengths = list(args.lengths)
     config.model.d_model, config.model.n_heads, config.model.core_layers = args.d_model, args.n_heads, args.layers
-    config.run.seed = args.seed
+    config.run.seed, config.run.device = args.seed, args.device
     validate(config)
     exp = Experiment.build(config)
     exp.model.eval()
-    batches = [exp.task.sample(n, args.samples, derive_generator(args.seed, "eval", n)) for n in args.lengths]
+    batches = [
+        exp.task.sample(n, args.samples, derive_generator(args.seed, "eval", n)).to(args.device) for n in args.lengths
+    ]
     return exp.model, batches
 
 

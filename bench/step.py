@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(CASES), help="run one configuration")
     add_common_options(parser, repeats=20, warmup=3)
     args = parser.parse_args()
-    worst = float("inf")
+    ratios = {}
     for name, cases in CASES.items():
         if args.only and name != args.only:
             continue
@@ -162,7 +162,7 @@ def main() -> None:
             difference = logit_difference(exp, model)
             seconds = time_interleaved({"looplab": ours, "textbook": theirs}, args.repeats, args.warmup)
             ratio = median(seconds["textbook"]) / median(seconds["looplab"])
-            worst = min(worst, ratio)
+            ratios[f"textbook / looplab step, {name}, {case.label}"] = ratio
             rows.append(
                 [
                     case.label,
@@ -175,7 +175,8 @@ def main() -> None:
             )
         print(f"{name}: training step, median of {args.repeats} interleaved")
         print_table(["case", "threads", "looplab ms", "textbook ms", "textbook / looplab", "max |Δ logits|"], rows)
-    print_verdict("textbook step / looplab step, worst case", worst, GOAL)
+    for label, ratio in ratios.items():
+        print_verdict(label, ratio, GOAL)
 
 
 if __name__ == "__main__":

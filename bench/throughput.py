@@ -24,7 +24,10 @@ length, which for batch 64 and four lengths fails with probability 1e-8.
 
 The baseline is the peak of the same machine in the same run: a large fp32
 ``torch.mm`` (2048 × 2048 @ 2048 × 2048 by default) with the same thread count.
-Goal: achieved ≥ 60 % of that peak at d_model = 256.
+Goal: achieved ≥ 60 % of that peak at d_model = 256. A last row runs the
+stopping preset's width (d = 64, 4 heads of 16, 3 core layers) on one thread
+against a one-thread peak measured in the same run: the size every sweep
+worker trains at (reported; no goal).
 
     python bench/throughput.py [--d-models 128 256] [--batch 64] [--threads 2] [--profile]
 """
@@ -35,7 +38,7 @@ import argparse
 import os
 
 import torch
-from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
+from timing import add_common_options, median, print_measure, print_table, print_verdict, setup, time_interleaved
 
 from looplab.config import Config, validate
 from looplab.experiment import Experiment
@@ -43,6 +46,8 @@ from looplab.train.trainer import make_optimizer, train_step
 
 GOAL_PERCENT = 60.0
 GOAL_D_MODEL = 256
+# the stopping preset's width, head dimension and depth at one thread (what a sweep worker runs)
+PRESET_D_MODEL, PRESET_HEADS, PRESET_LAYERS = 64, 4, 3
 
 
 def step_flops(batch: int, length: int, loops: int, layers: int, d_model: int, mlp_ratio: int) -> float:
@@ -51,25 +56,25 @@ def step_flops(batch: int, length: int, loops: int, layers: int, d_model: int, m
     return 3.0 * batch * length * loops * layers * per_token_layer
 
 
-def matmul_peak(size: int, repeats: int) -> float:
-    """Median fp32 GFLOP/s of ``torch.mm`` on two random [size, size] matrices."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    out = torch.empty(size, size)
+def matmul_peak(size: int, repeats: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """Median GFLOP/s of ``torch.mm`` on two random [size, size] matrices of ``dtype``."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    out = torch.empty(size, size, device=device, dtype=dtype)
     seconds = time_interleaved({"mm": lambda: torch.mm(a, b, out=out)}, repeats, warmup=2)["mm"]
     return 2.0 * size**3 / median(seconds) / 1e9
 
 
-def make_config(args: argparse.Namespace, d_model: int) -> Config:
-    """The run config for one model width: fixed depth, no lr warm-up, lengths and batch from ``args``."""
+def make_config(args: argparse.Namespace, d_model: int, n_heads: int, layers: int) -> Config:
+    """The run config for one model: fixed depth, no lr warm-up, lengths and batch from ``args``."""
     config = Config()
     config.task.name = "binary_addition"
     config.task.train_min, config.task.train_max = args.min_length, args.max_length
     config.schedule.name, config.schedule.depth = "fixed", args.loops
-    config.model.d_model, config.model.n_heads = d_model, d_model // args.head_dim
-    config.model.core_layers, config.model.mlp_ratio = args.layers, args.mlp_ratio
+    config.model.d_model, config.model.n_heads = d_model, n_heads
+    config.model.core_layers, config.model.mlp_ratio = layers, args.mlp_ratio
     config.train.batch_size = args.batch
     config.train.warmup_steps = 0
-    config.run.seed = args.seed
+    config.run.seed, config.run.device, config.run.precision = args.seed, args.device, args.precision
     validate(config)
     return config
 
@@ -99,6 +104,32 @@ def profile_step(run_step, top: int) -> None:
     print_table(["op", "calls", "self ms", "share %"], rows)
 
 
+def measure(args: argparse.Namespace, d_model: int, n_heads: int, layers: int, peak: float, profile: bool) -> list:
+    """One table row: the median step time of a fresh model and its rate against ``peak`` (GFLOP/s)."""
+    config = make_config(args, d_model, n_heads, layers)
+    exp, run_step = make_trainer(config)
+    seconds = median(time_interleaved({"step": run_step}, args.repeats, args.warmup)["step"])
+    length = args.max_length + 1
+    flops = step_flops(args.batch, length, args.loops, layers, d_model, args.mlp_ratio)
+    achieved = flops / seconds / 1e9
+    params = sum(p.numel() for p in exp.model.parameters())
+    if profile:
+        print(f"profile of one step at d_model {d_model}, {torch.get_num_threads()} thread(s) (self CPU time):")
+        profile_step(run_step, top=12)
+    return [
+        d_model,
+        f"{n_heads}x{d_model // n_heads}",
+        layers,
+        torch.get_num_threads(),
+        f"{params / 1e6:.2f}M",
+        f"{1e3 * seconds:.0f}",
+        f"{args.batch * length / seconds:,.0f}",
+        f"{flops / 1e9:.1f}",
+        f"{achieved:.1f}",
+        f"{100 * achieved / peak:.1f}",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-models", type=int, nargs="+", default=[128, 256])
@@ -110,55 +141,46 @@ def main() -> None:
     parser.add_argument("--min-length", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=19)
     parser.add_argument("--peak-size", type=int, default=2048, help="square matmul size for the peak")
-    parser.add_argument("--profile", action="store_true", help="profile one step at the largest d_model")
+    parser.add_argument("--profile", action="store_true", help="profile one step of every model")
+    parser.add_argument("--no-preset-size", action="store_true", help="skip the one-thread d = 64 row")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast (for a GPU)")
     add_common_options(parser, repeats=10, warmup=1)
     args = parser.parse_args()
     setup(args.threads, args.seed)
 
     load_before = os.getloadavg()[0]
-    peak = matmul_peak(args.peak_size, repeats=max(5, args.repeats))
-    length = args.max_length + 1
-    tokens = args.batch * length
-    rows, percent = [], {}
-    for d_model in args.d_models:
-        config = make_config(args, d_model)
-        exp, run_step = make_trainer(config)
-        seconds = median(time_interleaved({"step": run_step}, args.repeats, args.warmup)["step"])
-        flops = step_flops(args.batch, length, args.loops, args.layers, d_model, args.mlp_ratio)
-        achieved = flops / seconds / 1e9
-        percent[d_model] = 100 * achieved / peak
-        params = sum(p.numel() for p in exp.model.parameters())
-        rows.append(
-            [
-                d_model,
-                f"{config.model.n_heads}x{args.head_dim}",
-                f"{params / 1e6:.2f}M",
-                f"{1e3 * seconds:.0f}",
-                f"{tokens / seconds:,.0f}",
-                f"{flops / 1e9:.1f}",
-                f"{achieved:.1f}",
-                f"{percent[d_model]:.1f}",
-            ]
-        )
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    peak = matmul_peak(args.peak_size, max(5, args.repeats), args.device, dtype)
+    rows = [measure(args, d, d // args.head_dim, args.layers, peak, args.profile) for d in args.d_models]
+    percent = {row[0]: float(row[-1]) for row in rows}
+    peak_one = None
+    if not args.no_preset_size and args.device == "cpu":  # the stopping preset's width, as a sweep worker runs it
+        torch.set_num_threads(1)
+        peak_one = matmul_peak(args.peak_size, repeats=5)
+        rows.append(measure(args, PRESET_D_MODEL, PRESET_HEADS, PRESET_LAYERS, peak_one, args.profile))
+        torch.set_num_threads(args.threads)
 
+    length = args.max_length + 1
     print(
         f"throughput: binary_addition n ~ U{{{args.min_length}..{args.max_length}}} (L = {length}), "
-        f"batch {args.batch}, fixed depth {args.loops}, {args.layers} core layers, MLP ratio {args.mlp_ratio}, "
-        f"fp32, {args.threads} threads"
+        f"batch {args.batch}, fixed depth {args.loops}, MLP ratio {args.mlp_ratio}, {args.precision} on {args.device}"
     )
     print(
         f"timing: {args.warmup} warm-up + {args.repeats} timed train_step calls per model; "
         f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
-    print(f"peak: torch.mm {args.peak_size}x{args.peak_size} fp32 = {peak:.1f} GFLOP/s")
-    print_table(["d_model", "heads x dim", "params", "ms/step", "tokens/s", "GFLOP/step", "GFLOP/s", "% of peak"], rows)
-    if args.profile:
-        print(f"profile of one step at d_model {args.d_models[-1]} (self CPU time):", flush=True)
-        profile_step(run_step, top=12)
+    print(
+        f"peak: torch.mm {args.peak_size}x{args.peak_size} fp32 = {peak:.1f} GFLOP/s on {args.threads} threads", end=""
+    )
+    print(f", {peak_one:.1f} GFLOP/s on 1 thread" if peak_one else "")
+    headers = ["d_model", "heads x dim", "layers", "threads", "params", "ms/step", "tokens/s", "GFLOP/step"]
+    print_table([*headers, "GFLOP/s", "% of peak"], rows)
     if GOAL_D_MODEL in percent:
         print_verdict(f"achieved / peak at d_model {GOAL_D_MODEL}", percent[GOAL_D_MODEL], GOAL_PERCENT, unit="%")
     else:
         print(f"RATIO not computed: d_model {GOAL_D_MODEL} not among --d-models")
+    if peak_one:
+        print_measure(f"achieved / one-thread peak at d_model {PRESET_D_MODEL}, 1 thread", float(rows[-1][-1]), "%")
 
 
 if __name__ == "__main__":

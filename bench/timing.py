@@ -18,7 +18,8 @@ import torch
 
 
 def add_common_options(parser: argparse.ArgumentParser, repeats: int, warmup: int) -> None:
-    """Add ``--threads``, ``--seed``, ``--repeats`` and ``--warmup`` to a benchmark's parser."""
+    """Add ``--threads``, ``--seed``, ``--repeats``, ``--warmup`` and ``--device`` to a benchmark's parser."""
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (timings then synchronise the device)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed for torch, numpy and random")
     parser.add_argument("--repeats", type=int, default=repeats, help="timed repeats per path; the median is reported")
@@ -59,6 +60,12 @@ def setup(threads: int, seed: int) -> None:
     random.seed(seed)
 
 
+def synchronize() -> None:
+    """Wait for queued CUDA work (a no-op on CPU), so that a timer measures the work, not its launch."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def time_interleaved(paths: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, list[float]]:
     """Seconds per call of each path, ``warmup`` untimed rounds first, then ``repeats`` interleaved rounds."""
     for _ in range(warmup):
@@ -67,8 +74,10 @@ def time_interleaved(paths: dict[str, Callable[[], object]], repeats: int, warmu
     seconds: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, run in paths.items():
+            synchronize()
             began = time.perf_counter()
             run()
+            synchronize()
             seconds[name].append(time.perf_counter() - began)
     return seconds
 
@@ -87,8 +96,14 @@ def print_table(headers: list[str], rows: list[list[object]]) -> None:
     print("\n".join(lines))
 
 
-def print_verdict(label: str, ratio: float, goal: float, unit: str = "x") -> bool:
-    """Print the final ``RATIO`` line and whether ``ratio >= goal``; return that outcome."""
-    met = ratio >= goal
-    print(f"RATIO {label}: {ratio:.2f}{unit} (goal >= {goal:g}{unit}) -> goal {'MET' if met else 'NOT MET'}")
+def print_verdict(label: str, ratio: float, goal: float, unit: str = "x", at_most: bool = False) -> bool:
+    """Print the final ``RATIO`` line and whether ``ratio >= goal`` (``ratio <= goal`` with ``at_most``)."""
+    met = ratio <= goal if at_most else ratio >= goal
+    sign = "<=" if at_most else ">="
+    print(f"RATIO {label}: {ratio:.2f}{unit} (goal {sign} {goal:g}{unit}) -> goal {'MET' if met else 'NOT MET'}")
     return met
+
+
+def print_measure(label: str, value: float, unit: str = "x") -> None:
+    """Print a ``RATIO`` line that is reported without a goal."""
+    print(f"RATIO {label}: {value:.2f}{unit} (reported, no goal)")
