@@ -63,3 +63,11 @@ def test_mechanistic_small_is_the_untrained_ablation():
             c["model"]["embed_std"],
             c["model"]["inject_init"],
         ) == (0.4, "sqrt_d", 1.0, "random")
+
+
+@pytest.mark.parametrize("path", sorted((PRESETS / "sweeps" / "pilot").glob("*.toml")), ids=lambda p: p.stem)
+def test_the_stopping_pilot_cells_expand_to_what_their_names_say(path):
+    configs = [tomllib.loads(p.config_toml) for p in load_sweep(path).points()]
+    model = {(c["model"]["core_layers"], c["model"]["attention_window"], c["model"]["positional"]) for c in configs}
+    assert model == ({(1, 1, "nope")} if "window1" in path.stem or "steps" in path.stem else {(3, 0, "nope")})
+    assert {c["task"]["name"] for c in configs} == {path.stem.split("-")[0]}
