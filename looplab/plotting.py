@@ -38,6 +38,8 @@ SCHEDULE_COLORS = {
     "lognormal": "C7",
     "poisson_lognormal": "C8",
 }
+# for variants no schedule colours, and for a second variant of one schedule in the same figure
+SPARE_COLORS = ("C9", "tab:olive", "tab:cyan", "black", "tab:brown")
 
 
 def pyplot():
@@ -62,9 +64,8 @@ def color_for(name: str, others=()) -> str:
     for schedule in sorted(SCHEDULE_COLORS, key=len, reverse=True):
         if stem == schedule or stem.startswith((f"{schedule}-", f"{schedule}+")):
             return SCHEDULE_COLORS[schedule]
-    spare = ["C9", "tab:olive", "tab:cyan", "black", "tab:brown"]
     rank = sorted(map(str, others)).index(stem) if stem in map(str, others) else 0
-    return spare[rank % len(spare)]
+    return SPARE_COLORS[rank % len(SPARE_COLORS)]
 
 
 def save_figure(fig, path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.plotting import color_for, pyplot, save_figure
+from looplab.plotting import SPARE_COLORS, color_for, pyplot, save_figure
 from looplab.report.runs import scaling_curves
 
 DPI = 100
@@ -93,9 +93,16 @@ def _split_boundary(splits: pd.DataFrame) -> float | None:
 
 
 def _colors(variants) -> dict[str, str]:
-    """Each variant in its schedule's colour, the same in every figure."""
+    """Each variant in its schedule's colour, the same in every figure; a second variant of one schedule
+    (``rl_halting-ent0`` beside ``rl_halting``) takes a spare colour no variant of the figure uses."""
     variants = sorted(map(str, variants))
-    return {v: color_for(v, variants) for v in variants}
+    wanted = {v: color_for(v, variants) for v in variants}
+    spare = iter(c for c in SPARE_COLORS if c not in wanted.values())
+    colors: dict[str, str] = {}
+    for variant in variants:  # sorted, so the schedule's own name comes before its ablations
+        color = wanted[variant]
+        colors[variant] = next(spare, color) if color in colors.values() else color
+    return colors
 
 
 def _mark_depths(axis, train_depths: dict, variants, colors: dict | None = None) -> None:

@@ -335,3 +335,13 @@ def test_results_without_the_sweep_columns(tmp_path):
     pd.DataFrame({"run_id": ["a"], "oracle_ood": [0.5]}).to_parquet(tmp_path / "results.parquet")
     with pytest.raises(LooplabError, match="lacks column"):
         write_report(tmp_path)
+
+
+def test_variants_of_one_schedule_get_distinct_colours_and_the_schedule_keeps_its_own():
+    from looplab.plotting import SCHEDULE_COLORS
+    from looplab.report.plots import _colors
+
+    colors = _colors(["rl_halting-ent0", "fixed", "rl_halting", "rl_halting-ent0.1", "window"])
+    assert len(set(colors.values())) == 5
+    assert colors["rl_halting"] == SCHEDULE_COLORS["rl_halting"] and colors["fixed"] == SCHEDULE_COLORS["fixed"]
+    assert _colors(["rl_halting-ent0"]) == {"rl_halting-ent0": SCHEDULE_COLORS["rl_halting"]}  # alone: its schedule's
