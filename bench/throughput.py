@@ -88,12 +88,52 @@ def make_trainer(config: Config):
     return exp, lambda: train_step(exp, optimizer, next(counter))
 
 
+# Where a step's time goes, by op name: the first category whose pattern occurs in the op's name.
+CATEGORIES = (
+    ("attention", ("attention", "softmax", "bmm", "baddbmm")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::matmul")),
+    (
+        "copies and compaction bookkeeping",
+        (
+            "copy_",
+            "cat",
+            "stack",
+            "index",
+            "gather",
+            "scatter",
+            "nonzero",
+            "argsort",
+            "sort",
+            "where",
+            "clone",
+            "contiguous",
+        ),
+    ),
+    ("norms", ("layer_norm", "rms_norm")),
+    ("optimizer and clipping", ("Optimizer", "adam", "_foreach", "clip", "norm")),
+    ("elementwise", ("gelu", "add", "mul", "sub", "div", "exp", "log", "neg", "fill_", "zero_", "sum", "mean")),
+)
+
+
+def category(op: str) -> str:
+    """The CATEGORIES name of a profiler op; "other (allocation, views, dispatch)" when none matches."""
+    for name, patterns in CATEGORIES:
+        if any(pattern in op for pattern in patterns):
+            return name
+    return "other (allocation, views, dispatch)"
+
+
 def profile_step(run_step, top: int) -> None:
-    """Print the ops taking the most self CPU time in one training step, with their share."""
+    """Print the ops taking the most self CPU time in one training step, then the time by category, and
+    what the profiled ops leave of the step's wall time (Python and autograd overhead)."""
+    import time
+
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        began = time.perf_counter()
         run_step()
+        wall = time.perf_counter() - began
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -102,6 +142,18 @@ def profile_step(run_step, top: int) -> None:
         for e in events[:top]
     ]
     print_table(["op", "calls", "self ms", "share %"], rows)
+    by_category: dict[str, float] = {}
+    for event in events:
+        by_category[category(event.key)] = by_category.get(category(event.key), 0.0) + event.self_cpu_time_total
+    rows = [
+        [name, f"{us / 1e3:.1f}", f"{100 * us / total:.1f}"]
+        for name, us in sorted(by_category.items(), key=lambda kv: -kv[1])
+    ]
+    print_table(["category", "self ms", "share %"], rows)
+    print(
+        f"profiled ops {total / 1e3:.0f} ms of a {1e3 * wall:.0f} ms step (under the profiler); "
+        f"the rest is Python and autograd bookkeeping outside any op"
+    )
 
 
 def measure(args: argparse.Namespace, d_model: int, n_heads: int, layers: int, peak: float, profile: bool) -> list:
