@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,32 @@ def run_cli(*args: str, env_extra: dict[str, str] | None = None, **kwargs) -> su
     """Run ``python -m looplab ARGS`` in a subprocess with one torch thread (and ``env_extra`` set)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "looplab", *args], capture_output=True, text=True, env=env, **kwargs)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=2 -m looplab ARGS`` on loopback, one torch thread per process."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "looplab",
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def pytest_configure(config):

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +15,7 @@ from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.stability.jacobian import jsrr_per_sample
 from looplab.tasks import make_task
-from tests.conftest import run_cli
+from tests.conftest import run_cli, torchrun
 
 pytestmark = pytest.mark.gpu
 TASK = make_task("binary_addition")
@@ -102,35 +98,12 @@ def test_bf16_training_runs_and_learns_on_cuda(tiny_config, tmp_path):
     assert all(map(math.isfinite, losses)) and losses[-1] < losses[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs two GPUs, one per rank")
 def test_ddp_over_nccl_trains_like_one_process(tiny_config, tmp_path):
     args = ("train", str(tiny_config(steps=20, checkpoint_every=10)), "--no-progress", "--set", "run.device=cuda")
     single, parallel = tmp_path / "single", tmp_path / "parallel"
     assert run_cli(*args, "--out", str(single)).returncode == 0
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        "-m",
-        "looplab",
-        *args,
-        "--out",
-        str(parallel),
-    ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
-    )
+    result = torchrun(*args, "--out", str(parallel), timeout=300)
     assert result.returncode == 0, result.stderr
     expected, found = _weights(single, 20), _weights(parallel, 20)
     for name in expected:

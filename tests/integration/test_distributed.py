@@ -3,47 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, torchrun
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
     reason="needs torch.distributed with gloo",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node=2 -m looplab ARGS`` with one torch thread per process."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        "-m",
-        "looplab",
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
 
 def _weights(run_dir, step=20) -> dict[str, torch.Tensor]:
@@ -66,7 +37,7 @@ def test_two_processes_train_like_one_and_resume(tiny_config, tmp_path):
     args = ("train", str(tiny_config(steps=20, checkpoint_every=10)), "--no-progress")
     single, parallel = tmp_path / "single", tmp_path / "parallel"
     assert run_cli(*args, "--out", str(single)).returncode == 0
-    result = _torchrun(*args, "--out", str(parallel))
+    result = torchrun(*args, "--out", str(parallel))
     assert result.returncode == 0, result.stderr
 
     expected, trained = _weights(single), _weights(parallel)
@@ -77,7 +48,7 @@ def test_two_processes_train_like_one_and_resume(tiny_config, tmp_path):
 
     # Resume under torchrun: every rank reloads step 10 and ends where the uninterrupted run did.
     shutil.rmtree(parallel / "checkpoints" / "step_0000020")
-    result = _torchrun(*args, "--out", str(parallel))
+    result = torchrun(*args, "--out", str(parallel))
     assert result.returncode == 0, result.stderr
     for name, tensor in _weights(parallel).items():
         assert torch.equal(tensor, trained[name]), name
