@@ -23,12 +23,11 @@ import sys
 from pathlib import Path
 
 import torch
+from throughput import make_trainer
 from timing import median, print_measure, print_table, setup, time_interleaved
 
 from looplab.config import PRESETS, load_config
-from looplab.experiment import Experiment
 from looplab.sweep import load_sweep
-from looplab.train.trainer import make_optimizer, train_step
 
 PARTS = ("throughput", "compaction", "eval_grid", "protocol")
 HERE = Path(__file__).parent
@@ -42,11 +41,8 @@ def run_script(name: str, *args: str) -> None:
 
 def step_seconds(config, steps: int, warmup: int) -> float:
     """Median seconds of a training step of a fresh experiment built from ``config``."""
-    exp = Experiment.build(config)
-    exp.model.train()
-    optimizer = make_optimizer(exp)
-    counter = iter(range(1, 1 << 62))
-    return median(time_interleaved({"step": lambda: train_step(exp, optimizer, next(counter))}, steps, warmup)["step"])
+    _, run_step = make_trainer(config)
+    return median(time_interleaved({"step": run_step}, steps, warmup)["step"])
 
 
 def protocol_projection(device: str, steps: int, warmup: int) -> None:

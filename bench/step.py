@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from textbook import TextbookConfig, TextbookLoopedTransformer, attention_mask, copy_weights, training_step
-from timing import add_common_options, median, print_table, print_verdict, setup, step_runner, time_interleaved
+from throughput import make_trainer
+from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
 
 from looplab.config import load_config
 from looplab.experiment import Experiment
@@ -156,8 +157,8 @@ def main() -> None:
         rows = []
         for case in cases:
             setup(case.threads, args.seed)
-            ours, _ = step_runner([*case.overrides, f"run.seed={args.seed}"])
-            exp = Experiment.build(load_config(None, [*case.overrides, f"run.seed={args.seed}"]))
+            # the textbook starts from looplab's initial weights: copied before either path takes a step
+            exp, ours = make_trainer(load_config(None, [*case.overrides, f"run.seed={args.seed}"]))
             model, theirs = textbook_runner(exp, case.jsrr_weight)
             difference = logit_difference(exp, model)
             seconds = time_interleaved({"looplab": ours, "textbook": theirs}, args.repeats, args.warmup)

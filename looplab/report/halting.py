@@ -32,8 +32,9 @@ def halting_metrics(results: pd.DataFrame) -> pd.DataFrame:
     """Per run with a halting head: ``task.name``, ``variant``, ``depth_ratio``, ``entropy``, ``collapsed``,
     ``oracle_ood``; empty when no run has one."""
     lengths = sorted(int(m.group(1)) for c in results.columns if (m := _HALTING.match(c)))
+    oracle_ood = numeric(results, "oracle_ood")
     rows = []
-    for _, run in results.iterrows():
+    for index, run in results.iterrows():
         task = make_task(run["task.name"], int(run.get("task.alphabet", 8)))
         ratios, entropies = [], []
         for n in lengths:
@@ -51,7 +52,7 @@ def halting_metrics(results: pd.DataFrame) -> pd.DataFrame:
                     "depth_ratio": ratio,
                     "entropy": sum(entropies) / len(entropies),
                     "collapsed": ratio < SHALLOW,
-                    "oracle_ood": float(numeric(results.loc[[run.name]], "oracle_ood").iloc[0]),
+                    "oracle_ood": float(oracle_ood[index]),
                 }
             )
     return pd.DataFrame(rows)
