@@ -17,7 +17,9 @@ from looplab.errors import LooplabError
 from looplab.report.paper import PAPERS
 
 ANALYSES = ("mechanistic", "spectral", "pca")
-STUDIES = tuple(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper"))
+STUDIES = (*(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper")), "stars-lm")
+#: studies with a part that is not a sweep of configs: its settings file, run after the sweep
+STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}
 
 
 def _lengths(text: str) -> list[int]:
@@ -213,6 +215,24 @@ def _report(sweep_dir: str, paper: str | None) -> None:
     print(f"wrote {out}: table.md, table.tex, table.csv, plots and report.html")
 
 
+def _reproduce(args) -> None:
+    extra = STUDY_EXTRAS.get(args.study)
+    if extra is not None:  # validated, and the pretrained model found, before anything runs
+        from looplab.lm.pretrained import require_smollm2
+        from looplab.lm.stars_study import load_study
+
+        study = load_study(PRESETS / extra)
+        require_smollm2()
+    _sweep(args, PRESETS / "sweeps" / f"{args.study}.toml")
+    if extra is not None:
+        from looplab.lm.stars_study import run_study
+
+        began = time.perf_counter()
+        run_study(study, args.out, progress=not args.no_progress)
+        print(f"retrofit: finished in {time.perf_counter() - began:.0f} s; results in {Path(args.out) / 'retrofit'}")
+    _report(args.out, args.study.split("-")[0])
+
+
 def _demo(args) -> None:
     from looplab.eval.run import evaluate_run, format_summary
     from looplab.train.trainer import train
@@ -254,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             _report(args.sweep_dir, args.paper)
         elif args.command == "reproduce":
-            _sweep(args, PRESETS / "sweeps" / f"{args.study}.toml")
-            _report(args.out, args.study.split("-")[0])
+            _reproduce(args)
         elif args.command == "demo":
             _demo(args)
     except KeyboardInterrupt:

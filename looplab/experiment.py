@@ -29,10 +29,17 @@ __all__ = ["Experiment", "check_config", "check_device", "all_finite"]
 
 
 def check_config(config: Config) -> None:
-    """One-line errors for an unknown task or schedule, a schedule parameter outside its domain,
-    or truncated backprop with a learned schedule."""
+    """One-line errors for an unknown task or schedule, a size the task cannot draw, a schedule
+    parameter outside its domain, or truncated backprop with a learned schedule."""
     if config.task.name not in TASKS:
         raise choice_error("value for task.name:", config.task.name, TASKS)
+    task = TASKS[config.task.name]
+    for what, sizes, bound in (
+        ("task.train_max", [config.task.train_max], task.max_train_size or task.max_size),
+        ("task.eval_lengths", config.task.eval_lengths, task.max_size),
+    ):
+        if bound is not None and sizes and max(sizes) > bound:
+            raise LooplabError(f"{what} must be <= {bound} for task {task.name!r}, got {max(sizes)}")
     schedule = check_schedule_config(config.schedule)
     if config.train.backprop_loops and not issubclass(schedule, DepthRule):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")

@@ -20,13 +20,24 @@ import pandas as pd
 import torch
 
 from looplab.errors import LooplabError
+from looplab.eval.grid import evaluate_lengths
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
+from looplab.lm.reasoning import (
+    REASONING_FILE,
+    SCALING_PLOT,
+    plot_loop_scaling,
+    reasoning_columns,
+    reasoning_grid,
+    scaling_summary,
+    spectral_by_loops,
+)
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
 from looplab.schedules import DepthRule
 from looplab.seeding import derive_generator
 from looplab.tasks import IGNORE
+from looplab.tasks.reasoning import MIXTURE_WINDOW, KJVWithReasoning
 from looplab.tasks.text import KJVText
 
 EVAL_DIR = "eval"
@@ -138,19 +149,36 @@ def training_depth(exp: Experiment) -> int | None:
     return int(exp.schedule.policy_depth(window)[0])
 
 
+def with_reasoning(exp: Experiment, frame: pd.DataFrame, samples: int, batch_size: int):
+    """``frame`` with the reasoning columns of :mod:`looplab.lm.reasoning`, and the per-size grid."""
+    cfg, task = exp.config, exp.task.reasoning
+    max_loops = len(frame)
+    outcomes = evaluate_lengths(
+        exp.model, task, exp.schedule, cfg.task.eval_lengths, max_loops, samples, batch_size, cfg.run.seed
+    )
+    spectral = spectral_by_loops(exp.model, task, cfg.task.train_max, max_loops, cfg.run.seed)
+    columns = reasoning_columns(outcomes, cfg.task.train_max, spectral)
+    return pd.concat([frame, columns], axis=1), reasoning_grid(outcomes, cfg.task.train_max)
+
+
 def evaluate_lm_run(
     run_dir: str | Path, max_loops: int = 64, samples: int = 256, out: str | Path | None = None, batch_size: int = 64
 ) -> dict:
     """Write ``lm_loops.csv``, ``lm_loops.png`` and ``lm_summary.json`` for a trained KJV run.
 
-    The window is the run's ``task.train_max``; ``out`` defaults to ``RUN_DIR/eval``.
+    The window is the run's ``task.train_max`` (``kjv``) or the mixture's window
+    (``kjv_arithmetic``, which also gets the reasoning columns, ``reasoning_loops.csv``,
+    ``lm_scaling.png`` and the summary's ``scaling`` entry); ``out`` defaults to ``RUN_DIR/eval``.
     Returns the summary (see :func:`lm_summary`).
     """
     run_dir = Path(run_dir)
     exp = Experiment.from_run(run_dir)
     if not isinstance(exp.task, KJVText):
-        raise LooplabError(f"{run_dir} trains task {exp.config.task.name!r}; LM evaluation needs 'kjv'")
-    window = exp.config.task.train_max
+        raise LooplabError(
+            f"{run_dir} trains task {exp.config.task.name!r}; LM evaluation needs 'kjv' or 'kjv_arithmetic'"
+        )
+    reasoning = isinstance(exp.task, KJVWithReasoning)
+    window = MIXTURE_WINDOW if reasoning else exp.config.task.train_max
     frame = lm_loss_by_loops(
         exp.model, exp.task, window, samples, max_loops, exp.config.run.seed, batch_size=batch_size
     )
@@ -164,6 +192,11 @@ def evaluate_lm_run(
     }
     out = Path(out) if out is not None else run_dir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
+    if reasoning:
+        frame, grid = with_reasoning(exp, frame, samples, batch_size)
+        summary["scaling"] = scaling_summary(frame, depth)
+        atomic_write(out / REASONING_FILE, lambda p: grid.to_csv(p, index=False))
+        plot_loop_scaling(frame, out / SCALING_PLOT, depth, f"{run_dir.name}: loop scaling")
     atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))
     plot_lm_loops(frame, out / PLOT_FILE, depth, f"{run_dir.name}: validation loss")  # PNG + PDF, atomically
     atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))

@@ -38,6 +38,7 @@ __all__ = [
     "GGUF_PACKAGE",
     "GGUF_NAME",
     "smollm2_path",
+    "require_smollm2",
     "load_smollm2",
     "set_eager",
     "trace_pretrained",
@@ -74,6 +75,12 @@ def _require_transformers() -> None:
     for module, name in (("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(module) is None:
             raise _missing(f"the package {name}")
+
+
+def require_smollm2() -> Path:
+    """The GGUF path, after checking everything loading needs is installed (a one-line error if not)."""
+    _require_transformers()
+    return smollm2_path()
 
 
 def set_eager(model: nn.Module) -> nn.Module:

@@ -55,6 +55,15 @@ LM_METRICS = (
     "lm.best_loss",
     "lm.best_loops",
     "lm.loss_at_max_loops",
+    "lm.scaling.id.at_depth",
+    "lm.scaling.id.at_twice_depth",
+    "lm.scaling.id.relative_drop",
+    "lm.scaling.id.best",
+    "lm.scaling.id.best_loops",
+    "lm.scaling.ood.best",
+    "lm.scaling.loss.relative_drop",
+    "lm.scaling.state_norm_growth",
+    "lm.scaling.spectral_radius_at_max_loops",
 )
 # analysis.* keys that record how the analysis was run, not what it found
 ANALYSIS_PARAMETERS = frozenset(
@@ -81,6 +90,12 @@ PERCENT_METRICS = frozenset(
         "relative_drop_4_to_8",
         "accuracy_min_4_to_100",
         "nonfinite_last",
+        "lm.scaling.id.at_depth",
+        "lm.scaling.id.at_twice_depth",
+        "lm.scaling.id.relative_drop",
+        "lm.scaling.id.best",
+        "lm.scaling.ood.best",
+        "lm.scaling.loss.relative_drop",
     }
 )
 POINT_METRICS = frozenset({"gap"})  # a difference of two percentages

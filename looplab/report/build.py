@@ -31,12 +31,14 @@ from looplab.report.aggregate import (
     in_display_units,
     present,
 )
-from looplab.report.comparison import Ours
+from looplab.report.comparison import PAPER_TABLES_DIR, Ours
 from looplab.report.html import Section, to_html
 from looplab.report.paper import check_paper, compare
 from looplab.report.plots import CAPTIONS, write_task_plots
 from looplab.report.render import to_latex, to_markdown
 from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
+from looplab.report.stars_lm import CAPTIONS as LM_CAPTIONS
+from looplab.report.stars_lm import LM_TABLE_TITLE, stars_lm_tables, write_lm_figures
 from looplab.report.stopping import training_depth
 from looplab.report.tables import Table, seed_table
 
@@ -106,7 +108,12 @@ def train_depths(results: pd.DataFrame) -> dict[str, dict[str, float]]:
     return found
 
 
-FIGURES_AFTER = {"Results": ("accuracy", "oracle", "flips", "depths"), "Test-time scaling": ("scaling",)}
+FIGURES_AFTER = {
+    "Results": ("accuracy", "oracle", "flips", "depths"),
+    "Test-time scaling": ("scaling",),
+    LM_TABLE_TITLE: ("loopscaling", "retrofitscaling"),
+}
+FIGURE_CAPTIONS = {**CAPTIONS, **LM_CAPTIONS}
 
 
 def sections(tables: list[Table], figures: list[Path]) -> list[Section]:
@@ -118,8 +125,8 @@ def sections(tables: list[Table], figures: list[Path]) -> list[Section]:
         kinds = FIGURES_AFTER.get(table.title, ())
         mine = [p for p in figures if kind[p] in kinds]
         placed.update(mine)
-        found.append(Section(table, [(p, CAPTIONS.get(kind[p], "")) for p in mine]))
-    rest = [(p, CAPTIONS.get(kind[p], "")) for p in figures if p not in placed]
+        found.append(Section(table, [(p, FIGURE_CAPTIONS.get(kind[p], "")) for p in mine]))
+    rest = [(p, FIGURE_CAPTIONS.get(kind[p], "")) for p in figures if p not in placed]
     if found:
         found[0].figures.extend(rest)
     elif rest:
@@ -160,6 +167,8 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     if paper is not None:
         paper_tables, paper_notes = compare(paper, ours)
         tables, notes = tables + paper_tables, notes + paper_notes
+    if paper == "stars":
+        tables += stars_lm_tables(results, sweep_dir, PAPER_TABLES_DIR)
     title = f"looplab report: {sweep_dir.resolve().name}" + (f" (paper: {paper})" if paper else "")
 
     out = sweep_dir / REPORT_DIR
@@ -177,6 +186,7 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
         for task in sorted(results["task.name"].dropna().unique())
         for path in write_task_plots(out, task, per_length, grids, depths, depths_trained.get(task, {}))
     ]
+    figures += write_lm_figures(out, results, sweep_dir)
     written += figures + [path.with_suffix(".pdf") for path in figures]
     summary = [line for line in notes if line.startswith("Conclusion,")]
     reading = [line for line in notes if not line.startswith("Conclusion,")]

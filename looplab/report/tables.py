@@ -48,6 +48,15 @@ METRIC_HEADERS = {
     "lm.best_loss": "Best loss",
     "lm.best_loops": "Best loss at loops",
     "lm.loss_at_max_loops": "Loss at max loops",
+    "lm.scaling.id.at_depth": "Reasoning at depth",
+    "lm.scaling.id.at_twice_depth": "Reasoning at 2x depth",
+    "lm.scaling.id.relative_drop": "Reasoning drop depth→2x",
+    "lm.scaling.id.best": "Best reasoning",
+    "lm.scaling.id.best_loops": "Best reasoning at loops",
+    "lm.scaling.ood.best": "Best reasoning, longer chains",
+    "lm.scaling.loss.relative_drop": "Loss growth depth→2x",
+    "lm.scaling.state_norm_growth": "State norm T / 1",
+    "lm.scaling.spectral_radius_at_max_loops": "ρ at max loops",
 }
 _SUFFIX = {"%": "_pct", "pp": "_pp", "": ""}
 # lengths and loop counts (means of integers) and the paper's two-decimal training cost
@@ -55,6 +64,8 @@ PLAIN_DECIMALS = {
     "front90": 1,
     "scaling_peak_loops": 1,
     "lm.best_loops": 1,
+    "lm.scaling.id.best_loops": 1,
+    "lm.scaling.state_norm_growth": 2,
     "training_cost.block_evals": 2,
     "front90_rel": 2,
     "block_evals_rel": 2,

@@ -5,6 +5,7 @@ from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     copy_task,
     dyck1,
     parity,
+    reasoning,
     text,
     unique_set,
 )

@@ -69,6 +69,9 @@ class Task(ABC):
     name: str = ""
     #: whether whole-answer exact match over loops is this task's measure (False for language modelling)
     exact_match: bool = True
+    #: the largest instance size the task can draw (None: no bound), and the largest it trains on
+    max_size: int | None = None
+    max_train_size: int | None = None
 
     def __init__(self, alphabet: int = 8):
         if alphabet < 2:

@@ -1,0 +1,166 @@
+"""The pretrained half of the ``stars-lm`` study: SmolLM2-135M retrofitted, fine-tuned fixed vs STARS.
+
+Settings come from the ``[retrofit]`` table of a TOML file (the preset is
+``configs/stars-lm/retrofit.toml``); every key is a :class:`RetrofitStudy` field.
+Each (recipe, seed) writes ``OUT/retrofit/<recipe>-seed<seed>/``:
+
+    train.csv             step, loops, loss, jsrr of the fine-tune
+    loops.csv             per loop t: loss (KJV validation), reasoning_id, reasoning_ood, state_norm,
+                          spectral_radius
+    reasoning_loops.csv   per (length, loops): exact match
+    summary.json          the loop-scaling summary (:func:`looplab.lm.reasoning.scaling_summary`), wall time
+
+``as_is`` is the retrofit before any fine-tuning (the paper's base model). A
+finished (recipe, seed) — its ``summary.json`` exists — is not run again, so an
+interrupted study resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from looplab.errors import LooplabError, choice_error
+from looplab.io import atomic_write
+from looplab.lm.reasoning import REASONING_FILE, scaling_summary
+from looplab.lm.retrofit_stars import RECIPES, RetrofitRecipe, fine_tune_recipe, retrofit_by_loops
+from looplab.seeding import derive_generator
+
+RETROFIT_DIR = "retrofit"
+AS_IS = "as_is"
+LOOPS_FILE = "loops.csv"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class RetrofitStudy:
+    """What the pretrained half of the study runs (see ``configs/stars-lm/retrofit.toml``)."""
+
+    recipes: tuple[str, ...] = (AS_IS, *RECIPES)
+    seeds: tuple[int, ...] = (0,)
+    steps: int = 60
+    lr: float = 1e-4
+    depth: int = 4
+    per_length: int = 2
+    train_lengths: tuple[int, ...] = (1, 2, 3, 4)
+    eval_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    samples: int = 32
+    max_loops: int = 16
+    spectral_iters: int = 8
+    prelude: int = 4
+    core: int = 6
+    coda: int = 4
+    inject: str = "mix"
+    kjv_passages: int = 8
+    kjv_tokens: int = 48
+    threads: int = 2
+
+    def __post_init__(self):
+        for recipe in self.recipes:
+            if recipe not in (AS_IS, *RECIPES):
+                raise choice_error("retrofit recipe", recipe, (AS_IS, *RECIPES))
+        numbers = ("steps", "depth", "per_length", "samples", "max_loops", "spectral_iters", "core", "threads")
+        for name in numbers:
+            if getattr(self, name) < 1:
+                raise LooplabError(f"retrofit.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.train_lengths or not self.eval_lengths or 2 * self.depth > self.max_loops:
+            raise LooplabError("retrofit needs train and eval lengths, and max_loops >= 2 x depth")
+        if not self.lr > 0:
+            raise LooplabError(f"retrofit.lr must be > 0, got {self.lr}")
+
+    @property
+    def train_max(self) -> int:
+        return max(self.train_lengths)
+
+
+def load_study(path: str | Path) -> RetrofitStudy:
+    """The ``[retrofit]`` table of a TOML file; an unknown key is an error naming the valid ones."""
+    try:
+        table = tomllib.loads(Path(path).read_text()).get("retrofit", {})
+    except tomllib.TOMLDecodeError as err:
+        raise LooplabError(f"{path}: not valid TOML ({err})") from None
+    known = {f.name for f in fields(RetrofitStudy)}
+    for key in table:
+        if key not in known:
+            raise choice_error("retrofit key", key, sorted(known))
+    return RetrofitStudy(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
+
+
+def kjv_batch(tokenizer, passages: int, tokens: int, seed: int) -> dict:
+    """Tokenised KJV validation passages, the same for every recipe."""
+    from looplab.tasks.corpus import load_corpus
+
+    text = load_corpus().text("val")
+    starts = torch.randint(0, len(text) - 8 * tokens, (passages,), generator=derive_generator(seed, "retrofit-kjv"))
+    chunks = [text[s : s + 8 * tokens] for s in starts.tolist()]
+    batch = tokenizer(chunks, return_tensors="pt", truncation=True, max_length=tokens, padding=True)
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out: Path) -> dict:
+    """Retrofit, fine-tune (unless ``as_is``) and measure one (recipe, seed); write its folder."""
+    from looplab.lm.retrofit import RetrofittedLoop
+
+    began = time.perf_counter()
+    torch.manual_seed(seed)
+    loop = RetrofittedLoop(model, study.prelude, study.core, study.coda, inject_init=study.inject)
+    if recipe != AS_IS:
+        log = fine_tune_recipe(
+            loop,
+            tokenizer,
+            RetrofitRecipe(recipe, depth=study.depth),
+            study.steps,
+            list(study.train_lengths),
+            study.per_length,
+            study.lr,
+            seed,
+        )
+    else:
+        log = pd.DataFrame(columns=["step", "loops", "loss", "jsrr"])
+    frame, grid = retrofit_by_loops(
+        loop,
+        tokenizer,
+        kjv_batch(tokenizer, study.kjv_passages, study.kjv_tokens, seed),
+        list(study.eval_lengths),
+        study.train_max,
+        study.samples,
+        study.max_loops,
+        seed,
+        study.spectral_iters,
+    )
+    summary = {
+        "recipe": recipe,
+        "seed": seed,
+        "training_depth": study.depth,
+        **scaling_summary(frame, study.depth),
+        "wall_s": round(time.perf_counter() - began, 1),
+        "study": asdict(study),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "train.csv", lambda p: log.to_csv(p, index=False))
+    atomic_write(out / LOOPS_FILE, lambda p: frame.to_csv(p, index=False))
+    atomic_write(out / REASONING_FILE, lambda p: grid.to_csv(p, index=False))
+    atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))  # last: marks it done
+    return summary
+
+
+def run_study(study: RetrofitStudy, sweep_dir: str | Path, progress: bool = True) -> list[dict]:
+    """Every (recipe, seed) not yet finished under ``sweep_dir/retrofit``; returns all their summaries."""
+    from looplab.lm.pretrained import load_smollm2
+
+    root = Path(sweep_dir) / RETROFIT_DIR
+    todo = [(r, s) for s in study.seeds for r in study.recipes if not (root / f"{r}-seed{s}" / SUMMARY_FILE).is_file()]
+    if todo:
+        torch.set_num_threads(study.threads)
+        model, tokenizer = load_smollm2()
+        for recipe, seed in todo:
+            summary = run_one(study, model, tokenizer, recipe, seed, root / f"{recipe}-seed{seed}")
+            if progress:
+                print(f"retrofit {recipe} seed {seed}: {summary['wall_s']:.0f} s")
+    return [json.loads((root / f"{r}-seed{s}" / SUMMARY_FILE).read_text()) for s in study.seeds for r in study.recipes]

@@ -1,0 +1,215 @@
+"""The ``stars-lm`` study in a report: loop-scaling curves and the relative-drop table beside the paper's.
+
+Two parts feed it. From scratch: the sweep's ``kjv_arithmetic`` runs, each with
+``eval/lm_loops.csv`` (loss, reasoning_id, reasoning_ood, state_norm,
+spectral_radius per loop) and the ``lm.scaling.*`` summary in results.parquet.
+Pretrained: ``SWEEP_DIR/retrofit/<recipe>-seed<s>/`` (:mod:`looplab.lm.stars_study`).
+
+The paper's counterpart of a recipe is its GSM8K row (``stars_math.csv``) and
+stated relative drop (``stars_facts.csv``): ``fixed`` ↔ Ouro-1.4B-SFT, ``stars`` ↔
+Ouro-1.4B-STARS, ``as_is`` ↔ Ouro-1.4B; ``lognormal`` (random loops without JSRR) is
+our ablation and has none.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from looplab.plotting import SPARE_COLORS, pyplot, save_figure
+from looplab.report.comparison import read_paper_table
+from looplab.report.tables import MISSING, Table, cell, number
+
+LM_TASK = "kjv_arithmetic"
+RETROFIT_DIR = "retrofit"
+LOOPS_FILE = "lm_loops.csv"
+PAPER_DEPTH = 4
+LM_TABLE_TITLE = "Ours vs paper: loop scaling of a looped LM (STARS)"
+#: recipe → (stars_math.csv model, stars_facts.csv relative-drop fact)
+PAPER_ROWS = {
+    "as_is": ("Ouro-1.4B", "gsm8k_relative_drop_4_to_8_base_pct"),
+    "fixed": ("Ouro-1.4B-SFT", "gsm8k_relative_drop_4_to_8_sft_pct"),
+    "stars": ("Ouro-1.4B-STARS", "gsm8k_relative_drop_4_to_8_stars_pct"),
+}
+RECIPE_COLORS = {"as_is": "tab:gray", "fixed": "tab:red", "lognormal": "tab:orange", "stars": "tab:green"}
+PANELS = (
+    ("reasoning_id", "exact match, train sizes (%)", 100),
+    ("reasoning_ood", "exact match, longer chains (%)", 100),
+    ("loss", "KJV validation loss (nats)", 1),
+    ("state_norm", "‖h_t‖ per token", 1),
+)
+CAPTIONS = {
+    "loopscaling": "Loop scaling of the from-scratch looped LMs: exact match on chain arithmetic (train sizes, "
+    "longer chains), KJV validation loss and the state norm against test loops (log axis), one row per core "
+    "shape, one line per recipe (mean over seeds, band ± one sample std). Dashed line: the depth every recipe "
+    "is read at (4).",
+    "retrofitscaling": "Loop scaling of the retrofitted SmolLM2-135M, as is and fine-tuned at a fixed 4 loops or "
+    "with STARS: the same panels, mean over seeds.",
+}
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    """("pre_sandwich", "stars") from "pre_sandwich-stars"; the shape is "" for a one-part name."""
+    shape, _, recipe = str(variant).split("+", 1)[0].rpartition("-")
+    return shape, recipe
+
+
+def scratch_curves(results: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
+    """Every from-scratch run's lm_loops.csv stacked with its shape, recipe and seed."""
+    parts = []
+    runs = results[results.get("task.name", pd.Series(dtype=str)) == LM_TASK]
+    for variant, seed, run_dir in runs[["variant", "run.seed", "run_dir"]].itertuples(index=False, name=None):
+        path = sweep_dir / run_dir / "eval" / LOOPS_FILE
+        if path.is_file():
+            shape, recipe = split_variant(variant)
+            parts.append(pd.read_csv(path).assign(shape=shape, recipe=recipe, seed=seed))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def retrofit_runs(sweep_dir: Path) -> tuple[pd.DataFrame, list[dict]]:
+    """The retrofit part: its loops.csv stacked (shape "SmolLM2-135M retrofit") and its summaries."""
+    parts, summaries = [], []
+    for summary_path in sorted((sweep_dir / RETROFIT_DIR).glob("*/summary.json")):
+        summary = json.loads(summary_path.read_text())
+        summaries.append(summary)
+        parts.append(
+            pd.read_csv(summary_path.parent / "loops.csv").assign(
+                shape="SmolLM2-135M retrofit", recipe=summary["recipe"], seed=summary["seed"]
+            )
+        )
+    return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), summaries
+
+
+def plot_curves(curves: pd.DataFrame, path: Path, title: str) -> Path:
+    """One row of panels per shape, one line (mean ± std band over seeds) per recipe."""
+    plt = pyplot()
+    shapes = sorted(curves["shape"].unique())
+    fig, axes = plt.subplots(len(shapes), len(PANELS), figsize=(4 * len(PANELS), 3.2 * len(shapes)), squeeze=False)
+    for row, shape in zip(axes, shapes):
+        mine = curves[curves["shape"] == shape]
+        for rank, (recipe, runs) in enumerate(mine.groupby("recipe", sort=True)):
+            color = RECIPE_COLORS.get(recipe, SPARE_COLORS[rank % len(SPARE_COLORS)])
+            stats = runs.groupby("loops")[[c for c, _, _ in PANELS if c in runs]].agg(["mean", "std"])
+            for axis, (column, ylabel, scale) in zip(row, PANELS):
+                if column not in stats or stats[column]["mean"].isna().all():
+                    continue
+                mean, std = scale * stats[column]["mean"], scale * stats[column]["std"].fillna(0)
+                axis.plot(stats.index, mean, color=color, label=f"{recipe} ({runs['seed'].nunique()} seeds)")
+                axis.fill_between(stats.index, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+                axis.set(xscale="log", xlabel="loops", ylabel=ylabel)
+        for axis, (column, _, _) in zip(row, PANELS):
+            axis.axvline(PAPER_DEPTH, color="grey", linestyle="--", linewidth=0.8)
+            axis.set_title(f"{shape}" if column == PANELS[0][0] else "")
+            if column == "state_norm":
+                axis.set_yscale("log")
+        row[0].legend(fontsize=8)
+    fig.suptitle(title)
+    save_figure(fig, path)
+    return path
+
+
+def _stats(values) -> dict:
+    values = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    n = len(values)
+    std = float(values.std(ddof=1)) if n > 1 else math.nan
+    half = 1.96 * std / math.sqrt(n) if n > 1 else math.nan  # normal interval: these rows are few seeds
+    mean = float(values.mean()) if n else math.nan
+    return {"n": n, "mean": mean, "std": std, "ci_lo": mean - half, "ci_hi": mean + half}
+
+
+def _column(summaries: list[dict], split: str, key: str, scale: float) -> dict:
+    """Seed statistics of one summary entry (``split`` = "id" / "ood", ``key`` e.g. "at_depth")."""
+    return _stats([scale * s[split][key] for s in summaries if split in s and s[split][key] is not None])
+
+
+def _paper(recipe: str, tables_dir: Path) -> tuple[str, dict]:
+    math_table, _ = read_paper_table("stars_math.csv", tables_dir)
+    facts, _ = read_paper_table("stars_facts.csv", tables_dir)
+    if recipe not in PAPER_ROWS or math_table is None or facts is None:
+        return MISSING, {}
+    model, fact = PAPER_ROWS[recipe]
+    rows = math_table[math_table["model"] == model].set_index("loops")["gsm8k"]
+    stated = facts.loc[facts["fact"] == fact, "value"]
+    at4, at8 = (float(rows.get(str(k), "nan")) for k in (4, 8))
+    drop = float(stated.iloc[0]) if len(stated) else math.nan
+    text = f"{model}: {number(at4, 2)} → {number(at8, 2)}, drop {number(drop, 2)} %"
+    return text, {"paper.model": model, "paper.gsm8k_at_4": at4, "paper.gsm8k_at_8": at8, "paper.drop_pct": drop}
+
+
+def drop_table(runs: list[tuple[str, str, dict]], tables_dir: Path) -> Table:
+    """One row per (part, recipe): our ID accuracy at 4 and 8 loops, relative drop, best, beside the paper's.
+
+    ``runs`` holds (part, recipe, scaling summary) per run.
+    """
+    display, numbers = [], []
+    keys = list(dict.fromkeys((part, recipe) for part, recipe, _ in runs))
+    for part, recipe in keys:
+        mine = [s for p, r, s in runs if (p, r) == (part, recipe)]
+        columns = {
+            "Acc at 4 (%)": _column(mine, "id", "at_depth", 100),
+            "Acc at 8 (%)": _column(mine, "id", "at_twice_depth", 100),
+            "Rel. drop 4→8 (%)": _column(mine, "id", "relative_drop", 100),
+            "Best (%)": _column(mine, "id", "best", 100),
+            "Best at loops": _column(mine, "id", "best_loops", 1),
+            "Longer chains, best (%)": _column(mine, "ood", "best", 100),
+        }
+        paper_text, paper_numbers = _paper(recipe, tables_dir)
+        display.append(
+            {"Model": part, "Recipe": recipe, "Seeds": str(len(mine))}
+            | {name: cell(s, 1) for name, s in columns.items()}
+            | {"Paper (GSM8K, 4 → 8 loops)": paper_text}
+        )
+        numbers.append(
+            {"part": part, "recipe": recipe, "runs": len(mine)}
+            | {f"{name}.{stat}": s[stat] for name, s in columns.items() for stat in ("n", "mean", "std")}
+            | paper_numbers
+        )
+    return Table(
+        LM_TABLE_TITLE,
+        pd.DataFrame(display),
+        pd.DataFrame(numbers),
+        "Ours: exact match on chain-arithmetic problems of the training sizes, read at 4 and 8 loops; "
+        "relative drop (acc(4) − acc(8)) / acc(4). Paper: GSM8K from stars_math.csv, the drop as "
+        "stars_facts.csv states it. Cells: mean ± std [normal 95 % interval] over seeds.",
+        "paper_stars_lm",
+    )
+
+
+def stars_lm_tables(results: pd.DataFrame, sweep_dir: Path, tables_dir: Path) -> list[Table]:
+    """The relative-drop table, when the sweep holds the study's runs (else nothing)."""
+    runs = []
+    if "lm.scaling.id.at_depth" in results.columns:
+        for variant, row in results[results["task.name"] == LM_TASK].set_index("variant").iterrows():
+            shape, recipe = split_variant(variant)
+            runs.append((f"from scratch, {shape}", recipe, _summary_from_row(row)))
+    runs += [("SmolLM2-135M retrofit", s["recipe"], s) for s in retrofit_runs(sweep_dir)[1]]
+    return [drop_table(runs, tables_dir)] if runs else []
+
+
+def _summary_from_row(row: pd.Series) -> dict:
+    """The ``lm.scaling`` part of a results row, nested back as :func:`scaling_summary` wrote it."""
+    found: dict = {}
+    for split in ("id", "ood"):
+        values = {
+            key: (None if pd.isna(row.get(f"lm.scaling.{split}.{key}")) else float(row[f"lm.scaling.{split}.{key}"]))
+            for key in ("at_depth", "at_twice_depth", "relative_drop", "best", "best_loops")
+        }
+        if values["best"] is not None:
+            found[split] = values
+    return found
+
+
+def write_lm_figures(out: Path, results: pd.DataFrame, sweep_dir: Path) -> list[Path]:
+    """``kjv_arithmetic-loopscaling.png`` and ``retrofit-retrofitscaling.png``, where their runs exist."""
+    figures = []
+    curves = scratch_curves(results, sweep_dir)
+    if not curves.empty:
+        figures.append(plot_curves(curves, out / f"{LM_TASK}-loopscaling.png", "looped LMs from scratch"))
+    retrofit, _ = retrofit_runs(sweep_dir)
+    if not retrofit.empty:
+        figures.append(plot_curves(retrofit, out / "retrofit-retrofitscaling.png", "SmolLM2-135M retrofit"))
+    return figures
