@@ -166,11 +166,12 @@ class RetrofittedLoop(nn.Module):
             x = self._layer(layer, x, rope, mask)
         return x
 
-    def readout(self, h: Tensor, rope, mask: Tensor) -> Tensor:
-        """Logits [B, T, V] from the last core state (middle, coda, final norm, head)."""
+    def readout(self, h: Tensor, rope, mask: Tensor, at: Tensor | None = None) -> Tensor:
+        """Logits [B, T, V] from the last core state (middle, coda, final norm, head); with ``at``
+        ([B, T] bool) only at those positions, [N, V] — the head is the costliest matmul here."""
         for layer in [*self.middle, *self.coda]:
             h = self._layer(layer, h, rope, mask)
-        return self.lm_head(self.norm(h))
+        return self.lm_head(self.norm(h if at is None else h[at]))
 
     # ------------------------------------------------------------------ API
 

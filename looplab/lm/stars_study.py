@@ -52,7 +52,7 @@ class RetrofitStudy:
     eval_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     samples: int = 32
     max_loops: int = 16
-    spectral_iters: int = 8
+    spectral_iters: int = 3
     prelude: int = 4
     core: int = 6
     coda: int = 4

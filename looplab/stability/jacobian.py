@@ -124,7 +124,7 @@ def jsrr_per_sample(
 def spectral_radius_power(
     phi: LoopMap, h: Tensor, valid: Tensor, iters: int, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Estimate ρ(J) per sample by power iteration.
+    """Estimate ρ(J) per sample by power iteration from a random direction.
 
     Returns:
         growth [B]: the geometric mean of ‖J v_k‖ over the last half of the
@@ -132,6 +132,15 @@ def spectral_radius_power(
         rayleigh [B]: v·Jv at the last iterate (the signed top eigenvalue when it is real).
     """
     v = random_direction(valid, h.shape[-1], generator, dtype=h.dtype)
+    growth, rayleigh, _ = power_iteration(phi, h, valid, iters, v)
+    return growth, rayleigh
+
+
+@torch.no_grad()
+def power_iteration(phi: LoopMap, h: Tensor, valid: Tensor, iters: int, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``iters`` power iterations of J at h from the unit direction v [B, L, d]: growth [B] and
+    rayleigh [B] as :func:`spectral_radius_power` defines them, and the last direction [B, L, d]
+    (a warm start for the next state of a trajectory, whose Jacobian changes little)."""
     mask = valid.unsqueeze(-1)
     log_growth = []
     for _ in range(iters):
@@ -141,7 +150,7 @@ def spectral_radius_power(
         v = w / norm[:, None, None]
     jv = _jacobian_vector_no_grad(phi, h, v) * mask
     growth = torch.stack(log_growth[len(log_growth) // 2 :]).mean(0).exp()
-    return growth, (v * jv).flatten(1).sum(1)
+    return growth, (v * jv).flatten(1).sum(1), v
 
 
 def spectral_radius_exact(phi: LoopMap, h: Tensor) -> float:

@@ -89,6 +89,16 @@ CASES = [
     ("train {cfg} --set model.d_model=31 --out {new}", 2, "must be a positive multiple of model.n_heads"),
     ("train {cfg} --set stability.jsrr.rows=-1 --out {new}", 2, "rows >= 0 (0 = every row)"),
     ("train {cfg} --set model.attention_window=-2 --out {new}", 2, "model.attention_window must be >= 0"),
+    (
+        "train {cfg} --set task.name=kjv_arithmetic --set task.train_max=7 --set model.causal=true --out {new}",
+        2,
+        "task.train_max must be <= 6 for task 'kjv_arithmetic', got 7",
+    ),
+    (
+        "train {cfg} --set task.name=chain_arithmetic --set task.eval_lengths=[4,30] --out {new}",
+        2,
+        "task.eval_lengths must be <= 25 for task 'chain_arithmetic', got 30",
+    ),
     # ---- output paths
     ("train {cfg} --out {root}/a_file", 2, "a_file"),
     ("train {cfg} --out /sys/looplab-test-run", 2, "/sys/looplab-test-run"),

@@ -182,3 +182,25 @@ def test_jsrr_on_a_row_subset_is_the_full_penalty_of_those_rows_and_unbiased():
     ).mean()
     assert float(many(subset)) == pytest.approx(float(many(full)), rel=0.1)
     assert JacobianPenalty(0.1, rows=6).rows == 6 and len(JacobianPenalty(0.1, rows=9).penalty(model, probe, None)) == 6
+
+
+def test_warm_started_power_iteration_tracks_the_exact_radius_along_a_trajectory():
+    from looplab.stability.spectral import warm_spectral_radii
+
+    model, batch, *_ = _setup(seed=0, placement="pre", padded=False, loops=0)  # ρ falls from 1.17 to 1.04
+    warm = warm_spectral_radii(model, batch, 12, 4, torch.Generator().manual_seed(0))  # [12, B]
+    exact = []
+    with torch.no_grad():
+        h, e, ctx = model.start(batch.tokens, batch.valid)
+        for _ in range(12):
+            h = model.step(h, e, ctx)
+            exact.append(
+                [
+                    spectral_radius_exact(loop_map(model, e[i : i + 1], batch.valid[i : i + 1]), h[i : i + 1])
+                    for i in range(len(h))
+                ]
+            )
+    exact = torch.tensor(exact, dtype=torch.float64)
+    # after its 16 iterations at loop 1, 4 per loop keep within a few percent of the exact radius
+    assert torch.allclose(warm[4:].double(), exact[4:], rtol=0.05)
+    assert (exact[0] - exact[-1] > 0.01).all()  # the radius does change along the way

@@ -1,0 +1,63 @@
+"""The retrofit half of the stars-lm study: its settings file and recipes (no model is loaded here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from looplab.cli import PRESETS, STUDY_EXTRAS
+from looplab.errors import LooplabError
+from looplab.lm.retrofit_stars import RetrofitRecipe, encode_problems
+from looplab.lm.stars_study import RetrofitStudy, load_study
+from looplab.tasks import IGNORE
+
+
+def test_the_preset_loads_and_runs_both_recipes_on_the_paper_settings():
+    study = load_study(PRESETS / STUDY_EXTRAS["stars-lm"])
+    assert set(study.recipes) == {"as_is", "fixed", "stars"} and study.depth == 4 and study.max_loops >= 8
+    stars = RetrofitRecipe("stars")
+    assert (stars.mu, stars.sigma, stars.lo, stars.hi, stars.jsrr_weight) == (1.7, 0.4, 1, 16, 0.1)
+    depths = [
+        int(stars.schedule().train_depths(torch.tensor([1]), torch.Generator().manual_seed(s))[0]) for s in range(200)
+    ]
+    assert min(depths) >= 1 and max(depths) <= 16 and 4 <= sum(depths) / len(depths) <= 8  # median e^1.7 ≈ 5.5
+    assert RetrofitRecipe("fixed").schedule().train_depths(torch.tensor([1, 1]), None).tolist() == [4, 4]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[retrofit]\ncolour = 1\n", "unknown retrofit key 'colour'"),
+        ("[retrofit]\nrecipes = ['sft']\n", "valid choices: as_is, fixed, stars"),
+        ("[retrofit]\nsteps = 0\n", "retrofit.steps must be >= 1"),
+        ("[retrofit]\nlr = -1.0\n", "retrofit.lr must be > 0"),
+        ("[retrofit]\nmax_loops = 6\n", "max_loops >= 2 x depth"),
+        ("[retrofit\n", "not valid TOML"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "retrofit.toml"
+    path.write_text(text)
+    with pytest.raises(LooplabError, match=message):
+        load_study(path)
+
+
+class CharTokenizer:
+    """One token per character (ids = code points), enough to check the label alignment."""
+
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_encoded_problems_supervise_exactly_the_answer_tokens():
+    batch = encode_problems(CharTokenizer(), [("a=1;b=a+1;b?", "2\n"), ("c=5;c?", "5\n")])
+    assert batch["input_ids"].shape == (2, 14)
+    assert batch["attention_mask"].sum(1).tolist() == [14, 8]
+    for row, (question, answer) in enumerate([("a=1;b=a+1;b?", "2\n"), ("c=5;c?", "5\n")]):
+        labels = batch["labels"][row]
+        scored = (labels != IGNORE).nonzero().squeeze(1).tolist()
+        assert scored == [len(question) - 1, len(question)]  # '?' predicts the digit, the digit the newline
+        assert [chr(int(labels[i])) for i in scored] == list(answer)
+    assert RetrofitStudy().train_max == 4
