@@ -18,7 +18,7 @@ from looplab.plotting import pyplot, save_figure
 REPORTED_LOOPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def _finite_mean(values: np.ndarray) -> np.ndarray:
+def finite_mean(values: np.ndarray) -> np.ndarray:
     """Column means over the finite entries of [N, T] (NaN where none is finite)."""
     finite = np.isfinite(values)
     counts = finite.sum(axis=0)
@@ -39,8 +39,8 @@ def scaling_frame(outcomes: list[LengthOutcome]) -> pd.DataFrame:
         {
             "loops": np.arange(1, correct.shape[1] + 1),
             "accuracy": correct.mean(axis=0),
-            "state_norm": _finite_mean(state),
-            "step_norm": _finite_mean(step),
+            "state_norm": finite_mean(state),
+            "step_norm": finite_mean(step),
             "nonfinite_fraction": (~np.isfinite(state)).mean(axis=0),
         }
     )

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from looplab.eval.grid import LengthOutcome, grid_frame
-from looplab.eval.scaling import _finite_mean
+from looplab.eval.scaling import finite_mean
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
 from looplab.seeding import derive_generator
@@ -63,7 +63,7 @@ def reasoning_columns(outcomes: list[LengthOutcome], train_max: int, spectral: n
         {
             "reasoning_id": pooled(lambda n: n <= train_max),
             "reasoning_ood": pooled(lambda n: n > train_max),
-            "state_norm": _finite_mean(np.concatenate([o.state_norm for o in outcomes])),
+            "state_norm": finite_mean(np.concatenate([o.state_norm for o in outcomes])),
             "spectral_radius": spectral,
         }
     )

@@ -1,15 +1,15 @@
 """STARS on a pretrained model: fine-tune a retrofitted loop at a fixed depth or with STARS, measure it by loops.
 
 The retrofit (:class:`looplab.lm.retrofit.RetrofittedLoop`, W_I = ``mix`` so the
-input is injected at every loop) is fine-tuned on chain-arithmetic text
-(:mod:`looplab.tasks.reasoning`), tokenised by the model's own tokenizer, the
-answer tokens supervised:
+input is injected at every loop) is fine-tuned on chain-arithmetic problems
+(:mod:`looplab.tasks.reasoning`, the answer tokens supervised) and KJV passages
+(every next token), tokenised by the model's own tokenizer:
 
     fixed   every batch at ``depth`` loops, plain cross-entropy           (the paper's SFT)
     stars   each batch at t ~ clip(round(exp(N(μ, σ))), lo, hi) loops,     (the paper's STARS)
             loss (1 − λ)·CE + λ·‖J v‖², J the one-loop Jacobian at h_t, v a random unit direction
 
-Both see the same problems in the same order and take the same number of steps.
+Both see the same batches in the same order and take the same number of steps.
 :func:`retrofit_by_loops` then reads, after every loop t = 1..T of one unroll,
 exact match on problems of the training sizes and longer ones (teacher-forced
 argmax at every answer token = greedy decoding), the KJV validation loss, ‖h_t‖
@@ -93,8 +93,38 @@ def problem_batch(tokenizer, lengths: list[int], per_length: int, generator: tor
     return encode_problems(tokenizer, problems)
 
 
-def _loss(logits: Tensor, labels: Tensor) -> Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+def text_batch(tokenizer, split: str, count: int, tokens: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """``count`` random KJV passages of ``split``, tokenised and cut to ``tokens``, every next token supervised."""
+    from looplab.tasks.corpus import load_corpus
+
+    text = load_corpus().text(split)
+    chars = 8 * tokens  # comfortably more characters than tokens
+    starts = torch.randint(0, len(text) - chars, (count,), generator=generator).tolist()
+    batch = tokenizer([text[s : s + chars] for s in starts], truncation=True, max_length=tokens, padding=True)
+    input_ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"])
+    labels = torch.full_like(input_ids, IGNORE)
+    labels[:, :-1] = input_ids[:, 1:].masked_fill(~mask[:, 1:].bool(), IGNORE)
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def join_batches(first: dict[str, Tensor], second: dict[str, Tensor], pad: int) -> dict[str, Tensor]:
+    """The rows of both batches, right-padded to the wider one."""
+    width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
+    fill = {"input_ids": pad, "attention_mask": 0, "labels": IGNORE}
+    return {
+        key: torch.cat([F.pad(part[key], (0, width - part[key].shape[1]), value=fill[key]) for part in (first, second)])
+        for key in fill
+    }
+
+
+def per_row_loss(logits: Tensor, labels: Tensor, scored: Tensor) -> Tensor:
+    """Mean over rows of each row's mean cross-entropy: logits [N, V] at the ``scored`` [B, T] positions,
+    so a problem's two answer tokens weigh as much as a passage's many."""
+    token_loss = F.cross_entropy(logits.float(), labels[scored], reduction="none")
+    rows = scored.nonzero()[:, 0]
+    totals = torch.zeros(len(labels), dtype=token_loss.dtype).index_add_(0, rows, token_loss)
+    counts = scored.sum(1)
+    return (totals[counts > 0] / counts[counts > 0]).mean()
 
 
 def jsrr_penalty(loop: RetrofittedLoop, h: Tensor, e: Tensor, rope, mask: Tensor, valid: Tensor, generator) -> Tensor:
@@ -113,12 +143,17 @@ def fine_tune_recipe(
     per_length: int,
     lr: float,
     seed: int,
+    text_rows: int = 0,
+    text_tokens: int = 48,
 ) -> pd.DataFrame:
     """Fine-tune ``loop`` in place; one row per step: step, loops, loss (CE), jsrr (NaN for ``fixed``).
 
-    AdamW with a cosine decay to 10 % of ``lr``; gradients clipped to norm 1. The problems
-    come from ``derive_generator(seed, "retrofit-data")`` and the depths and directions from
-    their own generators, so both recipes see the same problems in the same order.
+    Each batch holds ``per_length`` problems of every size in ``lengths`` and ``text_rows``
+    KJV training passages of ``text_tokens`` tokens (text keeps the retrofit a language
+    model while it learns the problems); the loss is the mean over rows of each row's
+    mean cross-entropy. AdamW with a cosine decay to 10 % of ``lr``; gradients clipped to
+    norm 1. Data, depths and directions come from generators derived from ``seed``, so
+    both recipes see the same batches in the same order.
     """
     if steps < 1 or per_length < 1 or not lengths:
         raise LooplabError("fine-tuning needs steps >= 1, per_length >= 1 and at least one problem size")
@@ -134,13 +169,16 @@ def fine_tune_recipe(
     try:
         for step in range(1, steps + 1):
             batch = problem_batch(tokenizer, lengths, per_length, data)
+            if text_rows:
+                text = text_batch(tokenizer, "train", text_rows, text_tokens, data)
+                batch = join_batches(batch, text, tokenizer.pad_token_id or 0)
             loops = int(schedule.train_depths(torch.tensor([1]), depths)[0])
             e, rope, mask, valid = loop.encode(batch["input_ids"], batch["attention_mask"])
             h = e
             for _ in range(loops):
                 h = loop.step(h, e, rope, mask)
-            answer = batch["labels"] != IGNORE
-            ce = F.cross_entropy(loop.readout(h, rope, mask, at=answer).float(), batch["labels"][answer])
+            scored = batch["labels"] != IGNORE
+            ce = per_row_loss(loop.readout(h, rope, mask, at=scored), batch["labels"], scored)
             loss, penalty = ce, float("nan")
             if recipe.name == "stars":
                 jsrr = jsrr_penalty(loop, h, e, rope, mask, valid, directions)
@@ -175,13 +213,14 @@ def exact_match_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_lo
 
 @torch.no_grad()
 def kjv_loss_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int) -> np.ndarray:
-    """[T] next-token loss on tokenised KJV validation text after t = 1..T loops."""
+    """[T] mean next-token loss on a :func:`text_batch` after t = 1..T loops."""
     e, rope, mask, _ = loop.encode(batch["input_ids"], batch["attention_mask"])
-    targets = batch["input_ids"][:, 1:].masked_fill(~batch["attention_mask"][:, 1:].bool(), IGNORE)
+    scored = batch["labels"] != IGNORE
     h, losses = e, []
     for _ in range(max_loops):
         h = loop.step(h, e, rope, mask)
-        losses.append(float(_loss(loop.readout(h, rope, mask)[:, :-1], targets)))
+        logits = loop.readout(h, rope, mask, at=scored).float()
+        losses.append(float(F.cross_entropy(logits, batch["labels"][scored])))
     return np.array(losses)
 
 

@@ -29,7 +29,7 @@ import torch
 from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
 from looplab.lm.reasoning import REASONING_FILE, scaling_summary
-from looplab.lm.retrofit_stars import RECIPES, RetrofitRecipe, fine_tune_recipe, retrofit_by_loops
+from looplab.lm.retrofit_stars import RECIPES, RetrofitRecipe, fine_tune_recipe, retrofit_by_loops, text_batch
 from looplab.seeding import derive_generator
 
 RETROFIT_DIR = "retrofit"
@@ -42,12 +42,13 @@ SUMMARY_FILE = "summary.json"
 class RetrofitStudy:
     """What the pretrained half of the study runs (see ``configs/stars-lm/retrofit.toml``)."""
 
-    recipes: tuple[str, ...] = (AS_IS, *RECIPES)
+    recipes: tuple[str, ...] = RECIPES
     seeds: tuple[int, ...] = (0,)
     steps: int = 60
     lr: float = 1e-4
     depth: int = 4
     per_length: int = 2
+    text_rows: int = 4
     train_lengths: tuple[int, ...] = (1, 2, 3, 4)
     eval_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     samples: int = 32
@@ -92,17 +93,6 @@ def load_study(path: str | Path) -> RetrofitStudy:
     return RetrofitStudy(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
 
 
-def kjv_batch(tokenizer, passages: int, tokens: int, seed: int) -> dict:
-    """Tokenised KJV validation passages, the same for every recipe."""
-    from looplab.tasks.corpus import load_corpus
-
-    text = load_corpus().text("val")
-    starts = torch.randint(0, len(text) - 8 * tokens, (passages,), generator=derive_generator(seed, "retrofit-kjv"))
-    chunks = [text[s : s + 8 * tokens] for s in starts.tolist()]
-    batch = tokenizer(chunks, return_tensors="pt", truncation=True, max_length=tokens, padding=True)
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-
-
 def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out: Path) -> dict:
     """Retrofit, fine-tune (unless ``as_is``) and measure one (recipe, seed); write its folder."""
     from looplab.lm.retrofit import RetrofittedLoop
@@ -120,13 +110,15 @@ def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out:
             study.per_length,
             study.lr,
             seed,
+            study.text_rows,
+            study.kjv_tokens,
         )
     else:
         log = pd.DataFrame(columns=["step", "loops", "loss", "jsrr"])
     frame, grid = retrofit_by_loops(
         loop,
         tokenizer,
-        kjv_batch(tokenizer, study.kjv_passages, study.kjv_tokens, seed),
+        text_batch(tokenizer, "val", study.kjv_passages, study.kjv_tokens, derive_generator(seed, "retrofit-kjv")),
         list(study.eval_lengths),
         study.train_max,
         study.samples,

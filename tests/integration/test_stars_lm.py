@@ -133,11 +133,33 @@ def test_report_puts_the_drop_table_beside_the_paper(tmp_path):
     sweep_file.write_text('[sweep]\nconfigs = ["configs/*.toml"]\nseeds = 2\n')
     out = tmp_path / "sweep"
     run_sweep(load_sweep(sweep_file), out, workers=1, progress=False)
+    # a retrofit result as looplab.lm.stars_study writes it (that part needs SmolLM2; see tests/slow)
+    loops = pd.DataFrame(
+        {
+            "loops": range(1, 9),
+            "loss": np.linspace(3, 4, 8),
+            "reasoning_id": [0.1, 0.3, 0.5, 0.8, 0.7, 0.6, 0.5, 0.4],
+            "reasoning_ood": 0.1,
+            "state_norm": 5.0,
+            "spectral_radius": 1.0,
+        }
+    )
+    folder = out / "retrofit" / "fixed-seed0"
+    folder.mkdir(parents=True)
+    loops.to_csv(folder / "loops.csv", index=False)
+    summary = {"recipe": "fixed", "seed": 0, **scaling_summary(loops, 4)}
+    (folder / "summary.json").write_text(json.dumps(summary))
     report = write_report(out, "stars")
     table = pd.read_csv(report / "paper_stars_lm.csv")
-    assert set(table.recipe) == {"fixed", "stars"} and (table.runs == 2).all()
-    fixed = table[table.recipe == "fixed"].iloc[0]
+    scratch = table[table.part == "from scratch, post_sandwich"]
+    assert set(scratch.recipe) == {"fixed", "stars"} and (scratch.runs == 2).all()
+    fixed = scratch[scratch.recipe == "fixed"].iloc[0]
     assert fixed["paper.model"] == "Ouro-1.4B-SFT" and fixed["paper.drop_pct"] == 25.0
     assert (report / "kjv_arithmetic-loopscaling.png").stat().st_size > 0
+    assert (report / "retrofit-retrofitscaling.png").stat().st_size > 0
+    retrofit = table[table.part == "SmolLM2-135M retrofit"].iloc[0]
+    assert retrofit["Acc at 4 (%).mean"] == pytest.approx(80.0)
+    assert retrofit["Rel. drop 4→8 (%).mean"] == pytest.approx(50.0)  # 0.8 → 0.4
+    assert retrofit["Best at loops.mean"] == 4
     markdown = (report / "table.md").read_text()
     assert "loop scaling of a looped LM" in markdown and "Ouro-1.4B-STARS" in markdown

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from looplab.tasks import IGNORE
 
 def test_the_preset_loads_and_runs_both_recipes_on_the_paper_settings():
     study = load_study(PRESETS / STUDY_EXTRAS["stars-lm"])
-    assert set(study.recipes) == {"as_is", "fixed", "stars"} and study.depth == 4 and study.max_loops >= 8
+    assert set(study.recipes) == {"fixed", "stars"} and study.depth == 4 and study.max_loops >= 8
     stars = RetrofitRecipe("stars")
     assert (stars.mu, stars.sigma, stars.lo, stars.hi, stars.jsrr_weight) == (1.7, 0.4, 1, 16, 0.1)
     depths = [
@@ -61,3 +63,55 @@ def test_encoded_problems_supervise_exactly_the_answer_tokens():
         assert scored == [len(question) - 1, len(question)]  # '?' predicts the digit, the digit the newline
         assert [chr(int(labels[i])) for i in scored] == list(answer)
     assert RetrofitStudy().train_max == 4
+
+
+class ByteTokenizer:
+    """Bytes as token ids 1..128 (0 pads), with the batch interface the KJV passages use."""
+
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False, truncation=False, max_length=None, padding=False):
+        if isinstance(text, str):
+            return {"input_ids": [1 + (b % 127) for b in text.encode()]}
+        rows = [[1 + (b % 127) for b in t.encode()][:max_length] for t in text]
+        width = max(map(len, rows))
+        return {
+            "input_ids": [r + [0] * (width - len(r)) for r in rows],
+            "attention_mask": [[1] * len(r) + [0] * (width - len(r)) for r in rows],
+        }
+
+
+@pytest.mark.parametrize("recipe", ["fixed", "stars"])
+def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from looplab.lm.retrofit import RetrofittedLoop
+    from looplab.lm.retrofit_stars import fine_tune_recipe, retrofit_by_loops, text_batch
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=130,
+        max_position_embeddings=128,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    loop = RetrofittedLoop(LlamaForCausalLM(config), 1, 2, 1, inject_init="mix")
+    before = [p.detach().clone() for p in loop.parameters()]
+    log = fine_tune_recipe(loop, ByteTokenizer(), RetrofitRecipe(recipe), 3, [1, 2], 2, 1e-3, 0, text_rows=2)
+    assert log.step.tolist() == [1, 2, 3] and log.loss.map(math.isfinite).all()
+    if recipe == "fixed":
+        assert (log.loops == 4).all() and log.jsrr.isna().all()
+    else:
+        assert log.loops.between(1, 16).all() and (log.jsrr > 0).all()
+    assert any(not torch.equal(a, b) for a, b in zip(before, loop.parameters()))
+    kjv = text_batch(ByteTokenizer(), "val", 2, 24, torch.Generator().manual_seed(0))
+    frame, grid = retrofit_by_loops(loop, ByteTokenizer(), kjv, [1, 2, 3], 2, 4, 8, 0, spectral_iters=2)
+    assert frame.loops.tolist() == list(range(1, 9))
+    for column in ("loss", "reasoning_id", "reasoning_ood", "state_norm", "spectral_radius"):
+        assert frame[column].map(math.isfinite).all(), column
+    assert sorted(grid.length.unique()) == [1, 2, 3] and set(grid.split) == {"id", "ood"}

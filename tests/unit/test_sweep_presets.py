@@ -40,6 +40,34 @@ def test_stopping_small_is_the_pilot_protocol():
         assert c["train"]["steps"] == 600
 
 
+def test_stars_lm_is_two_shapes_by_three_recipes_on_the_papers_lm_settings():
+    points = load_sweep(PRESETS / "sweeps" / "stars-lm.toml").points()
+    configs = [tomllib.loads(p.config_toml) for p in points]
+    assert Counter(p.variant for p in points) == {
+        f"{shape}-{recipe}": 3
+        for shape in ("pre_sandwich", "post_sandwich")
+        for recipe in ("fixed", "lognormal", "stars")
+    }
+    for c, point in zip(configs, points):
+        model, schedule = c["model"], c["schedule"]
+        assert c["task"]["name"] == "kjv_arithmetic" and model["causal"] and model["injection"] == "none"
+        assert (model["norm"], model["placement"]) == ("rmsnorm", point.variant.split("-")[0])
+        assert schedule["depth"] == 4 and c["eval"]["max_loops"] == 64
+        if not point.variant.endswith("fixed"):
+            assert (schedule["name"], schedule["mu"], schedule["sigma"], schedule["lo"], schedule["hi"]) == (
+                "lognormal",
+                1.7,
+                0.4,
+                1,
+                16,
+            )
+            assert schedule["per_batch"]
+        jsrr = c.get("stability", {}).get("jsrr", {})
+        assert (jsrr.get("estimator"), jsrr.get("weight")) == (
+            ("jvp", 0.1) if point.variant.endswith("stars") else ("none", 0.1)
+        )
+
+
 def test_sweep_files_are_package_data():
     assert {path.stem for path in Path(PRESETS / "sweeps").glob("*.toml")} == set(STUDIES)
 
