@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         "--lm-loops",
         type=int,
         metavar="T",
-        help="text (kjv) runs: validation loss against loops 1..T (eval/lm_loops.csv)",
+        help="text (kjv, kjv_arithmetic) runs: validation loss (and reasoning) against loops 1..T (eval/lm_loops.csv)",
     )
 
     config = commands.add_parser("config", help="inspect configs")
