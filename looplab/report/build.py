@@ -3,6 +3,7 @@
     table.csv          every metric's n, mean, std, ci_lo, ci_hi per (task, variant), display units
     table.md, .tex     the same as "mean ± std [lo, hi]" cells, plus any paper comparison
     paper_<name>.csv   each paper comparison's numbers, ours and the paper's side by side
+    lm_curves.csv      looped-LM runs (stars-lm): each per-loop measure, mean and std over seeds
     <task>-<kind>.png  accuracy heatmaps, Oracle(n), flip rates, policy depths, test-time scaling
     report.html        all of it in one file, figures embedded as data: URIs
 
@@ -38,7 +39,7 @@ from looplab.report.plots import CAPTIONS, write_task_plots
 from looplab.report.render import to_latex, to_markdown
 from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
 from looplab.report.stars_lm import CAPTIONS as LM_CAPTIONS
-from looplab.report.stars_lm import LM_TABLE_TITLE, stars_lm_tables, write_lm_figures
+from looplab.report.stars_lm import LM_TABLE_TITLE, stars_lm_tables, write_lm_outputs
 from looplab.report.stopping import training_depth
 from looplab.report.tables import Table, seed_table
 
@@ -186,13 +187,16 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
         for task in sorted(results["task.name"].dropna().unique())
         for path in write_task_plots(out, task, per_length, grids, depths, depths_trained.get(task, {}))
     ]
-    figures += write_lm_figures(out, results, sweep_dir)
+    lm_figures, lm_curves = write_lm_outputs(out, results, sweep_dir)
+    figures += lm_figures
+    if not lm_curves.empty:
+        written.append(_write_csv(out / "lm_curves.csv", lm_curves))
     written += figures + [path.with_suffix(".pdf") for path in figures]
     summary = [line for line in notes if line.startswith("Conclusion,")]
     reading = [line for line in notes if not line.startswith("Conclusion,")]
     html_page = to_html(title, [sweep_line(results), *summary], reading, sections(tables, figures))
     written.append(_write_text(out / "report.html", html_page))
-    for stale in [*out.glob("*.png"), *out.glob("*.pdf"), *out.glob("paper_*.csv")]:
+    for stale in [*out.glob("*.png"), *out.glob("*.pdf"), *out.glob("paper_*.csv"), *out.glob("lm_curves.csv")]:
         if stale not in written:
             stale.unlink()
     return out

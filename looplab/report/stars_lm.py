@@ -203,13 +203,23 @@ def _summary_from_row(row: pd.Series) -> dict:
     return found
 
 
-def write_lm_figures(out: Path, results: pd.DataFrame, sweep_dir: Path) -> list[Path]:
-    """``kjv_arithmetic-loopscaling.png`` and ``retrofit-retrofitscaling.png``, where their runs exist."""
-    figures = []
-    curves = scratch_curves(results, sweep_dir)
-    if not curves.empty:
-        figures.append(plot_curves(curves, out / f"{LM_TASK}-loopscaling.png", "looped LMs from scratch"))
-    retrofit, _ = retrofit_runs(sweep_dir)
-    if not retrofit.empty:
-        figures.append(plot_curves(retrofit, out / "retrofit-retrofitscaling.png", "SmolLM2-135M retrofit"))
-    return figures
+def curve_table(curves: pd.DataFrame) -> pd.DataFrame:
+    """Mean and std over seeds of every per-loop column, per (shape, recipe, loops): ``lm_curves.csv``."""
+    columns = [c for c, _, _ in PANELS if c in curves] + [c for c in ("spectral_radius",) if c in curves]
+    table = curves.groupby(["shape", "recipe", "loops"])[columns].agg(["mean", "std"])
+    table.columns = [f"{column}.{stat}" for column, stat in table.columns]
+    return table.reset_index()
+
+
+def write_lm_outputs(out: Path, results: pd.DataFrame, sweep_dir: Path) -> tuple[list[Path], pd.DataFrame]:
+    """The figures ``kjv_arithmetic-loopscaling.png`` and ``retrofit-retrofitscaling.png``, where their
+    runs exist, and the curves of both parts as one table (empty when neither exists)."""
+    figures, tables = [], []
+    for curves, path, title in (
+        (scratch_curves(results, sweep_dir), out / f"{LM_TASK}-loopscaling.png", "looped LMs from scratch"),
+        (retrofit_runs(sweep_dir)[0], out / "retrofit-retrofitscaling.png", "SmolLM2-135M retrofit"),
+    ):
+        if not curves.empty:
+            figures.append(plot_curves(curves, path, title))
+            tables.append(curve_table(curves))
+    return figures, (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame())

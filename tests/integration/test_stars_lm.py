@@ -157,6 +157,9 @@ def test_report_puts_the_drop_table_beside_the_paper(tmp_path):
     assert fixed["paper.model"] == "Ouro-1.4B-SFT" and fixed["paper.drop_pct"] == 25.0
     assert (report / "kjv_arithmetic-loopscaling.png").stat().st_size > 0
     assert (report / "retrofit-retrofitscaling.png").stat().st_size > 0
+    curves = pd.read_csv(report / "lm_curves.csv")
+    assert set(curves.recipe) == {"fixed", "stars"} and curves.loops.max() == 8
+    assert set(curves["shape"]) == {"post_sandwich", "SmolLM2-135M retrofit"}
     retrofit = table[table.part == "SmolLM2-135M retrofit"].iloc[0]
     assert retrofit["Acc at 4 (%).mean"] == pytest.approx(80.0)
     assert retrofit["Rel. drop 4→8 (%).mean"] == pytest.approx(50.0)  # 0.8 → 0.4

@@ -103,7 +103,8 @@ def decode_row(task, tokens, labels, length: int) -> tuple[list[str], list[str |
 
 
 def test_every_task_is_registered():
-    assert sorted(TASKS) == sorted(NAMES + ["kjv"])  # the algorithmic tasks tested here, and the text task
+    # the algorithmic tasks tested here, and the text tasks (test_text_task.py, test_reasoning_task.py)
+    assert sorted(TASKS) == sorted(NAMES + ["kjv", "chain_arithmetic", "kjv_arithmetic"])
 
 
 @pytest.mark.parametrize("name", NAMES)
