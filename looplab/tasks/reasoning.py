@@ -10,9 +10,8 @@ Variable names are n + 1 distinct lowercase letters, the start value a digit
 answer is the last value mod 10 — one digit — followed by a newline that ends
 it. (Steps of ±1 keep each step a 20-entry table a small model learns in a few
 hundred updates; with operands 1..9, a 180-entry table, a one-step problem was
-still at chance after 500 updates.) The text is bytes in
-the KJV task's vocabulary (byte b has id 4 + b), so one byte-level model reads
-both.
+still at chance after 500 updates.) The text is bytes in the KJV task's
+vocabulary (byte b has id 4 + b), so one byte-level model reads both.
 
 As a language model reads it: tokens are ``<s>`` and the text without its last
 byte, labels the next byte, supervised only where the next byte is part of the

@@ -30,17 +30,13 @@ def brute_force(question: str) -> int:
     return values[query[0]] % 10
 
 
-def text_of(task, ids) -> str:
-    return task.decode(ids)
-
-
 @pytest.mark.parametrize("n", [1, 2, 5, 12, 25])
 def test_answers_are_right_by_brute_force(task, n):
     batch = task.sample(n, 64, torch.Generator().manual_seed(n))
     for row in range(64):
         valid = batch.tokens[row][batch.valid[row]]
         assert int(valid[0]) == START
-        text = text_of(task, valid) + text_of(task, batch.labels[row][-1:])  # the last byte is only a label
+        text = task.decode(valid) + task.decode(batch.labels[row][-1:])  # the last byte is only a label
         question, answer = text[: text.index("?") + 1], text[text.index("?") + 1 :]
         assert re.fullmatch(rf"([a-z]=\d)(;[a-z]=[a-z][+-]1){{{n}}};[a-z]\?", question)
         names = re.findall(r"([a-z])=", question)
