@@ -32,7 +32,8 @@ from looplab.errors import LooplabError, choice_error
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.schedules import make_schedule
 from looplab.seeding import derive_generator
-from looplab.stability.jacobian import jacobian_vector, power_iteration, random_direction
+from looplab.stability.jacobian import jacobian_vector, random_direction
+from looplab.stability.spectral import warm_radii
 from looplab.tasks import IGNORE
 from looplab.tasks.reasoning import draw_problems
 
@@ -224,24 +225,16 @@ def kjv_loss_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops
     return np.array(losses)
 
 
+@torch.no_grad()
 def spectral_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int, iters: int, seed: int):
-    """[T] mean ρ(∂ step/∂h at h_t) over the batch's rows: power iteration warm-started from the
-    previous loop's direction, ``iters`` per loop (4 × ``iters`` at the first)."""
-    generator = derive_generator(seed, "retrofit-power")
-    with torch.no_grad():
-        e, rope, mask, valid = loop.encode(batch["input_ids"], batch["attention_mask"])
-        valid = valid.bool()
-        v = random_direction(valid, e.shape[-1], generator, dtype=e.dtype)
-        h, radii = e, []
+    """[T] mean ρ(∂ step/∂h at h_t) over the batch's rows (:func:`looplab.stability.spectral.warm_radii`)."""
+    e, rope, mask, valid = loop.encode(batch["input_ids"], batch["attention_mask"])
 
-        def phi(x: Tensor) -> Tensor:  # one loop, the input held fixed
-            return loop.step(x, e, rope, mask)
+    def phi(x: Tensor) -> Tensor:  # one loop, the input held fixed
+        return loop.step(x, e, rope, mask)
 
-        for t in range(max_loops):
-            h = loop.step(h, e, rope, mask)
-            growth, _, v = power_iteration(phi, h, valid, 4 * iters if t == 0 else iters, v)
-            radii.append(float(growth.mean()))
-    return np.array(radii)
+    radii = warm_radii(phi, e, valid.bool(), max_loops, iters, derive_generator(seed, "retrofit-power"))
+    return radii.mean(1).numpy()
 
 
 def retrofit_by_loops(

@@ -15,6 +15,7 @@ from torch import Tensor
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
 from looplab.stability.jacobian import (
+    LoopMap,
     loop_map,
     power_iteration,
     random_direction,
@@ -49,22 +50,29 @@ def spectral_trajectory(
 
 
 @torch.no_grad()
+def warm_radii(phi: LoopMap, h: Tensor, valid: Tensor, loops: int, iters: int, generator: torch.Generator) -> Tensor:
+    """[loops, B] ρ(∂Φ/∂h at h_t) along h_t = Φ(h_{t−1}) from h_0 = ``h``, for any loop map Φ.
+
+    Each loop's power iteration starts from the previous loop's last direction: along a
+    trajectory the Jacobian changes little, so a few iterations per loop do what many from
+    a random start do (the random start at loop 1 gets ``4 × iters``).
+    """
+    v = random_direction(valid, h.shape[-1], generator, dtype=h.dtype)
+    radii = []
+    for t in range(loops):
+        h = phi(h)
+        growth, _, v = power_iteration(phi, h, valid, 4 * iters if t == 0 else iters, v)
+        radii.append(growth)
+    return torch.stack(radii)
+
+
+@torch.no_grad()
 def warm_spectral_radii(
     model: LoopedTransformer, batch: TaskBatch, loops: int, iters: int, generator: torch.Generator
 ) -> Tensor:
-    """[loops, B] ρ(∂Φ/∂h at h_t) by power iteration, each loop starting from the previous loop's last
-    direction: along a trajectory the Jacobian changes little, so a few iterations per loop do what
-    many from a random start do (one random start at loop 1 gets ``4 × iters``)."""
+    """[loops, B] :func:`warm_radii` of a looped model's core on ``batch``."""
     h, e, _ = model.start(batch.tokens, batch.valid)
-    ctx = model.context(batch.valid)
-    phi = loop_map(model, e, batch.valid)
-    v = random_direction(batch.valid, h.shape[-1], generator, dtype=h.dtype)
-    radii = []
-    for t in range(loops):
-        h = model.step(h, e, ctx)
-        growth, _, v = power_iteration(phi, h, batch.valid, 4 * iters if t == 0 else iters, v)
-        radii.append(growth)
-    return torch.stack(radii)
+    return warm_radii(loop_map(model, e, batch.valid), h, batch.valid, loops, iters, generator)
 
 
 def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
