@@ -37,7 +37,7 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.tasks.base import IGNORE, PAD, Task, TaskBatch, register_task
-from looplab.tasks.text import BYTE_OFFSET, KJVText, byte_symbol
+from looplab.tasks.text import BYTE_OFFSET, KJVText
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MAX_STEPS = len(LETTERS) - 1
@@ -105,8 +105,9 @@ class ChainArithmetic(Task):
     name = "chain_arithmetic"
     max_size = MAX_STEPS
 
-    def symbols(self) -> list[str]:
-        return [byte_symbol(b) for b in range(256)]
+    # the byte vocabulary and its decoding are the KJV task's, so one model reads both
+    symbols = KJVText.symbols
+    decode = KJVText.decode
 
     def body_len(self, n: int) -> int:
         return problem_bytes(n) - 1
@@ -116,9 +117,6 @@ class ChainArithmetic(Task):
 
     def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         return problem_rows(draw_problems(n, count, generator))
-
-    def decode(self, ids: Tensor) -> str:
-        return KJVText.decode(self, ids)
 
 
 @register_task
