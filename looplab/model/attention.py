@@ -83,6 +83,13 @@ class AttentionContext:
         return replace(self, mask=None if self.mask is None else self.mask[rows])
 
 
+def attention_mask(ctx: AttentionContext, length: int, device) -> Tensor | None:
+    """The mask the math path applies to [B, H, L, L] scores: ``ctx.mask``, a causal [L, L] one, or None."""
+    if ctx.mask is None and ctx.causal:
+        return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return ctx.mask
+
+
 class SelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -109,10 +116,7 @@ class SelfAttention(nn.Module):
 
     def _math(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        mask = ctx.mask
-        if mask is None and ctx.causal:
-            length = q.shape[2]
-            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        mask = attention_mask(ctx, q.shape[2], q.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         probs = scores.softmax(dim=-1)

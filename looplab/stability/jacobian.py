@@ -5,7 +5,7 @@ a state h (per sample, over its valid positions). Three penalties, named for
 what they compute:
 
     jvp        ‖J v‖²,   v a random unit vector (after optional power iterations);
-               forward mode through the math attention path (CPU SDPA has no JVP rule)
+               by the loop's explicit tangent (``looplab.model.tangent``), on the math attention path
     vjp        ‖Jᵀ v‖²,  the same with the transpose (what the STARS code computes)
     frobenius  ‖J g‖² / D with g ~ N(0, I): Hutchinson's estimate of ‖J‖²_F / D (DEQ)
 
@@ -16,6 +16,7 @@ iterations v approaches the top eigenvector and ‖Jv‖ approaches ρ(J).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -23,15 +24,33 @@ from torch.autograd import forward_ad
 from torch.func import jvp
 
 from looplab.model import LoopedTransformer
+from looplab.model.attention import AttentionContext
 from looplab.model.looped import LoopProbe
+from looplab.model.tangent import step_tangent
 
 LoopMap = Callable[[Tensor], Tensor]
 
 
-def loop_map(model: LoopedTransformer, e: Tensor, valid: Tensor) -> LoopMap:
-    """Φ: h [B, L, d] → h' [B, L, d], one loop with the injection fixed, on the math attention path."""
-    ctx = model.context(valid, use_math=True)
-    return lambda h: model.step(h, e, ctx)
+@dataclass
+class ModelLoop:
+    """Φ of a looped transformer: h [B, L, d] → h' [B, L, d], one loop with the injection e fixed,
+    on the math attention path; J v comes from its explicit tangent (:mod:`looplab.model.tangent`)."""
+
+    model: LoopedTransformer
+    e: Tensor
+    ctx: AttentionContext
+
+    def __call__(self, h: Tensor) -> Tensor:
+        return self.model.step(h, self.e, self.ctx)
+
+    def tangent(self, h: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """(Φ(h), J v) in one pass, differentiable in the model's parameters."""
+        return step_tangent(self.model, h, v, self.e, self.ctx)
+
+
+def loop_map(model: LoopedTransformer, e: Tensor, valid: Tensor) -> ModelLoop:
+    """Φ for ``model`` at the injected input e [B, L, d] and validity mask [B, L]."""
+    return ModelLoop(model, e, model.context(valid, use_math=True))
 
 
 def _per_sample_norm(x: Tensor) -> Tensor:
@@ -48,16 +67,20 @@ def random_direction(
 
 
 def jacobian_vector(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
-    """J v at h by forward-mode AD; differentiable with respect to the model's parameters."""
+    """J v at h, differentiable with respect to the model's parameters: by Φ's explicit tangent
+    (a :class:`ModelLoop`) or else by forward-mode AD."""
+    if isinstance(phi, ModelLoop):
+        return phi.tangent(h, v)[1]
     return jvp(phi, (h,), (v,))[1]
 
 
 def _jacobian_vector_no_grad(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
-    """J v without a graph, by dual tensors: about 30 % cheaper than ``torch.func.jvp`` here.
-
-    (Dual tensors are not used where the result needs a gradient: backward through
-    the softmax's forward-mode formula is not supported that way.)
-    """
+    """J v without a graph: by Φ's explicit tangent, or else by dual tensors (about 30 % cheaper than
+    ``torch.func.jvp``; they are not used where the result needs a gradient, since backward through
+    the softmax's forward-mode formula is not supported that way)."""
+    if isinstance(phi, ModelLoop):
+        with torch.no_grad():
+            return phi.tangent(h, v)[1]
     with torch.no_grad(), forward_ad.dual_level():
         return forward_ad.unpack_dual(phi(forward_ad.make_dual(h, v))).tangent
 
