@@ -194,39 +194,58 @@ class LoopedTransformer(nn.Module):
         depths = depths.view(depths.shape[0], -1).to(tokens.device)
         batch, slots = depths.shape
         last = depths.max(dim=1).values
-        h, e_rows, _ = self.start(tokens, valid, generator)
+        h, e_rows, sorted_ctx = self.start(tokens, valid, generator)
         order = torch.argsort(last, descending=True, stable=True)
-        e, h, depths, last = e_rows[order], h[order], depths[order], last[order]
-        ctx = self.context(valid[order])
+        e = e_rows
+        if not _is_identity(order):  # rows already in depth order (a fixed depth) need no gathers
+            e, h, depths, last = e_rows[order], h[order], depths[order], last[order]
+            sorted_ctx = self.context(valid[order])
         loops = torch.arange(1, int(last[0]) + 1, device=last.device)
         remaining = (last[None, :] >= loops[:, None]).sum(1).tolist()  # active rows at each loop
         states, where, finals, final_rows = [], [], [], []
         for t, active in enumerate(remaining, start=1):
-            h, e, ctx = h[:active], e[:active], ctx.select(slice(None, active))
+            h, e, ctx = h[:active], e[:active], sorted_ctx.select(slice(None, active))
             if backprop_loops > 0:
                 cut = (last[:active] - (t - 1)) == backprop_loops
                 h = torch.where(cut[:, None, None], h.detach(), h)
             h = self.step(h, e, ctx)
             rows, cols = (depths[:active] == t).nonzero(as_tuple=True)
             if len(rows):
-                states.append(h[rows])
+                states.append(_select_rows(h, rows))
                 where.append(order[rows] * slots + cols)
             if return_probe:
                 done = (last[:active] == t).nonzero(as_tuple=True)[0]
-                finals.append(h[done])
+                finals.append(_select_rows(h, done))
                 final_rows.append(order[done])
         # One readout over every requested (row, slot); the logits then go back
-        # to their original positions, and unused slots stay zero.
+        # to their original positions (unless already there), and unused slots stay zero.
         where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=tokens.device)
-        chosen = torch.cat(states) if states else h.new_zeros((0, *h.shape[1:]))
-        logits = self.readout(chosen, self.context(valid[where // slots]))
-        flat = logits.new_zeros((batch * slots, *logits.shape[1:])).index_copy(0, where, logits)
-        flat = flat.view(batch, slots, *logits.shape[1:])
+        chosen = _concat(states) if states else h.new_zeros((0, *h.shape[1:]))
+        in_place = len(where) == batch * slots and _is_identity(where)
+        readout_ctx = sorted_ctx if in_place and slots == 1 else self.context(valid[where // slots])
+        flat = self.readout(chosen, readout_ctx)
+        if not in_place:
+            flat = flat.new_zeros((batch * slots, *flat.shape[1:])).index_copy(0, where, flat)
+        flat = flat.view(batch, slots, *flat.shape[1:])
         logits = flat[:, 0] if single else flat
         if not return_probe:
             return logits
-        rows = torch.cat(final_rows)
-        return logits, LoopProbe(torch.cat(finals)[torch.argsort(rows)], e_rows, valid)
+        return logits, LoopProbe(_select_rows(_concat(finals), torch.argsort(_concat(final_rows))), e_rows, valid)
+
+
+def _is_identity(index: Tensor) -> bool:
+    """Whether a [N] long index is 0, 1, ..., N − 1."""
+    return bool((index == torch.arange(len(index), device=index.device)).all())
+
+
+def _select_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] along the batch; x itself when that is every row in order (no copy, no scatter in backward)."""
+    return x if len(index) == len(x) and _is_identity(index) else x[index]
+
+
+def _concat(tensors: list[Tensor]) -> Tensor:
+    """torch.cat along the batch; a lone tensor as it is."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 @dataclass

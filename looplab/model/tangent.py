@@ -75,22 +75,23 @@ def residual_tangent(residual: Residual, x: Tensor, dx: Tensor, sublayer) -> Dua
 def norm_tangent(norm: nn.Module, x: Tensor, dx: Tensor) -> Dual:
     """LayerNorm (affine or not) or RMSNorm over the last dimension, on (x, ẋ)."""
     if isinstance(norm, nn.LayerNorm):
-        centred = x - x.mean(-1, keepdim=True)
-        inv_scale = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps)
+        variance, mean = torch.var_mean(x, dim=-1, correction=0, keepdim=True)
+        inv_scale = torch.rsqrt(variance + norm.eps)
+        unit = (x - mean) * inv_scale
         dx = dx - dx.mean(-1, keepdim=True)
         weight, bias = norm.weight, norm.bias
     elif isinstance(norm, nn.RMSNorm):
         eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-        centred = x
         inv_scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        unit = x * inv_scale
         weight, bias = norm.weight, None
     else:
         raise TypeError(f"no tangent rule for {type(norm).__name__}")
-    unit = centred * inv_scale
-    dy = (dx - unit * (unit * dx).mean(-1, keepdim=True)) * inv_scale
-    if weight is not None:
-        unit, dy = unit * weight, dy * weight
-    return (unit if bias is None else unit + bias), dy
+    dy = torch.addcmul(dx, unit, (unit * dx).mean(-1, keepdim=True), value=-1) * inv_scale
+    if weight is None:
+        return unit, dy
+    y = unit * weight if bias is None else torch.addcmul(bias, unit, weight)
+    return y, dy * weight
 
 
 def _linear_pair(linear: nn.Linear, x: Tensor, dx: Tensor) -> Dual:
