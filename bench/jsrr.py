@@ -2,8 +2,8 @@
 
 The plain step unrolls 16 loops (SDPA) and backpropagates. The regularised
 step adds, at the final state, one gradient-free power iteration and one
-differentiable ‖Jv‖² through one extra loop on the math attention path
-(forward-mode JVP), then backpropagates through both. The VJP (‖Jᵀv‖²) and
+differentiable ‖Jv‖², each through one extra loop carrying its tangent
+(``looplab.model.tangent``), then backpropagates through both. The VJP (‖Jᵀv‖²) and
 Hutchinson Frobenius estimators are timed too.
 
 The JVP penalty is also timed on a random subset of 16 of the 64 rows
