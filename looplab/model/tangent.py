@@ -1,21 +1,25 @@
-"""One loop and its Jacobian-vector product in a single pass: (Φ(h), J v) with J = ∂Φ/∂h.
+"""One loop linearised at a state: Φ(h) and the map v ↦ J v, with J = ∂Φ/∂h.
 
 Forward-mode AD (``torch.func.jvp``) gives the same numbers, but on models this
-size its per-op bookkeeping costs more than the arithmetic: a JVP through one
-loop took 4× a loop's forward and backward. Here each piece of the loop carries
-its tangent by its own derivative, written out with ordinary tensor ops, so
-the result is differentiable in the parameters by plain reverse mode (what the
-JSRR penalty needs) and costs about two forwards. Each projection runs once on
-the primal and the tangent stacked along the batch.
+size its per-op bookkeeping costs more than the arithmetic (a JVP through one
+loop took 4× a loop's forward and backward), and reverse mode through its
+``layer_norm`` rule treats the norm's mean and variance as constants, which
+gives wrong parameter gradients. Here the primal runs once and keeps what each
+piece's derivative needs; J v is then ordinary tensor ops on v, differentiable
+in the parameters by plain reverse mode (what the JSRR penalty needs), and
+applying it again (power iteration) reuses the primal.
 
 Rules (a dot marks a tangent; e is held fixed, so the injection's tangent is v):
 
-    linear        y = xWᵀ + b            ẏ = ẋWᵀ
-    layernorm     y = γ x̂ + β            ẏ = γ (ẋ − mean ẋ − x̂ mean(x̂ ẋ)) / σ
-    rmsnorm       y = γ x / r            ẏ = γ (ẋ − x̂ mean(x̂ ẋ)) / r
-    gelu          y = x Φ(x)             ẏ = (Φ(x) + x φ(x)) ẋ
-    softmax       p = softmax(s)         ṗ = p ⊙ (ṡ − Σⱼ p ṡ)
-    attention     y = p v                ẏ = ṗ v + p v̇,   ṡ = (q̇ kᵀ + q k̇ᵀ) / √d_h
+    linear        y = xWᵀ + b              ẏ = ẋWᵀ
+    layernorm     y = γ (x − μ)/σ + β      ẏ = γ J_N ẋ, J_N symmetric: LayerNorm's backward kernel
+    rmsnorm       y = γ x / r              ẏ = γ (ẋ − x̂ mean(x̂ ẋ)) / r,  x̂ = x / r
+    gelu          y = GELU(x)              ẏ = GELU'(x) ẋ: GELU's backward kernel
+    softmax       p = softmax(s)           ṗ = (diag p − p pᵀ) ṡ, symmetric: softmax's backward kernel
+    attention     y = p v                  ẏ = ṗ v + p v̇,   ṡ = (q̇ kᵀ + q k̇ᵀ) / √d_h
+
+Those backward kernels are themselves differentiable (PyTorch's double
+backward), with the norm statistics' dependence on x accounted for.
 
 Layer hooks (:meth:`LoopedTransformer.observe`) are not called on this path.
 """
@@ -23,6 +27,7 @@ Layer hooks (:meth:`LoopedTransformer.observe`) are not called on this path.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,108 +37,126 @@ from looplab.model.attention import AttentionContext, SelfAttention, apply_rope,
 from looplab.model.layer import Layer
 from looplab.model.norms import Residual
 
-Dual = tuple[Tensor, Tensor]  # (primal, tangent) of the same shape
+#: v ↦ J v for the piece linearised, on tensors shaped like its input
+Tangent = Callable[[Tensor], Tensor]
+Linearised = tuple[Tensor, Tangent]  # (the piece's output, its tangent map)
 
 
-def step_tangent(model, h: Tensor, v: Tensor, e: Tensor, ctx: AttentionContext) -> Dual:
-    """(h_t, J v): one loop of ``model`` (a LoopedTransformer) from h [B, L, d] along v [B, L, d]."""
-    x, dx = model.core_input(h, e), _injection_tangent(model, v)
+def linearise_step(model, h: Tensor, e: Tensor, ctx: AttentionContext) -> Linearised:
+    """(h_t, v ↦ J v): one loop of ``model`` (a LoopedTransformer) from h [B, L, d], linearised at h."""
+    x = model.core_input(h, e)
+    maps = [_injection_tangent(model)]
     for layer in model.core:
-        x, dx = layer_tangent(layer, x, dx, ctx)
+        x, tangent = linearise_layer(layer, x, ctx)
+        maps.append(tangent)
     if model.core_out_norm is not None:
-        x, dx = norm_tangent(model.core_out_norm, x, dx)
-    return x, dx
+        x, tangent = linearise_norm(model.core_out_norm, x)
+        maps.append(tangent)
+    return x, _chain(maps)
 
 
-def _injection_tangent(model, v: Tensor) -> Tensor:
-    if model.inject is None:  # add or none: the state enters as it is
+def _chain(maps: list[Tangent]) -> Tangent:
+    def apply(v: Tensor) -> Tensor:
+        for tangent in maps:
+            v = tangent(v)
         return v
-    return F.linear(v, model.inject.weight[:, v.shape[-1] :])  # W_I [e; h] with e fixed: the h block
+
+    return apply
 
 
-def layer_tangent(layer: Layer, x: Tensor, dx: Tensor, ctx: AttentionContext) -> Dual:
-    """:class:`Layer` on (x, ẋ), each [B, L, d]."""
-    x, dx = residual_tangent(layer.attn_residual, x, dx, lambda y, dy: attention_tangent(layer.attn, y, dy, ctx))
-    return residual_tangent(layer.mlp_residual, x, dx, lambda y, dy: mlp_tangent(layer.mlp, y, dy))
+def _injection_tangent(model) -> Tangent:
+    if model.inject is None:  # add or none: the state enters as it is
+        return lambda v: v
+    return lambda v: F.linear(v, model.inject.weight[:, v.shape[-1] :])  # W_I [e; h], e fixed: the h block
 
 
-def residual_tangent(residual: Residual, x: Tensor, dx: Tensor, sublayer) -> Dual:
-    """:class:`Residual` on (x, ẋ); ``sublayer`` maps a dual to a dual."""
+def linearise_layer(layer: Layer, x: Tensor, ctx: AttentionContext) -> Linearised:
+    """:class:`Layer` at x [B, L, d]."""
+    x, attention = linearise_residual(layer.attn_residual, x, lambda y: linearise_attention(layer.attn, y, ctx))
+    x, mlp = linearise_residual(layer.mlp_residual, x, lambda y: linearise_mlp(layer.mlp, y))
+    return x, _chain([attention, mlp])
+
+
+def linearise_residual(residual: Residual, x: Tensor, sublayer: Callable[[Tensor], Linearised]) -> Linearised:
+    """:class:`Residual` at x; ``sublayer`` linearises the wrapped sublayer at its input."""
     placement = residual.placement
     if placement == "post":
-        y, dy = sublayer(x, dx)
-        return norm_tangent(residual.norm_out, x + y, dx + dy)
-    y, dy = sublayer(*norm_tangent(residual.norm_in, x, dx))
+        y, f = sublayer(x)
+        out, norm = linearise_norm(residual.norm_out, x + y)
+        return out, lambda dx: norm(dx + f(dx))
+    normed, norm_in = linearise_norm(residual.norm_in, x)
+    y, f = sublayer(normed)
     if placement == "pre":
-        return x + y, dx + dy
+        return x + y, lambda dx: dx + f(norm_in(dx))
     if placement == "pre_sandwich":
-        y, dy = norm_tangent(residual.norm_out, y, dy)
-        return x + y, dx + dy
-    return norm_tangent(residual.norm_out, x + y, dx + dy)
+        y, norm_out = linearise_norm(residual.norm_out, y)
+        return x + y, lambda dx: dx + norm_out(f(norm_in(dx)))
+    out, norm_out = linearise_norm(residual.norm_out, x + y)
+    return out, lambda dx: norm_out(dx + f(norm_in(dx)))
 
 
-def norm_tangent(norm: nn.Module, x: Tensor, dx: Tensor) -> Dual:
-    """LayerNorm (affine or not) or RMSNorm over the last dimension, on (x, ẋ)."""
+def linearise_norm(norm: nn.Module, x: Tensor) -> Linearised:
+    """LayerNorm (affine or not) or RMSNorm over the last dimension, at x."""
     if isinstance(norm, nn.LayerNorm):
-        variance, mean = torch.var_mean(x, dim=-1, correction=0, keepdim=True)
-        inv_scale = torch.rsqrt(variance + norm.eps)
-        unit = (x - mean) * inv_scale
-        dx = dx - dx.mean(-1, keepdim=True)
-        weight, bias = norm.weight, norm.bias
-    elif isinstance(norm, nn.RMSNorm):
-        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-        inv_scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        unit = x * inv_scale
-        weight, bias = norm.weight, None
-    else:
+        shape, weight = norm.normalized_shape, norm.weight
+        y, mean, rstd = torch.native_layer_norm(x, shape, weight, norm.bias, norm.eps)
+
+        def layernorm(dx: Tensor) -> Tensor:
+            dy = torch.ops.aten.native_layer_norm_backward(dx, x, shape, mean, rstd, None, None, [True, False, False])
+            return dy[0] if weight is None else dy[0] * weight
+
+        return y, layernorm
+    if not isinstance(norm, nn.RMSNorm):
         raise TypeError(f"no tangent rule for {type(norm).__name__}")
-    dy = torch.addcmul(dx, unit, (unit * dx).mean(-1, keepdim=True), value=-1) * inv_scale
-    if weight is None:
-        return unit, dy
-    y = unit * weight if bias is None else torch.addcmul(bias, unit, weight)
-    return y, dy * weight
+    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    inv_scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    unit = x * inv_scale
+
+    def rmsnorm(dx: Tensor) -> Tensor:
+        return torch.addcmul(dx, unit, (unit * dx).mean(-1, keepdim=True), value=-1) * inv_scale * norm.weight
+
+    return unit * norm.weight, rmsnorm
 
 
-def _linear_pair(linear: nn.Linear, x: Tensor, dx: Tensor) -> Dual:
-    """(x Wᵀ + b, ẋ Wᵀ)."""
-    return F.linear(x, linear.weight, linear.bias), F.linear(dx, linear.weight)
-
-
-def mlp_tangent(mlp: nn.Sequential, x: Tensor, dx: Tensor) -> Dual:
-    """Linear → GELU (exact) → Linear on (x, ẋ)."""
+def linearise_mlp(mlp: nn.Sequential, x: Tensor) -> Linearised:
+    """Linear → GELU → Linear at x."""
     inner, gelu, outer = mlp
-    if gelu.approximate != "none":
-        raise TypeError("the tangent rule is written for the exact (erf) GELU")
-    pre, dpre = _linear_pair(inner, x, dx)
-    cdf = 0.5 * (1.0 + torch.erf(pre * (1.0 / math.sqrt(2.0))))
-    density = torch.exp(-0.5 * pre.pow(2)) * (1.0 / math.sqrt(2.0 * math.pi))
-    return _linear_pair(outer, pre * cdf, (cdf + pre * density) * dpre)
+    pre = inner(x)
+
+    def tangent(dx: Tensor) -> Tensor:
+        dpre = F.linear(dx, inner.weight)
+        return F.linear(torch.ops.aten.gelu_backward(dpre, pre, approximate=gelu.approximate), outer.weight)
+
+    return outer(F.gelu(pre, approximate=gelu.approximate)), tangent
 
 
-def attention_tangent(attn: SelfAttention, x: Tensor, dx: Tensor, ctx: AttentionContext) -> Dual:
-    """:class:`SelfAttention` (math path) on (x, ẋ), each [B, L, d]."""
+def linearise_attention(attn: SelfAttention, x: Tensor, ctx: AttentionContext) -> Linearised:
+    """:class:`SelfAttention` (math path) at x [B, L, d]."""
     batch, length, d_model = x.shape
-    qkv, dqkv = _linear_pair(attn.qkv, x, dx)
+    rope = None if ctx.rope is None else tuple(t[:length] for t in ctx.rope)
 
-    def heads(t: Tensor) -> Tensor:  # [B, L, 3d] → [3, B, H, L, Dh]
-        return t.view(batch, length, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
-
-    qkv, dqkv = heads(qkv), heads(dqkv)
-    (q, k, v), (dq, dk, dv) = qkv, dqkv
-    if ctx.rope is not None:  # a fixed rotation: the tangent turns with the primal
-        cos, sin = (t[:length] for t in ctx.rope)
-        (q, k), (dq, dk) = apply_rope(qkv[:2], cos, sin), apply_rope(dqkv[:2], cos, sin)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-1, -2)) * scale
-    dscores = (dq @ k.transpose(-1, -2) + q @ dk.transpose(-1, -2)) * scale
-    mask = attention_mask(ctx, length, x.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.softmax(dim=-1)
-    dprobs = probs * (dscores - (probs * dscores).sum(-1, keepdim=True))
-    y, dy = probs @ v, dprobs @ v + probs @ dv
+    def heads(t: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # [B, L, 3d] → q, k, v [B, H, L, Dh]
+        qkv = t.view(batch, length, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
+        if rope is None:
+            return qkv[0], qkv[1], qkv[2]
+        q, k = apply_rope(qkv[:2], *rope)  # a fixed rotation: the tangent turns with the primal
+        return q, k, qkv[2]
 
     def merge(t: Tensor) -> Tensor:  # [B, H, L, Dh] → [B, L, d]
         return t.transpose(1, 2).reshape(batch, length, d_model)
 
-    return _linear_pair(attn.out, merge(y), merge(dy))
+    q, k, v = heads(attn.qkv(x))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-1, -2)) * scale
+    mask = attention_mask(ctx, length, x.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+
+    def tangent(dx: Tensor) -> Tensor:
+        dq, dk, dv = heads(F.linear(dx, attn.qkv.weight))
+        dscores = (dq @ k.transpose(-1, -2) + q @ dk.transpose(-1, -2)) * scale
+        dprobs = torch.ops.aten._softmax_backward_data(dscores, probs, -1, probs.dtype)
+        return F.linear(merge(dprobs @ v + probs @ dv), attn.out.weight)
+
+    return attn.out(merge(probs @ v)), tangent

@@ -26,7 +26,7 @@ from torch.func import jvp
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext
 from looplab.model.looped import LoopProbe
-from looplab.model.tangent import step_tangent
+from looplab.model.tangent import Tangent, linearise_step
 
 LoopMap = Callable[[Tensor], Tensor]
 
@@ -34,7 +34,7 @@ LoopMap = Callable[[Tensor], Tensor]
 @dataclass
 class ModelLoop:
     """Φ of a looped transformer: h [B, L, d] → h' [B, L, d], one loop with the injection e fixed,
-    on the math attention path; J v comes from its explicit tangent (:mod:`looplab.model.tangent`)."""
+    on the math attention path; J v comes from its linearisation (:mod:`looplab.model.tangent`)."""
 
     model: LoopedTransformer
     e: Tensor
@@ -43,9 +43,9 @@ class ModelLoop:
     def __call__(self, h: Tensor) -> Tensor:
         return self.model.step(h, self.e, self.ctx)
 
-    def tangent(self, h: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """(Φ(h), J v) in one pass, differentiable in the model's parameters."""
-        return step_tangent(self.model, h, v, self.e, self.ctx)
+    def linearise(self, h: Tensor) -> tuple[Tensor, Tangent]:
+        """(Φ(h), v ↦ J v at h): one primal pass; each J v after it is differentiable in the parameters."""
+        return linearise_step(self.model, h, self.e, self.ctx)
 
 
 def loop_map(model: LoopedTransformer, e: Tensor, valid: Tensor) -> ModelLoop:
@@ -66,23 +66,32 @@ def random_direction(
     return v / _per_sample_norm(v).clamp_min(1e-30)[:, None, None] if unit else v
 
 
-def jacobian_vector(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
-    """J v at h, differentiable with respect to the model's parameters: by Φ's explicit tangent
-    (a :class:`ModelLoop`) or else by forward-mode AD."""
+def jacobian_map(phi: LoopMap, h: Tensor, differentiable: bool = True) -> Tangent:
+    """v ↦ J v at h, for as many v as asked: by Φ's linearisation (a :class:`ModelLoop`, whose primal
+    runs once), or else by forward-mode AD. ``differentiable``: results carry gradients to the
+    model's parameters; otherwise no graph is built."""
     if isinstance(phi, ModelLoop):
-        return phi.tangent(h, v)[1]
-    return jvp(phi, (h,), (v,))[1]
-
-
-def _jacobian_vector_no_grad(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
-    """J v without a graph: by Φ's explicit tangent, or else by dual tensors (about 30 % cheaper than
-    ``torch.func.jvp``; they are not used where the result needs a gradient, since backward through
-    the softmax's forward-mode formula is not supported that way)."""
-    if isinstance(phi, ModelLoop):
+        if differentiable:
+            return phi.linearise(h)[1]
         with torch.no_grad():
-            return phi.tangent(h, v)[1]
+            apply = phi.linearise(h.detach())[1]
+        return torch.no_grad()(apply)
+    if differentiable:
+        return lambda v: jvp(phi, (h,), (v,))[1]
+    return lambda v: _dual_jacobian_vector(phi, h.detach(), v)
+
+
+def _dual_jacobian_vector(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
+    """J v without a graph by dual tensors: about 30 % cheaper than ``torch.func.jvp`` (not used
+    where the result needs a gradient: backward through the softmax's forward-mode formula is not
+    supported that way)."""
     with torch.no_grad(), forward_ad.dual_level():
         return forward_ad.unpack_dual(phi(forward_ad.make_dual(h, v))).tangent
+
+
+def jacobian_vector(phi: LoopMap, h: Tensor, v: Tensor) -> Tensor:
+    """J v at h, differentiable with respect to the model's parameters."""
+    return jacobian_map(phi, h)(v)
 
 
 def vector_jacobian(phi: LoopMap, h: Tensor, v: Tensor, create_graph: bool) -> Tensor:
@@ -92,16 +101,11 @@ def vector_jacobian(phi: LoopMap, h: Tensor, v: Tensor, create_graph: bool) -> T
     return torch.autograd.grad(phi(h), h, v, create_graph=create_graph)[0]
 
 
-def power_iterate(phi: LoopMap, h: Tensor, v: Tensor, valid: Tensor, iters: int, transpose: bool = False) -> Tensor:
-    """``iters`` gradient-free power iterations v ← Mv / ‖Mv‖ with M = J (or Jᵀ); returns the new v."""
+def power_iterate(apply: Tangent, v: Tensor, valid: Tensor, iters: int) -> Tensor:
+    """``iters`` power iterations v ← Mv / ‖Mv‖ of the map ``apply`` (v ↦ Mv); returns the new v, detached."""
     mask = valid.unsqueeze(-1)
-    h = h.detach()
     for _ in range(iters):
-        if transpose:
-            w = vector_jacobian(phi, h, v, create_graph=False)
-        else:
-            w = _jacobian_vector_no_grad(phi, h, v)
-        w = w.detach() * mask
+        w = apply(v).detach() * mask
         v = w / _per_sample_norm(w).clamp_min(1e-30)[:, None, None]
     return v
 
@@ -137,9 +141,13 @@ def jsrr_per_sample(
     if estimator not in ("jvp", "vjp"):
         raise ValueError(f"unknown JSRR estimator {estimator!r}; valid: jvp, vjp, frobenius")
     v = random_direction(probe.valid, d_model, generator, dtype=probe.h.dtype) if direction is None else direction
-    transpose = estimator == "vjp"
-    v = power_iterate(phi, probe.h, v, probe.valid, power_iters, transpose=transpose)
-    out = vector_jacobian(phi, probe.h, v, create_graph=True) if transpose else jacobian_vector(phi, probe.h, v)
+    if estimator == "vjp":
+        h = probe.h.detach()
+        v = power_iterate(lambda u: vector_jacobian(phi, h, u, create_graph=False), v, probe.valid, power_iters)
+        out = vector_jacobian(phi, probe.h, v, create_graph=True)
+    else:
+        apply = jacobian_map(phi, probe.h)  # one primal pass serves the power iterations and the penalty
+        out = apply(power_iterate(torch.no_grad()(apply), v, probe.valid, power_iters))
     return (out * mask).flatten(1).pow(2).sum(1)
 
 
@@ -165,13 +173,14 @@ def power_iteration(phi: LoopMap, h: Tensor, valid: Tensor, iters: int, v: Tenso
     rayleigh [B] as :func:`spectral_radius_power` defines them, and the last direction [B, L, d]
     (a warm start for the next state of a trajectory, whose Jacobian changes little)."""
     mask = valid.unsqueeze(-1)
+    apply = jacobian_map(phi, h, differentiable=False)
     log_growth = []
     for _ in range(iters):
-        w = _jacobian_vector_no_grad(phi, h, v) * mask
+        w = apply(v) * mask
         norm = _per_sample_norm(w).clamp_min(1e-30)
         log_growth.append(norm.log())
         v = w / norm[:, None, None]
-    jv = _jacobian_vector_no_grad(phi, h, v) * mask
+    jv = apply(v) * mask
     growth = torch.stack(log_growth[len(log_growth) // 2 :]).mean(0).exp()
     return growth, (v * jv).flatten(1).sum(1), v
 
