@@ -16,20 +16,25 @@ from torch import Tensor, nn
 
 
 def rope_tables(length: int, head_dim: int, base: float, device, dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each [L, head_dim], for rotary position embedding.
+    """The cos and signed sin tables, each [L, head_dim], of rotary position embedding.
 
     Channel i and i + head_dim/2 form a rotated pair (the "rotate half" layout),
-    so both tables repeat their head_dim/2 frequencies twice.
+    so both tables repeat their head_dim/2 frequencies twice; the sin table's
+    first half is negated, as :func:`apply_rope` expects.
     """
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq).repeat(1, 2)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
+    sin = angles.sin()
+    return angles.cos().repeat(1, 2).to(dtype), torch.cat((-sin, sin), dim=1).to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate channel pairs (i, i + Dh/2) of x [..., L, Dh] by position-dependent angles."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotate channel pairs (i, i + Dh/2) of x [..., L, Dh] by position-dependent angles.
+
+    (x₁, x₂) ↦ (x₁ cos − x₂ sin, x₂ cos + x₁ sin): the swapped halves are one ``roll``,
+    and the sign sits in the table, which costs two fewer kernels than negating and concatenating.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 @dataclass
@@ -90,6 +95,19 @@ def attention_mask(ctx: AttentionContext, length: int, device) -> Tensor | None:
     return ctx.mask
 
 
+def split_heads(qkv: Tensor, n_heads: int, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused projection [B, L, 3d] → q, k, v, each [B, H, L, Dh] (views), q and k rotated by ``rope``."""
+    batch, length, _ = qkv.shape
+    qkv = qkv.view(batch, length, 3, n_heads, -1).permute(2, 0, 3, 1, 4)
+    if rope is None:
+        return tuple(qkv.unbind(0))
+    # split, not indexing: its backward is one concatenation, where a slice and an index each
+    # fill a zero tensor the size of qkv; and one RoPE call for q and k halves its kernels
+    qk, v = qkv.split([2, 1])
+    q, k = apply_rope(qk, *(t[:length] for t in rope))
+    return q, k, v.squeeze(0)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -100,13 +118,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """x [B, L, d] → [B, L, d]."""
         batch, length, d_model = x.shape
-        qkv = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        if ctx.rope is not None:
-            cos, sin = (t[:length] for t in ctx.rope)
-            q, k = apply_rope(qkv[:2], cos, sin)  # one call for both: half the elementwise launches
-            v = qkv[2]
-        else:
-            q, k, v = qkv
+        q, k, v = split_heads(self.qkv(x), self.n_heads, ctx.rope)
         if ctx.use_math or ctx.probs is not None:
             y = self._math(q, k, v, ctx)
         else:

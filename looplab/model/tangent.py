@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from looplab.model.attention import AttentionContext, SelfAttention, apply_rope, attention_mask
+from looplab.model.attention import AttentionContext, SelfAttention, attention_mask, split_heads
 from looplab.model.layer import Layer
 from looplab.model.norms import Residual
 
@@ -133,14 +133,9 @@ def linearise_mlp(mlp: nn.Sequential, x: Tensor) -> Linearised:
 def linearise_attention(attn: SelfAttention, x: Tensor, ctx: AttentionContext) -> Linearised:
     """:class:`SelfAttention` (math path) at x [B, L, d]."""
     batch, length, d_model = x.shape
-    rope = None if ctx.rope is None else tuple(t[:length] for t in ctx.rope)
 
-    def heads(t: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # [B, L, 3d] → q, k, v [B, H, L, Dh]
-        qkv = t.view(batch, length, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
-        if rope is None:
-            return qkv[0], qkv[1], qkv[2]
-        q, k = apply_rope(qkv[:2], *rope)  # a fixed rotation: the tangent turns with the primal
-        return q, k, qkv[2]
+    def heads(t: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # RoPE is a fixed rotation: the tangent turns too
+        return split_heads(t, attn.n_heads, ctx.rope)
 
     def merge(t: Tensor) -> Tensor:  # [B, H, L, Dh] → [B, L, d]
         return t.transpose(1, 2).reshape(batch, length, d_model)
