@@ -69,7 +69,8 @@ def random_direction(
 def jacobian_map(phi: LoopMap, h: Tensor, differentiable: bool = True) -> Tangent:
     """v ↦ J v at h, for as many v as asked: by Φ's linearisation (a :class:`ModelLoop`, whose primal
     runs once), or else by forward-mode AD. ``differentiable``: results carry gradients to the
-    model's parameters; otherwise no graph is built."""
+    model's parameters; otherwise no graph is built. (Gradients through forward-mode AD are wrong
+    for ``nn.LayerNorm``; the other maps here, the pretrained retrofit's, use RMSNorm written out.)"""
     if isinstance(phi, ModelLoop):
         if differentiable:
             return phi.linearise(h)[1]
