@@ -1,9 +1,9 @@
 """Cost of the JSRR regulariser: a training step with it vs without, at 16 loops.
 
 The plain step unrolls 16 loops (SDPA) and backpropagates. The regularised
-step adds, at the final state, one gradient-free power iteration and one
-differentiable ‖Jv‖², each through one extra loop carrying its tangent
-(``looplab.model.tangent``), then backpropagates through both. The VJP (‖Jᵀv‖²) and
+step adds, at the final state, one extra loop linearised once
+(``looplab.model.tangent``), one gradient-free power iteration and one
+differentiable ‖Jv‖² through that linearisation, then backpropagates through both. The VJP (‖Jᵀv‖²) and
 Hutchinson Frobenius estimators are timed too.
 
 The JVP penalty is also timed on a random subset of 16 of the 64 rows

@@ -135,7 +135,7 @@ class TrainConfig:
 class JsrrConfig:
     """Jacobian spectral-radius regulariser (docs/methods.md §6).
 
-    ``estimator``: ``none``, ``jvp`` (‖Jv‖² by the loop's explicit tangent, the STARS paper's
+    ``estimator``: ``none``, ``jvp`` (‖Jv‖² by the linearised loop, the STARS paper's
     definition), ``vjp`` (‖Jᵀv‖², what the STARS code computes) or
     ``frobenius`` (Hutchinson estimate of ‖J‖²_F / D, as in DEQ). The loss is
     (1 − weight)·CE + weight·penalty, after ``warmup`` steps, on a step with

@@ -88,11 +88,16 @@ class AttentionContext:
         return replace(self, mask=None if self.mask is None else self.mask[rows])
 
 
-def attention_mask(ctx: AttentionContext, length: int, device) -> Tensor | None:
-    """The mask the math path applies to [B, H, L, L] scores: ``ctx.mask``, a causal [L, L] one, or None."""
-    if ctx.mask is None and ctx.causal:
-        return torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    return ctx.mask
+def attention_probs(q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
+    """softmax(q kᵀ / √Dh) under the context's mask (or a causal one): q, k [B, H, L, Dh] → [B, H, L, L]."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = ctx.mask
+    if mask is None and ctx.causal:
+        length = q.shape[2]
+        mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1)
 
 
 def split_heads(qkv: Tensor, n_heads: int, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -127,11 +132,7 @@ class SelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, length, d_model))
 
     def _math(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        mask = attention_mask(ctx, q.shape[2], q.device)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = scores.softmax(dim=-1)
+        probs = attention_probs(q, k, ctx)
         if ctx.probs is not None:
             ctx.probs.append(probs.detach())
         return probs @ v

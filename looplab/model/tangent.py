@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from looplab.model.attention import AttentionContext, SelfAttention, attention_mask, split_heads
+from looplab.model.attention import AttentionContext, SelfAttention, attention_probs, split_heads
 from looplab.model.layer import Layer
 from looplab.model.norms import Residual
 
@@ -141,12 +141,8 @@ def linearise_attention(attn: SelfAttention, x: Tensor, ctx: AttentionContext) -
         return t.transpose(1, 2).reshape(batch, length, d_model)
 
     q, k, v = heads(attn.qkv(x))
+    probs = attention_probs(q, k, ctx)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-1, -2)) * scale
-    mask = attention_mask(ctx, length, x.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.softmax(dim=-1)
 
     def tangent(dx: Tensor) -> Tensor:
         dq, dk, dv = heads(F.linear(dx, attn.qkv.weight))

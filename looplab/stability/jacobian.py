@@ -5,7 +5,7 @@ a state h (per sample, over its valid positions). Three penalties, named for
 what they compute:
 
     jvp        ‖J v‖²,   v a random unit vector (after optional power iterations);
-               by the loop's explicit tangent (``looplab.model.tangent``), on the math attention path
+               by the linearised loop (``looplab.model.tangent``), on the math attention path
     vjp        ‖Jᵀ v‖²,  the same with the transpose (what the STARS code computes)
     frobenius  ‖J g‖² / D with g ~ N(0, I): Hutchinson's estimate of ‖J‖²_F / D (DEQ)
 
