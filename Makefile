@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast test-gpu lint bench bench-gpu clean
+.PHONY: setup demo test test-fast test-gpu lint bench bench-gpu results clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ bench: setup
 
 bench-gpu: setup
 	$(PY) bench/gpu.py
+
+# the committed results pages (docs/results/*.md) from their committed CSVs
+results: setup
+	$(PY) -m looplab results
 
 clean:
 	rm -rf $(VENV) runs

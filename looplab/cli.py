@@ -1,4 +1,4 @@
-"""Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | demo``.
+"""Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | results | demo``.
 
 User mistakes end in one line on stderr and exit code 2 (no traceback).
 """
@@ -115,6 +115,18 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--backend", choices=("local", "ray"), default="local")
         sub.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
         sub.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    results = commands.add_parser(
+        "results", help="regenerate the committed results pages (docs/results/*.md) from their committed CSVs"
+    )
+    results.add_argument("--dir", default="docs/results", help="the pages' folder (default docs/results)")
+    results.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is out of date")
+    results.add_argument(
+        "--collect",
+        nargs="+",
+        metavar="SWEEP_DIR",
+        help="first rebuild the confirmatory stopping study's runs.csv from these sweep dirs",
+    )
 
     demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
@@ -233,6 +245,22 @@ def _reproduce(args) -> None:
     _report(args.out, args.study.split("-")[0])
 
 
+def _results(args) -> int:
+    from looplab.report.pages import regenerate
+
+    if args.collect:
+        from looplab.report.stopping_confirm import STUDY, collect
+
+        frame = collect([Path(d) for d in args.collect], Path(args.dir) / STUDY)
+        print(f"results: {len(frame)} (run, horizon) rows -> {Path(args.dir) / STUDY}")
+    changed = regenerate(args.dir, check=args.check)
+    if args.check and changed:
+        print(f"results: out of date: {', '.join(map(str, changed))} (run: looplab results)", file=sys.stderr)
+        return 1
+    print(f"results: {len(changed)} page(s) {'to rewrite' if args.check else 'rewritten'} in {args.dir}")
+    return 0
+
+
 def _demo(args) -> None:
     from looplab.eval.run import evaluate_run, format_summary
     from looplab.train.trainer import train
@@ -275,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             _report(args.sweep_dir, args.paper)
         elif args.command == "reproduce":
             _reproduce(args)
+        elif args.command == "results":
+            return _results(args)
         elif args.command == "demo":
             _demo(args)
     except KeyboardInterrupt:

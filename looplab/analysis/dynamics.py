@@ -20,6 +20,7 @@ The paper finds nearly all tokens at fixed points (0.02% / 0.14% non-fixed).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -73,5 +74,5 @@ def token_dynamics(
     for period in range(2, min(max_period, window - 1) + 1):
         found = (_max_cosine_gap(x, period) <= tol).cpu() & (labels == SLIDER)
         labels[found], periods[found] = ORBIT, period
-    fractions = {name: float((labels == code).float().mean()) if count else 0.0 for code, name in KINDS.items()}
+    fractions = {name: float((labels == code).float().mean()) if count else math.nan for code, name in KINDS.items()}
     return TokenDynamics(labels, periods, fractions)

@@ -215,10 +215,11 @@ def attention_metric(inputs: AnalysisInput) -> MetricResult:
     ]
     return MetricResult(
         summary={
-            "attention_diff_last": float(step_diff[:, -1].mean()) if loops >= 2 else 0.0,
+            # one loop has no pair of loops to compare: undefined (None), not 0 or "holds"
+            "attention_diff_last": float(step_diff[:, -1].mean()) if loops >= 2 else None,
             "lipschitz": {
-                "holds_fraction": float(bound.holds.double().mean()) if bound.holds.numel() else 1.0,
-                "ratio_max": float(bound.ratio.max()) if bound.ratio.numel() else 0.0,
+                "holds_fraction": float(bound.holds.double().mean()) if bound.holds.numel() else None,
+                "ratio_max": float(bound.ratio.max()) if bound.ratio.numel() else None,
                 "kappa": bound.kappa.tolist(),
             },
         },

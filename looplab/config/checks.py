@@ -79,8 +79,10 @@ def validate(config: Config) -> None:
         "train.log_every, checkpoint_every and keep_checkpoints must be >= 1",
     )
     _require(
-        min(ev.max_loops, ev.samples, ev.batch_size) >= 1 and ev.fixed_exit >= 0 and ev.convergence_eps > 0,
-        "eval needs max_loops, samples, batch_size >= 1, fixed_exit >= 0 and convergence_eps > 0",
+        min(ev.max_loops, ev.samples, ev.batch_size, ev.flip_from) >= 1
+        and ev.fixed_exit >= 0
+        and ev.convergence_eps > 0,
+        "eval needs max_loops, samples, batch_size, flip_from >= 1, fixed_exit >= 0 and convergence_eps > 0",
     )
     _require(
         config.run.device == "cpu" or config.run.device.startswith("cuda"),

@@ -163,7 +163,9 @@ class EvalConfig:
     """One-unroll evaluation grid (docs/methods.md §5) and the test-time exits of docs/methods.md §4.
 
     ``fixed_exit`` is the K of the ``fixed`` exit (0: min(20, max_loops));
-    ``convergence_eps`` the ε of the ``convergence`` exit. ``checkpoint_samples`` > 0
+    ``convergence_eps`` the ε of the ``convergence`` exit. ``flip_from`` is the first K of the
+    range [flip_from, max_loops − 1] the scalar flip rate averages over (1: every loop pair);
+    runs compared on it should share it and max_loops. ``checkpoint_samples`` > 0
     evaluates that many samples per length at every checkpoint during training, for
     TensorBoard's ``eval/*`` curves (0: only the evaluation after training).
     """
@@ -173,6 +175,7 @@ class EvalConfig:
     batch_size: int = 256
     fixed_exit: int = 0
     convergence_eps: float = 1e-3
+    flip_from: int = 1
     checkpoint_samples: int = 0
 
 

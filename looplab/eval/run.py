@@ -90,7 +90,7 @@ def evaluate_run(
         progress,
     )
     settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, max_loops), config.eval.convergence_eps)
-    summary = summarize(outcomes, config.task.train_max, settings)
+    summary = summarize(outcomes, config.task.train_max, settings, config.eval.flip_from)
     summary["training_cost"] = training_cost(run_dir)
     summary.update(
         {
@@ -142,7 +142,12 @@ def training_cost(run_dir: Path) -> dict:
 
 
 def _pct(value: float | None) -> str:
-    return "   -" if value is None else f"{100 * value:5.1f}"
+    """Percent, or "n/a" for an undefined (None) metric."""
+    return "  n/a" if value is None else f"{100 * value:5.1f}"
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
 def format_summary(summary: dict) -> str:
@@ -154,11 +159,13 @@ def format_summary(summary: dict) -> str:
             f"{row['best_k']:>6} {_pct(row['flip_rate']):>6}"
         )
     lines.append("")
-    gap = summary["gap"]
+    gap, front = summary["gap"], summary["front90"]
+    flip_range = " (K = {}..{})".format(*summary["flip_range"]) if "flip_range" in summary else ""
     lines.append(
-        f"Oracle ID {_pct(summary['oracle_id'])}%   Oracle OOD {_pct(summary['oracle_ood'])}%   "
-        f"Policy OOD {_pct(summary['policy_ood'])}%   Gap {'-' if gap is None else f'{100 * gap:.1f}'} pp   "
-        f"Front@90 {summary['front90']}   Flip rate {_pct(summary['flip_rate'])}%"
+        f"Oracle ID {_percent(summary['oracle_id'])}   Oracle OOD {_percent(summary['oracle_ood'])}   "
+        f"Policy OOD {_percent(summary['policy_ood'])}   Gap {'n/a' if gap is None else f'{100 * gap:.1f} pp'}   "
+        f"Front@90 {'n/a' if front is None else front}   "
+        f"Flip rate {_percent(summary['flip_rate'])}{flip_range}"
     )
     lines += ["", f"{'exit':<12} {'ID acc':>7} {'OOD acc':>7} {'depth':>6}"]
     for name, row in summary["exits"].items():
@@ -169,7 +176,7 @@ def format_summary(summary: dict) -> str:
         at = ", ".join(f"{k}: {_pct(v).strip()}" for k, v in summary["scaling_at"].items())
         lines.append(
             f"scaling: peak {_pct(summary['scaling_peak']).strip()}% at {summary['scaling_peak_loops']} "
-            f"loops; relative drop to the last loop {100 * summary['relative_drop']:.1f}%; "
+            f"loops; relative drop to the last loop {_percent(summary['relative_drop'])}; "
             f"non-finite at the last loop {_pct(summary['nonfinite_last']).strip()}%"
         )
         lines.append(f"accuracy by loops: {at}")

@@ -55,7 +55,8 @@ def scaling_summary(frame: pd.DataFrame) -> dict:
         "scaling_peak": peak,
         "scaling_peak_loops": int(frame["loops"].iloc[peak_index]),
         "scaling_at": {str(k): float(accuracy[k - 1]) for k in REPORTED_LOOPS if k <= len(accuracy)},
-        "relative_drop": float((peak - accuracy[-1]) / peak) if peak > 0 else 0.0,
+        # a peak of 0 has nothing to drop from: undefined, not "no drop"
+        "relative_drop": float((peak - accuracy[-1]) / peak) if peak > 0 else None,
         "nonfinite_last": float(frame["nonfinite_fraction"].iloc[-1]),
     }
 

@@ -41,7 +41,7 @@ from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length
 from looplab.report.stars_lm import CAPTIONS as LM_CAPTIONS
 from looplab.report.stars_lm import LM_TABLE_TITLE, stars_lm_tables, write_lm_outputs
 from looplab.report.stopping import training_depth
-from looplab.report.tables import Table, seed_table
+from looplab.report.tables import UNDEFINED, Table, seed_table
 
 REPORT_DIR = "report"
 BY = ["task.name", "variant"]
@@ -57,6 +57,9 @@ def method_notes(results: pd.DataFrame) -> list[str]:
         f"(few) is below {FEW_SEEDS}: its intervals are rough.",
         "Accuracies and rates in %; Gap, and the std of a percent metric (the paper's Std), in percentage "
         "points (pp); Front@90 is a length, averaged over seeds.",
+        f"A metric a run does not define (no OOD length, no passing length for Front@90, no loop pair for the "
+        f"flip rate) is left out of its cell, not counted as 0; a cell no seed defines reads {UNDEFINED!r}.",
+        _flip_note(results),
     ]
     if "status" in results.columns:
         notes.append(
@@ -64,6 +67,17 @@ def method_notes(results: pd.DataFrame) -> list[str]:
             "are over the other seeds."
         )
     return notes
+
+
+def _flip_note(results: pd.DataFrame) -> str:
+    """Which K the flip rate averages over (docs/methods.md §5), and whether the runs share that range."""
+    text = "Flip rate: the mean of the flip curve Pr[ŷ_(K+1) ≠ ŷ_K] (OOD samples) over K in "
+    if "flip_range" not in results.columns:
+        return text + "each run's own range (its summaries predate flip_range; re-evaluate to compare)."
+    ranges = sorted({str(r) for r in results["flip_range"].dropna()})
+    if len(ranges) == 1:
+        return text + f"{ranges[0]}, the same for every run."
+    return text + f"ranges that differ between runs ({', '.join(ranges)}): compare flip rates within one range only."
 
 
 def sweep_statistics(results: pd.DataFrame) -> Ours:

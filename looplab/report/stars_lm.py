@@ -17,10 +17,10 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from looplab.plotting import SPARE_COLORS, pyplot, save_figure
+from looplab.report.aggregate import seed_stats
 from looplab.report.comparison import read_paper_table
 from looplab.report.tables import MISSING, Table, cell, number
 
@@ -97,7 +97,8 @@ def plot_curves(curves: pd.DataFrame, path: Path, title: str) -> Path:
             for axis, (column, ylabel, scale) in zip(row, PANELS):
                 if column not in stats or stats[column]["mean"].isna().all():
                     continue
-                mean, std = scale * stats[column]["mean"], scale * stats[column]["std"].fillna(0)
+                # one seed has no spread: NaN draws no band rather than a zero-width one
+                mean, std = scale * stats[column]["mean"], scale * stats[column]["std"]
                 axis.plot(stats.index, mean, color=color, label=f"{recipe} ({runs['seed'].nunique()} seeds)")
                 axis.fill_between(stats.index, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
                 axis.set(xscale="log", xlabel="loops", ylabel=ylabel)
@@ -113,12 +114,8 @@ def plot_curves(curves: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def _stats(values) -> dict:
-    values = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    n = len(values)
-    std = float(values.std(ddof=1)) if n > 1 else math.nan
-    half = 1.96 * std / math.sqrt(n) if n > 1 else math.nan  # normal interval: these rows are few seeds
-    mean = float(values.mean()) if n else math.nan
-    return {"n": n, "mean": mean, "std": std, "ci_lo": mean - half, "ci_hi": mean + half}
+    """n, mean, std and the mean's Student-t 95 % interval over the finite values (NaN below 2 seeds)."""
+    return seed_stats([v for v in values if v is not None])
 
 
 def _column(summaries: list[dict], split: str, key: str, scale: float) -> dict:
@@ -174,7 +171,7 @@ def drop_table(runs: list[tuple[str, str, dict]], tables_dir: Path) -> Table:
         pd.DataFrame(numbers),
         "Ours: exact match on chain-arithmetic problems of the training sizes, read at 4 and 8 loops; "
         "relative drop (acc(4) − acc(8)) / acc(4). Paper: GSM8K from stars_math.csv, the drop as "
-        "stars_facts.csv states it. Cells: mean ± std [normal 95 % interval] over seeds.",
+        "stars_facts.csv states it. Cells: mean ± std [Student-t 95 % interval] over seeds.",
         "paper_stars_lm",
     )
 

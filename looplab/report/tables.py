@@ -70,7 +70,8 @@ PLAIN_DECIMALS = {
     "front90_rel": 2,
     "block_evals_rel": 2,
 }
-MISSING = "–"
+MISSING = "–"  # a value the source does not give (a paper that does not report it)
+UNDEFINED = "n/a (0 seeds)"  # a metric no seed defines: undefined, never 0
 
 
 @dataclass
@@ -113,9 +114,10 @@ def number(value, digits: int) -> str:
 
 
 def cell(stats: Mapping, digits: int) -> str:
-    """ "mean ± std [lo, hi]" from a row with n, mean, std and the mean's interval ci_lo, ci_hi (display units)."""
+    """ "mean ± std [lo, hi]" from a row with n, mean, std and the mean's interval ci_lo, ci_hi (display units);
+    "n/a (0 seeds)" when no seed defines the metric."""
     if stats["n"] == 0:
-        return MISSING
+        return UNDEFINED
     text = number(stats["mean"], digits)
     if math.isfinite(stats["std"]):
         text += f" ± {number(stats['std'], digits)}"

@@ -167,7 +167,7 @@ def checkpoint_metrics(exp: Experiment) -> dict[str, float]:
         cfg.eval.batch_size,
         cfg.run.seed,
     )
-    return headline_metrics(summarize(outcomes, cfg.task.train_max))
+    return headline_metrics(summarize(outcomes, cfg.task.train_max, flip_from=cfg.eval.flip_from))
 
 
 def _window_mean(window: list[dict]) -> dict:

@@ -81,6 +81,7 @@ CASES = [
     ("train {cfg} --set run.threads=-3 --out {new}", 2, "run.threads must be in [0, inf)"),
     ("train {cfg} --set model.noise_std=-1 --out {new}", 2, "model.noise_std must be in [0, inf)"),
     ("train {cfg} --set eval.fixed_exit=40 --out {new}", 2, "eval.fixed_exit (40) must be <= eval.max_loops (10)"),
+    ("train {cfg} --set eval.flip_from=0 --out {new}", 2, "flip_from >= 1"),
     ("train {cfg} --set model.d_model=1000000 --set model.n_heads=2 --out {new}", 2, "needs an estimated"),
     ("train {cfg} --set train.batch_size=1000000000 --out {new}", 2, "needs an estimated"),
     ("train {cfg} --set run.device=cuda --out {new}", 2, "no CUDA device; valid choices: cpu"),
@@ -137,6 +138,8 @@ CASES = [
     ("report {root}/missing", 2, "no results.parquet"),
     ("report {sweep_dir} --paper physics", 2, "invalid choice: 'physics'"),
     ("reproduce physics-small --out {new}", 2, "invalid choice: 'physics-small'"),
+    ("results --dir {root}/missing", 2, "results folder not found: "),
+    ("results --dir {new} --collect {root}/no_config", 2, "no run dirs under runs/"),
     ("frobnicate", 2, "invalid choice: 'frobnicate'"),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -151,3 +152,16 @@ def test_checkpoint_evaluations_reach_tensorboard(tiny_config, tmp_path):
     events.Reload()
     assert [e.step for e in events.Scalars("eval/oracle_ood")] == [5, 10]
     assert all(0 <= e.value <= 1 for e in events.Scalars("eval/oracle_id"))
+
+
+def test_results_check_fails_on_a_stale_page_and_the_command_mends_it(tmp_path, capsys):
+    from looplab.cli import main
+
+    shutil.copytree(Path(__file__).resolve().parents[2] / "docs" / "results", tmp_path / "results")
+    page = tmp_path / "results" / "stopping-study.md"
+    fresh = page.read_text()
+    page.write_text(fresh.replace("| dyck1 | fixed | 8 |", "| dyck1 | fixed | 9 |"))
+    assert main(["results", "--dir", str(tmp_path / "results"), "--check"]) == 1
+    assert "out of date" in capsys.readouterr().err
+    assert main(["results", "--dir", str(tmp_path / "results")]) == 0
+    assert page.read_text() == fresh

@@ -345,3 +345,14 @@ def test_variants_of_one_schedule_get_distinct_colours_and_the_schedule_keeps_it
     assert len(set(colors.values())) == 5
     assert colors["rl_halting"] == SCHEDULE_COLORS["rl_halting"] and colors["fixed"] == SCHEDULE_COLORS["fixed"]
     assert _colors(["rl_halting-ent0"]) == {"rl_halting-ent0": SCHEDULE_COLORS["rl_halting"]}  # alone: its schedule's
+
+
+def test_stars_lm_cells_use_the_student_t_interval():
+    from scipy import stats
+
+    from looplab.report.stars_lm import _stats
+
+    cell = _stats([1.0, 2.0, 3.0, None, math.nan])  # an undefined value is left out, not counted as 0
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)  # 4.30 · std / √3, not the normal 1.96
+    assert cell["n"] == 3 and (cell["ci_lo"], cell["ci_hi"]) == pytest.approx((2 - half, 2 + half))
+    assert _stats([])["n"] == 0 and math.isnan(_stats([])["mean"])
