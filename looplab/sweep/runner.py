@@ -160,11 +160,13 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
     watcher = StepWatcher(jobs, bar) if progress and not bar.disable else None
     failures: list[str] = []
     last_write = time.monotonic()
+    finished = len(points) - len(jobs)  # counted here: a disabled bar (off a terminal) does not count
 
     def on_result(job: PointJob, result: dict | None, error: BaseException | None) -> None:
-        nonlocal last_write
+        nonlocal last_write, finished
+        finished += 1
         bar.update(1)
-        lines.update(bar.n, f"last: {Path(job.run_dir).name} ({'failed' if error else 'done'})")
+        lines.update(finished, f"last: {Path(job.run_dir).name} ({'failed' if error else 'done'})")
         if error is not None:
             failures.append(
                 f"{Path(job.run_dir).name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"

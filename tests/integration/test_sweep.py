@@ -132,7 +132,10 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path):
 def test_rerun_of_a_finished_sweep_skips_everything(tmp_path):
     sweep_file = write_sweep(tmp_path, SWEEP.replace("seeds = [0, 1]", "seeds = [0]"))
     out = tmp_path / "out"
-    assert sweep_cli(sweep_file, out).returncode == 0
+    first = run_cli("sweep", str(sweep_file), "--out", str(out))  # progress on, stderr not a terminal
+    assert first.returncode == 0
+    # off a terminal the progress line counts the finished runs (a disabled bar would read 0)
+    assert re.search(r"^sweep: 2/2 \(100%\), last: \w+ \(done\)", first.stdout, re.M), first.stdout
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/**/*") if p.is_file()}
     again = sweep_cli(sweep_file, out)
     assert again.returncode == 0 and "already done, all 2 runs finished earlier" in again.stdout
