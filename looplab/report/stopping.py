@@ -5,8 +5,8 @@ scale-free ratios, and a conclusion per task from a stated rule.
     Block evals / T_train    block evaluations per step over the largest depth the schedule trains at
                              (ours from its parameters; the paper's T_train = 20)
 
-Conclusion rule: two variants differ on a number when their 95% intervals do
-not overlap (the t-interval of the mean; the bootstrap interval of the std).
+Conclusion: per task and variant against fixed, the verdict of the effect test
+(:mod:`looplab.report.effect`), the one rule the report decides by.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 from looplab.errors import LooplabError
 from looplab.report.aggregate import aggregate, in_display_units, numeric
 from looplab.report.comparison import Ours, paper_value, variant_stem
-from looplab.report.tables import Table, group_key, metric_stats, seeds_cell, stats_by_group
+from looplab.report.effect import EFFECT_RULE, effect
+from looplab.report.tables import Table, seeds_cell
 from looplab.tasks import make_task
 
 SCALE_FREE = ("front90_rel", "block_evals_rel")
@@ -28,7 +29,6 @@ PLACE_RULE = (
     "Paper vs ours: where the paper's value lies against our 95% interval (the t-interval of the mean, "
     "the bootstrap interval of the std)."
 )
-CONCLUSION_RULE = "two variants differ on a number when their 95% intervals do not overlap"
 # how a variant is named by what it is, from its [schedule] keys
 LABELS = {
     "fixed": "fixed K = {depth}",
@@ -171,52 +171,30 @@ def _span(counts: pd.Series) -> str:
 
 
 def stopping_conclusions(ours: Ours, reference: str = "fixed") -> list[str]:
-    """Per task, which variants differ from ``reference`` on Oracle OOD, its std and Gap, by CONCLUSION_RULE."""
-    stats = stats_by_group(ours.long, ours.by)
+    """Per task, the report's one decision: the effect test's verdict (EFFECT_RULE) for every other variant
+    against ``reference``; "inconclusive" below FEW_SEEDS seeds on either side."""
+    results = ours.results
+    if not {"task.name", "variant", "oracle_ood", "gap"} <= set(results.columns):
+        return []
+    stems = results["variant"].map(variant_stem)
     lines = []
-    for task in sorted(ours.results["task.name"].unique()):
-        variants = {variant_stem(v): v for v in ours.groups.loc[ours.groups["task.name"] == task, "variant"]}
-        if reference not in variants:
+    for task in sorted(results["task.name"].unique()):
+        mine = results["task.name"] == task
+        base = results[mine & (stems == reference)]
+        if base.empty:
             continue
-        base = stats.get(group_key((task, variants[reference])))
-        runs = ours.groups.loc[ours.groups["task.name"] == task, "runs"]
-        parts = []
-        for header, metric, stat, bounds in (
-            ("Oracle OOD", "oracle_ood", "mean", ("ci_lo", "ci_hi")),
-            ("its std", "oracle_ood", "std", ("std_lo", "std_hi")),
-            ("Gap", "gap", "mean", ("ci_lo", "ci_hi")),
-        ):
-            found = []
-            for stem, variant in sorted(variants.items()):
-                if stem == reference:
-                    continue
-                verdict = _differs(
-                    metric_stats(base, metric),
-                    metric_stats(stats.get(group_key((task, variant))), metric),
-                    stat,
-                    bounds,
-                )
-                found.append(f"{stem} {verdict}")
-            parts.append(f"{header}: " + ", ".join(found))
-        lines.append(
-            f"Conclusion, {task} ({CONCLUSION_RULE}; {_span(runs)} seeds), against {reference}: "
-            + "; ".join(parts)
-            + "."
-        )
+        verdicts = []
+        for stem in sorted(set(stems[mine]) - {reference}):
+            rows = results[mine & (stems == stem)]
+            result = effect(
+                numeric(base, "oracle_ood"),
+                numeric(rows, "oracle_ood"),
+                100 * numeric(base, "gap"),
+                100 * numeric(rows, "gap"),
+            )
+            verdicts.append(f"{stem} {result.verdict}")
+        lines.append(f"Conclusion, {task}, against {reference} ({EFFECT_RULE}): " + "; ".join(verdicts) + ".")
     return lines
-
-
-def _differs(base, other, stat: str, bounds: tuple[str, str]) -> str:
-    """ "higher" / "lower" / "not distinguishable" for ``other`` against ``base``."""
-    lo, hi = (float(base[b]) for b in bounds)
-    other_lo, other_hi = (float(other[b]) for b in bounds)
-    if not all(math.isfinite(v) for v in (lo, hi, other_lo, other_hi)):
-        return "not measured"
-    if other_lo > hi:
-        return "higher"
-    if other_hi < lo:
-        return "lower"
-    return "not distinguishable"
 
 
 def best_k_table(results: pd.DataFrame) -> Table | None:

@@ -244,7 +244,7 @@ def test_stopping_paper_numbers_side_by_side(sweep):
             "RL-Halting, T_max = 20, λ_ent = 0.001",
             "Protocol, binary_addition — ours: train n ∈ [?, 8], evaluated to n = 16 (2.0× the longest",
             "paper: train n ∈ [1, 19], OOD n ∈ [20, 60] (3.2×), T_train 20, 100000 steps, 32 seeds",
-            "Conclusion, binary_addition (two variants differ on a number when their 95% intervals do not overlap",
+            "Conclusion, binary_addition, against fixed (reproduced when Gap(fixed) − Gap(other)",
         ):
             assert column in text, column
     side = pd.read_csv(report / "paper_stopping_main.csv")

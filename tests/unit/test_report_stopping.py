@@ -25,22 +25,6 @@ def test_where_a_paper_value_lies_against_our_interval(value, low, high, where):
     assert place(value, low, high) == where
 
 
-@pytest.mark.parametrize(
-    "base, other, verdict",
-    [
-        ((1.0, 2.0), (3.0, 4.0), "higher"),
-        ((3.0, 4.0), (1.0, 2.0), "lower"),
-        ((1.0, 3.0), (2.0, 4.0), "not distinguishable"),
-        ((1.0, math.nan), (2.0, 4.0), "not measured"),
-    ],
-)
-def test_conclusion_rule_needs_disjoint_intervals(base, other, verdict):
-    from looplab.report.stopping import _differs
-
-    as_stats = lambda lo_hi: {"ci_lo": lo_hi[0], "ci_hi": lo_hi[1]}
-    assert _differs(as_stats(base), as_stats(other), "mean", ("ci_lo", "ci_hi")) == verdict
-
-
 def test_effect_test_follows_its_stated_rule():
     from looplab.report.effect import effect_tests
 
