@@ -99,7 +99,36 @@ def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / RUNS_FILE, index=False)
     pd.DataFrame(curves).to_csv(out / CURVES_FILE, index=False)
+    plot_flip_curves(out)
     return frame
+
+
+def plot_flip_curves(folder: Path) -> Path:
+    """``flips.png``: f(K) per arm (main cell) at both horizons, mean over seeds with its 95 % t-band."""
+    from looplab.plotting import color_for, pyplot, save_figure
+
+    runs, curves = pd.read_csv(folder / RUNS_FILE), pd.read_csv(folder / CURVES_FILE)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(HORIZONS), figsize=(10, 3.6), sharey=True)
+    for axis, horizon in zip(axes, HORIZONS):
+        main = runs[(runs["steps"] == MAIN_STEPS) & (runs["horizon"] == horizon)]
+        part = curves[(curves["horizon"] == horizon) & curves["run_id"].isin(main["run_id"])]
+        part = part.merge(main[["run_id", "arm"]], on="run_id")
+        for arm in [a for a in ARMS if a in set(part["arm"])]:
+            by_k = part[part["arm"] == arm].groupby("loops")["flip_rate"]
+            stats = pd.DataFrame([seed_stats(100 * v.to_numpy()) for _, v in by_k], index=list(by_k.groups))
+            color = color_for(arm, ARMS)
+            axis.plot(stats.index, stats["mean"], color=color, label=f"{LABELS[arm]} (n = {int(stats['n'].max())})")
+            band = stats[["ci_lo", "ci_hi"]].clip(0, 100)  # a rate's interval stays inside [0, 100] %
+            axis.fill_between(stats.index, band["ci_lo"], band["ci_hi"], color=color, alpha=0.15, linewidth=0)
+        axis.axvline(FLIP_FROM, color="grey", linestyle="--", linewidth=0.8)
+        axis.set(xlabel="K (loops)", title=f"read to {horizon} loops")
+    axes[0].set_ylabel(r"flip rate $\Pr[\hat y_{K+1} \neq \hat y_K]$ (%)")
+    axes[-1].legend(fontsize=7, title="mean, band: 95 % t-interval (clipped to [0, 100])", title_fontsize=7)
+    fig.suptitle("Dyck-1, OOD samples, 600 steps; dashed: training depth 10")
+    path = folder / "flips.png"
+    save_figure(fig, path)
+    return path
 
 
 # ----------------------------------------------------------------------------- formatting
