@@ -93,6 +93,11 @@ def validate(config: Config) -> None:
             _inside(value, low, high), f"{where} must be in {low[0]}{low[1]:g}, {high[1]:g}{high[0]}, got {value!r}"
         )
     _require(
+        ev.flip_from <= max(ev.max_loops - 1, 1),
+        f"eval.flip_from ({ev.flip_from}) must be <= eval.max_loops - 1 ({ev.max_loops - 1}): the flip rate "
+        "averages Pr[answer at K+1 != answer at K] over K = flip_from..max_loops-1",
+    )
+    _require(
         ev.fixed_exit <= ev.max_loops,
         f"eval.fixed_exit ({ev.fixed_exit}) must be <= eval.max_loops "
         f"({ev.max_loops}): it is read from the unroll (0 = min({DEFAULT_FIXED_EXIT}, max_loops))",

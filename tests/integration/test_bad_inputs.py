@@ -82,6 +82,7 @@ CASES = [
     ("train {cfg} --set model.noise_std=-1 --out {new}", 2, "model.noise_std must be in [0, inf)"),
     ("train {cfg} --set eval.fixed_exit=40 --out {new}", 2, "eval.fixed_exit (40) must be <= eval.max_loops (10)"),
     ("train {cfg} --set eval.flip_from=0 --out {new}", 2, "flip_from >= 1"),
+    ("train {cfg} --set eval.flip_from=10 --out {new}", 2, "eval.flip_from (10) must be <= eval.max_loops - 1 (9)"),
     ("train {cfg} --set model.d_model=1000000 --set model.n_heads=2 --out {new}", 2, "needs an estimated"),
     ("train {cfg} --set train.batch_size=1000000000 --out {new}", 2, "needs an estimated"),
     ("train {cfg} --set run.device=cuda --out {new}", 2, "no CUDA device; valid choices: cpu"),
