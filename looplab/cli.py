@@ -15,6 +15,7 @@ from pathlib import Path
 from looplab.config import PRESETS, load_config, resolve_preset
 from looplab.errors import LooplabError
 from looplab.report.paper import PAPERS
+from looplab.train.stop import TrainingStopped
 
 ANALYSES = ("mechanistic", "spectral", "pca")
 STUDIES = (*(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper")), "stars-lm")
@@ -310,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("looplab: interrupted", file=sys.stderr)
         return 130
+    except TrainingStopped as stop:  # asked to stop (preemption, Ctrl-C): not an error, and resumable
+        if os.environ.get("RANK", "0") == "0":
+            print(f"looplab: {stop}", file=sys.stderr)
+        return stop.exit_code
     except Exception as err:  # the one error boundary: a line, not a traceback
         if os.environ.get("LOOPLAB_DEBUG") == "1":
             raise

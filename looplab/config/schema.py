@@ -114,6 +114,8 @@ class TrainConfig:
 
     ``steps = 0`` trains nothing: the run's one checkpoint is the seeded initialisation.
     ``backprop_loops`` = k > 0 backpropagates through each row's last k loops only.
+    ``checkpoint_minutes`` > 0 also checkpoints when that much wall-clock time has passed since
+    the last checkpoint (besides every ``checkpoint_every`` steps); 0 checkpoints by steps only.
     """
 
     steps: int = 2000
@@ -127,6 +129,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     log_every: int = 50
     checkpoint_every: int = 500
+    checkpoint_minutes: float = 0.0
     keep_checkpoints: int = 2
     backprop_loops: int = 0
 

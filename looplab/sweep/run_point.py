@@ -56,13 +56,22 @@ def run_point(job: PointJob) -> dict:
     import torch
 
     from looplab.config import from_dict
-    from looplab.io import atomic_write
-    from looplab.train.trainer import TrainingDiverged, train
+    from looplab.train.stop import stop_on_signals
 
     torch.set_num_threads(1)
     run_dir = Path(job.run_dir)
     config = from_dict(tomllib.loads(job.config_toml))
     began = time.perf_counter()
+    # a stop signal during evaluation or analysis waits for them to finish (seconds), then the
+    # sweep starts no new point; during training it checkpoints and stops (TrainingStopped)
+    with stop_on_signals():
+        return _run_point(job, run_dir, config, began)
+
+
+def _run_point(job: PointJob, run_dir: Path, config, began: float) -> dict:
+    from looplab.io import atomic_write
+    from looplab.train.trainer import TrainingDiverged, train
+
     try:
         exp = train(config, run_dir, progress=False)
         status = "done"

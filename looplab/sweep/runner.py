@@ -18,7 +18,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from functools import partial
 from pathlib import Path
 
@@ -31,11 +31,13 @@ from looplab.rundir import read_log
 from looplab.sweep.results import RUNS_DIR, write_results
 from looplab.sweep.run_point import PointJob, is_done, run_point
 from looplab.sweep.spec import SweepSpec
+from looplab.train.stop import TrainingStopped, signal_exit_code, stop_on_signals, stop_on_signals_for_this_process
 
 BACKENDS = ("local", "ray")
 SWEEP_FILE = "sweep.toml"
 RESULTS_EVERY_S = 10.0
 RAY_CONNECT_TIMEOUT_S = 10.0
+STOP_POLL_S = 0.5  # how often the local runner looks for a stop signal while points run
 PR_SET_PDEATHSIG = 1
 
 OnResult = Callable[[PointJob, dict | None, BaseException | None], None]
@@ -45,6 +47,18 @@ class SweepIncomplete(LooplabError):
     """Some points failed; the finished ones are kept and a re-run retries the rest."""
 
     exit_code = 1
+
+
+class SweepStopped(TrainingStopped):
+    """The sweep was asked to stop by a signal; its running points checkpointed, a re-run resumes them."""
+
+    def __init__(self, signal_name: str, finished: int, stopped: int, total: int):
+        LooplabError.__init__(
+            self,
+            f"stopped by {signal_name}: {finished} of {total} runs finished, {stopped} stopped after a checkpoint; "
+            "run the same command again to resume",
+        )
+        self.signal_name, self.exit_code = signal_name, signal_exit_code(signal_name)
 
 
 def run_sweep(
@@ -159,11 +173,15 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
     lines = ProgressLines("sweep", len(points), len(points) - len(jobs), enabled=progress)
     watcher = StepWatcher(jobs, bar) if progress and not bar.disable else None
     failures: list[str] = []
+    stopped: list[str] = []
     last_write = time.monotonic()
     finished = len(points) - len(jobs)  # counted here: a disabled bar (off a terminal) does not count
 
     def on_result(job: PointJob, result: dict | None, error: BaseException | None) -> None:
         nonlocal last_write, finished
+        if isinstance(error, TrainingStopped):  # checkpointed on a stop signal: resumed by a re-run
+            stopped.append(Path(job.run_dir).name)
+            return
         finished += 1
         bar.update(1)
         lines.update(finished, f"last: {Path(job.run_dir).name} ({'failed' if error else 'done'})")
@@ -175,11 +193,12 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
             write_results(out, points)  # a partial table to watch while the sweep runs
             last_write = time.monotonic()
 
+    stop_signal = None
     try:
         if backend == "ray":
             _run_ray(jobs, address, on_result)
         else:
-            _run_local(jobs, workers, on_result)
+            stop_signal = _run_local(jobs, workers, on_result)
     finally:
         if watcher is not None:
             watcher.stop()
@@ -187,6 +206,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
     frame = write_results(out, points)
     link_tensorboard_runs(out, points)
     frame.attrs["ran"] = len(jobs)  # runs this call trained (0: the sweep was already done)
+    if stop_signal is not None or stopped:
+        raise SweepStopped(stop_signal or "a signal", finished, len(stopped), len(points))
     if failures:
         raise SweepIncomplete(
             f"{len(failures)} of {len(points)} runs failed ({'; '.join(failures[:3])}); "
@@ -196,7 +217,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
 
 
 def _worker_init() -> None:
-    """One torch thread per worker, and a worker dies with the sweep process that spawned it.
+    """One torch thread per worker, stop signals recorded for its whole life, and a worker dies with the
+    sweep process that spawned it.
 
     Linux's PR_SET_PDEATHSIG delivers SIGKILL when the parent dies (even by SIGKILL),
     so a killed sweep leaves no orphan training on; a re-run resumes the points.
@@ -204,6 +226,7 @@ def _worker_init() -> None:
     import torch
 
     torch.set_num_threads(1)
+    stop_on_signals_for_this_process()
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -212,18 +235,37 @@ def _worker_init() -> None:
             os._exit(1)
 
 
-def _run_local(jobs: list[PointJob], workers: int, on_result: OnResult) -> None:
-    """In this process when ``workers == 1``, else in spawned worker processes."""
-    if workers == 1 or len(jobs) <= 1:
-        for job in jobs:
-            _guarded(job, on_result, partial(run_point, job))
-        return
-    # spawn, not fork: a forked child of a process that already ran torch can deadlock in OpenMP.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=_worker_init) as pool:
-        futures = {pool.submit(run_point, job): job for job in jobs}
-        for future in as_completed(futures):
-            _guarded(futures[future], on_result, future.result)
+def _run_local(jobs: list[PointJob], workers: int, on_result: OnResult) -> str | None:
+    """In this process when ``workers == 1``, else in spawned worker processes; returns the name of
+    the stop signal that ended it early (None when every job ran).
+
+    On SIGTERM, SIGINT or SIGUSR1 no new point starts, and the running points are sent SIGTERM:
+    each checkpoints at its next step and stops (:mod:`looplab.train.stop`).
+    """
+    with stop_on_signals() as stop:
+        if workers == 1 or len(jobs) <= 1:
+            for job in jobs:  # the training in this process reads the same stop request
+                if stop.requested:
+                    break
+                _guarded(job, on_result, partial(run_point, job))
+            return stop.signal_name
+        # spawn, not fork: a forked child of a process that already ran torch can deadlock in OpenMP.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=_worker_init) as pool:
+            futures = {pool.submit(run_point, job): job for job in jobs}
+            pending, forwarded = set(futures), False
+            while pending:
+                done, pending = wait(pending, timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if not future.cancelled():
+                        _guarded(futures[future], on_result, future.result)
+                if stop.requested and not forwarded:
+                    forwarded = True
+                    for future in pending:
+                        future.cancel()  # not started yet: nothing to save
+                    for child in multiprocessing.active_children():
+                        os.kill(child.pid, signal.SIGTERM)  # Ctrl-C may have reached them already
+        return stop.signal_name
 
 
 def _run_ray(jobs: list[PointJob], address: str | None, on_result: OnResult) -> None:

@@ -35,6 +35,7 @@ from looplab.rundir import LOG_FILE, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
 from looplab.tasks import make_task
 from looplab.train.distributed import data_parallel
+from looplab.train.stop import TrainingStopped, stop_on_signals
 
 
 class TrainingDiverged(LooplabError):
@@ -267,25 +268,35 @@ def _train_loop(
         disable=None if progress and parallel.is_main else True,
         dynamic_ncols=True,
     )
-    for step in bar:
-        metrics = train_step(exp, optimizer, step, parallel)
-        for key in ("loss", "grad_norm"):
-            if not math.isfinite(metrics.get(key, 0.0)):
-                raise TrainingDiverged(
-                    f"non-finite {key.replace('_', ' ')} {metrics[key]} at step {step}, "
-                    f"not applied; last good checkpoint: {latest_checkpoint(run_dir) or 'none'}"
-                )
-        window.append(metrics)
-        if step % tr.log_every == 0 or step == tr.steps:
-            record = {
-                "step": step,
-                **parallel.mean_metrics(_window_mean(window)),
-                "elapsed_s": round(time.perf_counter() - began, 3),
-            }
-            if log is not None:
-                log.write(record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}")
-            lines.update(step, f"loss {record['loss']:.4f}")
-            window = []
-        if step % tr.checkpoint_every == 0 or step == tr.steps:
-            checkpoint(step)
+    last_saved = time.monotonic()
+    with stop_on_signals() as stop:
+        for step in bar:
+            metrics = train_step(exp, optimizer, step, parallel)
+            for key in ("loss", "grad_norm"):
+                if not math.isfinite(metrics.get(key, 0.0)):
+                    raise TrainingDiverged(
+                        f"non-finite {key.replace('_', ' ')} {metrics[key]} at step {step}, "
+                        f"not applied; last good checkpoint: {latest_checkpoint(run_dir) or 'none'}"
+                    )
+            window.append(metrics)
+            if step % tr.log_every == 0 or step == tr.steps:
+                record = {
+                    "step": step,
+                    **parallel.mean_metrics(_window_mean(window)),
+                    "elapsed_s": round(time.perf_counter() - began, 3),
+                }
+                if log is not None:
+                    log.write(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}")
+                lines.update(step, f"loss {record['loss']:.4f}")
+                window = []
+            # every rank stops at the same step (a signal may reach the ranks at different steps)
+            stopping = parallel.mean(torch.tensor(float(stop.requested))) > 0
+            timed = tr.checkpoint_minutes > 0 and time.monotonic() - last_saved >= 60 * tr.checkpoint_minutes
+            if step % tr.checkpoint_every == 0 or step == tr.steps or timed or stopping:
+                checkpoint(step)
+                last_saved = time.monotonic()
+            if stopping and step < tr.steps:
+                bar.close()
+                where = str(latest_checkpoint(run_dir) or run_dir)
+                raise TrainingStopped(stop.signal_name or "a signal to another rank", step, where)

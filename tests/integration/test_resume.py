@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -166,3 +167,51 @@ def test_resume_drops_a_torn_log_line(tiny_config, tmp_path):
     train(config, run_dir, progress=False)
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps == [5, 10, 15, 20]
+
+
+@pytest.mark.parametrize("stop_after, signame", [(25, "SIGTERM"), (90, "SIGINT")])
+def test_stop_signal_checkpoints_and_resume_is_bitwise_identical(tiny_config, tmp_path, stop_after, signame):
+    """A scheduler's stop signal saves a checkpoint at the next step (none was due: checkpoint_every is
+    past the end), exits with 128 + the signal's number and one line, and the same command resumes."""
+    steps = 150
+    config = tiny_config(steps=steps, checkpoint_every=1000)
+    args = ["train", str(config), "--no-progress", "--set", "train.log_every=1"]
+    straight = tmp_path / "straight"
+    assert run_cli(*args, "--out", str(straight)).returncode == 0
+
+    stopped = tmp_path / "stopped"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "looplab", *args, "--out", str(stopped)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log, deadline = stopped / "log.jsonl", time.time() + 120
+    while not log.exists() or len(log.read_text().splitlines()) < stop_after:
+        assert process.poll() is None and time.time() < deadline, "run ended before it could be stopped"
+        time.sleep(0.01)
+    process.send_signal(getattr(signal, signame))
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == 128 + getattr(signal, signame)
+    (line,) = err.strip().splitlines()
+    stopped_at = json.loads((latest_checkpoint(stopped) / "state.json").read_text())["step"]
+    assert line.startswith(f"looplab: stopped by {signame} after step {stopped_at};") and "resume" in line
+    assert stop_after <= stopped_at < steps
+
+    assert run_cli(*args, "--out", str(stopped)).returncode == 0
+    for file in sorted(p.name for p in (straight / "checkpoints" / f"step_{steps:07d}").glob("*.safetensors")):
+        expected, resumed = _final_weights(straight, steps, file), _final_weights(stopped, steps, file)
+        assert all(torch.equal(expected[name], resumed[name]) for name in expected), file
+    assert _state(straight, steps) == _state(stopped, steps)
+
+
+def test_checkpoint_minutes_saves_by_wall_clock(tiny_config, tmp_path):
+    config = load_config(tiny_config(steps=12, checkpoint_every=1000), ["train.keep_checkpoints=100"])
+    timed = dataclasses.replace(config, train=dataclasses.replace(config.train, checkpoint_minutes=1e-9))
+    train(timed, tmp_path / "timed", progress=False)
+    saved = sorted(p.name for p in (tmp_path / "timed" / "checkpoints").iterdir())
+    assert saved == [f"step_{s:07d}" for s in range(1, 13)]  # every step is past the (tiny) interval
+    train(config, tmp_path / "steps", progress=False)
+    assert [p.name for p in (tmp_path / "steps" / "checkpoints").iterdir()] == ["step_0000012"]

@@ -185,3 +185,40 @@ def test_tensorboard_names_sweep_runs_and_holds_eval_metrics(tmp_path):
     events.Reload()
     scalars = events.Tags()["scalars"]
     assert "train/loss" in scalars and "eval/oracle_ood" in scalars
+
+
+def test_sigterm_stops_the_workers_after_a_checkpoint_and_a_rerun_resumes_exactly(tmp_path):
+    """SIGTERM to the sweep (what SLURM sends before a kill): no new point starts, the running ones
+    checkpoint at their next step, the sweep exits 143 with one line, and a re-run finishes them as an
+    uninterrupted sweep would."""
+    text = (
+        "[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1, 2]\n"
+        "set = ['train.steps=400', 'train.checkpoint_every=1000', 'train.log_every=1']\n"
+    )
+    sweep_file = write_sweep(tmp_path, text)
+    straight = tmp_path / "straight"
+    assert sweep_cli(sweep_file, straight, "--workers", "2").returncode == 0
+
+    out = tmp_path / "stopped"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "looplab", "sweep", str(sweep_file), "--out", str(out), "--workers", "2"]
+    process = subprocess.Popen(command + ["--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while sum(1 for log in out.glob("runs/*/log.jsonl") if len(log.read_text().splitlines()) >= 20) < 2:
+        assert process.poll() is None and time.time() < deadline, "the sweep ended before it could be stopped"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=120)[1].decode()
+    assert process.returncode == 143, err
+    (line,) = err.strip().splitlines()
+    # the third point never starts, or (already handed to a worker) stops at its first step
+    stopped = re.match(r"looplab: stopped by SIGTERM: 0 of 3 runs finished, ([23]) stopped after a checkpoint", line)
+    assert stopped, line
+    checkpoints = sorted(out.glob("runs/*/checkpoints/step_*"))
+    assert len(checkpoints) == int(stopped[1]) and all(int(p.name.split("_")[1]) < 400 for p in checkpoints)
+    assert not list(out.glob("runs/*/result.json"))
+
+    assert sweep_cli(sweep_file, out, "--workers", "2").returncode == 0
+    for run in sorted((straight / "runs").iterdir()):
+        final = run / "checkpoints" / "step_0000400" / "model.safetensors"
+        assert final.read_bytes() == (out / "runs" / run.name / final.relative_to(run)).read_bytes(), run.name
