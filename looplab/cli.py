@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from looplab import __version__
 from looplab.config import PRESETS, load_config, resolve_preset
 from looplab.errors import LooplabError
 from looplab.report.paper import PAPERS
@@ -39,6 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="looplab", description="Looped transformers: train, evaluate, analyse.")
+    parser.add_argument("--version", action="version", version=f"looplab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model from a TOML config")

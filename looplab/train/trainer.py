@@ -223,6 +223,19 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     return exp
 
 
+def start_line(exp: Experiment, run_dir: Path, start: int, parallel: Parallel) -> str:
+    """What a run is about to do: where, how big, on what, and which steps (or that none are left)."""
+    steps = exp.config.train.steps
+    size = sum(p.numel() for module in exp.modules().values() for p in module.parameters())
+    where = f"train: {run_dir}, {size:,} parameters, {parallel.device}"
+    where += (
+        f" x {parallel.world_size} processes" if parallel.world_size > 1 else f", {torch.get_num_threads()} threads"
+    )
+    if start >= steps:
+        return f"{where}: already trained to step {start} of {steps}, nothing to train"
+    return f"{where}: steps {start + 1}..{steps}" + (f" (resumed from step {start})" if start else "")
+
+
 def _train_loop(
     exp: Experiment,
     optimizer: torch.optim.Optimizer,
@@ -257,6 +270,8 @@ def _train_loop(
 
     if tr.steps == 0 and start == 0:  # an untrained run: its checkpoint is the initialisation
         checkpoint(0)
+    if progress and parallel.is_main:
+        print(start_line(exp, run_dir, start, parallel), flush=True)
     window: list[dict] = []
     began = time.perf_counter()
     lines = ProgressLines("train", tr.steps, start, enabled=progress and parallel.is_main)

@@ -165,3 +165,12 @@ def test_results_check_fails_on_a_stale_page_and_the_command_mends_it(tmp_path, 
     assert "out of date" in capsys.readouterr().err
     assert main(["results", "--dir", str(tmp_path / "results")]) == 0
     assert page.read_text() == fresh
+
+
+def test_train_says_what_it_starts_and_when_nothing_is_left(tmp_path):
+    config, run_dir = train_tiny_run(tmp_path, 4, 2)
+    again = run_cli("train", str(config), "--out", str(run_dir))  # progress on, off a terminal
+    assert again.returncode == 0
+    assert f"train: {run_dir}, " in again.stdout and "parameters, cpu, 1 threads" in again.stdout
+    assert "already trained to step 4 of 4, nothing to train" in again.stdout
+    assert run_cli("--version").stdout.startswith("looplab ")
