@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from looplab.report.aggregate import numeric
-from looplab.report.tables import Table, seeds_cell
+from looplab.report.tables import UNDEFINED, Table, seeds_cell
 from looplab.tasks import make_task
 
 SHALLOW = 0.5
@@ -61,7 +61,7 @@ def halting_metrics(results: pd.DataFrame) -> pd.DataFrame:
 def _cell(values: pd.Series, scale: float = 1.0, decimals: int = 2) -> str:
     values = values.dropna() * scale
     if values.empty:
-        return "–"
+        return UNDEFINED
     if len(values) == 1:
         return f"{values.iloc[0]:.{decimals}f}"
     return f"{values.mean():.{decimals}f} ± {values.std(ddof=1):.{decimals}f}"

@@ -113,9 +113,9 @@ def number(value, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def cell(stats: Mapping, digits: int) -> str:
+def cell(stats: Mapping, digits: int, runs: int | None = None) -> str:
     """ "mean ± std [lo, hi]" from a row with n, mean, std and the mean's interval ci_lo, ci_hi (display units);
-    "n/a (0 seeds)" when no seed defines the metric."""
+    "n/a (0 seeds)" when no seed defines the metric, and "(n = k of runs)" when only some do."""
     if stats["n"] == 0:
         return UNDEFINED
     text = number(stats["mean"], digits)
@@ -123,6 +123,8 @@ def cell(stats: Mapping, digits: int) -> str:
         text += f" ± {number(stats['std'], digits)}"
     if stats["n"] > 1:
         text += f" [{number(stats['ci_lo'], digits)}, {number(stats['ci_hi'], digits)}]"
+    if runs is not None and stats["n"] < runs:
+        text += f" (n = {stats['n']} of {runs})"
     return text
 
 
@@ -185,7 +187,7 @@ def seed_table(title: str, groups: pd.DataFrame, long: pd.DataFrame, by: list[st
             values["diverged"] = row["diverged"]
         for metric in metrics:
             s = metric_stats(found, metric)
-            shown[header(metric)] = cell(s, decimals(metric))
+            shown[header(metric)] = cell(s, decimals(metric), int(row["runs"]))
             values.update({f"{label(metric)}.{stat}": s[stat] for stat in STATS})
         display.append(shown)
         numbers.append(values)

@@ -356,3 +356,13 @@ def test_stars_lm_cells_use_the_student_t_interval():
     half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)  # 4.30 · std / √3, not the normal 1.96
     assert cell["n"] == 3 and (cell["ci_lo"], cell["ci_hi"]) == pytest.approx((2 - half, 2 + half))
     assert _stats([])["n"] == 0 and math.isnan(_stats([])["mean"])
+
+
+def test_a_cell_says_undefined_and_how_many_seeds_define_it():
+    from looplab.report.tables import UNDEFINED, cell
+
+    nothing = {"n": 0, "mean": math.nan, "std": math.nan, "ci_lo": math.nan, "ci_hi": math.nan}
+    assert cell(nothing, 1, runs=4) == UNDEFINED == "n/a (0 seeds)"
+    some = {"n": 3, "mean": 50.0, "std": 1.0, "ci_lo": 47.5, "ci_hi": 52.5}
+    assert cell(some, 1, runs=4) == "50.0 ± 1.0 [47.5, 52.5] (n = 3 of 4)"
+    assert cell(some, 1, runs=3) == "50.0 ± 1.0 [47.5, 52.5]"
