@@ -141,8 +141,12 @@ def effect(ref_ood, other_ood, ref_gap, other_gap) -> Effect:
     """The effect test of ``other`` against ``ref`` from per-seed Oracle OOD and Gap values (NaNs dropped)."""
     clean = [np.asarray(v, dtype=float) for v in (ref_ood, other_ood, ref_gap, other_gap)]
     ref_ood, other_ood, ref_gap, other_gap = (v[np.isfinite(v)] for v in clean)
+    seeds = (min(ref_ood.size, ref_gap.size), min(other_ood.size, other_gap.size))
+    if min(seeds) < 2:  # nothing to estimate a spread from: every interval undefined, the verdict inconclusive
+        nan, nans = float("nan"), (float("nan"), float("nan"))
+        return Effect(seeds, nan, nans, nans, nan, nans, nans, nan)
     return Effect(
-        seeds=(min(ref_ood.size, ref_gap.size), min(other_ood.size, other_gap.size)),
+        seeds=seeds,
         gap_difference=mean_difference(ref_gap, other_gap),
         gap_welch=welch_interval(ref_gap, other_gap),
         gap_bootstrap=effect_interval(ref_gap, other_gap, mean_difference),

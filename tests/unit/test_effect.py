@@ -84,3 +84,10 @@ def test_effect_from_seed_values():
     # a NaN seed (an undefined metric) is left out, not counted as 0
     with_nan = effect(np.append(A, np.nan), B, 100 * np.append(A, np.nan), 100 * B / 10)
     assert with_nan.seeds == (8, 8) and with_nan.ratio == pytest.approx(result.ratio)
+
+
+def test_effect_below_two_seeds_is_undefined_and_inconclusive():
+    result = effect([0.5], B, [10.0], B)
+    assert result.seeds == (1, 8) and result.verdict == "inconclusive (1 seeds)"
+    assert math.isnan(result.ratio) and all(math.isnan(v) for v in (*result.ratio_f, *result.gap_welch))
+    assert effect([], [], [], []).verdict == "inconclusive (0 seeds)"
