@@ -124,7 +124,8 @@ def plot_flip_curves(folder: Path) -> Path:
         axis.axvline(FLIP_FROM, color="grey", linestyle="--", linewidth=0.8)
         axis.set(xlabel="K (loops)", title=f"read to {horizon} loops")
     axes[0].set_ylabel(r"flip rate $\Pr[\hat y_{K+1} \neq \hat y_K]$ (%)")
-    axes[-1].legend(fontsize=7, title="mean, band: 95 % t-interval (clipped to [0, 100])", title_fontsize=7)
+    if axes[-1].get_legend_handles_labels()[0]:
+        axes[-1].legend(fontsize=7, title="mean, band: 95 % t-interval (clipped to [0, 100])", title_fontsize=7)
     fig.suptitle("Dyck-1, OOD samples, 600 steps; dashed: training depth 10")
     path = folder / "flips.png"
     save_figure(fig, path)
