@@ -18,7 +18,7 @@ import pandas as pd
 from looplab.errors import LooplabError
 from looplab.eval.metrics import summarize
 from looplab.eval.run import EVAL_DIR
-from looplab.eval.samples import read_samples
+from looplab.eval.samples import SAMPLES_FILE, read_samples
 from looplab.report.aggregate import seed_stats
 from looplab.report.effect import Effect, effect
 from looplab.report.pages import register_block
@@ -46,15 +46,15 @@ RUNS_FILE, CURVES_FILE = "runs.csv", "flip_curves.csv"
 
 
 def run_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """The (run, horizon) rows and flip-curve rows of one run dir; nothing for a run not evaluated at both."""
+    """The (run, horizon) rows and flip-curve rows of one run dir; an error for a run not evaluated at both."""
     config = load_run_config(run_dir)
     records = read_log(run_dir)
     block_evals = float(np.mean([r["block_evals"] for r in records])) if records else math.nan
     rows, curves = [], []
     for horizon, folder in HORIZONS.items():
         where = run_dir / EVAL_DIR / folder
-        if not (where / "samples.parquet").is_file():
-            raise LooplabError(f"{where}: no samples.parquet; evaluate the run to {horizon} loops first")
+        if not (where / SAMPLES_FILE).is_file():
+            raise LooplabError(f"{where}: no {SAMPLES_FILE}; evaluate the run to {horizon} loops first")
         outcomes = read_samples(where)
         if outcomes[0].correct.shape[1] != horizon:
             raise LooplabError(f"{where} reads {outcomes[0].correct.shape[1]} loops, the protocol {horizon}")
