@@ -16,7 +16,7 @@ from looplab import __version__
 from looplab.config import PRESETS, load_config, resolve_preset
 from looplab.errors import LooplabError
 from looplab.report.paper import PAPERS
-from looplab.train.stop import TrainingStopped
+from looplab.train.stop import Stopped
 
 ANALYSES = ("mechanistic", "spectral", "pca")
 STUDIES = (*(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper")), "stars-lm")
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("looplab: interrupted", file=sys.stderr)
         return 130
-    except TrainingStopped as stop:  # asked to stop (preemption, Ctrl-C): not an error, and resumable
+    except Stopped as stop:  # asked to stop (preemption, Ctrl-C): not an error, and resumable
         if os.environ.get("RANK", "0") == "0":
             print(f"looplab: {stop}", file=sys.stderr)
         return stop.exit_code

@@ -31,7 +31,13 @@ from looplab.rundir import read_log
 from looplab.sweep.results import RUNS_DIR, write_results
 from looplab.sweep.run_point import PointJob, is_done, run_point
 from looplab.sweep.spec import SweepSpec
-from looplab.train.stop import TrainingStopped, signal_exit_code, stop_on_signals, stop_on_signals_for_this_process
+from looplab.train.stop import (
+    Stopped,
+    TrainingStopped,
+    signal_exit_code,
+    stop_on_signals,
+    stop_on_signals_for_this_process,
+)
 
 BACKENDS = ("local", "ray")
 SWEEP_FILE = "sweep.toml"
@@ -49,12 +55,11 @@ class SweepIncomplete(LooplabError):
     exit_code = 1
 
 
-class SweepStopped(TrainingStopped):
+class SweepStopped(Stopped):
     """The sweep was asked to stop by a signal; its running points checkpointed, a re-run resumes them."""
 
     def __init__(self, signal_name: str, finished: int, stopped: int, total: int):
-        LooplabError.__init__(
-            self,
+        super().__init__(
             f"stopped by {signal_name}: {finished} of {total} runs finished, {stopped} stopped after a checkpoint; "
             "run the same command again to resume",
         )

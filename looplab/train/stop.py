@@ -89,7 +89,12 @@ def signal_exit_code(name: str) -> int:
     return 128 + int(getattr(signal, name, signal.SIGTERM))
 
 
-class TrainingStopped(LooplabError):
+class Stopped(LooplabError):
+    """Asked to stop by a signal, with what was done saved: not a failure, and the same command resumes.
+    Its exit code is the shell's for that signal."""
+
+
+class TrainingStopped(Stopped):
     """Training stopped on a signal after saving a checkpoint at ``step``; the same command resumes it."""
 
     def __init__(self, signal_name: str, step: int, where: str):
