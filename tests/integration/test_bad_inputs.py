@@ -205,7 +205,8 @@ def test_debug_variable_shows_the_traceback(world, tmp_path):
 
 def test_second_writer_of_a_run_dir_is_refused_with_the_holders_pid(tmp_path):
     config = tmp_path / "tiny.toml"
-    config.write_text(TINY.format(steps=400, checkpoint_every=100))
+    # far more steps than the test lasts: the first run must still hold the lock when the second starts
+    config.write_text(TINY.format(steps=1_000_000, checkpoint_every=100_000))
     first = subprocess.Popen(
         [sys.executable, "-m", "looplab", "train", str(config), "--out", str(tmp_path / "run"), "--no-progress"],
         env={**os.environ, "OMP_NUM_THREADS": "1"},

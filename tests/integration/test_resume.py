@@ -173,7 +173,7 @@ def test_resume_drops_a_torn_log_line(tiny_config, tmp_path):
 def test_stop_signal_checkpoints_and_resume_is_bitwise_identical(tiny_config, tmp_path, stop_after, signame):
     """A scheduler's stop signal saves a checkpoint at the next step (none was due: checkpoint_every is
     past the end), exits with 128 + the signal's number and one line, and the same command resumes."""
-    steps = 150
+    steps = 300  # a wide margin after the stop point, so the run cannot end before the signal arrives
     config = tiny_config(steps=steps, checkpoint_every=1000)
     args = ["train", str(config), "--no-progress", "--set", "train.log_every=1"]
     straight = tmp_path / "straight"
