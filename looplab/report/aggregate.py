@@ -136,6 +136,15 @@ def t_interval(values, level: float = LEVEL) -> tuple[float, float]:
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def chi2_std_interval(std: float, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Interval of σ from a sample std over n values (exact under normality):
+    σ ∈ [s √((n−1)/χ²_{(1+level)/2}), s √((n−1)/χ²_{(1−level)/2})]; (NaN, NaN) when n < 2."""
+    if n < 2 or not np.isfinite(std):
+        return float("nan"), float("nan")
+    lo, hi = (std * np.sqrt((n - 1) / scipy_stats.chi2.ppf(q, n - 1)) for q in ((1 + level) / 2, (1 - level) / 2))
+    return float(lo), float(hi)
+
+
 def bootstrap_ci(
     values, statistic=np.mean, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
 ) -> tuple[float, float]:

@@ -63,27 +63,36 @@ def mean_difference(a, b) -> float:
 def welch_interval(a, b, level: float = LEVEL) -> tuple[float, float]:
     """Welch t-interval of mean(a) − mean(b) (unequal variances, Welch–Satterthwaite degrees of freedom)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se = np.sqrt(va + vb)
-    if se == 0:
-        return mean_difference(a, b), mean_difference(a, b)
-    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    half = scipy_stats.t.ppf((1 + level) / 2, dof) * se
-    return mean_difference(a, b) - half, mean_difference(a, b) + half
+    return welch_from_stats(a.mean(), a.std(ddof=1), a.size, b.mean(), b.std(ddof=1), b.size, level)
+
+
+def welch_from_stats(mean_a, std_a, n_a, mean_b, std_b, n_b, level: float = LEVEL) -> tuple[float, float]:
+    """:func:`welch_interval` from each sample's mean, std (ddof = 1) and size alone."""
+    va, vb = std_a**2 / n_a, std_b**2 / n_b
+    difference = float(mean_a - mean_b)
+    if va + vb == 0:
+        return difference, difference
+    dof = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+    half = float(scipy_stats.t.ppf((1 + level) / 2, dof) * np.sqrt(va + vb))
+    return difference - half, difference + half
 
 
 def f_interval(a, b, level: float = LEVEL) -> tuple[float, float]:
-    """Interval of σ_a / σ_b from the F distribution of the variance ratio (exact under normality).
+    """Interval of σ_a / σ_b from the F distribution of the variance ratio (exact under normality)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return f_from_stats(a.std(ddof=1), a.size, b.std(ddof=1), b.size, level)
+
+
+def f_from_stats(std_a, n_a, std_b, n_b, level: float = LEVEL) -> tuple[float, float]:
+    """:func:`f_interval` from each sample's std (ddof = 1) and size alone.
 
     With R = s_a² / s_b² and F_q the q-quantile of F(n_a − 1, n_b − 1):
     σ_a² / σ_b² ∈ [R / F_{1−α/2}, R / F_{α/2}]; the square root gives the std ratio's interval.
     """
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if b.var(ddof=1) == 0:
+    if std_b == 0:
         return float("nan"), float("nan")
-    ratio = a.var(ddof=1) / b.var(ddof=1)
-    dfn, dfd = a.size - 1, b.size - 1
-    upper_q, lower_q = scipy_stats.f.ppf([(1 + level) / 2, (1 - level) / 2], dfn, dfd)
+    ratio = std_a**2 / std_b**2
+    upper_q, lower_q = scipy_stats.f.ppf([(1 + level) / 2, (1 - level) / 2], n_a - 1, n_b - 1)
     return float(np.sqrt(ratio / upper_q)), float(np.sqrt(ratio / lower_q))
 
 

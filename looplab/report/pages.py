@@ -29,6 +29,12 @@ _BLOCK = re.compile(
 )
 
 
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    """A Markdown table from its header cells and rows of cells (strings)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+
+
 def register_block(name: str) -> Callable[[BlockGenerator], BlockGenerator]:
     """Function decorator: the generator of the page block ``name``."""
 

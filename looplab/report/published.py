@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from looplab.report.aggregate import FEW_SEEDS, LEVEL
-from looplab.report.effect import describe, effect
-from looplab.report.pages import register_block
+from looplab.report.aggregate import FEW_SEEDS, LEVEL, chi2_std_interval
+from looplab.report.effect import describe, effect, f_from_stats, welch_from_stats
+from looplab.report.pages import markdown_table, register_block
 
 Q = (1 + LEVEL) / 2
 
@@ -33,21 +33,14 @@ def _t_cell(n: float, mean: float, std: float, digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f} [{mean - half:.{digits}f}, {mean + half:.{digits}f}]"
 
 
-def _chi2_cell(n: float, std: float, digits: int = 1) -> str:
-    """The std with its χ² 95 % interval: σ ∈ [s √((n−1)/χ²_{0.975}), s √((n−1)/χ²_{0.025})]."""
-    if n < 2 or not math.isfinite(std):
-        return "n/a"
-    lo, hi = (std * math.sqrt((n - 1) / scipy_stats.chi2.ppf(q, n - 1)) for q in (Q, 1 - Q))
-    return f"{std:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+def chi2_cell(n: float, std: float, digits: int = 1) -> str:
+    """The std with its χ² 95 % interval (:func:`looplab.report.aggregate.chi2_std_interval`); "n/a" below 2 seeds."""
+    lo, hi = chi2_std_interval(std, int(n))
+    return "n/a" if not math.isfinite(lo) else f"{std:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def _seeds(n: float) -> str:
     return f"{int(n)} (few)" if n < FEW_SEEDS else str(int(n))
-
-
-def _markdown(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
 
 
 def aggregate_table(
@@ -69,9 +62,9 @@ def aggregate_table(
         cells = [str(row[c]) for c, _ in keys] + [_seeds(n)]
         cells += [_t_cell(row[f"{s}.n"], row[f"{s}.mean"], row[f"{s}.std"], d) for s, _, d in metrics]
         if spread:
-            cells.insert(at, _chi2_cell(row[f"{spread}.n"], row[f"{spread}.std"]))
+            cells.insert(at, chi2_cell(row[f"{spread}.n"], row[f"{spread}.std"]))
         body.append(cells)
-    return _markdown(header, body)
+    return markdown_table(header, body)
 
 
 def aggregate_effects(frame: pd.DataFrame, task: str, reference: str, others: list[str]) -> list[list[str]]:
@@ -81,20 +74,19 @@ def aggregate_effects(frame: pd.DataFrame, task: str, reference: str, others: li
     for other in others:
         a, b = rows.loc[reference], rows.loc[other]
         na, nb = a["gap_pp.n"], b["gap_pp.n"]
-        va, vb = a["gap_pp.std"] ** 2 / na, b["gap_pp.std"] ** 2 / nb
-        dof = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
         diff = a["gap_pp.mean"] - b["gap_pp.mean"]
-        half = scipy_stats.t.ppf(Q, dof) * math.sqrt(va + vb)
+        gap_lo, gap_hi = welch_from_stats(a["gap_pp.mean"], a["gap_pp.std"], na, b["gap_pp.mean"], b["gap_pp.std"], nb)
         ratio = a["oracle_ood_pct.std"] / b["oracle_ood_pct.std"]
-        upper_q, lower_q = scipy_stats.f.ppf([Q, 1 - Q], a["oracle_ood_pct.n"] - 1, b["oracle_ood_pct.n"] - 1)
-        f_lo, f_hi = ratio / math.sqrt(upper_q), ratio / math.sqrt(lower_q)
-        gap_holds, std_holds = diff - half > 0, f_lo > 1
+        f_lo, f_hi = f_from_stats(
+            a["oracle_ood_pct.std"], a["oracle_ood_pct.n"], b["oracle_ood_pct.std"], b["oracle_ood_pct.n"]
+        )
+        gap_holds, std_holds = gap_lo > 0, f_lo > 1
         verdict = {(True, True): "both halves hold", (True, False): "Gap half only", (False, True): "Std half only"}
         body.append(
             [
                 f"{task}: {reference} vs {other}",
                 f"{int(na)} / {int(nb)}",
-                f"{diff:.1f} [{diff - half:.1f}, {diff + half:.1f}]",
+                f"{diff:.1f} [{gap_lo:.1f}, {gap_hi:.1f}]",
                 f"{ratio:.2f} [{f_lo:.2f}, {f_hi:.2f}]",
                 verdict.get((gap_holds, std_holds), "neither half holds"),
             ]
@@ -128,7 +120,7 @@ def _protocol_effects(results_dir: Path) -> str:
     body = []
     for task in ("dyck1", "binary_addition"):
         body += aggregate_effects(frame, task, "fixed", ["matched", "window", "rl_halting"])
-    return _markdown(EFFECT_HEADER, body)
+    return markdown_table(EFFECT_HEADER, body)
 
 
 for _cell_name, _file in {
@@ -155,11 +147,11 @@ def _pilot_c_t15(results_dir: Path) -> str:
         body.append(
             [schedule, _seeds(n)]
             + [_t_cell(n, 100 * part[c].mean(), 100 * part[c].std(ddof=1), 1) for c in ("oracle_ood", "policy_ood")]
-            + [_chi2_cell(n, 100 * part["oracle_ood"].std(ddof=1))]
+            + [chi2_cell(n, 100 * part["oracle_ood"].std(ddof=1))]
             + [_t_cell(n, 100 * part["gap"].mean(), 100 * part["gap"].std(ddof=1), 1)]
             + [f"{part['depth'].mean():.1f}"]
         )
-    table = _markdown(
+    table = markdown_table(
         ["schedule", "seeds", "Oracle OOD (%)", "Policy OOD (%)", "Std (pp) [χ²]", "Gap (pp)", "policy depth (OOD)"],
         body,
     )
@@ -180,24 +172,17 @@ def _cells_table(results_dir: Path, name: str, keys: list[tuple[str, str]]) -> s
     return aggregate_table(frame, keys, [(s, s, d) for s, d in zip(stems, digits)])
 
 
-@register_block("mechanistic-small/analysis")
-def _mechanistic(results_dir: Path) -> str:
-    return _cells_table(results_dir, "mechanistic-small/cells.csv", [("variant", "variant")])
+#: earlier report pages' tables, each from its extracted cells, keyed by variant
+for _block, _cells in {
+    "mechanistic-small/analysis": "mechanistic-small/cells.csv",
+    "stopping-small-binary_addition/results": "stopping-small-binary_addition/cells.csv",
+    "stars-small/results": "stars-small/results.csv",
+    "stars-small/scaling": "stars-small/scaling.csv",
+}.items():
 
-
-@register_block("stopping-small-binary_addition/results")
-def _binary_addition(results_dir: Path) -> str:
-    return _cells_table(results_dir, "stopping-small-binary_addition/cells.csv", [("variant", "variant")])
-
-
-@register_block("stars-small/results")
-def _stars_small_results(results_dir: Path) -> str:
-    return _cells_table(results_dir, "stars-small/results.csv", [("variant", "variant")])
-
-
-@register_block("stars-small/scaling")
-def _stars_small_scaling(results_dir: Path) -> str:
-    return _cells_table(results_dir, "stars-small/scaling.csv", [("variant", "variant")])
+    @register_block(_block)
+    def _earlier_page(results_dir: Path, cells: str = _cells) -> str:
+        return _cells_table(results_dir, cells, [("variant", "variant")])
 
 
 @register_block("stars-lm/drop-table")

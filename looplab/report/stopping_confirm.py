@@ -21,7 +21,8 @@ from looplab.eval.run import EVAL_DIR
 from looplab.eval.samples import SAMPLES_FILE, read_samples
 from looplab.report.aggregate import seed_stats
 from looplab.report.effect import Effect, effect
-from looplab.report.pages import register_block
+from looplab.report.pages import markdown_table, register_block
+from looplab.report.published import chi2_cell
 from looplab.rundir import load_run_config, read_log
 
 STUDY = "stopping-confirm"
@@ -152,16 +153,9 @@ def _cell(values, scale: float = 100.0, digits: int = 1) -> str:
 
 def _std_cell(values) -> str:
     """The sample std (pp) with its χ² 95 % interval (exact under normality)."""
-    from scipy import stats as scipy_stats
-
     values = 100 * np.asarray(values, dtype=float)
     values = values[np.isfinite(values)]
-    n = values.size
-    if n < 2:
-        return "n/a"
-    std = values.std(ddof=1)
-    lo, hi = (std * math.sqrt((n - 1) / scipy_stats.chi2.ppf(q, n - 1)) for q in (0.975, 0.025))
-    return f"{std:.1f} [{lo:.1f}, {hi:.1f}]"
+    return chi2_cell(values.size, values.std(ddof=1) if values.size > 1 else math.nan)
 
 
 def _mean(values, digits: int = 1, scale: float = 1.0) -> str:
@@ -172,11 +166,6 @@ def _mean(values, digits: int = 1, scale: float = 1.0) -> str:
 
 def _cell_of(rows: pd.DataFrame, arm: str, column: str) -> pd.Series:
     return rows.loc[rows["arm"] == arm, column]
-
-
-def _table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
 
 
 def _slice(results_dir: Path, steps: int, horizon: int) -> pd.DataFrame:
@@ -217,7 +206,7 @@ def arms_table(rows: pd.DataFrame) -> str:
         "policy depth (OOD)",
         "block evals / step",
     ]
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def arm_effect(rows: pd.DataFrame, reference: str, arm: str) -> Effect:
@@ -265,7 +254,7 @@ def effects_table(rows: pd.DataFrame) -> str:
     if {"matched", "window"} <= present:
         pairs.append(("matched", "window"))
     body = [[f"{LABELS[other]} vs {LABELS[ref]}", *_effect_cells(arm_effect(rows, ref, other))] for ref, other in pairs]
-    return _table(EFFECT_HEADER, body)
+    return markdown_table(EFFECT_HEADER, body)
 
 
 def _carrier(tied: bool, stochastic: bool) -> str:
@@ -294,7 +283,7 @@ def ablation_table(rows: pd.DataFrame) -> str:
         "stochastic on top of tying (window vs matched)",
         "carried by",
     ]
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def _yes(holds: bool) -> str:
@@ -333,7 +322,7 @@ def long_table(results_dir: Path, horizon: int) -> str:
         f"flip rate, K ≥ {FLIP_FROM} (%)",
         "halting entropy (nats)",
     ]
-    return _table(header, body)
+    return markdown_table(header, body)
 
 
 def long_effects_table(results_dir: Path, horizon: int) -> str:
@@ -341,7 +330,7 @@ def long_effects_table(results_dir: Path, horizon: int) -> str:
     body = [
         [f"{LABELS[arm]} vs {LABELS['fixed']}", *_effect_cells(arm_effect(rows, "fixed", arm))] for arm in CLAIM_ARMS
     ]
-    return _table(EFFECT_HEADER, body)
+    return markdown_table(EFFECT_HEADER, body)
 
 
 def flip_curve_table(results_dir: Path, horizon: int) -> str:
@@ -355,7 +344,7 @@ def flip_curve_table(results_dir: Path, horizon: int) -> str:
     for arm in [a for a in ARMS if a in set(runs["arm"])]:
         part = curves[curves["arm"] == arm]
         body.append([LABELS[arm], *(_mean(part.loc[part["loops"] == k, "flip_rate"], 1, 100) for k in ks)])
-    return _table(["arm", *(f"K = {k}" for k in ks)], body)
+    return markdown_table(["arm", *(f"K = {k}" for k in ks)], body)
 
 
 # ----------------------------------------------------------------------------- page blocks

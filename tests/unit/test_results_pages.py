@@ -62,7 +62,7 @@ def test_t_and_chi2_cells_by_hand():
     assert published._t_cell(0, math.nan, math.nan, 1) == "n/a (0 seeds)"
     assert published._t_cell(1, 40.0, math.nan, 1) == "40.0"
     lo, hi = (10 * math.sqrt(7 / stats.chi2.ppf(q, 7)) for q in (0.975, 0.025))
-    assert published._chi2_cell(8, 10.0) == f"10.0 [{lo:.1f}, {hi:.1f}]"
+    assert published.chi2_cell(8, 10.0) == f"10.0 [{lo:.1f}, {hi:.1f}]"
 
 
 def test_aggregate_effects_match_the_per_seed_test():
