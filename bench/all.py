@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from timing import print_table
+from timing import machine_line, print_table
 
-BENCHMARKS = ("step", "jsrr", "throughput", "compaction", "eval_grid", "halting")
+BENCHMARKS = ("step", "attention", "observe", "analysis", "jsrr", "throughput", "compaction", "eval_grid", "halting")
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 
 
@@ -43,8 +43,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run these benchmarks only")
     args = parser.parse_args()
+    print(machine_line(), flush=True)
     rows = [row for name in (args.only or BENCHMARKS) for row in run(name)]
     print("==== every ratio")
+    print(machine_line())
     print_table(["benchmark", "ratio", "value", "goal", "verdict"], rows)
 
 

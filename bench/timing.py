@@ -8,6 +8,8 @@ paths alike instead of biasing the ratio.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import random
 import statistics
 import time
@@ -58,6 +60,21 @@ def setup(threads: int, seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
+
+
+def machine_line() -> str:
+    """The machine a benchmark ran on: CPU model, cores, torch threads, torch build and its CPU kernels."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"machine: {model}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({capability} kernels, {torch.get_num_threads()} threads by default)"
+    )
 
 
 def synchronize() -> None:

@@ -99,8 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
         sub.add_argument("--loops", type=int, help="unroll depth (default: eval.max_loops)")
         sub.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
-    spectral.add_argument("--samples", type=int, default=4)
-    spectral.add_argument("--iters", type=int, default=50, help="power iterations per loop")
+    spectral.add_argument("--samples", type=int, default=4, help="instances measured (default 4)")
+    spectral.add_argument(
+        "--iters", type=int, default=10, help="power iterations per loop, warm-started (4x at loop 1; default 10)"
+    )
+    spectral.add_argument(
+        "--exact-at",
+        metavar="LOOPS",
+        help="loops where the exact eigenvalues are computed too: comma-separated, `all` or `none` "
+        "(default: first, middle and last, when L·d <= 4096)",
+    )
     pca.add_argument("--sample", type=int, default=0, help="which sample to trace")
 
     sweep = commands.add_parser("sweep", help="train and evaluate a grid of configs x overrides x seeds")
@@ -169,7 +177,7 @@ def _eval(args) -> None:
 
 
 def _analyze(args) -> None:
-    from looplab.analysis.run import analyze_pca, analyze_spectral
+    from looplab.analysis.run import analyze_pca, analyze_spectral, format_spectral
     from looplab.analysis.text import format_mechanistic
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
@@ -178,7 +186,12 @@ def _analyze(args) -> None:
 
         if min(args.loops, args.samples) < 1:
             raise LooplabError("--loops and --samples must be >= 1")
-        options = {"loops": args.loops, "samples": args.samples, "mlp_ablation": not args.no_mlp_ablation}
+        options = {
+            "loops": args.loops,
+            "samples": args.samples,
+            "mlp_ablation": not args.no_mlp_ablation,
+            "progress": True,
+        }
         if resolve_preset(args.run_dir).is_file():
             if not args.out:
                 raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
@@ -192,15 +205,40 @@ def _analyze(args) -> None:
     elif args.kind == "spectral":
         if args.iters < 1:
             raise LooplabError(f"--iters must be >= 1, got {args.iters}")
-        summary = analyze_spectral(args.run_dir, args.length, args.loops, args.samples, args.iters, args.out)
-        print(json.dumps(summary, indent=2))
-        print(f"wrote {out}/spectral.csv, spectral.png")
+        summary = analyze_spectral(
+            args.run_dir,
+            args.length,
+            args.loops,
+            args.samples,
+            args.iters,
+            args.out,
+            _exact_loops(args.exact_at, args.loops, args.run_dir),
+            progress=True,
+        )
+        print(format_spectral(summary))
+        print(f"wrote {out}/spectral.csv, spectral.json, spectral.png")
     else:
         if args.sample < 0:
             raise LooplabError(f"--sample must be >= 0 (the index of the traced sample), got {args.sample}")
-        summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out)
+        summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out, progress=True)
         print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
         print(f"wrote {out}/pca_2d.png, pca_3d.png")
+
+
+def _exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int] | None:
+    """``--exact-at``: None (the default loops), [] for ``none``, every loop for ``all``, or the listed loops."""
+    if text is None:
+        return None
+    if text == "none":
+        return []
+    if text == "all":
+        from looplab.rundir import load_run_config
+
+        return list(range(1, (loops or load_run_config(run_dir).eval.max_loops) + 1))
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise LooplabError(f"--exact-at takes loops like 1,8,64, or all, or none; got {text!r}") from None
 
 
 def _sweep(args, sweep_file: Path) -> None:

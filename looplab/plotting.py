@@ -48,10 +48,16 @@ def pyplot():
     Agg draws to files without a display (servers, CI, sweep workers), and the
     lazy import keeps matplotlib off the start-up path of commands that plot nothing.
     """
+    import logging
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    # the PDF backend subsets fonts through fontTools, which logs a warning per font whose
+    # timestamps predate 1970 (DejaVu's); it says nothing about the figure
+    logging.getLogger("fontTools").setLevel(logging.ERROR)
 
     plt.rcParams.update(STYLE)
     return plt

@@ -54,3 +54,36 @@ class ProgressLines:
             f"elapsed {duration(elapsed)}{eta}",
             flush=True,
         )
+
+
+class Progress:
+    """Progress of a counted job: a tqdm bar on a terminal, :class:`ProgressLines` elsewhere.
+
+    Use as a context manager; ``advance`` after each unit of work, with an optional detail
+    (for example the loop just measured) shown on the line.
+    """
+
+    def __init__(self, what: str, total: int, unit: str = "it", enabled: bool = True, every_s: float = 10.0):
+        from tqdm import tqdm
+
+        self.done = 0
+        self.lines = ProgressLines(what, total, every_s=every_s, enabled=enabled)
+        self.bar = tqdm(
+            total=total, desc=what, unit=unit, disable=None if enabled else True, leave=False, dynamic_ncols=True
+        )
+
+    def advance(self, count: int = 1, detail: str = "") -> None:
+        self.done += count
+        self.bar.update(count)
+        if detail:
+            self.bar.set_postfix_str(detail, refresh=False)
+        self.lines.update(self.done, detail)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

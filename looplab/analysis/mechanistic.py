@@ -91,6 +91,7 @@ def analyze_experiment(
     tol: float = 1e-3,
     max_period: int = 8,
     mlp_ablation: bool = True,
+    progress: bool = False,
 ) -> dict:
     """Trace ``exp.model`` for ``loops`` loops and write every registered metric's entries, tables and plots.
 
@@ -102,12 +103,19 @@ def analyze_experiment(
             (default: max(2, loops // 4) and max(1, loops // 4)).
         tol, max_period: token-dynamics tolerance and largest orbit period searched.
         mlp_ablation: also re-trace with each core layer's MLP zeroed (one trace per layer).
+        progress: show which metric is being computed (a bar on a terminal, lines elsewhere).
     """
     if min(loops, samples) < 1:
         raise LooplabError("loops and samples must be >= 1")
     cfg = exp.config
     length = cfg.task.train_max
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "mechanistic", length))
+    if progress:
+        print(
+            f"analyze: {label or 'model'} at {exp.checkpoint or 'initialisation'}: {samples} instances of size "
+            f"{length}, loops 1..{loops}",
+            flush=True,
+        )
 
     def retrace():
         return trace(
@@ -135,7 +143,7 @@ def analyze_experiment(
         "samples": samples,
         "length": length,
     }
-    return run_metrics(inputs, out, header)
+    return run_metrics(inputs, out, header, progress)
 
 
 @register_metric("fixed_points")

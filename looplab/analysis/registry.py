@@ -31,6 +31,7 @@ from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.trace import Trace
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
+from looplab.progress import Progress
 
 __all__ = ["AnalysisInput", "MetricResult", "METRICS", "register_metric", "run_metrics"]
 
@@ -106,10 +107,14 @@ def register_metric(name: str) -> Callable[[Metric], Metric]:
     return register
 
 
-def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any]) -> dict[str, Any]:
+def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any], progress: bool = False) -> dict[str, Any]:
     """Compute every registered metric and write its files to ``out``; returns the summary
-    (``header`` first, then each metric's entries)."""
-    results = [metric(inputs) for metric in METRICS.values()]
+    (``header`` first, then each metric's entries). ``progress`` shows which metric runs."""
+    results = []
+    with Progress("analyze", len(METRICS), unit="metric", enabled=progress) as bar:
+        for name, metric in METRICS.items():
+            results.append(metric(inputs))
+            bar.advance(detail=name)
     out.mkdir(parents=True, exist_ok=True)
     summary = dict(header)
     for result in results:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -10,8 +11,9 @@ import torch
 from looplab.analysis.pca import plot_trajectories, trajectory_pca
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment
+from looplab.progress import Progress
 from looplab.seeding import derive_generator
-from looplab.stability.spectral import EXACT_MAX_DIM, plot_spectral, spectral_trajectory
+from looplab.stability.spectral import EXACT_MAX_DIM, default_exact_loops, plot_spectral, spectral_trajectory
 from looplab.tasks import TaskBatch
 
 
@@ -32,32 +34,92 @@ def _prepare(
     return exp, batch, loops, out
 
 
-def analyze_spectral(run_dir, length=None, loops=None, samples=4, iters=50, out=None) -> dict:
-    """ρ of the loop Jacobian along the trajectory → spectral.csv, spectral.png; returns a summary."""
+def _start_line(kind: str, run_dir, exp: Experiment, batch: TaskBatch, loops: int) -> None:
+    print(
+        f"analyze {kind}: {run_dir} at {exp.checkpoint}: {len(batch.tokens)} instance(s) of size "
+        f"{int(batch.lengths[0])}, loops 1..{loops}",
+        flush=True,
+    )
+
+
+def analyze_spectral(
+    run_dir,
+    length=None,
+    loops=None,
+    samples=4,
+    iters=10,
+    out=None,
+    exact_loops: Collection[int] | None = None,
+    progress: bool = False,
+) -> dict:
+    """ρ of the loop Jacobian along the trajectory → spectral.csv, spectral.png, spectral.json; returns the summary.
+
+    ``exact_loops``: where to compute the exact spectrum as well (default: the first, middle and
+    last loop; only for states of at most ``EXACT_MAX_DIM`` numbers, L·d).
+    """
     exp, batch, loops, out = _prepare(run_dir, out, length, loops, samples)
-    exact = batch.tokens.shape[1] * exp.config.model.d_model <= EXACT_MAX_DIM
+    small = batch.tokens.shape[1] * exp.config.model.d_model <= EXACT_MAX_DIM
+    if exact_loops is None:
+        exact_loops = default_exact_loops(loops) if small else ()
+    elif exact_loops and not small:
+        raise LooplabError(
+            f"the exact spectrum needs a state of at most {EXACT_MAX_DIM} numbers (L·d); this one has "
+            f"{batch.tokens.shape[1]} × {exp.config.model.d_model}: drop --exact-at or ask for a shorter --length"
+        )
+    beyond = sorted(t for t in exact_loops if not 1 <= t <= loops)
+    if beyond:
+        raise LooplabError(f"--exact-at loops {beyond} lie outside 1..{loops} (--loops)")
+    if progress:
+        _start_line("spectral", run_dir, exp, batch, loops)
     generator = derive_generator(exp.config.run.seed, "spectral")
-    frame = spectral_trajectory(exp.model, batch, loops, iters, exact, generator)
+    with Progress("spectral", loops, unit="loop", enabled=progress) as bar:
+        frame = spectral_trajectory(exp.model, batch, loops, iters, set(exact_loops), generator, bar)
     frame.to_csv(out / "spectral.csv", index=False)
     plot_spectral(frame, out / "spectral.png", f"{Path(run_dir).name}: loop Jacobian, n = {batch.lengths[0]}")
     per_loop = frame.groupby("loop")["rho_power"].mean()
     summary = {
+        "length": int(batch.lengths[0]),
+        "samples": len(batch.tokens),
+        "loops": loops,
+        "iters": iters,
         "rho_power_first": float(per_loop.iloc[0]),
         "rho_power_last": float(per_loop.iloc[-1]),
         "rho_power_max": float(per_loop.max()),
+        "rho_power_max_loop": int(per_loop.idxmax()),
+        "rho_exact": {str(t): float(v) for t, v in frame.groupby("loop")["rho_exact"].mean().dropna().items()},
     }
-    if exact:
-        exact_last = frame.groupby("loop")["rho_exact"].mean()
-        summary["rho_exact_last"] = float(exact_last.iloc[-1])
     (out / "spectral.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def analyze_pca(run_dir, length=None, loops=None, sample=0, out=None) -> dict:
+def format_spectral(summary: dict) -> str:
+    """The lines ``looplab analyze spectral`` prints."""
+    lines = [
+        f"spectral radius of the loop Jacobian, n = {summary['length']}, mean over {summary['samples']} samples, "
+        f"loops 1..{summary['loops']} (power iteration, warm-started, {summary['iters']} iterations per loop):",
+        f"  loop 1: {summary['rho_power_first']:.3f}   loop {summary['loops']}: {summary['rho_power_last']:.3f}   "
+        f"max: {summary['rho_power_max']:.3f} at loop {summary['rho_power_max_loop']}",
+    ]
+    if summary["rho_exact"]:
+        shown = list(summary["rho_exact"].items())
+        cells = [f"loop {t}: {value:.3f}" for t, value in shown]
+        if len(cells) > 6:  # every loop was asked for: the ends, the rest is in spectral.csv
+            cells = [*cells[:3], "…", *cells[-3:]]
+        lines.append(f"  exact eigenvalues: {'   '.join(cells)}")
+    return "\n".join(lines)
+
+
+def analyze_pca(run_dir, length=None, loops=None, sample=0, out=None, progress: bool = False) -> dict:
     """PCA of one sample's per-position trajectory → pca_2d.png, pca_3d.png; returns explained variance."""
     exp, batch, loops, out = _prepare(run_dir, out, length, loops, sample + 1)
-    with torch.no_grad():
-        states = torch.stack([h[sample] for h, _ in exp.model.unroll(batch.tokens, batch.valid, loops)])
+    if progress:
+        _start_line("pca", run_dir, exp, batch, loops)
+    states = []
+    with torch.no_grad(), Progress("pca", loops, unit="loop", enabled=progress) as bar:
+        for h, _ in exp.model.unroll(batch.tokens, batch.valid, loops):
+            states.append(h[sample])
+            bar.advance()
+    states = torch.stack(states)
     coords, explained = trajectory_pca(states[:, batch.valid[sample]].cpu())
     title = f"{Path(run_dir).name}: n = {int(batch.lengths[sample])}, loops 1..{loops}"
     plot_trajectories(coords, explained, out / "pca_2d.png", out / "pca_3d.png", title)

@@ -17,7 +17,7 @@ INIT_STATES = ("embed", "zeros", "noise")
 INIT_SCALINGS = ("none", "sqrt_d")
 INJECT_INITS = ("sum", "state", "input", "mix", "random")
 POSITIONALS = ("rope", "nope", "learned")
-ATTENTIONS = ("sdpa", "math")
+ATTENTIONS = ("auto", "sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
 JSRR_ESTIMATORS = ("none", "jvp", "vjp", "frobenius")
 DEFAULT_FIXED_EXIT = 20  # the paper's training depth T_train
@@ -65,7 +65,7 @@ class ModelConfig:
     core_out_norm: bool = False
     positional: str = "rope"
     causal: bool = False
-    attention: str = "sdpa"
+    attention: str = "auto"
     attention_window: int = 0
     max_len: int = 512
     rope_base: float = 10000.0

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from looplab.model import LoopedTransformer
+from looplab.progress import Progress
 from looplab.schedules import Schedule
 from looplab.seeding import derive_generator
 from looplab.tasks import Task, TaskBatch
@@ -148,20 +148,13 @@ def evaluate_lengths(
     was_training = model.training
     model.eval()
     outcomes = []
-    bar = tqdm(
-        total=len(lengths) * math.ceil(samples / batch_size),
-        desc="eval",
-        unit="batch",
-        disable=None if progress else True,
-        leave=False,
-        dynamic_ncols=True,
-    )
+    bar = Progress("eval", len(lengths) * math.ceil(samples / batch_size), unit="batch", enabled=progress)
     for n in lengths:
         parts: dict[str, list[Tensor]] = {}
         for batch in eval_batches(task, n, samples, batch_size, seed):
             for name, value in unroll_outcomes(model, batch.to(device), max_loops, schedule).items():
                 parts.setdefault(name, []).append(value.cpu())
-            bar.update()
+            bar.advance(detail=f"length {n}")
         signals = {name: torch.cat(values) for name, values in parts.items()}
         hazards = signals.get("hazard_logits")
         policy = schedule.test_depths(torch.full((samples,), n), hazards).clamp(1, max_loops)

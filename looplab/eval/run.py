@@ -77,7 +77,12 @@ def evaluate_run(
         config.run.device,
         "use fewer --samples, --max-loops or --lengths",
     )
-
+    if progress:
+        print(
+            f"eval: {run_dir} at {exp.checkpoint}: lengths {', '.join(map(str, lengths))}, loops 1..{max_loops}, "
+            f"{samples} samples per length",
+            flush=True,
+        )
     outcomes = evaluate_lengths(
         exp.model,
         exp.task,

@@ -1,8 +1,9 @@
 """Multi-head self-attention with RoPE, padding masks, and two kernels.
 
-``sdpa`` uses :func:`torch.nn.functional.scaled_dot_product_attention` (fast);
+``sdpa`` uses :func:`torch.nn.functional.scaled_dot_product_attention`;
 ``math`` spells the softmax out, which forward-mode AD (JVP) can differentiate
 on CPU and which can hand back the attention probabilities for analysis.
+``auto`` (the default) picks per call by :func:`prefers_math`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,37 @@ def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
+#: on a multi-threaded CPU, sequences shorter than this may attend by the math kernel under ``attention = "auto"``
+MATH_BELOW = 64
+#: ... when their heads have at least this many channels, or the sequence at least half of MATH_BELOW positions
+MATH_MIN_HEAD_DIM = 32
+
+
+def prefers_math(length: int, head_dim: int, device: torch.device, threads: int | None = None) -> bool:
+    """Whether the ``auto`` kernel is the math one for a sequence of ``length`` on ``device``.
+
+    Measured with ``bench/attention.py`` (forward and backward of the attention module, batch
+    64, 4 heads of 16 or 32 channels, L = 8..256, bidirectional, and causal with right padding)
+    on an AMD EPYC. At 2 threads the math kernel took 0.74–0.96× SDPA's time for L < 64 with
+    32-channel heads, and for 32 ≤ L < 64 with 16-channel heads, but 1.05–1.19× for 16-channel
+    heads at L ≤ 16; from L = 96 SDPA took 0.28–0.84× the math kernel's time. At 1 thread SDPA
+    took 0.67–1.07× the math kernel's time at every length: the fused kernel gains little from a
+    second thread on short sequences, the batched matmuls of the math kernel do. The training
+    steps agree: at 2 threads the STARS toy (32-channel heads, L 17) steps 10–16 % faster on the
+    math kernel, the stopping preset (16-channel heads, L ≤ 12) 9 % faster on SDPA.
+
+    So, on a CPU with more than one thread (``threads``, default torch's) and L below
+    :data:`MATH_BELOW`: the math kernel for heads of :data:`MATH_MIN_HEAD_DIM` channels or more,
+    or for L ≥ MATH_BELOW / 2; SDPA otherwise and on every GPU. The two differ by float rounding
+    only (the tests hold them to 1e-4), but a run resumed at another thread count may take the
+    other kernel.
+    """
+    threads = torch.get_num_threads() if threads is None else threads
+    if torch.device(device).type != "cpu" or threads < 2 or length >= MATH_BELOW:
+        return False
+    return head_dim >= MATH_MIN_HEAD_DIM or 2 * length >= MATH_BELOW
+
+
 @dataclass
 class AttentionContext:
     """Per-batch attention inputs shared by every layer and loop.
@@ -47,6 +79,10 @@ class AttentionContext:
         rope: (cos, sin) tables [L, Dh], or None without RoPE.
         use_math: force the math kernel (needed for forward-mode AD).
         probs: if a list, each attention call appends its probabilities [B, H, L, L].
+        causal_suffices: the mask is causal plus right padding, so on every valid query the
+            causal kernel without a mask computes the same (faster: no mask to materialise per
+            call); the fused path then drops the mask, and only padded queries differ
+            (they attend to their valid prefix and the padding up to themselves).
     """
 
     mask: Tensor | None
@@ -54,6 +90,7 @@ class AttentionContext:
     rope: tuple[Tensor, Tensor] | None
     use_math: bool = False
     probs: list | None = None
+    causal_suffices: bool = False
 
     @staticmethod
     def build(
@@ -81,11 +118,19 @@ class AttentionContext:
                 mask = mask | torch.eye(length, dtype=torch.bool, device=valid.device)
         elif window > 0:
             mask = allowed.expand(len(valid), 1, length, length)
-        return AttentionContext(mask, causal, rope, use_math)
+        # with right padding, every key a valid causal query may see (j ≤ i) is valid
+        causal_suffices = causal and window == 0 and mask is not None and _right_padded(valid)
+        return AttentionContext(mask, causal, rope, use_math, causal_suffices=causal_suffices)
 
     def select(self, rows: Tensor | slice) -> AttentionContext:
         """The context restricted to some rows of the batch (an index tensor, boolean mask or slice)."""
         return replace(self, mask=None if self.mask is None else self.mask[rows])
+
+
+def _right_padded(valid: Tensor) -> bool:
+    """Whether each row of a [B, L] validity mask is a prefix (its padding, if any, at the end)."""
+    positions = torch.arange(valid.shape[1], device=valid.device)
+    return bool((valid == (positions < valid.sum(1, keepdim=True))).all())
 
 
 def attention_probs(q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
@@ -127,8 +172,8 @@ class SelfAttention(nn.Module):
         if ctx.use_math or ctx.probs is not None:
             y = self._math(q, k, v, ctx)
         else:
-            is_causal = ctx.causal and ctx.mask is None
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, is_causal=is_causal)
+            mask = None if ctx.causal_suffices else ctx.mask
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.causal and mask is None)
         return self.out(y.transpose(1, 2).reshape(batch, length, d_model))
 
     def _math(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:

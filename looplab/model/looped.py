@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from looplab.config import ModelConfig
 from looplab.errors import LooplabError, choice_error
-from looplab.model.attention import AttentionContext, rope_tables
+from looplab.model.attention import AttentionContext, prefers_math, rope_tables
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
 
@@ -87,13 +87,13 @@ class LoopedTransformer(nn.Module):
 
     def context(self, valid: Tensor, use_math: bool = False) -> AttentionContext:
         """Attention context for a [B, L] validity mask."""
+        kernel, head_dim = self.cfg.attention, self.cfg.d_model // self.cfg.n_heads
         rope = None
         if self.cfg.positional == "rope":
-            head_dim = self.cfg.d_model // self.cfg.n_heads
             rope = rope_tables(valid.shape[1], head_dim, self.cfg.rope_base, valid.device, self.head.weight.dtype)
-        return AttentionContext.build(
-            valid, self.cfg.causal, rope, use_math or self.cfg.attention == "math", self.cfg.attention_window
-        )
+        use_math = use_math or kernel == "math"
+        use_math = use_math or (kernel == "auto" and prefers_math(valid.shape[1], head_dim, valid.device))
+        return AttentionContext.build(valid, self.cfg.causal, rope, use_math, self.cfg.attention_window)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens [B, L] → E(x) [B, L, d], plus learned positions when configured."""

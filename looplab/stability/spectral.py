@@ -1,11 +1,13 @@
 """Spectral radius of the loop Jacobian along a trajectory (docs/methods.md §6).
 
 For each loop t = 1..T of one unroll, ρ(∂Φ/∂h at h_t) per sample: by power
-iteration (any size) and, for tiny states, exactly from the full Jacobian.
+iteration (any size, warm-started along the trajectory) and, for small states at
+a few loops, exactly from the full Jacobian.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
@@ -14,38 +16,59 @@ from torch import Tensor
 
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
+from looplab.progress import Progress
 from looplab.stability.jacobian import (
     LoopMap,
     loop_map,
     power_iteration,
     random_direction,
     spectral_radius_exact,
-    spectral_radius_power,
 )
 from looplab.tasks import TaskBatch
 
 EXACT_MAX_DIM = 4096
 
 
+def default_exact_loops(loops: int) -> tuple[int, ...]:
+    """Where ``analyze spectral`` computes the exact spectrum unless told: the first, middle and last loop."""
+    return tuple(sorted({1, (loops + 1) // 2, loops}))
+
+
 def spectral_trajectory(
-    model: LoopedTransformer, batch: TaskBatch, loops: int, iters: int, exact: bool, generator: torch.Generator
+    model: LoopedTransformer,
+    batch: TaskBatch,
+    loops: int,
+    iters: int,
+    exact_loops: Collection[int],
+    generator: torch.Generator,
+    progress: Progress | None = None,
 ) -> pd.DataFrame:
-    """One row per (loop, sample): ``rho_power``, ``rayleigh`` and (if ``exact``) ``rho_exact``."""
+    """One row per (loop, sample): ``rho_power``, ``rayleigh`` and ``rho_exact`` (NaN off ``exact_loops``).
+
+    The power iteration is warm-started: each loop starts from the previous loop's last
+    direction (the Jacobian changes little along a trajectory), with ``4 × iters`` iterations
+    from a random start at loop 1 and ``iters`` after. The exact spectrum, from the full
+    (L·d) × (L·d) Jacobian of each sample, is computed at ``exact_loops`` only.
+    """
     rows = []
     with torch.no_grad():
         h, e, ctx = model.start(batch.tokens, batch.valid)
     phi = loop_map(model, e, batch.valid)
+    v = random_direction(batch.valid, h.shape[-1], generator, dtype=h.dtype)
     for t in range(1, loops + 1):
         with torch.no_grad():
             h = model.step(h, e, ctx)
-        growth, rayleigh = spectral_radius_power(phi, h, batch.valid, iters, generator)
+        growth, rayleigh, v = power_iteration(phi, h, batch.valid, 4 * iters if t == 1 else iters, v)
         for i in range(len(h)):
             row = {"loop": t, "sample": i, "rho_power": float(growth[i]), "rayleigh": float(rayleigh[i])}
-            if exact:
+            row["rho_exact"] = float("nan")
+            if t in exact_loops:
                 length = int(batch.valid[i].sum())
                 single = loop_map(model, e[i : i + 1, :length], batch.valid[i : i + 1, :length])
                 row["rho_exact"] = spectral_radius_exact(single, h[i : i + 1, :length])
             rows.append(row)
+        if progress is not None:
+            progress.advance(detail=f"loop {t}, mean ρ {float(growth.mean()):.3f}")
     return pd.DataFrame(rows)
 
 
@@ -82,8 +105,9 @@ def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     per_loop = frame.groupby("loop").mean(numeric_only=True)
     fig, axis = plt.subplots(figsize=(6, 3.6))
     axis.plot(per_loop.index, per_loop["rho_power"], label="power iteration")
-    if "rho_exact" in per_loop:
-        axis.plot(per_loop.index, per_loop["rho_exact"], linestyle="--", label="exact eigenvalues")
+    exact = per_loop["rho_exact"].dropna() if "rho_exact" in per_loop else None
+    if exact is not None and len(exact):
+        axis.plot(exact.index, exact, linestyle="none", marker="o", label="exact eigenvalues")
     axis.axhline(1.0, color="grey", linewidth=0.8)
     axis.set(xlabel="loop t", ylabel="ρ(∂Φ/∂h at h_t)", title=title)
     axis.legend()

@@ -45,14 +45,47 @@ def test_exploding_pre_norm_core_gives_complete_scaling_csv(run_dir, tmp_path):
 
 def test_analyze_spectral_and_pca(run_dir, tmp_path):
     result = run_cli(
-        "analyze", "spectral", str(run_dir), "--loops", "3", "--samples", "2", "--iters", "20", "--out", str(tmp_path)
+        "analyze",
+        "spectral",
+        str(run_dir),
+        "--loops",
+        "3",
+        "--samples",
+        "2",
+        "--exact-at",
+        "all",
+        "--out",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
+    assert "exact eigenvalues: loop 1:" in result.stdout and "{" not in result.stdout
     frame = pd.read_csv(tmp_path / "spectral.csv")
     assert set(frame["loop"]) == {1, 2, 3} and len(frame) == 6
     assert {"rho_power", "rayleigh", "rho_exact"} <= set(frame.columns)
     assert (frame["rho_power"] > 0).all()
+    # warm-started power iteration at 10 iterations per loop agrees with the exact spectrum
     assert frame["rho_power"].to_numpy() == pytest.approx(frame["rho_exact"].to_numpy(), rel=0.25)
+    summary = json.loads((tmp_path / "spectral.json").read_text())
+    assert set(summary["rho_exact"]) == {"1", "2", "3"}
     result = run_cli("analyze", "pca", str(run_dir), "--loops", "5", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "pca_2d.png").stat().st_size > 1000 and (tmp_path / "pca_3d.png").stat().st_size > 1000
+
+
+def test_analyze_spectral_computes_the_exact_spectrum_at_three_loops_by_default(run_dir, tmp_path):
+    result = run_cli("analyze", "spectral", str(run_dir), "--loops", "9", "--samples", "2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_csv(tmp_path / "spectral.csv")
+    assert sorted(frame.dropna(subset=["rho_exact"])["loop"].unique()) == [1, 5, 9]
+    assert frame["rho_power"].notna().all() and len(frame) == 18
+
+
+@pytest.mark.parametrize(
+    "exact_at, message",
+    [("1,x", "--exact-at takes loops like"), ("0,3", "lie outside 1..3"), ("4", "lie outside 1..3")],
+)
+def test_analyze_spectral_refuses_bad_exact_loops(run_dir, tmp_path, exact_at, message):
+    result = run_cli(
+        "analyze", "spectral", str(run_dir), "--loops", "3", "--exact-at", exact_at, "--out", str(tmp_path / "x")
+    )
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -97,7 +97,7 @@ def test_jsrr_lowers_the_spectral_radius(tmp_path):
         )
         exp = train(config, tmp_path / estimator, progress=False)
         batch = exp.task.sample(4, 8, derive_generator(0, "spectral-test"))
-        frame = spectral_trajectory(exp.model, batch, 4, 40, False, derive_generator(0, "power"))
+        frame = spectral_trajectory(exp.model, batch, 4, 40, (), derive_generator(0, "power"))
         radius[estimator] = frame["rho_power"].mean()
     assert radius["jvp"] < 0.9 * radius["none"], radius
 

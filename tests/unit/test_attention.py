@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from looplab.errors import LooplabError
-from looplab.model.attention import AttentionContext, SelfAttention, apply_rope, rope_tables
+from looplab.model.attention import MATH_BELOW, AttentionContext, SelfAttention, apply_rope, prefers_math, rope_tables
 from tests.unit.model_helpers import TOL, VOCAB, assert_close_on, gen, make_batch, make_model
 
 # ----------------------------------------------------------------------------- padding and causality
@@ -97,6 +97,40 @@ def test_model_sdpa_and_math_agree(causal):
     assert_close_on(sdpa(tokens, valid, 3), math_model(tokens, valid, 3), valid, atol=1e-4)
     full_tokens, full_valid = make_batch(lengths=(6, 6))
     assert_close_on(sdpa(full_tokens, full_valid, 3), math_model(full_tokens, full_valid, 3), full_valid, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "length, head_dim, device, threads, expected",
+    [
+        (8, 32, "cpu", 2, True),
+        (MATH_BELOW - 1, 32, "cpu", 8, True),
+        (MATH_BELOW, 32, "cpu", 2, False),
+        (4 * MATH_BELOW, 64, "cpu", 2, False),
+        (8, 16, "cpu", 2, False),  # narrow heads, short sequence: SDPA
+        (MATH_BELOW // 2, 16, "cpu", 2, True),
+        (8, 32, "cpu", 1, False),  # one thread: SDPA at every length
+        (8, 32, "cuda", 2, False),
+    ],
+)
+def test_auto_kernel_rule(length, head_dim, device, threads, expected):
+    assert prefers_math(length, head_dim, torch.device(device), threads) == expected
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("width", [6, MATH_BELOW + 2], ids=["short", "long"])
+def test_auto_chooses_by_shape_and_threads_and_agrees_with_both(width, threads):
+    auto = make_model(dtype=torch.float32, attention="auto", causal=True, d_model=64, n_heads=2, max_len=128)
+    tokens, valid = make_batch(lengths=(width, width - 3), width=width)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert auto.context(valid).use_math == (width < MATH_BELOW and threads > 1)
+    finally:
+        torch.set_num_threads(before)
+    for kernel in ("sdpa", "math"):
+        other = make_model(dtype=torch.float32, attention=kernel, causal=True, d_model=64, n_heads=2, max_len=128)
+        other.load_state_dict(auto.state_dict())
+        assert_close_on(auto(tokens, valid, 3), other(tokens, valid, 3), valid, atol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])

@@ -181,7 +181,7 @@ def test_section_not_a_table(tmp_path):
         ("model.injection", INJECTIONS),
         ("model.init_state", ("embed", "zeros", "noise")),
         ("model.positional", POSITIONALS),
-        ("model.attention", ("sdpa", "math")),
+        ("model.attention", ("auto", "sdpa", "math")),
         ("model.init_scaling", ("none", "sqrt_d")),
         ("model.inject_init", ("sum", "state", "input", "mix", "random")),
         ("run.precision", ("fp32", "bf16")),

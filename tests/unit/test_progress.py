@@ -49,3 +49,26 @@ def test_sweep_bar_moves_with_the_training_steps_of_running_runs(tmp_path):
     time.sleep(0.2)
     watcher.stop()
     assert bar.postfix == "training steps 25/120"
+
+
+def test_progress_off_a_terminal_prints_counted_lines_with_the_detail(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "is_terminal", lambda: False)
+    with progress.Progress("spectral", 3, unit="loop", every_s=0.0) as bar:
+        for t in (1, 2, 3):
+            bar.advance(detail=f"loop {t}")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "spectral: 1/3 (33%)",
+        "spectral: 2/3 (67%)",
+        "spectral: 3/3 (100%)",
+    ]
+    assert "loop 2" in lines[1] and "ETA" in lines[1] and "ETA" not in lines[2]
+
+
+def test_progress_disabled_says_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "is_terminal", lambda: False)
+    with progress.Progress("eval", 2, enabled=False) as bar:
+        bar.advance()
+        bar.advance()
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""

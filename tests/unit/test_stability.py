@@ -26,9 +26,9 @@ TASK = make_task("copy")
 
 
 def _setup(seed=0, placement="post_sandwich", d=8, loops=3, padded=True):
-    """A tiny double-precision model, a padded batch, its state after ``loops`` loops and Φ."""
+    """A tiny double-precision model on the SDPA kernel, a padded batch, its state after ``loops`` loops and Φ."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=d, n_heads=2, core_layers=1, placement=placement, injection="add")
+    cfg = ModelConfig(d_model=d, n_heads=2, core_layers=1, placement=placement, injection="add", attention="sdpa")
     model = LoopedTransformer(cfg, TASK.vocab_size).double()
     batch = TASK.sample_lengths(torch.tensor([2, 1] if padded else [2, 2]), torch.Generator().manual_seed(seed))
     h, e, ctx = model.start(batch.tokens, batch.valid)
