@@ -18,7 +18,18 @@ from pathlib import Path
 
 from timing import machine_line, print_table
 
-BENCHMARKS = ("step", "attention", "observe", "analysis", "jsrr", "throughput", "compaction", "eval_grid", "halting")
+BENCHMARKS = (
+    "step",
+    "attention",
+    "observe",
+    "analysis",
+    "generate",
+    "jsrr",
+    "throughput",
+    "compaction",
+    "eval_grid",
+    "halting",
+)
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 
 

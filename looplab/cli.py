@@ -15,6 +15,7 @@ from pathlib import Path
 from looplab import __version__
 from looplab.config import PRESETS, load_config, resolve_preset
 from looplab.errors import LooplabError
+from looplab.generation import EXITS, POLICIES
 from looplab.report.paper import PAPERS
 from looplab.train.stop import Stopped
 
@@ -138,6 +139,32 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SWEEP_DIR",
         help="first rebuild the confirmatory stopping study's runs.csv from these sweep dirs",
     )
+
+    generate = commands.add_parser(
+        "generate",
+        help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic), a depth per token",
+        epilog="example: looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
+    )
+    generate.add_argument("run_dir", help="a trained run of a text task")
+    generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    generate.add_argument("--prompts-file", help="a UTF-8 file of prompts, one per line")
+    generate.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add per prompt (default 64)")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 (the default) decodes greedily")
+    generate.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    generate.add_argument(
+        "--exit", choices=EXITS, default="fixed", help="how deep each new token runs (default: fixed)"
+    )
+    generate.add_argument(
+        "--loops", type=int, help="the fixed depth, or the cap of an adaptive exit (default: eval.fixed_exit)"
+    )
+    generate.add_argument("--eps", type=float, default=1e-3, help="threshold of the convergence and kl exits")
+    generate.add_argument("--threshold", type=float, default=0.9, help="max-probability of the confidence exit")
+    generate.add_argument(
+        "--cache", choices=(*POLICIES, "none"), default="per_loop", help="KV cache across loops (default per_loop)"
+    )
+    generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
+    generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
 
     demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
@@ -302,6 +329,43 @@ def _results(args) -> int:
     return 0
 
 
+def _generate(args) -> None:
+    from looplab.config import fixed_exit_depth
+    from looplab.generation import ExitRule, Sampling
+    from looplab.generation.text import generate_text, unescape
+    from looplab.rundir import load_run_config
+
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        try:
+            prompts += Path(args.prompts_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise LooplabError(f"cannot read prompts file {args.prompts_file}: {err}") from None
+    if not prompts:
+        raise LooplabError("no prompt: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    config = load_run_config(args.run_dir)
+    loops = args.loops or fixed_exit_depth(config.eval.fixed_exit, config.eval.max_loops)
+    stops = [unescape(text) for text in args.stop]
+    completions, result = generate_text(
+        args.run_dir,
+        prompts,
+        args.max_new_tokens,
+        ExitRule(args.exit, loops, args.eps, args.threshold),
+        args.cache,
+        Sampling(args.temperature, args.top_k, args.seed),
+        stops,
+    )
+    for completion in completions:
+        print(f"{completion.prompt!r} -> {completion.text!r}")
+        if args.show_depths:
+            print(f"  loops per token: {' '.join(map(str, completion.depths))}")
+    depths = [d for c in result.depths for d in c]
+    print(
+        f"generate: {len(depths)} tokens, {args.exit} exit (loops {loops}), mean depth {result.mean_depth:.2f} "
+        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
+    )
+
+
 def _demo(args) -> None:
     from looplab.eval.run import evaluate_run, format_summary
     from looplab.train.trainer import train
@@ -346,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             _reproduce(args)
         elif args.command == "results":
             return _results(args)
+        elif args.command == "generate":
+            _generate(args)
         elif args.command == "demo":
             _demo(args)
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ LAYERS = [
     {"schedules", "stability"},
     {"regularisers"},
     {"experiment"},
-    {"train", "eval", "analysis", "lm"},
+    {"train", "eval", "analysis", "lm", "generation"},
     {"sweep", "report"},
     {"cli", "__main__", "examples"},
 ]

@@ -1,0 +1,284 @@
+"""Autoregressive generation from a causal looped transformer, with a KV cache and a depth per token.
+
+:func:`generate` takes a batch of prompts of different lengths (token ids), runs
+them through the model once (the prefill, every prompt token to the exit's cap),
+then one token per row per step. Each step runs the new token's loops until the
+exit rule (:mod:`looplab.generation.exits`) stops it, reads the next-token
+distribution from that state, and picks the next token (greedy, or sampled with
+a temperature and top-k from a seeded generator). Rows whose token has stopped
+leave the step, so a step costs the sum of its tokens' depths, not the batch
+times the deepest. The cache policy (:mod:`looplab.generation.cache`) decides
+which earlier keys and values a token reads; ``none`` recomputes the whole
+sequence at every step instead (the reference the cached paths are tested
+against; fixed depth only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError
+from looplab.generation.cache import POLICIES, KVCache, LayerCache, Slots, cached_attention, visible
+from looplab.generation.exits import ExitRule
+from looplab.model import LoopedTransformer
+from looplab.model.attention import rope_tables
+from looplab.model.layer import Layer
+from looplab.tasks.base import PAD
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked: greedy when ``temperature`` is 0, else sampled from
+    softmax(logits / temperature) over the ``top_k`` most likely tokens (0: all), drawn from a
+    generator seeded with ``seed``."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise LooplabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise LooplabError(f"top-k must be >= 0 (0 = every token), got {self.top_k}")
+
+
+@dataclass
+class Generation:
+    """What :func:`generate` returns, per row: the new token ids and the loops each was read after."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    depths: list[list[int]] = field(default_factory=list)
+    cache_bytes: int = 0
+
+    @property
+    def mean_depth(self) -> float:
+        """Mean loops per generated token over every row (NaN when nothing was generated)."""
+        flat = [d for row in self.depths for d in row]
+        return sum(flat) / len(flat) if flat else float("nan")
+
+
+#: the defaults of :func:`generate`: greedy decoding at a fixed 4 loops
+GREEDY = Sampling()
+FIXED_EXIT = ExitRule()
+
+
+@torch.no_grad()
+def generate(
+    model: LoopedTransformer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    exit_rule: ExitRule = FIXED_EXIT,
+    cache: str = "per_loop",
+    sampling: Sampling = GREEDY,
+    finished: Callable[[list[int]], bool] | None = None,
+) -> Generation:
+    """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+    Args:
+        prompts: token ids per row (each non-empty; the task's start token first, as in training).
+        exit_rule: the depth of each new token (``fixed``: ``exit_rule.loops`` for every token).
+        cache: ``per_loop``, ``shared`` or ``none`` (recompute every step; fixed exit only).
+        finished: called with a row's generated ids after each token; True ends that row.
+    """
+    _check(model, prompts, max_new_tokens, exit_rule, cache)
+    was_training = model.training
+    model.eval()
+    try:
+        if cache == "none":
+            return _generate_uncached(model, prompts, max_new_tokens, exit_rule.loops, sampling, finished)
+        return _Decoder(model, prompts, max_new_tokens, exit_rule, cache, sampling, finished).run()
+    finally:
+        model.train(was_training)
+
+
+def _check(model: LoopedTransformer, prompts, max_new_tokens: int, exit_rule: ExitRule, cache: str) -> None:
+    cfg = model.cfg
+    if not cfg.causal:
+        raise LooplabError(
+            "generation needs a causal model (model.causal = true): this one sees the tokens it predicts"
+        )
+    if cfg.init_state == "noise" and cfg.injection != "none":
+        raise LooplabError("generation does not support init_state = 'noise' (each token would need its own draw)")
+    if cache not in (*POLICIES, "none"):
+        raise LooplabError(f"unknown KV cache policy {cache!r}; valid choices: {', '.join((*POLICIES, 'none'))}")
+    if cache == "none" and exit_rule.name != "fixed":
+        raise LooplabError("recomputing without a cache reads every token at one depth: use the fixed exit")
+    if exit_rule.reads_logits and cfg.coda_layers:
+        raise LooplabError(
+            f"the {exit_rule.name} exit reads the logits after every loop; with coda layers it is not supported"
+        )
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise LooplabError("every prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise LooplabError(f"max new tokens must be >= 1, got {max_new_tokens}")
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    if cfg.positional == "learned" and longest > cfg.max_len:
+        raise LooplabError(f"prompt plus new tokens ({longest}) exceed model.max_len {cfg.max_len} (learned positions)")
+
+
+def _pick(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> Tensor:
+    """[R] next tokens from logits [R, V]."""
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if 0 < sampling.top_k < logits.shape[-1]:
+        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1).cpu(), 1, generator=generator).squeeze(1).to(logits.device)
+
+
+class _Decoder:
+    """One generation with a KV cache (see :func:`generate`)."""
+
+    def __init__(self, model, prompts, max_new_tokens, exit_rule, policy, sampling, finished):
+        self.model, self.exit, self.sampling, self.finished = model, exit_rule, sampling, finished
+        self.max_new = max_new_tokens
+        cfg = model.cfg
+        device, dtype = model.head.weight.device, model.head.weight.dtype
+        self.lengths = torch.tensor([len(p) for p in prompts], device=device)
+        self.width = int(self.lengths.max())
+        slots = self.width + max_new_tokens
+        batch = len(prompts)
+        self.tokens = torch.full((batch, self.width), PAD, dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
+        positions = torch.arange(slots, device=device).expand(batch, slots).clone()
+        real = positions < self.lengths[:, None]
+        self.slots = Slots(positions, real)
+        head_dim = cfg.d_model // cfg.n_heads
+        self.cache = KVCache(policy, batch, cfg.n_heads, head_dim, self.slots, dtype, device)
+        self.rope = None
+        if cfg.positional == "rope":
+            self.rope = rope_tables(int(self.lengths.max()) + max_new_tokens, head_dim, cfg.rope_base, device, dtype)
+        self.generator = torch.Generator().manual_seed(sampling.seed)
+
+    def run(self) -> Generation:
+        batch = len(self.lengths)
+        rows = torch.arange(batch, device=self.lengths.device)
+        logits, depths = self.forward(self.tokens, rows, slice(0, self.width), self.lengths - 1)
+        out = Generation([[] for _ in range(batch)], [[] for _ in range(batch)])
+        live = rows
+        for step in range(self.max_new):
+            chosen = _pick(logits, self.sampling, self.generator)
+            still = []
+            for i, row in enumerate(live.tolist()):
+                out.tokens[row].append(int(chosen[i]))
+                out.depths[row].append(int(depths[i]))
+                if not (self.finished and self.finished(out.tokens[row])):
+                    still.append(i)
+            if step == self.max_new - 1 or not still:
+                break
+            keep = torch.tensor(still, device=live.device)
+            live, chosen = live[keep], chosen[keep]
+            slot = self.width + step
+            self.slots.positions[live, slot] = self.lengths[live] + step
+            self.slots.real[live, slot] = True
+            logits, depths = self.forward(chosen[:, None], live, slice(slot, slot + 1), torch.zeros_like(live))
+        out.cache_bytes = self.cache.nbytes()
+        return out
+
+    def forward(self, tokens: Tensor, rows: Tensor, chunk: slice, query: Tensor) -> tuple[Tensor, Tensor]:
+        """Run new tokens [R, m] of ``rows`` in slots ``chunk``; read each row's position ``query`` [R].
+
+        A prefill (m > 1) runs every token to the cap (later tokens need each loop's keys and
+        values) and reads the query position at its exit; a decode step (m = 1) drops a row from
+        the loop as soon as its token exits. Returns next-token logits [R, V] and exit depths [R].
+        """
+        model, window = self.model, self.model.cfg.attention_window
+        count, prefill = len(rows), chunk.stop - chunk.start > 1
+        every_row = count == len(self.lengths)  # rows are 0..B−1: index the cache by slices, not gathers
+        positions = self.slots.positions[rows, chunk]
+        rope = None if self.rope is None else (self.rope[0][positions], self.rope[1][positions])
+        key = slice(None) if every_row else rows
+        allowed = visible(self.slots, key, chunk, window)
+        x = model.embedding(tokens)
+        if model.positions is not None:
+            x = x + model.positions.weight[positions]
+        for index, layer in enumerate(model.prelude):
+            x = self.layer(layer, x, key, chunk, self.cache.layer("prelude", 0, index), allowed, rope)
+        e = x
+        h = model.initial_state(e)
+        picks = torch.arange(count, device=rows.device)
+        read = h[picks, query]  # [R, d] the query position's state at its exit
+        depth = torch.zeros(count, dtype=torch.long, device=rows.device)
+        running = torch.ones(count, dtype=torch.bool, device=rows.device)
+        active, logp_prev = picks, None
+        for t in range(1, self.exit.loops + 1):
+            everyone = len(active) == count
+            sub_key = key if everyone else rows[active]
+            sub_allowed = allowed if everyone else allowed[active]
+            sub_rope = rope if rope is None or everyone else (rope[0][active], rope[1][active])
+            xa = model.core_input(h if everyone else h[active], e if everyone else e[active])
+            for index, layer in enumerate(model.core):
+                xa = self.layer(layer, xa, sub_key, chunk, self.cache.layer("core", t, index), sub_allowed, sub_rope)
+            if model.core_out_norm is not None:
+                xa = model.core_out_norm(xa)
+            h_prev_query = h[active, query[active]]
+            if everyone:
+                h = xa
+            else:
+                h = h.clone()
+                h[active] = xa
+            h_query = xa[torch.arange(len(active), device=rows.device), query[active]]
+            logp = model.head(model.final_norm(h_query)).log_softmax(-1) if self.exit.reads_logits else None
+            stop = self.exit.stop(t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[active])
+            stop = stop & running[active]
+            stopping = active[stop]
+            read[stopping] = h_query[stop]
+            depth[stopping] = t
+            running[stopping] = False
+            if not prefill and len(stopping) and t < self.exit.loops:
+                self.cache.lend(rows[stopping], chunk, t, self.exit.loops, len(model.core))
+            if logp is not None:
+                logp_prev = torch.zeros(count, logp.shape[-1], dtype=logp.dtype, device=logp.device)
+                logp_prev[active] = logp
+            if not running.any():
+                break
+            if not prefill:
+                active = running.nonzero(as_tuple=True)[0]
+        final = h.clone()
+        final[picks, query] = read
+        for index, layer in enumerate(model.coda):
+            final = self.layer(layer, final, key, chunk, self.cache.layer("coda", 0, index), allowed, rope)
+        return model.head(model.final_norm(final[picks, query])), depth
+
+    def layer(
+        self, layer: Layer, x: Tensor, rows: Tensor | slice, chunk: slice, cache: LayerCache, allowed: Tensor, rope
+    ) -> Tensor:
+        """One layer on new tokens x [R, m, d], its attention reading and extending ``cache``."""
+        x = layer.attn_residual(x, lambda y: cached_attention(layer.attn, y, rows, chunk, cache, allowed, rope))
+        return layer.mlp_residual(x, layer.mlp)
+
+
+def _generate_uncached(model, prompts, max_new_tokens, loops, sampling, finished) -> Generation:
+    """Recompute every row's whole sequence at ``loops`` loops for every new token (the reference)."""
+    device = model.head.weight.device
+    generator = torch.Generator().manual_seed(sampling.seed)
+    sequences = [list(p) for p in prompts]
+    out = Generation([[] for _ in prompts], [[] for _ in prompts])
+    live = list(range(len(prompts)))
+    for _ in range(max_new_tokens):
+        lengths = torch.tensor([len(sequences[r]) for r in live], device=device)
+        tokens = torch.full((len(live), int(lengths.max())), PAD, dtype=torch.long, device=device)
+        for i, row in enumerate(live):
+            tokens[i, : len(sequences[row])] = torch.tensor(sequences[row], device=device)
+        valid = torch.arange(tokens.shape[1], device=device)[None, :] < lengths[:, None]
+        logits = model(tokens, valid, loops)[torch.arange(len(live), device=device), lengths - 1]
+        chosen = _pick(logits, sampling, generator)
+        still = []
+        for i, row in enumerate(live):
+            token = int(chosen[i])
+            sequences[row].append(token)
+            out.tokens[row].append(token)
+            out.depths[row].append(loops)
+            if not (finished and finished(out.tokens[row])):
+                still.append(row)
+        live = still
+        if not live:
+            break
+    return out

@@ -1,0 +1,90 @@
+"""Text in, text out: generation from a trained byte-level run (``looplab generate``).
+
+A prompt is the task's start token ``<s>`` followed by its UTF-8 bytes (byte b
+is token 4 + b, as the KJV and chain-arithmetic tasks write text); the new
+tokens are decoded back to bytes, and to text with invalid UTF-8 replaced. A row
+stops at its first stop string (kept in its text), or after ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from looplab.config import fixed_exit_depth
+from looplab.errors import LooplabError
+from looplab.experiment import Experiment
+from looplab.generation.decode import GREEDY, Generation, Sampling, generate
+from looplab.generation.exits import ExitRule
+from looplab.tasks.base import START
+from looplab.tasks.text import BYTE_OFFSET, KJVText
+
+#: the byte-level tasks whose runs can be prompted with text
+TEXT_TASKS = ("kjv", "kjv_arithmetic", "chain_arithmetic")
+
+
+def encode(text: str) -> list[int]:
+    """``<s>`` and the UTF-8 bytes of ``text`` as token ids."""
+    return [START] + [BYTE_OFFSET + b for b in text.encode("utf-8")]
+
+
+def decode(ids: list[int]) -> str:
+    """The text of byte token ids (special tokens dropped)."""
+    return bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < BYTE_OFFSET + 256).decode("utf-8", "replace")
+
+
+@dataclass
+class Completion:
+    """One prompt's continuation: its text and the loops each new token was read after."""
+
+    prompt: str
+    text: str
+    depths: list[int]
+
+
+_ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """A stop string as typed in a shell: ``\\n``, ``\\t``, ``\\\\`` become a newline, a tab, a backslash."""
+    return re.sub(r"\\[nt\\]", lambda found: _ESCAPES[found.group()], text)
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str | None:
+    """``text`` up to and including its first stop string, or None when it holds none."""
+    ends = [text.index(stop) + len(stop) for stop in stops if stop in text]
+    return text[: min(ends)] if ends else None
+
+
+def generate_text(
+    run_dir: str | Path,
+    prompts: list[str],
+    max_new_tokens: int = 64,
+    exit_rule: ExitRule | None = None,
+    cache: str = "per_loop",
+    sampling: Sampling = GREEDY,
+    stops: list[str] = (),
+) -> tuple[list[Completion], Generation]:
+    """Continue each text prompt with the latest checkpoint of ``run_dir``.
+
+    ``exit_rule`` defaults to the run's fixed exit (``eval.fixed_exit``, the depth it is read at).
+    """
+    exp = Experiment.from_run(run_dir)
+    if not isinstance(exp.task, KJVText) and exp.task.name not in TEXT_TASKS:
+        raise LooplabError(
+            f"run {run_dir} trains the {exp.task.name!r} task, whose tokens are not text; "
+            f"generation reads runs of: {', '.join(TEXT_TASKS)}"
+        )
+    exit_rule = exit_rule or ExitRule("fixed", fixed_exit_depth(exp.config.eval.fixed_exit, exp.config.eval.max_loops))
+    stops = [s for s in stops if s]
+
+    def finished(ids: list[int]) -> bool:
+        return bool(stops) and cut_at_stop(decode(ids), stops) is not None
+
+    result = generate(exp.model, [encode(p) for p in prompts], max_new_tokens, exit_rule, cache, sampling, finished)
+    completions = []
+    for prompt, ids, depths in zip(prompts, result.tokens, result.depths):
+        text = decode(ids)
+        completions.append(Completion(prompt, cut_at_stop(text, stops) or text, depths))
+    return completions, result
