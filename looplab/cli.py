@@ -189,6 +189,20 @@ def _eval(args) -> None:
 
         if args.lm_loops < 1:
             raise LooplabError(f"--lm-loops must be >= 1, got {args.lm_loops}")
+        ignored = [
+            flag
+            for flag, value in (
+                ("--scaling", args.scaling),
+                ("--lengths", args.lengths),
+                ("--max-loops", args.max_loops),
+            )
+            if value
+        ]
+        if ignored:
+            raise LooplabError(
+                f"--lm-loops reads the validation loss at 1..T loops; {', '.join(ignored)} belong to the "
+                "exact-match evaluation and would be ignored: drop them"
+            )
         summary = evaluate_lm_run(args.run_dir, max_loops=args.lm_loops, samples=args.samples or 256)
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
@@ -271,6 +285,8 @@ def _exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int]
 def _sweep(args, sweep_file: Path) -> None:
     from looplab.sweep import load_sweep, run_sweep
 
+    if args.address and args.backend != "ray":
+        raise LooplabError(f"--address names a Ray cluster; it needs --backend ray (got --backend {args.backend})")
     began = time.perf_counter()
     spec = load_sweep(sweep_file)
     frame = run_sweep(

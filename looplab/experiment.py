@@ -43,6 +43,27 @@ def check_config(config: Config) -> None:
     schedule = check_schedule_config(config.schedule)
     if config.train.backprop_loops and not issubclass(schedule, DepthRule):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
+    if task.needs_causal and not config.model.causal:
+        raise LooplabError(
+            f"task {task.name!r} predicts each next byte: it needs model.causal = true "
+            "(bidirectional attention sees the bytes it predicts)"
+        )
+    bound = schedule.test_depth_bound(config.schedule)
+    if bound is not None and bound > config.eval.max_loops:
+        raise LooplabError(
+            f"the {config.schedule.name} schedule reads answers at up to {bound} loops, beyond eval.max_loops = "
+            f"{config.eval.max_loops}: raise eval.max_loops to at least {bound}"
+        )
+    instance = make_task(task.name, config.task.alphabet)
+    schedule.check_task(config.schedule, int(instance.steps(torch.tensor([config.task.train_max]))))
+    if config.model.positional == "learned":
+        longest = max([config.task.train_max, *config.task.eval_lengths])
+        width = instance.seq_len(longest)
+        if width > config.model.max_len:
+            raise LooplabError(
+                f"learned positions reach model.max_len = {config.model.max_len}, but a size-{longest} instance "
+                f"of {task.name!r} is {width} tokens long: raise max_len to at least {width}"
+            )
 
 
 def check_device(device: str) -> None:

@@ -60,6 +60,11 @@ def validate(config: Config) -> None:
     _require(m.positional != "rope" or (m.d_model // m.n_heads) % 2 == 0, "rope needs an even head dimension")
     _require(m.core_layers >= 1, "model.core_layers must be >= 1")
     _require(
+        m.injection != "none" or m.init_state == "embed",
+        f"model.init_state = {m.init_state!r} has no effect with injection = 'none': without injection the "
+        "loop starts from e (h_0 = e), or the input would never enter it; use init_state = 'embed'",
+    )
+    _require(
         m.attention_window >= 0, f"model.attention_window must be >= 0 (0 = every position), got {m.attention_window}"
     )
     _require(min(m.prelude_layers, m.coda_layers, m.mlp_ratio - 1) >= 0, "layer counts must be >= 0, mlp_ratio >= 1")

@@ -135,6 +135,16 @@ class Schedule(ABC):
     def check(cls, cfg: ScheduleConfig) -> None:
         """Raise :class:`LooplabError` for constraints between parameters (the domains are checked generically)."""
 
+    @classmethod
+    def check_task(cls, cfg: ScheduleConfig, deepest: int) -> None:
+        """Raise :class:`LooplabError` for parameters that contradict the task: ``deepest`` is T(train_max),
+        the most steps a training instance needs."""
+
+    @classmethod
+    def test_depth_bound(cls, cfg: ScheduleConfig) -> int | None:
+        """The deepest test-time depth the parameters allow whatever the instance (None: it grows with n)."""
+        return None
+
     @abstractmethod
     def training_loss(
         self, model: LoopedTransformer, batch: TaskBatch, generator: torch.Generator, probe: bool = False

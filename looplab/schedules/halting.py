@@ -77,6 +77,10 @@ class LearnedHalting(Schedule):
 
     params = ("t_max", "lr_scale")
 
+    @classmethod
+    def test_depth_bound(cls, cfg):
+        return cfg.t_max
+
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         if context.d_model is None:

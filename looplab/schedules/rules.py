@@ -28,6 +28,10 @@ class Fixed(DepthRule):
     name = "fixed"
     params = ("depth",)
 
+    @classmethod
+    def test_depth_bound(cls, cfg):
+        return cfg.depth
+
     def train_depths(self, lengths, generator):
         return torch.full_like(lengths, self.cfg.depth)
 
@@ -51,6 +55,15 @@ class Window(Matched):
     name = "window"
     params = ("window", "t_max")
 
+    @classmethod
+    def check_task(cls, cfg, deepest):
+        if cfg.t_max < deepest:
+            raise LooplabError(
+                f"the {cls.name} schedule clips training depths at schedule.t_max = {cfg.t_max}, below "
+                f"T(train_max) = {deepest}: the longest training instances would never get their depth; "
+                f"set t_max >= {deepest}"
+            )
+
     def train_depths(self, lengths, generator):
         return (self.task.steps(lengths) + self._offsets(len(lengths), generator)).clamp(1, self.cfg.t_max)
 
@@ -59,6 +72,14 @@ class Window(Matched):
 class FixedWindow(Fixed):
     name = "fixed_window"
     params = ("depth", "window", "t_max")
+
+    @classmethod
+    def check(cls, cfg):
+        if cfg.t_max < cfg.depth:
+            raise LooplabError(
+                f"the fixed_window schedule trains around schedule.depth = {cfg.depth} clipped to "
+                f"schedule.t_max = {cfg.t_max}: it never trains at its own depth; set t_max >= {cfg.depth}"
+            )
 
     def train_depths(self, lengths, generator):
         return (self.cfg.depth + self._offsets(len(lengths), generator)).clamp(1, self.cfg.t_max)
@@ -70,6 +91,7 @@ class MultiDepth(Matched):
 
     name = "multi_depth"
     params = ("window", "t_max")
+    check_task = Window.check_task
 
     def train_depths(self, lengths, generator):
         w = self.cfg.window
@@ -101,6 +123,10 @@ class RandomLoops(DepthRule):
 
     def policy_depth(self, lengths):
         return torch.full_like(lengths, self.cfg.depth)
+
+    @classmethod
+    def test_depth_bound(cls, cfg):
+        return cfg.depth
 
     @classmethod
     def check(cls, cfg):

@@ -69,6 +69,8 @@ class Task(ABC):
     name: str = ""
     #: whether whole-answer exact match over loops is this task's measure (False for language modelling)
     exact_match: bool = True
+    #: whether the task is next-token prediction, which a model may only read causally
+    needs_causal: bool = False
     #: the largest instance size the task can draw (None: no bound), and the largest it trains on
     max_size: int | None = None
     max_train_size: int | None = None

@@ -104,6 +104,7 @@ def problem_rows(problems: list[tuple[str, str]]) -> tuple[Tensor, Tensor]:
 class ChainArithmetic(Task):
     name = "chain_arithmetic"
     max_size = MAX_STEPS
+    needs_causal = True
 
     # the byte vocabulary and its decoding are the KJV task's, so one model reads both
     symbols = KJVText.symbols

@@ -39,6 +39,7 @@ def byte_symbol(b: int) -> str:
 class KJVText(Task):
     name = "kjv"
     exact_match = False
+    needs_causal = True
 
     def symbols(self) -> list[str]:
         return [byte_symbol(b) for b in range(256)]

@@ -101,6 +101,43 @@ CASES = [
         2,
         "task.eval_lengths must be <= 25 for task 'chain_arithmetic', got 30",
     ),
+    # ---- contradictions between keys
+    (
+        "train {cfg} --set schedule.name=fixed_window --set schedule.depth=10 --set schedule.t_max=3 --out {new}",
+        2,
+        "it never trains at its own depth; set t_max >= 10",
+    ),
+    ("train {cfg} --set schedule.t_max=2 --out {new}", 2, "schedule.t_max = 2, below T(train_max) = 7"),
+    (
+        "train {cfg} --set schedule.name=multi_depth --set schedule.t_max=3 --out {new}",
+        2,
+        "schedule.t_max = 3, below T(train_max) = 7",
+    ),
+    (
+        "train {cfg} --set schedule.name=fixed --set schedule.depth=40 --out {new}",
+        2,
+        "reads answers at up to 40 loops, beyond eval.max_loops = 10",
+    ),
+    (
+        "train {cfg} --set schedule.name=rl_halting --set schedule.t_max=50 --out {new}",
+        2,
+        "reads answers at up to 50 loops, beyond eval.max_loops = 10",
+    ),
+    ("train {cfg} --set task.name=kjv --out {new}", 2, "it needs model.causal = true"),
+    (
+        "train {cfg} --set model.injection=none --set model.init_state=zeros --out {new}",
+        2,
+        "model.init_state = 'zeros' has no effect with injection = 'none'",
+    ),
+    (
+        "train {cfg} --set model.positional=learned --set model.max_len=8 --out {new}",
+        2,
+        "learned positions reach model.max_len = 8, but a size-8 instance",
+    ),
+    ("eval {run} --lm-loops 4 --scaling", 2, "--scaling belong to the exact-match evaluation"),
+    ("eval {run} --lm-loops 4 --lengths 4 --max-loops 3", 2, "--lengths, --max-loops belong to"),
+    ("sweep {root}/sweep.toml --out {new} --address 127.0.0.1:1", 2, "it needs --backend ray"),
+    ("generate {run} --prompt x", 2, "whose tokens are not text"),
     # ---- output paths
     ("train {cfg} --out {root}/a_file", 2, "a_file"),
     ("train {cfg} --out /sys/looplab-test-run", 2, "/sys/looplab-test-run"),
