@@ -18,6 +18,9 @@ What a schedule receives at construction:
 
 What the framework calls:
 
+- before anything is built, :meth:`Schedule.check` (constraints between its parameters),
+  :meth:`Schedule.check_task` (against T(train_max)) and :meth:`Schedule.test_depth_bound`
+  (a test depth its parameters fix, which must lie within ``eval.max_loops``);
 - :meth:`Schedule.training_loss` once per step, with the step's generator;
   it must draw any per-row randomness through ``context.parallel`` so a rank
   of a data-parallel run trains its rows as one process would (the contract
