@@ -143,6 +143,11 @@ def read_state(checkpoint: Path) -> dict:
         raise LooplabError(f"checkpoint state {path} is unreadable: {err}") from None
     if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
         raise LooplabError(f"checkpoint state {path} is corrupt: it has no integer 'step'")
+    if state["step"] < 0 or path.parent.name != f"step_{state['step']:07d}":
+        raise LooplabError(
+            f"checkpoint state {path} is corrupt: its step {state['step']} does not match its folder "
+            f"{path.parent.name}; nothing was changed"
+        )
     return state
 
 

@@ -222,6 +222,8 @@ def _analyze(args) -> None:
     from looplab.analysis.text import format_mechanistic
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
+    if args.out:
+        _check_analysis_out(Path(args.out))
     if args.kind == "mechanistic":
         from looplab.analysis.mechanistic import analyze_config, analyze_mechanistic
 
@@ -264,6 +266,21 @@ def _analyze(args) -> None:
         summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out, progress=True)
         print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
         print(f"wrote {out}/pca_2d.png, pca_3d.png")
+
+
+def _check_analysis_out(out: Path) -> None:
+    """Refuse an analysis ``--out`` whose files it would overwrite: an evaluation, a run or a sweep dir."""
+    from looplab.rundir import CONFIG_FILE, SWEEP_FILE, is_sweep_dir
+
+    if is_sweep_dir(out):
+        raise LooplabError(f"--out {out} is a sweep dir (it holds {SWEEP_FILE}); write the analysis elsewhere")
+    for marker, kind in (
+        ("grid.parquet", "an evaluation"),
+        ("lm_summary.json", "an evaluation"),
+        (CONFIG_FILE, "a run"),
+    ):
+        if (out / marker).is_file():
+            raise LooplabError(f"--out {out} is {kind} dir (it holds {marker}); write the analysis elsewhere")
 
 
 def _exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int] | None:

@@ -18,6 +18,14 @@ from looplab.io import atomic_write
 
 CONFIG_FILE = "config.toml"
 LOG_FILE = "log.jsonl"
+#: a sweep dir holds the sweep file it runs and one run dir per point under ``runs/``
+SWEEP_FILE = "sweep.toml"
+RUNS_DIR = "runs"
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """Whether ``path`` is a sweep dir (its sweep file and its ``runs/`` folder)."""
+    return (path / SWEEP_FILE).is_file() and (path / RUNS_DIR).is_dir()
 
 
 def load_run_config(run_dir: str | Path) -> Config:
@@ -34,15 +42,44 @@ def load_run_config(run_dir: str | Path) -> Config:
 
 
 def read_log(run_dir: str | Path) -> list[dict]:
-    """The records of a run's JSONL log, skipping a torn last line left by a kill mid-write."""
+    """The records of a run's JSONL log: JSON objects with an integer ``step``.
+
+    The log is informational (checkpoints hold the state), so a line that is not such a
+    record — torn by a kill mid-write, edited, or garbage — is skipped rather than stopping
+    ``train`` or ``eval``.
+    """
     path = Path(run_dir) / LOG_FILE
+    try:
+        text = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
+    except OSError as err:
+        raise LooplabError(f"cannot read {path}: {err.strerror or err}") from None
     records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    for line in text.splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except ValueError:
             continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append(record)
     return records
+
+
+def check_run_dir_target(run_dir: Path) -> None:
+    """Refuse an ``--out`` that is not a run dir nor a place for one: a file, a sweep dir, or a
+    folder holding other files. Checked before anything (even the lock file) is written."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise LooplabError(f"--out {run_dir} is a file, not a run dir")
+    if not run_dir.is_dir() or (run_dir / CONFIG_FILE).is_file():
+        return
+    if is_sweep_dir(run_dir):
+        raise LooplabError(f"--out {run_dir} is a sweep dir (it holds {SWEEP_FILE}); a run needs a dir of its own")
+    others = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
+    if others:
+        raise LooplabError(
+            f"--out {run_dir} holds other files ({', '.join(others[:3])}{', …' if len(others) > 3 else ''}) "
+            "and is not a run dir; use a new or empty dir"
+        )
 
 
 def prepare_run_dir(run_dir: Path, config: Config) -> None:

@@ -140,10 +140,11 @@ def log_to_tensorboard(run_dir: Path, config, summary: dict) -> None:
 def training_cost(run_dir: Path) -> dict:
     """Mean block evaluations per training step (and mean loops per row) from the JSONL log."""
     records = read_log(run_dir)
-    return {
-        key: float(sum(r[key] for r in records) / len(records)) if records else None
-        for key in ("block_evals", "row_loops_mean")
-    }
+    cost = {}
+    for key in ("block_evals", "row_loops_mean"):
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
+        cost[key] = float(sum(values) / len(values)) if values else None
+    return cost
 
 
 def _pct(value: float | None) -> str:

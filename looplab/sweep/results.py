@@ -19,11 +19,11 @@ from typing import Any
 import pandas as pd
 
 from looplab.io import atomic_write, flatten
+from looplab.rundir import RUNS_DIR
 from looplab.sweep.run_point import read_result
 from looplab.sweep.spec import RunPoint
 
 RESULTS_FILE = "results.parquet"
-RUNS_DIR = "runs"
 SUMMARIES = {
     "": ("eval", "summary.json"),
     "lm.": ("eval", "lm_summary.json"),

@@ -42,8 +42,19 @@ def read_result(run_dir: Path) -> dict | None:
     return result if isinstance(result, dict) and result.get("status") in ("done", "diverged") else None
 
 
-def is_done(run_dir: Path) -> bool:
-    return read_result(run_dir) is not None
+def is_done(job: PointJob) -> bool:
+    """Whether the point has finished: its result is recorded and, unless it diverged, the outputs
+    the sweep asks for are there (a deleted ``eval/summary.json`` makes the point run again, which
+    then only evaluates: training resumes at its last step)."""
+    run_dir = Path(job.run_dir)
+    result = read_result(run_dir)
+    if result is None:
+        return False
+    if result["status"] == "diverged":
+        return True
+    evaluated = any((run_dir / "eval" / name).is_file() for name in ("summary.json", "lm_summary.json"))
+    analysed = (run_dir / "analysis" / "mechanistic" / "summary.json").is_file()
+    return (evaluated or not job.evaluate) and (analysed or not job.analyze)
 
 
 def run_point(job: PointJob) -> dict:

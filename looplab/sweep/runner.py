@@ -27,7 +27,7 @@ from tqdm import tqdm
 from looplab.errors import LooplabError
 from looplab.io import atomic_write, exclusive_lock
 from looplab.progress import ProgressLines
-from looplab.rundir import read_log
+from looplab.rundir import CONFIG_FILE, SWEEP_FILE, read_log
 from looplab.sweep.results import RUNS_DIR, write_results
 from looplab.sweep.run_point import PointJob, is_done, run_point
 from looplab.sweep.spec import SweepSpec
@@ -40,7 +40,6 @@ from looplab.train.stop import (
 )
 
 BACKENDS = ("local", "ray")
-SWEEP_FILE = "sweep.toml"
 RESULTS_EVERY_S = 10.0
 RAY_CONNECT_TIMEOUT_S = 10.0
 STOP_POLL_S = 0.5  # how often the local runner looks for a stop signal while points run
@@ -95,6 +94,8 @@ def run_sweep(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise LooplabError(f"--out {out} is a file, not a sweep dir")
+    if (out / CONFIG_FILE).is_file():
+        raise LooplabError(f"--out {out} is a run dir (it holds {CONFIG_FILE}); a sweep needs a dir of its own")
     with exclusive_lock(out, "sweep dir"):
         _check_same_sweep(out, sweep_text)
         (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
@@ -153,7 +154,7 @@ def _check_same_sweep(out: Path, sweep_text: str | None) -> None:
 def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address: str | None, progress: bool):
     """The body of :func:`run_sweep`, under the sweep dir's lock."""
     points = spec.points()
-    jobs = [
+    every = [
         PointJob(
             str(out / RUNS_DIR / p.run_id),
             p.config_toml,
@@ -165,8 +166,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
             spec.mlp_ablation,
         )
         for p in points
-        if not is_done(out / RUNS_DIR / p.run_id)
     ]
+    jobs = [job for job in every if not is_done(job)]
     bar = tqdm(
         total=len(points),
         initial=len(points) - len(jobs),

@@ -31,7 +31,7 @@ from looplab.memory import check_fits, training_bytes
 from looplab.parallel import SINGLE, Parallel
 from looplab.progress import ProgressLines
 from looplab.regularisers import regularised_loss
-from looplab.rundir import LOG_FILE, prepare_run_dir, read_log
+from looplab.rundir import LOG_FILE, check_run_dir_target, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
 from looplab.tasks import make_task
 from looplab.train.distributed import data_parallel
@@ -193,6 +193,7 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     )
     if config.run.threads > 0:
         torch.set_num_threads(config.run.threads)
+    check_run_dir_target(run_dir)
     with data_parallel(config) as parallel, ExitStack() as held:
         # Rank 0 locks, creates or checks the run dir while the others wait, so every rank
         # then reads the same latest checkpoint; the lock is held until training ends.

@@ -139,6 +139,11 @@ CASES = [
     ("sweep {root}/sweep.toml --out {new} --address 127.0.0.1:1", 2, "it needs --backend ray"),
     ("generate {run} --prompt x", 2, "whose tokens are not text"),
     # ---- output paths
+    ("train {cfg} --out {sweep_dir}", 2, "is a sweep dir (it holds sweep.toml)"),
+    ("train {cfg} --out {root}", 2, "and is not a run dir; use a new or empty dir"),
+    ("sweep {root}/sweep.toml --out {run}", 2, "is a run dir (it holds config.toml)"),
+    ("analyze {run} --loops 2 --out {run}", 2, "is a run dir (it holds config.toml)"),
+    ("analyze spectral {run} --loops 2 --out {sweep_dir}", 2, "is a sweep dir (it holds sweep.toml)"),
     ("train {cfg} --out {root}/a_file", 2, "a_file"),
     ("train {cfg} --out /sys/looplab-test-run", 2, "/sys/looplab-test-run"),
     ("train {cfg} --out ", 2, "out must not be empty"),
@@ -206,6 +211,52 @@ def test_corrupt_checkpoint_state_is_one_line(tmp_path, capsys):
     (run_dir / "checkpoints" / "step_0000002" / "state.json").write_text("{}")
     assert main(["train", str(tmp_path / "tiny.toml"), "--out", str(run_dir), "--no-progress"]) == 2
     assert "has no integer 'step'" in capsys.readouterr().err
+
+
+def test_a_checkpoint_whose_step_contradicts_its_folder_is_refused_and_kept(tmp_path, capsys):
+    _, run_dir = train_tiny_run(tmp_path, 2, 2)
+    state = run_dir / "checkpoints" / "step_0000002" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "step": -5}))
+    before = snapshot(run_dir)
+    assert main(["train", str(tmp_path / "tiny.toml"), "--out", str(run_dir), "--no-progress"]) == 2
+    assert "its step -5 does not match its folder step_0000002" in capsys.readouterr().err
+    assert snapshot(run_dir) == before
+
+
+def test_malformed_log_lines_are_skipped_by_eval_and_train(tmp_path, capsys):
+    _, run_dir = train_tiny_run(tmp_path, 4, 2)
+    log = run_dir / "log.jsonl"
+    good = log.read_bytes()
+    log.write_bytes(good + b'[1, 2]\n{"step": "ten"}\n{"loss": 1.0}\n\xff\xfe garbage\n{"step": 4, "loss"')
+    assert main(["eval", str(run_dir), "--samples", "8", "--max-loops", "4", "--lengths", "4"]) == 0
+    summary = json.loads((run_dir / "eval" / "lengths4_loops4_samples8" / "summary.json").read_text())
+    assert summary["training_cost"]["block_evals"] is not None
+    assert main(["train", str(tmp_path / "tiny.toml"), "--set", "train.steps=6", "--out", str(run_dir)]) == 2
+    assert "holds a different config" in capsys.readouterr().err  # refused for the config, not the log
+
+
+def test_analysis_refuses_to_write_over_an_evaluation(world, tmp_path, capsys):
+    (run,) = (world["sweep_dir"] / "runs").iterdir()
+    eval_dir = run / "eval"
+    before = snapshot(eval_dir)
+    assert main(["analyze", str(run), "--loops", "2", "--out", str(eval_dir)]) == 2
+    assert "is an evaluation dir (it holds grid.parquet)" in capsys.readouterr().err
+    assert snapshot(eval_dir) == before
+
+
+def test_a_sweep_point_without_its_evaluation_is_evaluated_again(world, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(world["sweep_dir"], sweep_dir)
+    (run,) = (sweep_dir / "runs").iterdir()
+    (run / "eval" / "summary.json").unlink()
+    assert main(["sweep", str(world["root"] / "sweep.toml"), "--out", str(sweep_dir), "--no-progress"]) == 0
+    assert (run / "eval" / "summary.json").is_file()
+    import pandas as pd
+
+    rerun = pd.read_parquet(sweep_dir / "results.parquet")
+    original = pd.read_parquet(world["sweep_dir"] / "results.parquet")
+    assert set(rerun.columns) == set(original.columns)
+    assert rerun["oracle_id"].tolist() == original["oracle_id"].tolist()
 
 
 def test_stray_checkpoint_folder_is_ignored(tmp_path):
