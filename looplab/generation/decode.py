@@ -237,10 +237,11 @@ class _Decoder:
             if logp is not None:
                 logp_prev = torch.zeros(count, logp.shape[-1], dtype=logp.dtype, device=logp.device)
                 logp_prev[active] = logp
+            if prefill:  # every loop's keys and values of the prompt are needed, whoever has stopped
+                continue
             if not running.any():
                 break
-            if not prefill:
-                active = running.nonzero(as_tuple=True)[0]
+            active = running.nonzero(as_tuple=True)[0]
         final = h.clone()
         final[picks, query] = read
         for index, layer in enumerate(model.coda):

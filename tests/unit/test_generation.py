@@ -91,6 +91,26 @@ def test_exit_depths_equal_a_reference_loop():
     assert depths[0] == expected
 
 
+@pytest.mark.parametrize("cache", ["per_loop", "shared"])
+def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
+    """The prompt's keys and values at every loop up to the cap are what a fixed-cap prefill writes,
+    even when the exit stops every prompt's last token at loop 1."""
+    from looplab.generation.decode import _Decoder
+
+    model = causal_model()
+    caches = []
+    for rule in (ExitRule("fixed", 6), ExitRule("confidence", 6, threshold=1e-9)):
+        decoder = _Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
+        _, depths = decoder.forward(
+            decoder.tokens, torch.arange(len(PROMPTS)), slice(0, decoder.width), decoder.lengths - 1
+        )
+        caches.append(decoder.cache.layers)
+    assert depths.tolist() == [1, 1, 1]
+    assert caches[0].keys() == caches[1].keys()
+    for key, layer in caches[0].items():
+        assert torch.equal(layer.k, caches[1][key].k) and torch.equal(layer.v, caches[1][key].v), key
+
+
 def test_adaptive_exit_with_a_cap_of_one_is_the_fixed_depth():
     model = causal_model()
     fixed = generate(model, PROMPTS, 4, ExitRule("fixed", 1), "per_loop")
