@@ -160,7 +160,7 @@ class _Decoder:
     def run(self) -> Generation:
         batch = len(self.lengths)
         rows = torch.arange(batch, device=self.lengths.device)
-        logits, depths = self.forward(self.tokens, rows, slice(0, self.width), self.lengths - 1)
+        logits, depths = self.forward(self.tokens, rows, slice(0, self.width), self.lengths - 1, prefill=True)
         out = Generation([[] for _ in range(batch)], [[] for _ in range(batch)])
         live = rows
         for step in range(self.max_new):
@@ -182,15 +182,18 @@ class _Decoder:
         out.cache_bytes = self.cache.nbytes()
         return out
 
-    def forward(self, tokens: Tensor, rows: Tensor, chunk: slice, query: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, tokens: Tensor, rows: Tensor, chunk: slice, query: Tensor, prefill: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Run new tokens [R, m] of ``rows`` in slots ``chunk``; read each row's position ``query`` [R].
 
-        A prefill (m > 1) runs every token to the cap (later tokens need each loop's keys and
-        values) and reads the query position at its exit; a decode step (m = 1) drops a row from
-        the loop as soon as its token exits. Returns next-token logits [R, V] and exit depths [R].
+        The ``prefill`` (the prompts) runs every token to the cap (later tokens need each loop's
+        keys and values) and reads the query position at its exit; a decode step (m = 1) drops a
+        row from the loop as soon as its token exits. Returns next-token logits [R, V] and exit
+        depths [R].
         """
         model, window = self.model, self.model.cfg.attention_window
-        count, prefill = len(rows), chunk.stop - chunk.start > 1
+        count = len(rows)
         every_row = count == len(self.lengths)  # rows are 0..B−1: index the cache by slices, not gathers
         positions = self.slots.positions[rows, chunk]
         rope = None if self.rope is None else (self.rope[0][positions], self.rope[1][positions])

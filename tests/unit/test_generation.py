@@ -13,6 +13,7 @@ from looplab.generation.text import cut_at_stop, decode, encode, unescape
 from tests.unit.model_helpers import make_model
 
 PROMPTS = [[3, 5, 6, 2, 1], [3, 4], [3, 4, 4, 6, 1, 5, 2, 2]]
+ONE_TOKEN_PROMPTS = [[3], [3]]
 
 STRUCTURES = [
     dict(placement=placement, injection=injection)
@@ -57,7 +58,7 @@ def test_cached_logits_match_recomputation_in_float64(positional, window):
 
     decoder = _Decoder(model, [PROMPTS[0]], 1, ExitRule("fixed", 4), "per_loop", Sampling(), None)
     rows = torch.arange(1)
-    logits, _ = decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1)
+    logits, _ = decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     assert torch.allclose(logits[0], reference_logits(model, PROMPTS[0], 4), atol=1e-10)
 
 
@@ -102,13 +103,21 @@ def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     for rule in (ExitRule("fixed", 6), ExitRule("confidence", 6, threshold=1e-9)):
         decoder = _Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
         _, depths = decoder.forward(
-            decoder.tokens, torch.arange(len(PROMPTS)), slice(0, decoder.width), decoder.lengths - 1
+            decoder.tokens, torch.arange(len(PROMPTS)), slice(0, decoder.width), decoder.lengths - 1, prefill=True
         )
         caches.append(decoder.cache.layers)
     assert depths.tolist() == [1, 1, 1]
     assert caches[0].keys() == caches[1].keys()
     for key, layer in caches[0].items():
         assert torch.equal(layer.k, caches[1][key].k) and torch.equal(layer.v, caches[1][key].v), key
+
+
+def test_one_token_prompts_are_prefilled_to_the_cap():
+    model = causal_model()
+    cached = generate(model, ONE_TOKEN_PROMPTS, 4, ExitRule("fixed", 3), "per_loop")
+    assert cached.tokens == generate(model, ONE_TOKEN_PROMPTS, 4, ExitRule("fixed", 3), "none").tokens
+    adaptive = generate(model, ONE_TOKEN_PROMPTS, 4, ExitRule("confidence", 5, threshold=1e-9), "per_loop")
+    assert [row[0] for row in adaptive.depths] == [1, 1]
 
 
 def test_adaptive_exit_with_a_cap_of_one_is_the_fixed_depth():
