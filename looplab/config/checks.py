@@ -25,6 +25,9 @@ from looplab.config.schema import (
 )
 from looplab.errors import LooplabError, choice_error
 
+#: the most symbols a task's alphabet may have: each is a vocabulary entry, and the vocabulary is built as a list
+MAX_ALPHABET = 2**16
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -69,6 +72,10 @@ def validate(config: Config) -> None:
     )
     _require(min(m.prelude_layers, m.coda_layers, m.mlp_ratio - 1) >= 0, "layer counts must be >= 0, mlp_ratio >= 1")
     _require(1 <= t.train_min <= t.train_max, "task needs 1 <= train_min <= train_max")
+    _require(
+        2 <= t.alphabet <= MAX_ALPHABET,
+        f"task.alphabet must be in [2, {MAX_ALPHABET}] (each symbol is a token of the vocabulary), got {t.alphabet}",
+    )
     _require(len(t.eval_lengths) > 0 and min(t.eval_lengths) >= 1, "task.eval_lengths must be non-empty, all >= 1")
     jsrr = config.stability.jsrr
     _require(

@@ -91,6 +91,7 @@ CASES = [
     ("train {cfg} --set model.d_model=31 --out {new}", 2, "must be a positive multiple of model.n_heads"),
     ("train {cfg} --set stability.jsrr.rows=-1 --out {new}", 2, "rows >= 0 (0 = every row)"),
     ("train {cfg} --set model.attention_window=-2 --out {new}", 2, "model.attention_window must be >= 0"),
+    ("train {cfg} --set task.alphabet=1000000000000 --out {new}", 2, "task.alphabet must be in [2, 65536]"),
     (
         "train {cfg} --set task.name=kjv_arithmetic --set task.train_max=7 --set model.causal=true --out {new}",
         2,
