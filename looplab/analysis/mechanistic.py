@@ -46,6 +46,7 @@ from looplab.analysis.plots import (
     plot_cosine_matrix,
 )
 from looplab.analysis.registry import AnalysisInput, MetricResult, register_metric, run_metrics
+from looplab.analysis.text import start_line
 from looplab.analysis.trace import trace
 from looplab.config import Config
 from looplab.errors import LooplabError
@@ -111,11 +112,7 @@ def analyze_experiment(
     length = cfg.task.train_max
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "mechanistic", length))
     if progress:
-        print(
-            f"analyze: {label or 'model'} at {exp.checkpoint or 'initialisation'}: {samples} instances of size "
-            f"{length}, loops 1..{loops}",
-            flush=True,
-        )
+        print(start_line("mechanistic", label or "model", exp.checkpoint, samples, length, loops), flush=True)
 
     def retrace():
         return trace(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from looplab.analysis.pca import plot_trajectories, trajectory_pca
+from looplab.analysis.text import start_line
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.progress import Progress
@@ -20,7 +21,8 @@ from looplab.tasks import TaskBatch
 def _prepare(
     run_dir: str | Path, out: str | Path | None, length: int | None, loops: int | None, samples: int
 ) -> tuple[Experiment, TaskBatch, int, Path]:
-    """Load the run, draw ``samples`` instances of ``length`` (default: the longest training length)."""
+    """Load the run, draw ``samples`` instances of ``length`` (default: the longest training length); the
+    output folder is named, not created (callers create it once their arguments are checked)."""
     exp = Experiment.from_run(run_dir)
     cfg = exp.config
     length = cfg.task.train_max if length is None else length
@@ -29,17 +31,11 @@ def _prepare(
         raise LooplabError("--length, --loops and --samples must be >= 1")
     device = next(exp.model.parameters()).device
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "analysis", length)).to(device)
-    out = Path(out) if out else Path(run_dir) / "analysis"
-    out.mkdir(parents=True, exist_ok=True)
-    return exp, batch, loops, out
+    return exp, batch, loops, Path(out) if out else Path(run_dir) / "analysis"
 
 
 def _start_line(kind: str, run_dir, exp: Experiment, batch: TaskBatch, loops: int) -> None:
-    print(
-        f"analyze {kind}: {run_dir} at {exp.checkpoint}: {len(batch.tokens)} instance(s) of size "
-        f"{int(batch.lengths[0])}, loops 1..{loops}",
-        flush=True,
-    )
+    print(start_line(kind, str(run_dir), exp.checkpoint, len(batch.tokens), int(batch.lengths[0]), loops), flush=True)
 
 
 def analyze_spectral(
@@ -69,6 +65,7 @@ def analyze_spectral(
     beyond = sorted(t for t in exact_loops if not 1 <= t <= loops)
     if beyond:
         raise LooplabError(f"--exact-at loops {beyond} lie outside 1..{loops} (--loops)")
+    out.mkdir(parents=True, exist_ok=True)
     if progress:
         _start_line("spectral", run_dir, exp, batch, loops)
     generator = derive_generator(exp.config.run.seed, "spectral")
@@ -112,6 +109,7 @@ def format_spectral(summary: dict) -> str:
 def analyze_pca(run_dir, length=None, loops=None, sample=0, out=None, progress: bool = False) -> dict:
     """PCA of one sample's per-position trajectory → pca_2d.png, pca_3d.png; returns explained variance."""
     exp, batch, loops, out = _prepare(run_dir, out, length, loops, sample + 1)
+    out.mkdir(parents=True, exist_ok=True)
     if progress:
         _start_line("pca", run_dir, exp, batch, loops)
     states = []

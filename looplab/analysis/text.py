@@ -33,3 +33,11 @@ def format_mechanistic(summary: dict) -> str:
         f"largest activation / median {_number(summary.get('massive_ratio_max'), 1)}"
     )
     return "\n".join(lines)
+
+
+def start_line(kind: str, source: str, checkpoint: str | None, count: int, size: int, loops: int) -> str:
+    """What an analysis is about to do: ``analyze KIND: SOURCE at CHECKPOINT: N instance(s) of size n, loops 1..T``."""
+    return (
+        f"analyze {kind}: {source} at {checkpoint or 'initialisation'}: {count} instance(s) of size {size}, "
+        f"loops 1..{loops}"
+    )

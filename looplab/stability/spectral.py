@@ -7,7 +7,7 @@ a few loops, exactly from the full Jacobian.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -52,13 +52,10 @@ def spectral_trajectory(
     """
     rows = []
     with torch.no_grad():
-        h, e, ctx = model.start(batch.tokens, batch.valid)
+        h0, e, _ = model.start(batch.tokens, batch.valid)
     phi = loop_map(model, e, batch.valid)
-    v = random_direction(batch.valid, h.shape[-1], generator, dtype=h.dtype)
-    for t in range(1, loops + 1):
-        with torch.no_grad():
-            h = model.step(h, e, ctx)
-        growth, rayleigh, v = power_iteration(phi, h, batch.valid, 4 * iters if t == 1 else iters, v)
+    trajectory = warm_power_iterations(phi, h0, batch.valid, loops, iters, generator)
+    for t, (h, growth, rayleigh) in enumerate(trajectory, start=1):
         for i in range(len(h)):
             row = {"loop": t, "sample": i, "rho_power": float(growth[i]), "rayleigh": float(rayleigh[i])}
             row["rho_exact"] = float("nan")
@@ -72,21 +69,29 @@ def spectral_trajectory(
     return pd.DataFrame(rows)
 
 
-@torch.no_grad()
-def warm_radii(phi: LoopMap, h: Tensor, valid: Tensor, loops: int, iters: int, generator: torch.Generator) -> Tensor:
-    """[loops, B] ρ(∂Φ/∂h at h_t) along h_t = Φ(h_{t−1}) from h_0 = ``h``, for any loop map Φ.
+def warm_power_iterations(
+    phi: LoopMap, h: Tensor, valid: Tensor, loops: int, iters: int, generator: torch.Generator
+) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """Yield (h_t [B, L, d], growth [B], rayleigh [B]) for t = 1..loops along h_t = Φ(h_{t−1}) from h_0 = ``h``.
 
     Each loop's power iteration starts from the previous loop's last direction: along a
     trajectory the Jacobian changes little, so a few iterations per loop do what many from
-    a random start do (the random start at loop 1 gets ``4 × iters``).
+    a random start do (the random start at loop 1 gets ``4 × iters``). growth and rayleigh
+    are :func:`looplab.stability.jacobian.spectral_radius_power`'s.
     """
     v = random_direction(valid, h.shape[-1], generator, dtype=h.dtype)
-    radii = []
     for t in range(loops):
-        h = phi(h)
-        growth, _, v = power_iteration(phi, h, valid, 4 * iters if t == 0 else iters, v)
-        radii.append(growth)
-    return torch.stack(radii)
+        with torch.no_grad():
+            h = phi(h)
+        growth, rayleigh, v = power_iteration(phi, h, valid, 4 * iters if t == 0 else iters, v)
+        yield h, growth, rayleigh
+
+
+@torch.no_grad()
+def warm_radii(phi: LoopMap, h: Tensor, valid: Tensor, loops: int, iters: int, generator: torch.Generator) -> Tensor:
+    """[loops, B] ρ(∂Φ/∂h at h_t) along h_t = Φ(h_{t−1}) from h_0 = ``h``, for any loop map Φ
+    (:func:`warm_power_iterations`)."""
+    return torch.stack([growth for _, growth, _ in warm_power_iterations(phi, h, valid, loops, iters, generator)])
 
 
 @torch.no_grad()

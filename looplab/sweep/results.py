@@ -20,15 +20,11 @@ import pandas as pd
 
 from looplab.io import atomic_write, flatten
 from looplab.rundir import RUNS_DIR
-from looplab.sweep.run_point import read_result
+from looplab.sweep.run_point import ANALYSIS_SUMMARY, EVAL_SUMMARY, LM_SUMMARY, read_result
 from looplab.sweep.spec import RunPoint
 
 RESULTS_FILE = "results.parquet"
-SUMMARIES = {
-    "": ("eval", "summary.json"),
-    "lm.": ("eval", "lm_summary.json"),
-    "analysis.": ("analysis", "mechanistic", "summary.json"),
-}
+SUMMARIES = {"": EVAL_SUMMARY, "lm.": LM_SUMMARY, "analysis.": ANALYSIS_SUMMARY}
 
 
 def run_row(sweep_dir: Path, point: RunPoint) -> dict[str, Any] | None:

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RESULT_FILE = "result.json"
+#: where a point's summaries land, under its run dir: the evaluation of an exact-match task, that of a
+#: language-modelling task, and the mechanistic analysis
+EVAL_SUMMARY = ("eval", "summary.json")
+LM_SUMMARY = ("eval", "lm_summary.json")
+ANALYSIS_SUMMARY = ("analysis", "mechanistic", "summary.json")
 
 
 @dataclass
@@ -52,8 +57,8 @@ def is_done(job: PointJob) -> bool:
         return False
     if result["status"] == "diverged":
         return True
-    evaluated = any((run_dir / "eval" / name).is_file() for name in ("summary.json", "lm_summary.json"))
-    analysed = (run_dir / "analysis" / "mechanistic" / "summary.json").is_file()
+    evaluated = any(run_dir.joinpath(*parts).is_file() for parts in (EVAL_SUMMARY, LM_SUMMARY))
+    analysed = run_dir.joinpath(*ANALYSIS_SUMMARY).is_file()
     return (evaluated or not job.evaluate) and (analysed or not job.analyze)
 
 

@@ -89,3 +89,4 @@ def test_analyze_spectral_refuses_bad_exact_loops(run_dir, tmp_path, exact_at, m
         "analyze", "spectral", str(run_dir), "--loops", "3", "--exact-at", exact_at, "--out", str(tmp_path / "x")
     )
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "x").exists(), "a refused analysis created its output folder"
