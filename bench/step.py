@@ -36,7 +36,7 @@ from throughput import make_trainer
 from timing import add_common_options, median, print_table, print_verdict, setup, time_interleaved
 
 from looplab.config import load_config
-from looplab.experiment import Experiment
+from looplab.experiment import Experiment, training_depth
 from looplab.seeding import derive_generator
 
 GOAL = 1.0
@@ -141,7 +141,7 @@ def logit_difference(exp: Experiment, model: TextbookLoopedTransformer) -> float
     generator = derive_generator(cfg.run.seed, "check", 0)
     lengths = torch.randint(cfg.task.train_min, cfg.task.train_max + 1, (16,), generator=generator)
     batch = exp.task.sample_lengths(lengths, generator)
-    loops = cfg.schedule.depth
+    loops = training_depth(cfg)  # the deepest depth the schedule trains at
     with torch.no_grad():
         ours = exp.model(batch.tokens, batch.valid, loops)
         theirs = model(batch.tokens, attention_mask(batch.valid, cfg.model.causal, cfg.model.attention_window), loops)

@@ -40,7 +40,7 @@ import os
 import torch
 from timing import add_common_options, median, print_measure, print_table, print_verdict, setup, time_interleaved
 
-from looplab.config import Config, validate
+from looplab.config import Config, ScheduleConfig, validate
 from looplab.experiment import Experiment
 from looplab.train.trainer import make_optimizer, train_step
 
@@ -69,7 +69,7 @@ def make_config(args: argparse.Namespace, d_model: int, n_heads: int, layers: in
     config = Config()
     config.task.name = "binary_addition"
     config.task.train_min, config.task.train_max = args.min_length, args.max_length
-    config.schedule.name, config.schedule.depth = "fixed", args.loops
+    config.schedule = ScheduleConfig(name="fixed", depth=args.loops)
     config.model.d_model, config.model.n_heads = d_model, n_heads
     config.model.core_layers, config.model.mlp_ratio = layers, args.mlp_ratio
     config.train.batch_size = args.batch

@@ -13,14 +13,17 @@ import time
 from pathlib import Path
 
 from looplab import __version__
-from looplab.config import PRESETS, load_config, resolve_preset
+from looplab.analysis.registry import AnalysisOptions
+from looplab.config import DEFAULT_SAMPLES, PRESETS, load_config, resolve_preset
 from looplab.errors import LooplabError
 from looplab.generation import EXITS, POLICIES
 from looplab.report.paper import PAPERS
 from looplab.train.stop import Stopped
 
 ANALYSES = ("mechanistic", "spectral", "pca")
-STUDIES = (*(f"{paper}-{scale}" for paper in PAPERS for scale in ("small", "paper")), "stars-lm")
+ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
+#: the reproduction sweeps: configs/sweeps/<paper>-<scale>.toml, each named after a registered paper
+STUDIES = tuple(sorted(path.stem for path in (PRESETS / "sweeps").glob("*.toml")))
 #: studies with a part that is not a sweep of configs: its settings file, run after the sweep
 STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}
 
@@ -80,8 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
     pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
     mechanistic.add_argument("run_dir", help="a run dir, or a config TOML to analyse its untrained initialisation")
-    mechanistic.add_argument("--loops", type=int, default=128, help="unroll depth (default 128)")
-    mechanistic.add_argument("--samples", type=int, default=8)
+    mechanistic.add_argument(
+        "--loops", type=int, default=ANALYSIS.loops, help=f"unroll depth (default {ANALYSIS.loops})"
+    )
+    mechanistic.add_argument("--samples", type=int, default=ANALYSIS.samples)
     mechanistic.add_argument(
         "--out", help="output folder (default RUN_DIR/analysis/mechanistic; required for a config)"
     )
@@ -116,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("sweep_file", help="sweep TOML file")
     report = commands.add_parser("report", help="tables, plots and report.html from a sweep dir")
     report.add_argument("sweep_dir")
-    report.add_argument("--paper", choices=PAPERS, help="put this paper's numbers side by side")
+    report.add_argument("--paper", choices=list(PAPERS), help="put this paper's numbers side by side")
     reproduce = commands.add_parser(
         "reproduce", help="run a paper's study at CPU (-small) or paper (-paper) scale, then its report"
     )
@@ -153,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     generate.add_argument(
-        "--exit", choices=EXITS, default="fixed", help="how deep each new token runs (default: fixed)"
+        "--exit", choices=list(EXITS), default="fixed", help="how deep each new token runs (default: fixed)"
     )
     generate.add_argument(
         "--loops", type=int, help="the fixed depth, or the cap of an adaptive exit (default: eval.fixed_exit)"
@@ -203,7 +208,7 @@ def _eval(args) -> None:
                 f"--lm-loops reads the validation loss at 1..T loops; {', '.join(ignored)} belong to the "
                 "exact-match evaluation and would be ignored: drop them"
             )
-        summary = evaluate_lm_run(args.run_dir, max_loops=args.lm_loops, samples=args.samples or 256)
+        summary = evaluate_lm_run(args.run_dir, max_loops=args.lm_loops, samples=args.samples or DEFAULT_SAMPLES)
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
         return
@@ -317,7 +322,7 @@ def _sweep(args, sweep_file: Path) -> None:
             f"sweep: {frame.attrs.get('ran', len(frame))} runs finished in {time.perf_counter() - began:.0f} s "
             f"({len(frame)} in all); results in {results}"
         )
-    print(f"next: looplab report {args.out}   (add --paper stopping|stars|mechanistic for the paper's numbers)")
+    print(f"next: looplab report {args.out}   (add --paper {'|'.join(PAPERS)} for the paper's numbers)")
 
 
 def _report(sweep_dir: str, paper: str | None) -> None:
@@ -432,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "eval":
             _eval(args)
         elif args.command == "config":
-            print(load_config(args.config, args.set).to_toml(), end="")
+            from looplab.experiment import check_config
+
+            config = load_config(args.config, args.set)
+            check_config(config)  # completes [schedule] and [stability] with their components' defaults
+            print(config.to_toml(), end="")
         elif args.command == "analyze":
             _analyze(args)
         elif args.command == "sweep":

@@ -1,8 +1,9 @@
 """The objects a config describes, built fresh or loaded from a run directory.
 
 :func:`check_config` checks what the config schema alone cannot (registered
-task and schedule names, the schedule's own parameters); every entry point
-calls it before writing anything. :meth:`Experiment.build` makes the task,
+task and schedule names, the parameters the schedule and each regulariser
+declare) and completes the config with those components' defaults; every
+entry point calls it before writing anything. :meth:`Experiment.build` makes the task,
 model, schedule and regularisers; :meth:`Experiment.from_run` also loads a
 run's latest checkpoint.
 """
@@ -19,18 +20,25 @@ from looplab.config import Config
 from looplab.errors import LooplabError, choice_error
 from looplab.memory import FLOAT, check_fits, parameter_count
 from looplab.model import LoopedTransformer
+from looplab.model.placements import placement
 from looplab.parallel import SINGLE, Parallel
-from looplab.regularisers import Regulariser, build_regularisers
+from looplab.params import as_dict
+from looplab.regularisers import Regulariser, build_regularisers, complete_stability
 from looplab.rundir import load_run_config
-from looplab.schedules import DepthRule, Schedule, ScheduleContext, check_schedule_config, make_schedule
+from looplab.schedules import DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
 
-__all__ = ["Experiment", "check_config", "check_device", "all_finite"]
+__all__ = ["Experiment", "check_config", "check_device", "all_finite", "training_depth"]
 
 
 def check_config(config: Config) -> None:
-    """One-line errors for an unknown task or schedule, a size the task cannot draw, a schedule
-    parameter outside its domain, or truncated backprop with a learned schedule."""
+    """One-line errors for an unknown task or schedule, a size the task cannot draw, a schedule or
+    regulariser parameter outside its domain, or contradictions between sections.
+
+    Completes ``config`` in place: ``[schedule]`` holds exactly the chosen schedule's
+    parameters and ``[stability]`` every registered regulariser's table, defaults filled in,
+    so a run dir's config.toml states every value the run used.
+    """
     if config.task.name not in TASKS:
         raise choice_error("value for task.name:", config.task.name, TASKS)
     task = TASKS[config.task.name]
@@ -40,22 +48,25 @@ def check_config(config: Config) -> None:
     ):
         if bound is not None and sizes and max(sizes) > bound:
             raise LooplabError(f"{what} must be <= {bound} for task {task.name!r}, got {max(sizes)}")
-    schedule = check_schedule_config(config.schedule)
+    schedule, params = resolve_schedule(config.schedule)
+    config.schedule.params = as_dict(params)
+    config.stability = complete_stability(config.stability)
     if config.train.backprop_loops and not issubclass(schedule, DepthRule):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
+    placement(config.model.placement)
     if task.needs_causal and not config.model.causal:
         raise LooplabError(
             f"task {task.name!r} predicts each next byte: it needs model.causal = true "
             "(bidirectional attention sees the bytes it predicts)"
         )
-    bound = schedule.test_depth_bound(config.schedule)
+    bound = schedule.test_depth_bound(params)
     if bound is not None and bound > config.eval.max_loops:
         raise LooplabError(
             f"the {config.schedule.name} schedule reads answers at up to {bound} loops, beyond eval.max_loops = "
             f"{config.eval.max_loops}: raise eval.max_loops to at least {bound}"
         )
     instance = make_task(task.name, config.task.alphabet)
-    schedule.check_task(config.schedule, int(instance.steps(torch.tensor([config.task.train_max]))))
+    schedule.check_task(params, int(instance.steps(torch.tensor([config.task.train_max]))))
     if config.model.positional == "learned":
         longest = max([config.task.train_max, *config.task.eval_lengths])
         width = instance.seq_len(longest)
@@ -64,6 +75,13 @@ def check_config(config: Config) -> None:
                 f"learned positions reach model.max_len = {config.model.max_len}, but a size-{longest} instance "
                 f"of {task.name!r} is {width} tokens long: raise max_len to at least {width}"
             )
+
+
+def training_depth(config: Config) -> int:
+    """T_train: the deepest depth the config's schedule supervises (the schedule says, from T(train_max))."""
+    schedule, params = resolve_schedule(config.schedule)
+    task = make_task(config.task.name, config.task.alphabet)
+    return int(schedule.training_depth(params, int(task.steps(torch.tensor([config.task.train_max]))[0])))
 
 
 def check_device(device: str) -> None:

@@ -34,23 +34,18 @@ def parameter_count(config: Config, vocab_size: int) -> int:
     return layers * per_layer + 2 * vocab_size * d + extra + positions
 
 
-def _max_training_depth(config: Config, task: Task) -> int:
-    s = config.schedule
-    natural = int(task.steps(torch.tensor([config.task.train_max])).item())
-    return max(s.depth, s.t_max, natural + s.window, s.hi if s.name in ("lognormal", "poisson_lognormal") else 1)
-
-
 def _per_token(config: Config, length: int) -> int:
     """Floats one layer application keeps per token: activations and attention probabilities."""
     m = config.model
     return (10 + 2 * m.mlp_ratio) * m.d_model + m.n_heads * length
 
 
-def training_bytes(config: Config, task: Task) -> int:
-    """Weights, gradients and AdamW moments, plus the activations of the deepest training unroll."""
+def training_bytes(config: Config, task: Task, depth: int) -> int:
+    """Weights, gradients and AdamW moments, plus the activations of the deepest training unroll (``depth``
+    loops: the schedule's T_train)."""
     length = task.seq_len(config.task.train_max)
     m = config.model
-    applications = m.prelude_layers + m.coda_layers + m.core_layers * _max_training_depth(config, task)
+    applications = m.prelude_layers + m.coda_layers + m.core_layers * depth
     activations = config.train.batch_size * length * applications * _per_token(config, length)
     return FLOAT * (4 * parameter_count(config, task.vocab_size) + activations)
 

@@ -1,14 +1,19 @@
 """Penalties added to the training loss, and their registry (docs/methods.md §6).
 
 The contract of an entry: subclass :class:`Regulariser`, give it a ``name``,
-build it from the config in :meth:`Regulariser.from_config` (None when the
-config leaves it off), compute :meth:`Regulariser.penalty` — per-sample
+declare its ``[stability.NAME]`` keys as a ``Params`` dataclass that extends
+:class:`Regulariser.Params` (``weight``, ``warmup``, ``prob``; fields made with
+:func:`looplab.params.param`), compute :meth:`Regulariser.penalty` — per-sample
 values [B] from the model, the probe states (each row's state at its
 supervised depth, with gradient) and a generator — and decorate the class
-with :func:`register_regulariser`.
+with :func:`register_regulariser`. It is on when :meth:`Regulariser.active`
+says so (by default: ``weight > 0``, and the default weight is 0, so a
+registered entry changes nothing until a config turns it on).
 
 What the framework does around every entry, the same for all (``train_step``):
 
+- its table is checked against ``Params`` and completed with its defaults
+  (``check_config``), so every run dir's config.toml shows every regulariser;
 - from step ``warmup + 1`` on, a generator derived from (seed, name, step)
   first decides, with probability ``prob``, whether this step is regularised;
   the same generator (forked per data-parallel rank) then goes to ``penalty``;
@@ -23,16 +28,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from looplab.config import Config
+from looplab.errors import choice_error
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.parallel import Parallel
+from looplab.params import UNIT, as_dict, at_least, fill, one_of, param
+from looplab.plugins import register_entry
 from looplab.seeding import derive_generator
+from looplab.stability.jacobian import ESTIMATORS as JSRR_ESTIMATORS
 from looplab.stability.jacobian import jsrr_per_sample
 
 __all__ = [
@@ -41,23 +50,43 @@ __all__ = [
     "JacobianPenalty",
     "register_regulariser",
     "build_regularisers",
+    "regulariser_params",
+    "complete_stability",
     "regularised_loss",
 ]
 
 
-@dataclass
 class Regulariser(ABC):
     """A penalty with its weight w, warm-up (steps without it) and per-step probability."""
 
     name: ClassVar[str] = ""
-    weight: float
-    warmup: int = 0
-    prob: float = 1.0
+
+    @dataclass
+    class Params:
+        weight: float = param(0.0, UNIT, "w in (1 − Σ w)·task loss + Σ w·penalty; 0: off")
+        warmup: int = param(0, at_least(0), "steps without the penalty")
+        prob: float = param(1.0, UNIT, "the probability that a step is regularised")
+
+    def __init__(self, params: Any = None, **values: Any):
+        """From a ``Params`` instance, or from keyword values (``JacobianPenalty(weight=0.1)``), checked."""
+        self.params = params if params is not None else fill(self.Params, values, f"stability.{self.name}")
 
     @classmethod
-    @abstractmethod
-    def from_config(cls, config: Config) -> Regulariser | None:
-        """The regulariser ``config`` asks for, or None when it is off."""
+    def active(cls, params: Any) -> bool:
+        """Whether a run with these parameters applies the penalty."""
+        return params.weight > 0
+
+    @property
+    def weight(self) -> float:
+        return self.params.weight
+
+    @property
+    def warmup(self) -> int:
+        return self.params.warmup
+
+    @property
+    def prob(self) -> float:
+        return self.params.prob
 
     @abstractmethod
     def penalty(self, model: LoopedTransformer, probe: LoopProbe, generator: torch.Generator) -> Tensor:
@@ -78,14 +107,33 @@ REGULARISERS: dict[str, type[Regulariser]] = {}
 
 
 def register_regulariser(cls: type[Regulariser]) -> type[Regulariser]:
-    """Class decorator: every run asks ``cls.from_config`` whether to apply it."""
-    REGULARISERS[cls.name] = cls
+    """Class decorator: every run reads ``[stability.NAME]`` into ``cls.Params`` and applies it when active."""
+    register_entry(REGULARISERS, cls.name, cls, "regulariser")
     return cls
+
+
+def regulariser_params(name: str, table: dict[str, Any]) -> Any:
+    """The checked ``Params`` of the regulariser ``name`` from its ``[stability.NAME]`` table."""
+    if name not in REGULARISERS:
+        raise choice_error("regulariser [stability.NAME], NAME =", name, REGULARISERS)
+    return fill(REGULARISERS[name].Params, table, f"stability.{name}")
+
+
+def complete_stability(stability: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every registered regulariser's table, checked and completed with its defaults, in registration order."""
+    for name in stability:
+        regulariser_params(name, stability[name])
+    return {name: as_dict(regulariser_params(name, stability.get(name, {}))) for name in REGULARISERS}
 
 
 def build_regularisers(config: Config) -> list[Regulariser]:
     """The regularisers ``config`` turns on, in registration order."""
-    return [found for cls in REGULARISERS.values() if (found := cls.from_config(config)) is not None]
+    found = []
+    for name, cls in REGULARISERS.items():
+        params = regulariser_params(name, config.stability.get(name, {}))
+        if cls.active(params):
+            found.append(cls(params))
+    return found
 
 
 def regularised_loss(
@@ -106,25 +154,26 @@ def regularised_loss(
 
 
 @register_regulariser
-@dataclass
 class JacobianPenalty(Regulariser):
     """JSRR: the ``estimator`` of the one-loop Jacobian at the probe states (``stability.jacobian``),
-    on ``rows`` rows drawn at random (0: every row)."""
+    on ``rows`` rows drawn at random (0: every row); on unless ``estimator = "none"``."""
 
     name: ClassVar[str] = "jsrr"
-    estimator: str = "jvp"
-    power_iters: int = 1
-    rows: int = 0
+
+    @dataclass
+    class Params(Regulariser.Params):
+        weight: float = param(0.1, UNIT, "w in (1 − w)·CE + w·penalty")
+        estimator: str = param("none", one_of(*JSRR_ESTIMATORS), "none: off")
+        power_iters: int = param(1, at_least(0), "gradient-free power iterations before the penalty")
+        rows: int = param(0, at_least(0), "rows of the batch the penalty is computed on; 0: every row")
 
     @classmethod
-    def from_config(cls, config):
-        jsrr = config.stability.jsrr
-        if jsrr.estimator == "none":
-            return None
-        return cls(jsrr.weight, jsrr.warmup, jsrr.prob, jsrr.estimator, jsrr.power_iters, jsrr.rows)
+    def active(cls, params):
+        return params.estimator != "none"
 
     def penalty(self, model, probe, generator):
-        if 0 < self.rows < len(probe.h):
-            chosen = torch.randperm(len(probe.h), generator=generator)[: self.rows].to(probe.h.device)
+        rows = self.params.rows
+        if 0 < rows < len(probe.h):
+            chosen = torch.randperm(len(probe.h), generator=generator)[:rows].to(probe.h.device)
             probe = LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen])
-        return jsrr_per_sample(model, probe, self.estimator, self.power_iters, generator)
+        return jsrr_per_sample(model, probe, self.params.estimator, self.params.power_iters, generator)

@@ -93,7 +93,9 @@ def prepare_run_dir(run_dir: Path, config: Config) -> None:
     if path.exists() and latest_checkpoint(run_dir) is not None:
         saved = load_run_config(run_dir).to_dict()
         wanted = config.to_dict()
-        diff = [f"{s}.{k}" for s in wanted for k in wanted[s] if saved[s][k] != wanted[s][k]]
+        # only the keys the new config states: a config.toml written before a section's keys became the
+        # chosen component's own may hold more (e.g. every schedule's keys), which the run never read
+        diff = [f"{s}.{k}" for s in wanted for k in wanted[s] if saved.get(s, {}).get(k, ...) != wanted[s][k]]
         if diff:
             raise LooplabError(
                 f"run dir {run_dir} holds a different config (differs in {', '.join(diff[:5])}); use a new --out"

@@ -45,12 +45,12 @@ from looplab.analysis.plots import (
     plot_convergence,
     plot_cosine_matrix,
 )
-from looplab.analysis.registry import AnalysisInput, MetricResult, register_metric, run_metrics
+from looplab.analysis.registry import AnalysisInput, AnalysisOptions, MetricResult, register_metric, run_metrics
 from looplab.analysis.text import start_line
 from looplab.analysis.trace import trace
 from looplab.config import Config
-from looplab.errors import LooplabError
 from looplab.experiment import Experiment
+from looplab.params import fill
 from looplab.seeding import derive_generator
 
 __all__ = ["analyze_mechanistic", "analyze_config", "analyze_experiment"]
@@ -61,53 +61,35 @@ def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def analyze_mechanistic(
-    run_dir: str | Path, loops: int = 128, out: str | Path | None = None, samples: int = 8, **options
-) -> dict:
+def analyze_mechanistic(run_dir: str | Path, out: str | Path | None = None, **options) -> dict:
     """Analyse ``run_dir``'s latest checkpoint; returns the summary (also in summary.json).
 
     ``out`` defaults to ``RUN_DIR/analysis/mechanistic``; ``options`` as for :func:`analyze_experiment`.
     """
     exp = Experiment.from_run(run_dir)
     out = Path(out) if out else Path(run_dir) / "analysis" / "mechanistic"
-    return analyze_experiment(exp, out, loops, samples, label=Path(run_dir).name, **options)
+    return analyze_experiment(exp, out, label=Path(run_dir).name, **options)
 
 
-def analyze_config(config: Config, out: str | Path, loops: int = 128, samples: int = 8, **options) -> dict:
+def analyze_config(config: Config, out: str | Path, **options) -> dict:
     """Analyse the untrained model ``config`` initialises (seed ``run.seed``); returns the summary."""
     exp = Experiment.build(config)
     exp.model.eval()
-    return analyze_experiment(exp, Path(out), loops, samples, label=Path(out).name, **options)
+    return analyze_experiment(exp, Path(out), label=Path(out).name, **options)
 
 
 @torch.no_grad()
-def analyze_experiment(
-    exp: Experiment,
-    out: Path,
-    loops: int = 128,
-    samples: int = 8,
-    *,
-    label: str = "",
-    window: int | None = None,
-    tol: float = 1e-3,
-    max_period: int = 8,
-    mlp_ablation: bool = True,
-    progress: bool = False,
-) -> dict:
-    """Trace ``exp.model`` for ``loops`` loops and write every registered metric's entries, tables and plots.
+def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress: bool = False, **options) -> dict:
+    """Trace ``exp.model`` and write every registered metric's entries, tables and plots.
 
     Args:
-        loops: loops r to unroll (the paper uses 128).
-        samples: instances of the task at its longest training length.
         label: the name plot titles start with.
-        window: last W loops for the token dynamics and ``fixed_point_self_cos``
-            (default: max(2, loops // 4) and max(1, loops // 4)).
-        tol, max_period: token-dynamics tolerance and largest orbit period searched.
-        mlp_ablation: also re-trace with each core layer's MLP zeroed (one trace per layer).
         progress: show which metric is being computed (a bar on a terminal, lines elsewhere).
+        options: the fields of :class:`AnalysisOptions` (``loops``, ``samples``, ``window``, ``tol``,
+            ``max_period``, ``mlp_ablation``), each checked against its domain; the rest keep their defaults.
     """
-    if min(loops, samples) < 1:
-        raise LooplabError("loops and samples must be >= 1")
+    settings = fill(AnalysisOptions, options, "analysis")
+    loops, samples = settings.loops, settings.samples
     cfg = exp.config
     length = cfg.task.train_max
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "mechanistic", length))
@@ -126,13 +108,7 @@ def analyze_experiment(
             generator=derive_generator(cfg.run.seed, "mechanistic", "init"),
         )
 
-    inputs = AnalysisInput(
-        exp,
-        retrace(),
-        label,
-        retrace,
-        {"window": window, "tol": tol, "max_period": max_period, "mlp_ablation": mlp_ablation},
-    )
+    inputs = AnalysisInput(exp, retrace(), label, retrace, settings)
     header = {
         "checkpoint": exp.checkpoint,
         "steps_trained": int(exp.checkpoint.split("_")[1]) if exp.checkpoint else 0,
@@ -243,7 +219,7 @@ def colsum_metric(inputs: AnalysisInput) -> MetricResult:
     colsum, model = inputs.colsum, inputs.exp.model
     depth_values, depth_labels = colsum_depth(inputs.recorded, colsum)
     ablation = []
-    for layer in range(len(model.core) if inputs.options.get("mlp_ablation", True) else 0):
+    for layer in range(len(model.core) if inputs.options.mlp_ablation else 0):
         with zero_mlp(model, layer):
             ablated = colsum_trace(inputs.retrace())
         ablation.append(
@@ -275,12 +251,11 @@ def colsum_metric(inputs: AnalysisInput) -> MetricResult:
 def token_dynamics_metric(inputs: AnalysisInput) -> MetricResult:
     """Each token's h_t over the last loops: fixed point, periodic orbit or slider."""
     loops, options = inputs.loops, inputs.options
-    window = options.get("window") or max(2, loops // 4)
-    tol = options.get("tol", 1e-3)
+    window, tol = options.dynamics_window, options.tol
     if loops < 2:
         return MetricResult({"token_dynamics": None})
     dynamics = token_dynamics(
-        inputs.loop_states[:, inputs.valid], window=window, tol=tol, max_period=options.get("max_period", 8)
+        inputs.loop_states[:, inputs.valid], window=window, tol=tol, max_period=options.max_period
     )
     return MetricResult(
         {"token_dynamics": {**dynamics.fractions, "tokens": int(dynamics.labels.numel()), "window": window, "tol": tol}}

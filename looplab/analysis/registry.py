@@ -29,11 +29,35 @@ from torch import Tensor
 
 from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.trace import Trace
+from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
+from looplab.params import POSITIVE, at_least, param
+from looplab.plugins import register_entry
 from looplab.progress import Progress
 
-__all__ = ["AnalysisInput", "MetricResult", "METRICS", "register_metric", "run_metrics"]
+__all__ = ["AnalysisOptions", "AnalysisInput", "MetricResult", "METRICS", "register_metric", "run_metrics"]
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """The mechanistic analysis's parameters, declared once: the CLI, sweeps and Python take these defaults."""
+
+    loops: int = param(128, at_least(1), "loops r to unroll (the paper uses 128)")
+    samples: int = param(8, at_least(1), "instances of the task at its longest training length")
+    window: int = param(0, at_least(0), "the last W >= 2 loops the token dynamics classify; 0: max(2, loops // 4)")
+    tol: float = param(1e-3, POSITIVE, "the token dynamics' cosine tolerance")
+    max_period: int = param(8, at_least(1), "the longest orbit period the token dynamics search")
+    mlp_ablation: bool = param(True, None, "also re-trace with each core layer's MLP zeroed (one trace per layer)")
+
+    def __post_init__(self):
+        if self.window == 1:
+            raise LooplabError("analysis.window must be 0 (automatic) or >= 2, got 1: one loop shows no dynamics")
+
+    @property
+    def dynamics_window(self) -> int:
+        """The W the token dynamics use."""
+        return self.window or max(2, self.loops // 4)
 
 
 @dataclass
@@ -45,14 +69,14 @@ class AnalysisInput:
         recorded: the trace, attention included, for ``loops`` loops of ``samples`` instances.
         label: the name plot titles start with.
         retrace: runs the same trace again (e.g. after an ablation changes the model).
-        options: the analysis options (``window``, ``tol``, ``max_period``, ``mlp_ablation``).
+        options: the analysis options.
     """
 
     exp: Experiment
     recorded: Trace
     label: str
     retrace: Callable[[], Trace]
-    options: dict[str, Any] = field(default_factory=dict)
+    options: AnalysisOptions = field(default_factory=AnalysisOptions)
 
     @property
     def loops(self) -> int:
@@ -101,7 +125,7 @@ def register_metric(name: str) -> Callable[[Metric], Metric]:
     """Function decorator: every mechanistic analysis computes the metric and writes its files."""
 
     def register(metric: Metric) -> Metric:
-        METRICS[name] = metric
+        register_entry(METRICS, name, metric, "metric")
         return metric
 
     return register

@@ -3,9 +3,10 @@
 TransformerLens caches activations by hook name and overwrites an entry when a
 hook fires twice; a looped model runs every core layer once per loop, so here
 each name carries the loop. :func:`trace` drives the model's own methods
-(:meth:`~LoopedTransformer.start`, :meth:`~LoopedTransformer.step` r times,
-:meth:`~LoopedTransformer.readout`) and records through the model's layer hook
-(:meth:`~LoopedTransformer.observe`), so it records what the model computes:
+(``start``, ``step`` r times, ``readout``) and records through its layer hook
+(``observe``) and its attention watch (``watch_attention``), so it records what
+the model computes, for any model of the looped-model protocol
+(``looplab.model.protocol``): a looplab model or a retrofitted pretrained one:
 
     x = e (+ positions) → prelude₀ … prelude_{p−1} → e
     h_0 = initial_state(e)
@@ -22,6 +23,7 @@ loop 1 is the first application of the core, loop 0 the initial state):
     loopTT.coreL.attn_in [B, T, d]   the input of core layer L's attention in loop t (after
                                      the attention norm for pre-norm/sandwich placements)
     loopTT.state       [B, T, d]     h_t (after core_out_norm); loop00.state is h_0
+    middleI.resid / middleI.attn     a retrofit's kept middle layer I, after the loop
     codaI.resid / codaI.attn         coda layer I, run on the last loop's state
 
 Only the selected core layers and loops are kept; everything is detached and
@@ -30,13 +32,13 @@ moved to the chosen device and dtype as it is produced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from looplab.model.attention import AttentionContext
-from looplab.model.looped import LoopedTransformer
+from looplab.errors import LooplabError
+from looplab.model.protocol import LoopedModel
 
 __all__ = ["Trace", "trace", "loop_name"]
 
@@ -114,7 +116,7 @@ class Trace:
 
 @torch.no_grad()
 def trace(
-    model: LoopedTransformer,
+    model: LoopedModel,
     tokens: Tensor,
     valid: Tensor,
     loops: int,
@@ -138,8 +140,8 @@ def trace(
         generator: for a noise initial state.
 
     Returns:
-        A :class:`Trace`; its final ``loopTT.state`` equals the last state of
-        :meth:`LoopedTransformer.unroll` (bit for bit without ``attention``).
+        A :class:`Trace`; its final ``loopTT.state`` equals the last state of the model's own
+        unroll (bit for bit without ``attention``).
     """
     n_core = len(model.core)
     layers = sorted(set(range(n_core) if layers is None else layers))
@@ -165,27 +167,24 @@ def trace(
 
     loop = 0  # the loop the model is running, 0 before the first (prelude) and after the last (coda)
 
-    def record(site: str, index: int, layer, x: Tensor, ctx: AttentionContext) -> Tensor:
+    def record(site: str, index: int, layer, x: Tensor, run) -> Tensor:
         if site != "core":
             prefix = f"{site}{index}"
         elif loop in wanted and index in layers:
             prefix = f"{loop_name(loop, loops)}.core{index}"
         else:
-            return layer(x, ctx)
+            return run(x)
         if not attention:
-            x = layer(x, ctx)
+            x = run(x)
             keep(f"{prefix}.resid", x)
             return x
-        probs: list[Tensor] = []
-        inputs: list[Tensor] = []
-        handle = layer.attn.register_forward_pre_hook(lambda _module, args: inputs.append(args[0]))
-        try:
-            x = layer(x, replace(ctx, use_math=True, probs=probs))
-        finally:
-            handle.remove()
+        with model.watch_attention(layer) as seen:
+            x = run(x)
+        if not seen.probs:
+            raise LooplabError(f"{prefix}: the attention returned no probabilities (it needs eager attention)")
         keep(f"{prefix}.resid", x)
-        keep(f"{prefix}.attn", probs.pop())
-        keep(f"{prefix}.attn_in", inputs.pop())
+        keep(f"{prefix}.attn", seen.probs[-1])
+        keep(f"{prefix}.attn_in", seen.inputs[-1])
         return x
 
     with model.observe(record):

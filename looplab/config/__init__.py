@@ -2,10 +2,12 @@
 
 A config file has the sections ``[task]``, ``[model]``, ``[schedule]``,
 ``[train]``, ``[eval]``, ``[stability]`` and ``[run]``; every key is optional
-and defaults to the field value in ``schema.py``. Unknown sections or keys,
-wrongly typed values and values outside a key's choices raise
-:class:`LooplabError` naming the valid options. This package depends on
-nothing in looplab but its errors.
+and defaults to the value declared beside it: in ``schema.py`` for the fixed
+sections, by the chosen schedule for ``[schedule]`` and by each regulariser for
+``[stability.NAME]``. Unknown sections or keys, wrongly typed values and values
+outside a key's domain raise :class:`LooplabError` naming the valid options.
+This package depends on nothing in looplab but its errors, the parameter
+declarations (``looplab.params``) and the plugin loader (``looplab.plugins``).
 """
 
 from looplab.config.checks import fixed_exit_depth, validate
@@ -13,24 +15,21 @@ from looplab.config.load import from_dict, load_config, parse_override, read_tom
 from looplab.config.schema import (
     ATTENTIONS,
     DEFAULT_FIXED_EXIT,
+    DEFAULT_SAMPLES,
     INIT_SCALINGS,
     INIT_STATES,
     INJECT_INITS,
     INJECTIONS,
-    JSRR_ESTIMATORS,
     NORMS,
     PLACEMENT_ALIASES,
-    PLACEMENTS,
     POSITIONALS,
     PRECISIONS,
     PRESETS,
     Config,
     EvalConfig,
-    JsrrConfig,
     ModelConfig,
     RunConfig,
     ScheduleConfig,
-    StabilityConfig,
     TaskConfig,
     TrainConfig,
 )
@@ -38,24 +37,21 @@ from looplab.config.schema import (
 __all__ = [
     "ATTENTIONS",
     "DEFAULT_FIXED_EXIT",
+    "DEFAULT_SAMPLES",
     "INIT_SCALINGS",
     "INIT_STATES",
     "INJECT_INITS",
     "INJECTIONS",
-    "JSRR_ESTIMATORS",
     "NORMS",
     "PLACEMENT_ALIASES",
-    "PLACEMENTS",
     "POSITIONALS",
     "PRECISIONS",
     "PRESETS",
     "Config",
     "EvalConfig",
-    "JsrrConfig",
     "ModelConfig",
     "RunConfig",
     "ScheduleConfig",
-    "StabilityConfig",
     "TaskConfig",
     "TrainConfig",
     "fixed_exit_depth",

@@ -5,46 +5,51 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_origin, get_type_hints
 
 from looplab.config.checks import validate
-from looplab.config.schema import PRESETS, Config
+from looplab.config.schema import PRESETS, Config, ScheduleConfig
 from looplab.errors import LooplabError, choice_error
-
-
-def _check_type(where: str, value: Any, annotation: Any) -> Any:
-    """Return ``value`` coerced to ``annotation`` or raise a one-line error."""
-    if get_origin(annotation) is list:
-        (item,) = get_args(annotation)
-        if not isinstance(value, list):
-            raise LooplabError(f"{where} must be a list of {item.__name__}, got {value!r}")
-        return [_check_type(where, v, item) for v in value]
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if annotation is int and isinstance(value, bool) or not isinstance(value, annotation):
-        raise LooplabError(f"{where} must be {annotation.__name__}, got {value!r}")
-    return value
+from looplab.params import check_type
+from looplab.plugins import load_plugins, normalise_plugins
 
 
 def _fill(target: Any, values: dict[str, Any], where: str) -> None:
-    """Set the fields of dataclass ``target`` from ``values``, recursing into sub-tables."""
+    """Set the fields of dataclass ``target`` from ``values``, recursing into sub-tables.
+
+    The tables whose keys belong to components (``[schedule]``'s parameters, each
+    ``[stability.NAME]``) are kept as they are, for ``check_config`` to check against
+    the component's own declaration.
+    """
     hints = get_type_hints(type(target))
     for key, value in values.items():
         name = f"{where}.{key}" if where else key
         if key not in hints:
             raise choice_error(f"key in [{where}]" if where else "config section", key, hints)
-        if dataclasses.is_dataclass(hints[key]):
+        if dataclasses.is_dataclass(hints[key]) or get_origin(hints[key]) is dict:
             if not isinstance(value, dict):
                 raise LooplabError(f"config section [{name}] must be a table, got {value!r}")
+        if isinstance(target, Config) and key == "schedule":
+            target.schedule = ScheduleConfig(**{"name": target.schedule.name, **value})
+            check_type("schedule.name", target.schedule.name, str)
+        elif isinstance(target, Config) and key == "stability":
+            for regulariser, table in value.items():
+                if not isinstance(table, dict):
+                    raise LooplabError(f"config section [stability.{regulariser}] must be a table, got {table!r}")
+                target.stability[regulariser] = {**target.stability.get(regulariser, {}), **table}
+        elif dataclasses.is_dataclass(hints[key]):
             _fill(getattr(target, key), value, name)
         else:
-            setattr(target, key, _check_type(name, value, hints[key]))
+            setattr(target, key, check_type(name, value, hints[key]))
 
 
 def from_dict(data: dict[str, Any]) -> Config:
-    """Build a validated :class:`Config` from nested ``{section: {key: value}}``."""
+    """Build a validated :class:`Config` from nested ``{section: {key: value}}``, importing its
+    ``run.plugins`` before checking it."""
     config = Config()
     _fill(config, data, "")
+    config.run.plugins = normalise_plugins(config.run.plugins)
+    load_plugins(config.run.plugins)
     validate(config)
     return config
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import tomli_w
 
+from looplab.params import FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Domain, at_least, one_of, param
+
 NORMS = ("layernorm", "rmsnorm", "simplenorm")
-PLACEMENTS = ("pre", "post", "pre_sandwich", "post_sandwich")
 PLACEMENT_ALIASES = {"sandwich_output": "pre_sandwich", "sandwich_residual": "post_sandwich"}
 INJECTIONS = ("add", "concat", "none")
 INIT_STATES = ("embed", "zeros", "noise")
@@ -19,8 +20,10 @@ INJECT_INITS = ("sum", "state", "input", "mix", "random")
 POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("auto", "sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
-JSRR_ESTIMATORS = ("none", "jvp", "vjp", "frobenius")
 DEFAULT_FIXED_EXIT = 20  # the paper's training depth T_train
+DEFAULT_SAMPLES = 256  # evaluation samples per length
+#: the most symbols a task's alphabet may have: each is a vocabulary entry, and the vocabulary is built as a list
+MAX_ALPHABET = 2**16
 PRESETS = Path(__file__).resolve().parents[1] / "configs"  # the bundled configs, addressable by name
 
 
@@ -29,10 +32,10 @@ class TaskConfig:
     """Which task, and the length split: train on [train_min, train_max], OOD above."""
 
     name: str = "binary_addition"
-    alphabet: int = 8
-    train_min: int = 1
-    train_max: int = 12
-    eval_lengths: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 20, 24])
+    alphabet: int = param(8, Domain(2, MAX_ALPHABET), "each symbol is a token of the vocabulary")
+    train_min: int = param(1, at_least(1))
+    train_max: int = param(12, at_least(1))
+    eval_lengths: list[int] = param([4, 8, 12, 16, 20, 24])
 
 
 @dataclass
@@ -51,61 +54,52 @@ class ModelConfig:
     answer that depends on the whole input needs depth that grows with its length.
     """
 
-    d_model: int = 64
-    n_heads: int = 4
-    mlp_ratio: int = 4
-    prelude_layers: int = 0
-    core_layers: int = 2
-    coda_layers: int = 0
-    injection: str = "add"
-    init_state: str = "embed"
-    noise_std: float = 1.0
-    norm: str = "layernorm"
-    placement: str = "pre"
+    d_model: int = param(64, at_least(1))
+    n_heads: int = param(4, at_least(1))
+    mlp_ratio: int = param(4, at_least(1))
+    prelude_layers: int = param(0, at_least(0))
+    core_layers: int = param(2, at_least(1))
+    coda_layers: int = param(0, at_least(0))
+    injection: str = param("add", one_of(*INJECTIONS))
+    init_state: str = param("embed", one_of(*INIT_STATES))
+    noise_std: float = param(1.0, NON_NEGATIVE)
+    norm: str = param("layernorm", one_of(*NORMS))
+    placement: str = param("pre", None, "a registered placement (looplab.model.placements)")
     core_out_norm: bool = False
-    positional: str = "rope"
+    positional: str = param("rope", one_of(*POSITIONALS))
     causal: bool = False
-    attention: str = "auto"
-    attention_window: int = 0
-    max_len: int = 512
-    rope_base: float = 10000.0
-    init_std: float = 0.02
-    init_scaling: str = "none"
-    embed_std: float = 0.02
-    inject_init: str = "sum"
-    inject_gain: float = 0.25
+    attention: str = param("auto", one_of(*ATTENTIONS))
+    attention_window: int = param(0, at_least(0), "0: every position")
+    max_len: int = param(512, POSITIVE)
+    rope_base: float = param(10000.0, POSITIVE)
+    init_std: float = param(0.02, POSITIVE)
+    init_scaling: str = param("none", one_of(*INIT_SCALINGS))
+    embed_std: float = param(0.02, POSITIVE)
+    inject_init: str = param("sum", one_of(*INJECT_INITS))
+    inject_gain: float = param(0.25, POSITIVE)
 
 
-@dataclass
+@dataclass(init=False)
 class ScheduleConfig:
-    """Training-depth schedule (docs/methods.md §3, §4).
+    """[schedule]: the training-depth schedule's name and the values of its own parameters.
 
-    ``depth`` is the constant c, ``window`` the w of the window schedules and
-    ``t_max`` the clip bound, which is also T_max of the halting schedules.
-    Learned halting: REINFORCE's entropy bonus (weight and ``exact`` or
-    ``sampled`` estimator) and baseline momentum, PonderNet's geometric prior
-    rate λ_p and KL weight β, and the halting head's learning rate as a
-    multiple of the model's. Random loop sampling: ``lognormal`` uses μ, σ and
-    the clip range [lo, hi]; ``poisson_lognormal`` uses ``mean_depth`` r̄, σ and
-    [lo, hi]; either draws one depth per batch (``per_batch``, as STARS) or per row.
+    Each schedule declares its parameters, their defaults and their domains itself
+    (its ``Params``, ``looplab.schedules``); this section keeps the values the file
+    and the overrides set, and ``looplab.experiment.check_config`` checks them
+    against the chosen schedule's declaration and fills in its defaults.
+    ``ScheduleConfig(name="fixed", depth=4)`` reads as the TOML table would.
     """
 
-    name: str = "matched"
-    depth: int = 20
-    window: int = 5
-    t_max: int = 20
-    entropy_weight: float = 0.001
-    entropy_mode: str = "sampled"
-    baseline_momentum: float = 0.9
-    ponder_prior: float = 0.2
-    ponder_beta: float = 0.01
-    lr_scale: float = 1.0
-    mu: float = 2.0
-    sigma: float = 0.7
-    mean_depth: float = 8.0
-    lo: int = 1
-    hi: int = 100
-    per_batch: bool = True
+    name: str
+    params: dict[str, Any]
+
+    def __init__(self, name: str = "matched", **params: Any):
+        self.name = name
+        self.params = params
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML table: ``name``, then the parameters."""
+        return {"name": self.name, **self.params}
 
 
 @dataclass
@@ -118,47 +112,20 @@ class TrainConfig:
     the last checkpoint (besides every ``checkpoint_every`` steps); 0 checkpoints by steps only.
     """
 
-    steps: int = 2000
-    batch_size: int = 64
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.0
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    grad_clip: float = 1.0
-    log_every: int = 50
-    checkpoint_every: int = 500
-    checkpoint_minutes: float = 0.0
-    keep_checkpoints: int = 2
-    backprop_loops: int = 0
-
-
-@dataclass
-class JsrrConfig:
-    """Jacobian spectral-radius regulariser (docs/methods.md §6).
-
-    ``estimator``: ``none``, ``jvp`` (‖Jv‖² by the linearised loop, the STARS paper's
-    definition), ``vjp`` (‖Jᵀv‖², what the STARS code computes) or
-    ``frobenius`` (Hutchinson estimate of ‖J‖²_F / D, as in DEQ). The loss is
-    (1 − weight)·CE + weight·penalty, after ``warmup`` steps, on a step with
-    probability ``prob``, with ``power_iters`` gradient-free power iterations first.
-    ``rows`` > 0 computes the penalty on that many rows of the batch, drawn at
-    random each step (0: every row): the same expected penalty, at a fraction of
-    the cost, with more variance.
-    """
-
-    estimator: str = "none"
-    weight: float = 0.1
-    power_iters: int = 1
-    warmup: int = 0
-    prob: float = 1.0
-    rows: int = 0
-
-
-@dataclass
-class StabilityConfig:
-    jsrr: JsrrConfig = field(default_factory=JsrrConfig)
+    steps: int = param(2000, at_least(0), "0: keep the initialisation")
+    batch_size: int = param(64, at_least(1))
+    lr: float = param(1e-3, POSITIVE)
+    min_lr_ratio: float = param(0.0, UNIT)
+    warmup_steps: int = param(100, NON_NEGATIVE)
+    weight_decay: float = param(0.01, NON_NEGATIVE)
+    beta1: float = param(0.9, FRACTION)
+    beta2: float = param(0.999, FRACTION)
+    grad_clip: float = param(1.0, POSITIVE)
+    log_every: int = param(50, at_least(1))
+    checkpoint_every: int = param(500, at_least(1))
+    checkpoint_minutes: float = param(0.0, NON_NEGATIVE, "0: checkpoint by steps only")
+    keep_checkpoints: int = param(2, at_least(1))
+    backprop_loops: int = param(0, at_least(0), "0: through every loop")
 
 
 @dataclass
@@ -173,37 +140,55 @@ class EvalConfig:
     TensorBoard's ``eval/*`` curves (0: only the evaluation after training).
     """
 
-    max_loops: int = 30
-    samples: int = 256
-    batch_size: int = 256
-    fixed_exit: int = 0
-    convergence_eps: float = 1e-3
-    flip_from: int = 1
-    checkpoint_samples: int = 0
+    max_loops: int = param(30, at_least(1))
+    samples: int = param(DEFAULT_SAMPLES, at_least(1))
+    batch_size: int = param(256, at_least(1))
+    fixed_exit: int = param(0, at_least(0), "0: min(20, max_loops)")
+    convergence_eps: float = param(1e-3, POSITIVE)
+    flip_from: int = param(1, at_least(1))
+    checkpoint_samples: int = param(0, at_least(0))
 
 
 @dataclass
 class RunConfig:
-    """Seed, device and precision. ``bf16`` autocasts the forward pass (meant for CUDA)."""
+    """Seed, device, precision and plugins. ``bf16`` autocasts the forward pass (meant for CUDA).
+
+    ``plugins``: modules (``my_pkg.my_schedule``) or Python files (``path/to/my_exit.py``) imported
+    before the rest of the config is read, so the schedules, regularisers, exits, metrics and tasks
+    they register can be named in it (``looplab.plugins``).
+    """
 
     seed: int = 0
     device: str = "cpu"
-    precision: str = "fp32"
-    threads: int = 0
+    precision: str = param("fp32", one_of(*PRECISIONS))
+    threads: int = param(0, NON_NEGATIVE, "0: torch's default")
+    plugins: list[str] = param([])
 
 
 @dataclass
 class Config:
+    """A whole run's configuration.
+
+    ``stability`` holds one table per regulariser (``[stability.jsrr]``), each declared by
+    its regulariser (``looplab.regularisers``) and completed by ``check_config`` like ``schedule``.
+    """
+
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    stability: dict[str, dict[str, Any]] = field(default_factory=dict)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        """The nested TOML tables, sections in file order."""
+        plain = {section: dataclasses.asdict(getattr(self, section)) for section in ("task", "model")}
+        plain["schedule"] = self.schedule.to_dict()
+        plain.update({section: dataclasses.asdict(getattr(self, section)) for section in ("train", "eval")})
+        plain["stability"] = {name: dict(table) for name, table in self.stability.items()}
+        plain["run"] = dataclasses.asdict(self.run)
+        return plain
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())

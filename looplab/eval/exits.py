@@ -28,6 +28,7 @@ import torch
 
 from looplab.eval.grid import LengthOutcome
 from looplab.model.halting import entropy, log_halting_distribution, policy_depth
+from looplab.plugins import register_entry
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def register_exit(name: str) -> Callable[[ExitRule], ExitRule]:
     """Function decorator: report the exit under ``name``."""
 
     def register(rule: ExitRule) -> ExitRule:
-        EXITS[name] = rule
+        register_entry(EXITS, name, rule, "exit")
         return rule
 
     return register

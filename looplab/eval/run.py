@@ -173,9 +173,12 @@ def format_summary(summary: dict) -> str:
         f"Front@90 {'n/a' if front is None else front}   "
         f"Flip rate {_percent(summary['flip_rate'])}{flip_range}"
     )
-    lines += ["", f"{'exit':<12} {'ID acc':>7} {'OOD acc':>7} {'depth':>6}"]
+    width = max([12, *(len(name) + 1 for name in summary["exits"])])
+    lines += ["", f"{'exit':<{width}} {'ID acc':>7} {'OOD acc':>7} {'depth':>6}"]
     for name, row in summary["exits"].items():
-        lines.append(f"{name:<12} {_pct(row['policy_id']):>7} {_pct(row['policy_ood']):>7} {row['mean_depth']:>6.1f}")
+        lines.append(
+            f"{name:<{width}} {_pct(row['policy_id']):>7} {_pct(row['policy_ood']):>7} {row['mean_depth']:>6.1f}"
+        )
     for n, halting in summary.get("halting", {}).items():
         lines.append(f"halting at n={n}: mean depth {halting['mean_depth']:.1f}, entropy {halting['entropy']:.2f}")
     if "scaling_peak" in summary:

@@ -18,6 +18,15 @@ from looplab.plotting import pyplot, save_figure
 REPORTED_LOOPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
+def relative_drop(before: float | None, after: float | None, lower_is_better: bool = False) -> float | None:
+    """(before − after) / before for an accuracy; for a loss, how much it grew: (after − before) / before.
+    None (undefined, not "no drop") when either is missing or ``before`` is 0."""
+    if before is None or after is None or before == 0:
+        return None
+    change = (after - before) if lower_is_better else (before - after)
+    return change / abs(before)
+
+
 def finite_mean(values: np.ndarray) -> np.ndarray:
     """Column means over the finite entries of [N, T] (NaN where none is finite)."""
     finite = np.isfinite(values)
@@ -56,7 +65,7 @@ def scaling_summary(frame: pd.DataFrame) -> dict:
         "scaling_peak_loops": int(frame["loops"].iloc[peak_index]),
         "scaling_at": {str(k): float(accuracy[k - 1]) for k in REPORTED_LOOPS if k <= len(accuracy)},
         # a peak of 0 has nothing to drop from: undefined, not "no drop"
-        "relative_drop": float((peak - accuracy[-1]) / peak) if peak > 0 else None,
+        "relative_drop": relative_drop(peak, float(accuracy[-1])),
         "nonfinite_last": float(frame["nonfinite_fraction"].iloc[-1]),
     }
 

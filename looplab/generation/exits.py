@@ -9,23 +9,74 @@ returns [R] bool: stop here. Loop ``cap`` always stops.
     convergence  ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps                      (t ≥ 2)
     kl           KL(p_t ‖ p_{t−1}) < eps: the distribution settled   (t ≥ 2)
     confidence   max p_t ≥ threshold
+
+A rule is a registered :class:`TokenExit`: add one with ``@register_token_exit(name,
+reads_logits=..., first_loop=...)`` on a function ``(rule, h, h_prev, logp, logp_prev) -> [R] bool``
+(``rule`` is the :class:`ExitRule`, for its ``eps`` and ``threshold``), in a plugin module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, choice_error
+from looplab.plugins import register_entry
 
-EXITS = ("fixed", "convergence", "kl", "confidence")
+
+@dataclass(frozen=True)
+class TokenExit:
+    """A registered per-token exit: whether it reads the logits, the first loop it may stop at, and its test."""
+
+    name: str
+    reads_logits: bool
+    first_loop: int
+    stops: Callable[..., Tensor]
+
+    @property
+    def origin(self) -> str:
+        return f"{self.stops.__module__}.{self.stops.__qualname__}"
+
+
+EXITS: dict[str, TokenExit] = {}
+
+
+def register_token_exit(name: str, reads_logits: bool, first_loop: int = 1):
+    """Function decorator: make ``stops`` available as the generation exit ``name``."""
+
+    def register(stops):
+        register_entry(EXITS, name, TokenExit(name, reads_logits, first_loop, stops), "generation exit")
+        return stops
+
+    return register
+
+
+@register_token_exit("fixed", reads_logits=False)
+def _fixed(rule, h, h_prev, logp, logp_prev):
+    return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)  # only the cap stops it
+
+
+@register_token_exit("convergence", reads_logits=False, first_loop=2)
+def _convergence(rule, h, h_prev, logp, logp_prev):
+    return (h - h_prev).norm(dim=-1) < rule.eps * h.norm(dim=-1)
+
+
+@register_token_exit("kl", reads_logits=True, first_loop=2)
+def _kl(rule, h, h_prev, logp, logp_prev):
+    return (logp.exp() * (logp - logp_prev)).sum(-1) < rule.eps
+
+
+@register_token_exit("confidence", reads_logits=True)
+def _confidence(rule, h, h_prev, logp, logp_prev):
+    return logp.max(dim=-1).values.exp() >= rule.threshold
 
 
 @dataclass(frozen=True)
 class ExitRule:
-    """A per-token exit: its ``name`` (one of :data:`EXITS`), the loop cap and its threshold."""
+    """A per-token exit: its ``name`` (a key of :data:`EXITS`), the loop cap and its threshold."""
 
     name: str = "fixed"
     loops: int = 4  # the fixed depth, or the cap of an adaptive exit
@@ -34,7 +85,7 @@ class ExitRule:
 
     def __post_init__(self) -> None:
         if self.name not in EXITS:
-            raise LooplabError(f"unknown exit {self.name!r}; valid choices: {', '.join(EXITS)}")
+            raise choice_error("exit", self.name, EXITS)
         if self.loops < 1:
             raise LooplabError(f"the exit's loops (depth or cap) must be >= 1, got {self.loops}")
         if not self.eps > 0:
@@ -44,17 +95,14 @@ class ExitRule:
 
     @property
     def reads_logits(self) -> bool:
-        return self.name in ("kl", "confidence")
+        return EXITS[self.name].reads_logits
 
     def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
         """[R] bool: the rows whose token stops after loop t."""
         rows = h.shape[0]
         if t >= self.loops:
             return torch.ones(rows, dtype=torch.bool, device=h.device)
-        if self.name == "fixed" or (t < 2 and self.name != "confidence"):
+        entry = EXITS[self.name]
+        if t < entry.first_loop:
             return torch.zeros(rows, dtype=torch.bool, device=h.device)
-        if self.name == "convergence":
-            return (h - h_prev).norm(dim=-1) < self.eps * h.norm(dim=-1)
-        if self.name == "kl":
-            return (logp.exp() * (logp - logp_prev)).sum(-1) < self.eps
-        return logp.max(dim=-1).values.exp() >= self.threshold
+        return entry.stops(self, h, h_prev, logp, logp_prev)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from looplab.config import DEFAULT_SAMPLES
 from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths
 from looplab.experiment import Experiment
@@ -162,7 +163,11 @@ def with_reasoning(exp: Experiment, frame: pd.DataFrame, samples: int, batch_siz
 
 
 def evaluate_lm_run(
-    run_dir: str | Path, max_loops: int = 64, samples: int = 256, out: str | Path | None = None, batch_size: int = 64
+    run_dir: str | Path,
+    max_loops: int = 64,
+    samples: int = DEFAULT_SAMPLES,
+    out: str | Path | None = None,
+    batch_size: int = 64,
 ) -> dict:
     """Write ``lm_loops.csv``, ``lm_loops.png`` and ``lm_summary.json`` for a trained KJV run.
 

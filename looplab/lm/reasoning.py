@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from looplab.eval.grid import LengthOutcome, grid_frame
-from looplab.eval.scaling import finite_mean
+from looplab.eval.scaling import finite_mean, relative_drop
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
 from looplab.seeding import derive_generator
@@ -78,14 +78,6 @@ def at_loops(frame: pd.DataFrame, column: str, loops: int | None) -> float | Non
     rows = frame.loc[frame.loops == loops, column]
     value = float(rows.iloc[0]) if loops is not None and len(rows) else None
     return None if value is None or math.isnan(value) else value
-
-
-def relative_drop(before: float | None, after: float | None, lower_is_better: bool = False) -> float | None:
-    """(before − after) / before for an accuracy; for a loss, how much it grew: (after − before) / before."""
-    if before is None or after is None or before == 0:
-        return None
-    change = (after - before) if lower_is_better else (before - after)
-    return change / abs(before)
 
 
 SCALED = {"loss": ("loss", True), "id": ("reasoning_id", False), "ood": ("reasoning_ood", False)}

@@ -36,10 +36,11 @@ from ``model.model.rotary_emb`` and an additive causal + key-padding mask built 
 (each query may always see itself, so padded query rows stay finite). Recording
 attention probabilities needs eager attention; the copied layers are switched to it.
 
-:meth:`RetrofittedLoop.record` returns a :class:`looplab.analysis.trace.Trace` with the
-same names as looplab's own traces (``prelude0.resid``, ``loop03.core1.resid``,
-``loop03.core1.attn``, ``loop03.state``, ``coda0.resid``, …), so
-:mod:`looplab.analysis.fixed_points`, :mod:`~looplab.analysis.colsum` and
+The model implements the looped-model protocol (``looplab.model.protocol``), so
+:func:`looplab.analysis.trace.trace` (and :meth:`RetrofittedLoop.record`, which calls
+it) records it with the same names as looplab's own models (``prelude0.resid``,
+``loop03.core1.resid``, ``loop03.core1.attn``, ``loop03.state``, ``coda0.resid``, …),
+and :mod:`looplab.analysis.fixed_points`, :mod:`~looplab.analysis.colsum` and
 :mod:`~looplab.analysis.massive` apply unchanged.
 """
 
@@ -47,15 +48,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from looplab.analysis.trace import Trace, loop_name
+from looplab.analysis.trace import Trace, trace
 from looplab.errors import LooplabError
 from looplab.model.looped import injection_weight
+from looplab.model.protocol import AttentionWatch, ObservedLayers
 
-__all__ = ["RetrofittedLoop", "causal_mask"]
+__all__ = ["RetrofittedLoop", "RetrofitContext", "causal_mask"]
 
 
 def causal_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -69,8 +73,21 @@ def causal_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
-class RetrofittedLoop(nn.Module):
+@dataclass
+class RetrofitContext:
+    """What every layer call of one batch shares: rotary ``rope`` (cos, sin), the additive ``mask``
+    [B, 1, T, T] and ``valid`` [B, T] bool."""
+
+    rope: tuple[Tensor, Tensor]
+    mask: Tensor
+    valid: Tensor | None = None
+
+
+class RetrofittedLoop(ObservedLayers, nn.Module):
     """A pretrained causal LM split into prelude, a looped core and a coda, with concat input injection.
+
+    It implements the looped-model protocol (``looplab.model.protocol``): ``start`` / ``step`` /
+    ``readout`` / ``observe`` / ``watch_attention``, so looplab's trace and analyses run on it unchanged.
 
     Args:
         model: a transformers Llama-architecture causal LM (``model.model.layers``,
@@ -137,152 +154,94 @@ class RetrofittedLoop(nn.Module):
                 injection_weight(inject_init, d, inject_gain, self.inject.weight.dtype, self.inject.weight.device)
             )
 
-    # ------------------------------------------------------------------ pieces
+    # ------------------------------------------------------------------ the looped-model protocol
 
-    def _context(self, input_ids: Tensor, attention_mask: Tensor | None):
+    def start(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, RetrofitContext]:
+        """(h_0, e, ctx): the prelude output e [B, T, d] is both the injected input and h_0."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         x = self.embed(input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
         rope = self.rotary(x, position_ids=positions)
-        return x, rope, causal_mask(attention_mask, x.dtype), attention_mask
+        ctx = RetrofitContext(rope, causal_mask(attention_mask, x.dtype), attention_mask.bool())
+        for index, layer in enumerate(self.prelude):
+            x = self._call("prelude", index, layer, x, ctx)
+        return x, x, ctx
 
-    @staticmethod
-    def _layer(layer: nn.Module, x: Tensor, rope, mask: Tensor) -> Tensor:
-        out = layer(x, attention_mask=mask, position_embeddings=rope, use_cache=False)
-        return out[0] if isinstance(out, tuple) else out
-
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None):
-        """(e, rope, mask, attention_mask): the prelude output e [B, T, d] and the attention context."""
-        x, rope, mask, attention_mask = self._context(input_ids, attention_mask)
-        for layer in self.prelude:
-            x = self._layer(layer, x, rope, mask)
-        return x, rope, mask, attention_mask
-
-    def step(self, h: Tensor, e: Tensor, rope, mask: Tensor) -> Tensor:
+    def step(self, h: Tensor, e: Tensor, ctx: RetrofitContext) -> Tensor:
         """One loop: h_t = core(W_I [e; h_{t−1}])."""
         x = self.inject(torch.cat([e, h], dim=-1))
-        for layer in self.core:
-            x = self._layer(layer, x, rope, mask)
+        for index, layer in enumerate(self.core):
+            x = self._call("core", index, layer, x, ctx)
         return x
 
-    def readout(self, h: Tensor, rope, mask: Tensor, at: Tensor | None = None) -> Tensor:
+    def readout(self, h: Tensor, ctx: RetrofitContext, at: Tensor | None = None) -> Tensor:
         """Logits [B, T, V] from the last core state (middle, coda, final norm, head); with ``at``
         ([B, T] bool) only at those positions, [N, V] — the head is the costliest matmul here."""
-        for layer in [*self.middle, *self.coda]:
-            h = self._layer(layer, h, rope, mask)
+        for index, layer in enumerate(self.middle):
+            h = self._call("middle", index, layer, h, ctx)
+        for index, layer in enumerate(self.coda):
+            h = self._call("coda", index, layer, h, ctx)
         return self.lm_head(self.norm(h if at is None else h[at]))
+
+    @contextmanager
+    def watch_attention(self, layer: nn.Module) -> Iterator[AttentionWatch]:
+        """Record a decoder layer's attention input (after its RMSNorm) and eager attention probabilities."""
+        seen = AttentionWatch()
+
+        def before(_module, args, kwargs):
+            seen.inputs.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+
+        def after(_module, _args, output):
+            if output[1] is None:
+                raise LooplabError("the attention returned no probabilities (eager attention is required)")
+            seen.probs.append(output[1])
+
+        handles = [
+            layer.self_attn.register_forward_pre_hook(before, with_kwargs=True),
+            layer.self_attn.register_forward_hook(after),
+        ]
+        try:
+            yield seen
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _call(self, site: str, index: int, layer: nn.Module, x: Tensor, ctx: RetrofitContext) -> Tensor:
+        def run(y: Tensor) -> Tensor:
+            out = layer(y, attention_mask=ctx.mask, position_embeddings=ctx.rope, use_cache=False)
+            return out[0] if isinstance(out, tuple) else out
+
+        return run(x) if self._layer_hook is None else self._run(site, index, layer, x, run)
 
     # ------------------------------------------------------------------ API
 
     def unroll(self, input_ids: Tensor, attention_mask: Tensor | None = None, loops: int = 1) -> Iterator[Tensor]:
         """Yield h_1 … h_r, the core state after each loop ([B, T, d])."""
-        e, rope, mask, _ = self.encode(input_ids, attention_mask)
-        h = e
+        h, e, ctx = self.start(input_ids, attention_mask)
         for _ in range(loops):
-            h = self.step(h, e, rope, mask)
+            h = self.step(h, e, ctx)
             yield h
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, loops: int = 1) -> Tensor:
         """Logits [B, T, V] after ``loops`` loops of the core."""
         if loops < 1:
             raise LooplabError(f"loops must be ≥ 1, got {loops}")
-        e, rope, mask, _ = self.encode(input_ids, attention_mask)
-        h = e
+        h, e, ctx = self.start(input_ids, attention_mask)
         for _ in range(loops):
-            h = self.step(h, e, rope, mask)
-        return self.readout(h, rope, mask)
+            h = self.step(h, e, ctx)
+        return self.readout(h, ctx)
 
-    @torch.no_grad()
-    def record(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        loops: int = 1,
-        *,
-        attention: bool = True,
-        layers: list[int] | None = None,
-        loop_indices: list[int] | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-    ) -> Trace:
-        """A looplab :class:`Trace` of one forward pass (names as in :mod:`looplab.analysis.trace`).
-
-        Records ``preludeI.resid``, ``loopTT.coreL.resid`` (X_{L,t}), ``loopTT.state`` (h_t,
-        ``loop00.state`` = h_0 = e), ``middleI.resid`` and ``codaI.resid``; with
-        ``attention`` also the ``.attn`` probabilities [B, H, T, T] and the core layers'
-        ``.attn_in`` (input of the attention, after its RMSNorm). Core entries only for the
-        selected core ``layers`` and ``loop_indices`` (default: all); everything is detached
-        and stored on ``device`` in ``dtype``.
-        """
-        layers = sorted(set(range(self.k) if layers is None else layers))
-        if any(not 0 <= layer < self.k for layer in layers):
-            raise LooplabError(f"core layer indices must lie in 0..{self.k - 1}, got {layers}")
-        wanted = set(range(loops + 1) if loop_indices is None else loop_indices)
-        if any(not 0 <= t <= loops for t in wanted):
-            raise LooplabError(f"loop indices must lie in 0..{loops}")
-        x, rope, mask, attention_mask = self._context(input_ids, attention_mask)
-        out = Trace(
-            valid=attention_mask.bool().detach().to(device),
-            loops=sorted(t for t in wanted if t >= 1),
-            layers=layers,
-            total_loops=loops,
-            n_prelude=self.p,
-            n_coda=self.c,
-            has_attention=attention,
-        )
-
-        def keep(name: str, value: Tensor) -> None:
-            if name in out.cache:
-                raise RuntimeError(f"duplicate trace name {name}")
-            out.cache[name] = value.detach().to(device=device, dtype=dtype)
-
-        def run(layer: nn.Module, x: Tensor, prefix: str, record: bool) -> Tensor:
-            if not record:
-                return self._layer(layer, x, rope, mask)
-            if not attention:
-                x = self._layer(layer, x, rope, mask)
-                keep(f"{prefix}.resid", x)
-                return x
-            grabbed: dict[str, Tensor] = {}
-
-            def pre(_module, args, kwargs):
-                grabbed["in"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-
-            def post(_module, _args, output):
-                grabbed["probs"] = output[1]
-
-            handles = [
-                layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True),
-                layer.self_attn.register_forward_hook(post),
-            ]
-            try:
-                x = self._layer(layer, x, rope, mask)
-            finally:
-                for handle in handles:
-                    handle.remove()
-            if grabbed.get("probs") is None:
-                raise LooplabError("the attention returned no probabilities (eager attention is required)")
-            keep(f"{prefix}.resid", x)
-            keep(f"{prefix}.attn", grabbed["probs"])
-            keep(f"{prefix}.attn_in", grabbed["in"])
-            return x
-
-        for i, layer in enumerate(self.prelude):
-            x = run(layer, x, f"prelude{i}", True)
-        e = h = x
-        if 0 in wanted:
-            keep(f"{loop_name(0, loops)}.state", h)
-        for t in range(1, loops + 1):
-            prefix = loop_name(t, loops)
-            x = self.inject(torch.cat([e, h], dim=-1))
-            for index, layer in enumerate(self.core):
-                x = run(layer, x, f"{prefix}.core{index}", t in wanted and index in layers)
-            h = x
-            if t in wanted:
-                keep(f"{prefix}.state", h)
-        for i, layer in enumerate(self.middle):
-            h = run(layer, h, f"middle{i}", True)
-        for i, layer in enumerate(self.coda):
-            h = run(layer, h, f"coda{i}", True)
-        return out
+    def record(self, input_ids: Tensor, attention_mask: Tensor | None = None, loops: int = 1, **options) -> Trace:
+        """A looplab :class:`Trace` of one forward pass: :func:`looplab.analysis.trace.trace` on this model
+        (names ``preludeI.resid``, ``loopTT.coreL.resid``, ``loopTT.coreL.attn``, ``loopTT.state``,
+        ``middleI.resid``, ``codaI.resid``, …; ``options`` as for ``trace``, attention on by default)."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        options.setdefault("attention", True)
+        try:
+            return trace(self, input_ids, attention_mask.bool(), loops, **options)
+        except ValueError as err:  # an out-of-range layer or loop index
+            raise LooplabError(str(err)) from None

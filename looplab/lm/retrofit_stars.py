@@ -29,7 +29,7 @@ from torch import Tensor
 
 from looplab.config.schema import ScheduleConfig
 from looplab.errors import LooplabError, choice_error
-from looplab.lm.retrofit import RetrofittedLoop
+from looplab.lm.retrofit import RetrofitContext, RetrofittedLoop
 from looplab.schedules import make_schedule
 from looplab.seeding import derive_generator
 from looplab.stability.jacobian import jacobian_vector, random_direction
@@ -128,10 +128,10 @@ def per_row_loss(logits: Tensor, labels: Tensor, scored: Tensor) -> Tensor:
     return (totals[counts > 0] / counts[counts > 0]).mean()
 
 
-def jsrr_penalty(loop: RetrofittedLoop, h: Tensor, e: Tensor, rope, mask: Tensor, valid: Tensor, generator) -> Tensor:
+def jsrr_penalty(loop: RetrofittedLoop, h: Tensor, e: Tensor, ctx: RetrofitContext, generator) -> Tensor:
     """Mean over rows of ‖J v‖², J = ∂ step(·, e)/∂h at h, v a random unit direction per row."""
-    v = random_direction(valid.bool(), h.shape[-1], generator, dtype=h.dtype)
-    jv = jacobian_vector(lambda x: loop.step(x, e, rope, mask), h, v) * valid[..., None]
+    v = random_direction(ctx.valid, h.shape[-1], generator, dtype=h.dtype)
+    jv = jacobian_vector(lambda x: loop.step(x, e, ctx), h, v) * ctx.valid[..., None]
     return jv.flatten(1).pow(2).sum(1).mean()
 
 
@@ -174,15 +174,14 @@ def fine_tune_recipe(
                 text = text_batch(tokenizer, "train", text_rows, text_tokens, data)
                 batch = join_batches(batch, text, tokenizer.pad_token_id or 0)
             loops = int(schedule.train_depths(torch.tensor([1]), depths)[0])
-            e, rope, mask, valid = loop.encode(batch["input_ids"], batch["attention_mask"])
-            h = e
+            h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
             for _ in range(loops):
-                h = loop.step(h, e, rope, mask)
+                h = loop.step(h, e, ctx)
             scored = batch["labels"] != IGNORE
-            ce = per_row_loss(loop.readout(h, rope, mask, at=scored), batch["labels"], scored)
+            ce = per_row_loss(loop.readout(h, ctx, at=scored), batch["labels"], scored)
             loss, penalty = ce, float("nan")
             if recipe.name == "stars":
-                jsrr = jsrr_penalty(loop, h, e, rope, mask, valid, directions)
+                jsrr = jsrr_penalty(loop, h, e, ctx, directions)
                 loss, penalty = (1 - recipe.jsrr_weight) * ce + recipe.jsrr_weight * jsrr, float(jsrr.detach())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -198,13 +197,14 @@ def fine_tune_recipe(
 @torch.no_grad()
 def exact_match_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int) -> tuple[Tensor, Tensor]:
     """correct [B, T] (every answer token's argmax right after t loops) and ‖h_t‖ per token [B, T]."""
-    e, rope, mask, valid = loop.encode(batch["input_ids"], batch["attention_mask"])
+    h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
+    valid = ctx.valid
     answer = batch["labels"] != IGNORE
     tokens = valid.sum(1).clamp_min(1).double().sqrt()
-    h, correct, norms = e, [], []
+    correct, norms = [], []
     for _ in range(max_loops):
-        h = loop.step(h, e, rope, mask)
-        logits = loop.readout(h, rope, mask, at=answer).float()  # [N, V], the answer positions only
+        h = loop.step(h, e, ctx)
+        logits = loop.readout(h, ctx, at=answer).float()  # [N, V], the answer positions only
         right = torch.ones_like(answer)
         right[answer] = (logits.argmax(-1) == batch["labels"][answer]) & torch.isfinite(logits).all(-1)
         correct.append(right.all(1))
@@ -215,12 +215,12 @@ def exact_match_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_lo
 @torch.no_grad()
 def kjv_loss_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int) -> np.ndarray:
     """[T] mean next-token loss on a :func:`text_batch` after t = 1..T loops."""
-    e, rope, mask, _ = loop.encode(batch["input_ids"], batch["attention_mask"])
+    h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
     scored = batch["labels"] != IGNORE
-    h, losses = e, []
+    losses = []
     for _ in range(max_loops):
-        h = loop.step(h, e, rope, mask)
-        logits = loop.readout(h, rope, mask, at=scored).float()
+        h = loop.step(h, e, ctx)
+        logits = loop.readout(h, ctx, at=scored).float()
         losses.append(float(F.cross_entropy(logits, batch["labels"][scored])))
     return np.array(losses)
 
@@ -228,12 +228,12 @@ def kjv_loss_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops
 @torch.no_grad()
 def spectral_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int, iters: int, seed: int):
     """[T] mean ρ(∂ step/∂h at h_t) over the batch's rows (:func:`looplab.stability.spectral.warm_radii`)."""
-    e, rope, mask, valid = loop.encode(batch["input_ids"], batch["attention_mask"])
+    _, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
 
     def phi(x: Tensor) -> Tensor:  # one loop, the input held fixed
-        return loop.step(x, e, rope, mask)
+        return loop.step(x, e, ctx)
 
-    radii = warm_radii(phi, e, valid.bool(), max_loops, iters, derive_generator(seed, "retrofit-power"))
+    radii = warm_radii(phi, e, ctx.valid, max_loops, iters, derive_generator(seed, "retrofit-power"))
     return radii.mean(1).numpy()
 
 

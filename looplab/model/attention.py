@@ -77,8 +77,8 @@ class AttentionContext:
         mask: [B, 1, L, L] bool (True = may attend), or None when nothing is masked.
         causal: whether attention is causal (folded into ``mask`` when a mask exists).
         rope: (cos, sin) tables [L, Dh], or None without RoPE.
-        use_math: force the math kernel (needed for forward-mode AD).
-        probs: if a list, each attention call appends its probabilities [B, H, L, L].
+        use_math: force the math kernel (needed for forward-mode AD, and to observe the attention
+            probabilities through :attr:`SelfAttention.weights`).
         causal_suffices: the mask is causal plus right padding, so on every valid query the
             causal kernel without a mask computes the same (faster: no mask to materialise per
             call); the fused path then drops the mask, and only padded queries differ
@@ -89,7 +89,6 @@ class AttentionContext:
     causal: bool
     rope: tuple[Tensor, Tensor] | None
     use_math: bool = False
-    probs: list | None = None
     causal_suffices: bool = False
 
     @staticmethod
@@ -158,26 +157,31 @@ def split_heads(qkv: Tensor, n_heads: int, rope: tuple[Tensor, Tensor] | None) -
     return q, k, v.squeeze(0)
 
 
+class AttentionWeights(nn.Module):
+    """The identity on the attention probabilities [B, H, L, L] of the math kernel: a site to observe them
+    with a forward hook (``layer.attn.weights.register_forward_hook``) without the layer returning them."""
+
+    def forward(self, probs: Tensor) -> Tensor:
+        return probs
+
+
 class SelfAttention(nn.Module):
+    """Multi-head self-attention; under the math kernel its probabilities pass through ``weights``."""
+
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
+        self.weights = AttentionWeights()
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """x [B, L, d] → [B, L, d]."""
         batch, length, d_model = x.shape
         q, k, v = split_heads(self.qkv(x), self.n_heads, ctx.rope)
-        if ctx.use_math or ctx.probs is not None:
-            y = self._math(q, k, v, ctx)
+        if ctx.use_math or self.weights._forward_hooks:  # an observer of the probabilities needs them formed
+            y = self.weights(attention_probs(q, k, ctx)) @ v
         else:
             mask = None if ctx.causal_suffices else ctx.mask
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.causal and mask is None)
         return self.out(y.transpose(1, 2).reshape(batch, length, d_model))
-
-    def _math(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
-        probs = attention_probs(q, k, ctx)
-        if ctx.probs is not None:
-            ctx.probs.append(probs.detach())
-        return probs @ v

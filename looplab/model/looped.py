@@ -32,7 +32,7 @@ Notable:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -44,16 +44,16 @@ from looplab.errors import LooplabError, choice_error
 from looplab.model.attention import AttentionContext, prefers_math, rope_tables
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
-
-#: hook(site, index, layer, x, ctx) -> the layer's output; site is "prelude", "core" or "coda"
-LayerHook = Callable[[str, int, Layer, Tensor, AttentionContext], Tensor]
+from looplab.model.protocol import AttentionWatch, ObservedLayers
 
 
-class LoopedTransformer(nn.Module):
+class LoopedTransformer(ObservedLayers, nn.Module):
+    """The looped transformer; implements the looped-model protocol (``looplab.model.protocol``)."""
+
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
-        self._layer_hook: LayerHook | None = None
+        self._layer_hook = None
         d = cfg.d_model
         self.embedding = nn.Embedding(vocab_size, d)
         self.positions = nn.Embedding(cfg.max_len, d) if cfg.positional == "learned" else None
@@ -71,19 +71,24 @@ class LoopedTransformer(nn.Module):
                 self.inject.weight.copy_(injection_weight(cfg.inject_init, d, cfg.inject_gain))
 
     @contextmanager
-    def observe(self, hook: LayerHook) -> Iterator[None]:
-        """Route every layer call through ``hook`` inside the block (the hook runs the layer itself,
-        so it may change the attention context, e.g. to record attention probabilities)."""
-        if self._layer_hook is not None:
-            raise RuntimeError("a layer hook is already installed")
-        self._layer_hook = hook
+    def watch_attention(self, layer: Layer) -> Iterator[AttentionWatch]:
+        """Record ``layer``'s attention input and probabilities inside the block (its calls then take the
+        math kernel, the one that forms the probabilities)."""
+        seen = AttentionWatch()
+        handles = [
+            layer.attn.register_forward_pre_hook(lambda _module, args: seen.inputs.append(args[0])),
+            layer.attn.weights.register_forward_hook(lambda _module, args, out: seen.probs.append(out)),
+        ]
         try:
-            yield
+            yield seen
         finally:
-            self._layer_hook = None
+            for handle in handles:
+                handle.remove()
 
-    def _run(self, site: str, index: int, layer: Layer, x: Tensor, ctx: AttentionContext) -> Tensor:
-        return layer(x, ctx) if self._layer_hook is None else self._layer_hook(site, index, layer, x, ctx)
+    def _call(self, site: str, index: int, layer: Layer, x: Tensor, ctx: AttentionContext) -> Tensor:
+        if self._layer_hook is None:
+            return layer(x, ctx)
+        return self._run(site, index, layer, x, lambda y: layer(y, ctx))
 
     def context(self, valid: Tensor, use_math: bool = False) -> AttentionContext:
         """Attention context for a [B, L] validity mask."""
@@ -108,7 +113,7 @@ class LoopedTransformer(nn.Module):
         """tokens [B, L] → injected input e [B, L, d] (embedding and prelude)."""
         x = self.embed_tokens(tokens)
         for index, layer in enumerate(self.prelude):
-            x = self._run("prelude", index, layer, x, ctx)
+            x = self._call("prelude", index, layer, x, ctx)
         return x
 
     def initial_state(self, e: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -132,7 +137,7 @@ class LoopedTransformer(nn.Module):
         """One loop: h_{t-1} [B, L, d] → h_t [B, L, d]."""
         x = self.core_input(h, e)
         for index, layer in enumerate(self.core):
-            x = self._run("core", index, layer, x, ctx)
+            x = self._call("core", index, layer, x, ctx)
         if self.core_out_norm is not None:
             x = self.core_out_norm(x)
         return x
@@ -140,7 +145,7 @@ class LoopedTransformer(nn.Module):
     def readout(self, h: Tensor, ctx: AttentionContext) -> Tensor:
         """State h [B, L, d] → logits [B, L, V]."""
         for index, layer in enumerate(self.coda):
-            h = self._run("coda", index, layer, h, ctx)
+            h = self._call("coda", index, layer, h, ctx)
         return self.head(self.final_norm(h))
 
     def start(
@@ -174,8 +179,7 @@ class LoopedTransformer(nn.Module):
         depths: Tensor,
         generator: torch.Generator | None = None,
         backprop_loops: int = 0,
-        return_probe: bool = False,
-    ) -> Tensor | tuple[Tensor, LoopProbe]:
+    ) -> Tensor:
         """Logits read at each row's own depths, by active-set compaction.
 
         Args:
@@ -184,12 +188,27 @@ class LoopedTransformer(nn.Module):
                 depths[i, j] loops. Entries <= 0 are unused slots (their logits are 0).
             backprop_loops: if k > 0, gradients flow through each row's last k loops only
                 (truncated backprop: the state is detached k loops before the row's last depth).
-            return_probe: also return a :class:`LoopProbe` at each row's last depth.
 
         Returns:
-            logits [B, L, V] for [B] depths, [B, J, L, V] for [B, J] depths
-            (and the probe, when asked).
+            logits [B, L, V] for [B] depths, [B, J, L, V] for [B, J] depths.
         """
+        return self._at_depths(tokens, valid, depths, generator, backprop_loops, probe=False)[0]
+
+    def probe_at_depths(
+        self,
+        tokens: Tensor,
+        valid: Tensor,
+        depths: Tensor,
+        generator: torch.Generator | None = None,
+        backprop_loops: int = 0,
+    ) -> tuple[Tensor, LoopProbe]:
+        """:meth:`forward_at_depths`'s logits, and a :class:`LoopProbe` of each row's state at its last depth
+        (with gradient), for a regulariser of the loop at the states training supervises."""
+        logits, probe = self._at_depths(tokens, valid, depths, generator, backprop_loops, probe=True)
+        return logits, probe
+
+    def _at_depths(self, tokens, valid, depths, generator, backprop_loops, probe: bool):
+        """(logits, the probe or None): the compacted unroll behind both public methods."""
         single = depths.dim() == 1
         depths = depths.view(depths.shape[0], -1).to(tokens.device)
         batch, slots = depths.shape
@@ -213,7 +232,7 @@ class LoopedTransformer(nn.Module):
             if len(rows):
                 states.append(_select_rows(h, rows))
                 where.append(order[rows] * slots + cols)
-            if return_probe:
+            if probe:
                 done = (last[:active] == t).nonzero(as_tuple=True)[0]
                 finals.append(_select_rows(h, done))
                 final_rows.append(order[done])
@@ -228,8 +247,8 @@ class LoopedTransformer(nn.Module):
             flat = flat.new_zeros((batch * slots, *flat.shape[1:])).index_copy(0, where, flat)
         flat = flat.view(batch, slots, *flat.shape[1:])
         logits = flat[:, 0] if single else flat
-        if not return_probe:
-            return logits
+        if not probe:
+            return logits, None
         return logits, LoopProbe(_select_rows(_concat(finals), torch.argsort(_concat(final_rows))), e_rows, valid)
 
 

@@ -1,18 +1,12 @@
-"""Norm types and the four residual placements of docs/methods.md §1.
-
-For a sublayer f and norms N, N₁, N₂:
-
-    pre            x + f(N(x))
-    post           N(x + f(x))
-    pre_sandwich   x + N₂(f(N₁(x)))      (Ouro's "sandwich output")
-    post_sandwich  N₂(x + f(N₁(x)))      (Huginn's "sandwich residual"; the STARS default)
-"""
+"""Norm types, and the residual wrapper that applies a registered norm placement (``looplab.model.placements``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from torch import Tensor, nn
+
+from looplab.model.placements import placement as registered_placement
 
 
 def make_norm(kind: str, d_model: int) -> nn.Module:
@@ -32,14 +26,9 @@ class Residual(nn.Module):
     def __init__(self, placement: str, norm: str, d_model: int):
         super().__init__()
         self.placement = placement
-        self.norm_in = make_norm(norm, d_model) if placement != "post" else None
-        self.norm_out = make_norm(norm, d_model) if placement != "pre" else None
+        self.rule = rule = registered_placement(placement)
+        self.norm_in = make_norm(norm, d_model) if rule.norm_in else None
+        self.norm_out = make_norm(norm, d_model) if rule.norm_out else None
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.placement == "pre":
-            return x + sublayer(self.norm_in(x))
-        if self.placement == "post":
-            return self.norm_out(x + sublayer(x))
-        if self.placement == "pre_sandwich":
-            return x + self.norm_out(sublayer(self.norm_in(x)))
-        return self.norm_out(x + sublayer(self.norm_in(x)))
+        return self.rule.apply(x, sublayer, self.norm_in, self.norm_out)

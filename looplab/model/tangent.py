@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from looplab.model.attention import AttentionContext, SelfAttention, attention_probs, split_heads
 from looplab.model.layer import Layer
 from looplab.model.norms import Residual
+from looplab.model.placements import Dual
 
 #: v ↦ J v for the piece linearised, on tensors shaped like its input
 Tangent = Callable[[Tensor], Tensor]
@@ -78,21 +79,14 @@ def linearise_layer(layer: Layer, x: Tensor, ctx: AttentionContext) -> Linearise
 
 
 def linearise_residual(residual: Residual, x: Tensor, sublayer: Callable[[Tensor], Linearised]) -> Linearised:
-    """:class:`Residual` at x; ``sublayer`` linearises the wrapped sublayer at its input."""
-    placement = residual.placement
-    if placement == "post":
-        y, f = sublayer(x)
-        out, norm = linearise_norm(residual.norm_out, x + y)
-        return out, lambda dx: norm(dx + f(dx))
-    normed, norm_in = linearise_norm(residual.norm_in, x)
-    y, f = sublayer(normed)
-    if placement == "pre":
-        return x + y, lambda dx: dx + f(norm_in(dx))
-    if placement == "pre_sandwich":
-        y, norm_out = linearise_norm(residual.norm_out, y)
-        return x + y, lambda dx: dx + norm_out(f(norm_in(dx)))
-    out, norm_out = linearise_norm(residual.norm_out, x + y)
-    return out, lambda dx: norm_out(dx + f(norm_in(dx)))
+    """:class:`Residual` at x; ``sublayer`` linearises the wrapped sublayer at its input. The placement's own
+    function, applied to duals, composes the pieces' tangents (``looplab.model.placements``)."""
+
+    def norm(module: nn.Module | None):
+        return None if module is None else Dual.lift(lambda y: linearise_norm(module, y))
+
+    out = residual.rule.apply(Dual.identity(x), Dual.lift(sublayer), norm(residual.norm_in), norm(residual.norm_out))
+    return out.value, out.tangent
 
 
 def linearise_norm(norm: nn.Module, x: Tensor) -> Linearised:

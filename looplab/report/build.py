@@ -39,7 +39,7 @@ from looplab.report.plots import CAPTIONS, write_task_plots
 from looplab.report.render import to_latex, to_markdown
 from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
 from looplab.report.stars_lm import CAPTIONS as LM_CAPTIONS
-from looplab.report.stars_lm import LM_TABLE_TITLE, stars_lm_tables, write_lm_outputs
+from looplab.report.stars_lm import LM_TABLE_TITLE, write_lm_outputs
 from looplab.report.stopping import training_depth
 from looplab.report.tables import UNDEFINED, Table, seed_table
 
@@ -169,8 +169,7 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     Raises:
         LooplabError: unknown ``paper``, or no readable results.parquet.
     """
-    if paper is not None:
-        check_paper(paper)
+    registered = check_paper(paper) if paper is not None else None
     sweep_dir = Path(sweep_dir)
     results = read_results(sweep_dir)
     grids = load_run_tables(results, sweep_dir, "grid.parquet")
@@ -182,8 +181,8 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     if paper is not None:
         paper_tables, paper_notes = compare(paper, ours)
         tables, notes = tables + paper_tables, notes + paper_notes
-    if paper == "stars":
-        tables += stars_lm_tables(results, sweep_dir, PAPER_TABLES_DIR)
+    if registered is not None and registered.run_tables is not None:
+        tables += registered.run_tables(results, sweep_dir, PAPER_TABLES_DIR)
     title = f"looplab report: {sweep_dir.resolve().name}" + (f" (paper: {paper})" if paper else "")
 
     out = sweep_dir / REPORT_DIR

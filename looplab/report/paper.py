@@ -1,8 +1,11 @@
-"""Our seed statistics beside each paper's published numbers.
+"""Our seed statistics beside each paper's published numbers, and the registry of papers.
 
-How one table is built (and where the paper numbers come from) is in
-``comparison.py``; what lives here is only the mapping from our names to each
-paper's:
+A paper is a registered :class:`Paper`: its name (``looplab report --paper NAME``,
+and the prefix of its reproduction sweeps ``configs/sweeps/NAME-*.toml``), its
+title, and the function that builds its comparison tables (plus, optionally,
+tables read from the run dirs). How one table is built (and where the paper
+numbers come from) is in ``comparison.py``; what lives here is the mapping
+from our names to each paper's:
 
     stopping     schedule variants → the paper's schedule / config names
     stars        our variants → the facts they are the analogue of
@@ -11,13 +14,15 @@ paper's:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from looplab.config import PLACEMENT_ALIASES
 from looplab.errors import choice_error
+from looplab.plugins import register_entry
 from looplab.report.aggregate import SCALING_METRICS, STATS, aggregate, group_sizes, in_display_units, present
 from looplab.report.comparison import (
     PAPER_TABLES_DIR,
@@ -30,6 +35,7 @@ from looplab.report.comparison import (
 )
 from looplab.report.effect import effect_tests
 from looplab.report.halting import halting_table
+from looplab.report.stars_lm import stars_lm_tables
 from looplab.report.stopping import (
     PLACE_RULE,
     best_k_table,
@@ -52,7 +58,36 @@ from looplab.report.tables import (
     stats_by_group,
 )
 
-PAPERS = ("stopping", "stars", "mechanistic")
+
+@dataclass(frozen=True)
+class Paper:
+    """A paper compared against.
+
+    Attributes:
+        name: what ``--paper`` takes, and the prefix of its reproduction sweeps.
+        title: the paper's title, as a report names it.
+        tables: (our seed statistics, the paper-tables folder) → (tables, notes).
+        run_tables: (results, sweep dir, paper-tables folder) → more tables read from the run dirs, or None.
+    """
+
+    name: str
+    title: str
+    tables: Callable[[Ours, Path], tuple[list[Table], list[str]]]
+    run_tables: Callable[[pd.DataFrame, Path, Path], list[Table]] | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"{self.tables.__module__}.{self.tables.__qualname__}"
+
+
+PAPERS: dict[str, Paper] = {}
+
+
+def register_paper(paper: Paper) -> Paper:
+    """Make ``paper`` available to ``looplab report --paper``."""
+    register_entry(PAPERS, paper.name, paper, "paper")
+    return paper
+
 
 # paper 1: our schedule stems → the schedule names of stopping_main.csv and stopping_cost.csv
 STOPPING_SCHEDULES = {
@@ -108,9 +143,11 @@ MECHANISTIC_JUDGED = {
 }
 
 
-def check_paper(paper: str) -> None:
+def check_paper(paper: str) -> Paper:
+    """The registered paper ``paper``; a one-line error naming the valid ones."""
     if paper not in PAPERS:
         raise choice_error("paper", paper, PAPERS)
+    return PAPERS[paper]
 
 
 def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
@@ -283,6 +320,9 @@ def mechanistic_verdict(values: dict) -> str:
 
 def compare(paper: str, ours: Ours, tables_dir: Path | None = None) -> tuple[list[Table], list[str]]:
     """The comparison tables for ``paper`` and notes on what could not be compared."""
-    check_paper(paper)
-    build = {"stopping": stopping_tables, "stars": stars_tables, "mechanistic": mechanistic_tables}[paper]
-    return build(ours, tables_dir or PAPER_TABLES_DIR)
+    return check_paper(paper).tables(ours, tables_dir or PAPER_TABLES_DIR)
+
+
+register_paper(Paper("stopping", "Learned Stochastic Stopping", stopping_tables))
+register_paper(Paper("stars", "STARS", stars_tables, stars_lm_tables))
+register_paper(Paper("mechanistic", "A Mechanistic Analysis of Looped Reasoning Language Models", mechanistic_tables))

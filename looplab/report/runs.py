@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow
 
 from looplab.errors import LooplabError
+from looplab.eval.scaling import relative_drop
 from looplab.report.aggregate import numeric
 
 RESULTS_FILE = "results.parquet"
@@ -96,9 +97,9 @@ def scaling_curves(grids: pd.DataFrame) -> pd.DataFrame:
     return grids.groupby([*KEYS, "loops"], as_index=False, sort=True)["accuracy"].mean()
 
 
-def relative_drop(start: pd.Series, end: pd.Series) -> pd.Series:
-    """(start − end) / start: the fraction of accuracy lost going deeper; NaN where start is 0."""
-    return (start - end) / start.where(start > 0)
+def relative_drops(start: pd.Series, end: pd.Series) -> pd.Series:
+    """:func:`looplab.eval.scaling.relative_drop` row by row; NaN where it is undefined."""
+    return start.combine(end, relative_drop).astype(float)
 
 
 def add_scaling_metrics(results: pd.DataFrame, grids: pd.DataFrame) -> pd.DataFrame:
@@ -109,7 +110,7 @@ def add_scaling_metrics(results: pd.DataFrame, grids: pd.DataFrame) -> pd.DataFr
     """
     results = results.copy()
     if {"scaling_at.4", "scaling_at.8"} <= set(results.columns):
-        results["relative_drop_4_to_8"] = relative_drop(
+        results["relative_drop_4_to_8"] = relative_drops(
             numeric(results, "scaling_at.4"), numeric(results, "scaling_at.8")
         )
     curves = scaling_curves(grids)

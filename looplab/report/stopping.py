@@ -17,11 +17,13 @@ import math
 import pandas as pd
 import torch
 
+from looplab.config import ScheduleConfig
 from looplab.errors import LooplabError
 from looplab.report.aggregate import aggregate, in_display_units, numeric
 from looplab.report.comparison import Ours, paper_value, variant_stem
 from looplab.report.effect import EFFECT_RULE, effect
 from looplab.report.tables import Table, seeds_cell
+from looplab.schedules import resolve_schedule
 from looplab.tasks import make_task
 
 SCALE_FREE = ("front90_rel", "block_evals_rel")
@@ -29,54 +31,48 @@ PLACE_RULE = (
     "Paper vs ours: where the paper's value lies against our 95% interval (the t-interval of the mean, "
     "the bootstrap interval of the std)."
 )
-# how a variant is named by what it is, from its [schedule] keys
-LABELS = {
-    "fixed": "fixed K = {depth}",
-    "fixed_window": "K = {depth} ± {window} (≤ {t_max})",
-    "matched": "matched T(n)",
-    "window": "T(n) ± {window} (≤ {t_max})",
-    "multi_depth": "all of T(n) ± {window}",
-    "rl_halting": "RL-Halting, T_max = {t_max}, λ_ent = {entropy_weight:g}",
-    "pondernet": "PonderNet, T_max = {t_max}",
-    "lognormal": "log-normal loops, read at {depth}",
-    "poisson_lognormal": "Poisson-log-normal loops, read at {depth}",
-}
+
+
+def _row_schedule(row: pd.Series) -> tuple[type, object]:
+    """The registered schedule of a result row and its parameters, from the row's ``schedule.*`` columns."""
+    keys = {
+        column.removeprefix("schedule."): _plain(value)
+        for column, value in row.items()
+        if column.startswith("schedule.") and not _missing(value)
+    }
+    return resolve_schedule(ScheduleConfig(**keys))
 
 
 def schedule_label(rows: pd.DataFrame) -> str:
-    """What the variant of these result rows is, e.g. "fixed K = 11"."""
+    """What the variant of these result rows is, e.g. "fixed K = 11" (the schedule's own ``label``)."""
     if rows.empty or "schedule.name" not in rows:
         return "–"
     first = rows.iloc[0]
-    keys = {
-        column.removeprefix("schedule."): first[column] for column in rows.columns if column.startswith("schedule.")
-    }
     try:
-        return LABELS[keys["name"]].format(**keys)
-    except (KeyError, ValueError):  # a schedule without a label, or results that lack its keys
-        return str(keys.get("name", "–"))
+        schedule, params = _row_schedule(first)
+    except LooplabError:  # a schedule not registered here, or results that lack or contradict its keys
+        return str(first.get("schedule.name", "–"))
+    return schedule.describe(params)
 
 
 def training_depth(row: pd.Series) -> float:
-    """The largest depth the row's schedule supervises (its T_train); NaN when the row lacks a key it needs."""
+    """The largest depth the row's schedule supervises (its T_train, as the schedule defines it); NaN when
+    the row lacks a key it needs or names a schedule not registered here."""
     try:
-        return _training_depth(row)
+        schedule, params = _row_schedule(row)
+        return float(schedule.training_depth(params, _natural(row)))
     except (KeyError, TypeError, ValueError, LooplabError):
         return math.nan
 
 
-def _training_depth(row: pd.Series) -> float:
-    name, depth, window, t_max = (row.get(f"schedule.{k}") for k in ("name", "depth", "window", "t_max"))
-    if name == "fixed":
-        return float(depth)
-    if name == "fixed_window":
-        return float(min(depth + window, t_max))
-    if name in ("matched", "window", "multi_depth"):
-        natural = _natural(row)
-        return float(natural if name == "matched" else min(natural + window, t_max))
-    if name in ("lognormal", "poisson_lognormal"):
-        return float(row.get("schedule.hi"))
-    return float(t_max)
+def _plain(value):
+    """A pandas cell as the Python scalar a config holds (numpy ints and floats, whole floats of int columns)."""
+    value = value.item() if hasattr(value, "item") else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _natural(row: pd.Series) -> int:

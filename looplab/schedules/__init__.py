@@ -7,22 +7,25 @@ poisson_lognormal) and ``halting.py`` the learned ones (rl_halting, pondernet).
 
 from looplab.schedules import halting, rules  # noqa: F401,E402  (importing registers the built-in schedules)
 from looplab.schedules.base import (
-    PARAM_DOMAINS,
     SCHEDULES,
+    ConstantDepth,
     DepthRule,
+    DepthWindow,
     Schedule,
     ScheduleContext,
     StepOutput,
-    check_schedule_config,
     depth_stats,
     make_schedule,
     register_schedule,
+    resolve_schedule,
+    schedule_params,
 )
 from looplab.schedules.halting import HaltingSample, PonderNet, RLHalting  # noqa: E402
 
 __all__ = [
-    "PARAM_DOMAINS",
     "SCHEDULES",
+    "ConstantDepth",
+    "DepthWindow",
     "DepthRule",
     "HaltingSample",
     "PonderNet",
@@ -30,8 +33,9 @@ __all__ = [
     "Schedule",
     "ScheduleContext",
     "StepOutput",
-    "check_schedule_config",
     "depth_stats",
     "make_schedule",
     "register_schedule",
+    "resolve_schedule",
+    "schedule_params",
 ]

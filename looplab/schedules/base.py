@@ -3,15 +3,19 @@
 A schedule gives every training row its supervision depth τ (and the loss at
 it), and says at which depth a trained model is read at test time. To add one,
 subclass :class:`DepthRule` (depths from a rule) or :class:`Schedule` (learned
-depths), name the ``[schedule]`` keys it reads in ``params``, and decorate it
-with :func:`register_schedule`.
+depths), declare its ``[schedule]`` keys as a ``Params`` dataclass (fields made
+with :func:`looplab.params.param`: default and domain), and decorate it with
+:func:`register_schedule`. A module of its own is enough: name it in
+``[run] plugins`` to use it from the CLI and sweeps.
 
 What a schedule receives at construction:
 
-- ``params``: its own parameters, the ``[schedule]`` keys it lists in
-  ``params``, each checked against :data:`PARAM_DOMAINS` (plus the class's
-  :meth:`Schedule.check` for constraints between keys); reading a key it did
-  not list is an error, so the list is the whole truth;
+- ``params``: an instance of its ``Params``, from the ``[schedule]`` keys it
+  declares, each typed and inside its domain (plus the class's
+  :meth:`Schedule.check` for constraints between keys). Keys another
+  registered schedule declares are ignored, so one sweep can share them across
+  schedules; a key no schedule declares is an error. A key declared by two
+  schedules must be declared alike (type, default, domain): one key, one meaning;
 - a :class:`ScheduleContext`: the task (for T(n)), the model width (for a
   halting head), this process's :class:`~looplab.parallel.Parallel` rank, and
   the truncated-backprop depth.
@@ -21,6 +25,8 @@ What the framework calls:
 - before anything is built, :meth:`Schedule.check` (constraints between its parameters),
   :meth:`Schedule.check_task` (against T(train_max)) and :meth:`Schedule.test_depth_bound`
   (a test depth its parameters fix, which must lie within ``eval.max_loops``);
+- for reports, ``label`` (formatted with its parameters) and :meth:`Schedule.training_depth`
+  (the deepest depth it supervises, T_train);
 - :meth:`Schedule.training_loss` once per step, with the step's generator;
   it must draw any per-row randomness through ``context.parallel`` so a rank
   of a data-parallel run trains its rows as one process would (the contract
@@ -29,16 +35,16 @@ What the framework calls:
   (None for schedules without a halting head) and :meth:`Schedule.test_depths`
   with what it returned;
 - :meth:`Schedule.state_dict` / :meth:`Schedule.load_state_dict` around
-  checkpoints (JSON-able), and ``module`` (trained and checkpointed with the model).
+  checkpoints (JSON-able), and ``module`` (trained and checkpointed with the model,
+  at ``lr_scale`` × the model's learning rate).
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields
-from types import SimpleNamespace
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -48,25 +54,25 @@ from looplab.errors import LooplabError, choice_error
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.parallel import SINGLE, Parallel
+from looplab.params import at_least, domain_of, fill, param
+from looplab.plugins import check_complete, register_entry
 from looplab.schedules.objectives import depth_supervised_loss
 from looplab.tasks import Task, TaskBatch
 
-#: (low, high, low inclusive, high inclusive) of every [schedule] number a schedule may read
-PARAM_DOMAINS: dict[str, tuple[float, float, bool, bool]] = {
-    "depth": (1, math.inf, True, False),
-    "window": (0, math.inf, True, False),
-    "t_max": (1, math.inf, True, False),
-    "entropy_weight": (0, math.inf, True, False),
-    "baseline_momentum": (0, 1, True, False),
-    "ponder_prior": (0, 1, False, False),
-    "ponder_beta": (0, math.inf, True, False),
-    "lr_scale": (0, math.inf, False, False),
-    "mu": (-math.inf, math.inf, False, False),
-    "sigma": (0, math.inf, True, False),
-    "mean_depth": (1, math.inf, True, False),
-    "lo": (1, math.inf, True, False),
-    "hi": (1, math.inf, True, False),
-}
+
+@dataclass
+class ConstantDepth:
+    """The constant depth c: trained at (fixed) or only read at (the random-loop samplers)."""
+
+    depth: int = param(20, at_least(1), "the depth read at test time")
+
+
+@dataclass
+class DepthWindow:
+    """The window w around a centre depth, and the clip bound t_max."""
+
+    window: int = param(5, at_least(0), "training depths lie within ± window of the centre")
+    t_max: int = param(20, at_least(1), "training depths are clipped to t_max")
 
 
 @dataclass(frozen=True)
@@ -115,14 +121,34 @@ class Schedule(ABC):
     """A training objective over depth plus a test-time depth rule."""
 
     name: ClassVar[str] = ""
-    #: the [schedule] keys this schedule reads (its parameters)
-    params: ClassVar[tuple[str, ...]] = ()
+    #: what a report calls it, formatted with its parameters ("fixed K = {depth}")
+    label: ClassVar[str] = ""
+
+    @dataclass
+    class Params:
+        """The [schedule] keys this schedule reads (none)."""
+
     #: learned parameters (e.g. a halting head), trained and checkpointed with the model
     module: nn.Module | None = None
 
     def __init__(self, cfg: ScheduleConfig, context: ScheduleContext = ScheduleContext()):
-        self.cfg = SimpleNamespace(**{key: getattr(cfg, key) for key in self.params})
+        self.params = schedule_params(type(self), cfg)
         self.context = context
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The [schedule] keys this schedule declares."""
+        return tuple(f.name for f in dataclasses.fields(cls.Params))
+
+    @classmethod
+    def describe(cls, params: Any) -> str:
+        """``label`` filled in with ``params`` (the name when it has no label)."""
+        return cls.label.format(**dataclasses.asdict(params)) if cls.label else cls.name
+
+    @property
+    def lr_scale(self) -> float:
+        """The learning rate of ``module`` as a multiple of the model's."""
+        return 1.0
 
     @property
     def task(self) -> Task:
@@ -135,18 +161,23 @@ class Schedule(ABC):
         return self.context.parallel
 
     @classmethod
-    def check(cls, cfg: ScheduleConfig) -> None:
+    def check(cls, params: Any) -> None:
         """Raise :class:`LooplabError` for constraints between parameters (the domains are checked generically)."""
 
     @classmethod
-    def check_task(cls, cfg: ScheduleConfig, deepest: int) -> None:
+    def check_task(cls, params: Any, deepest: int) -> None:
         """Raise :class:`LooplabError` for parameters that contradict the task: ``deepest`` is T(train_max),
         the most steps a training instance needs."""
 
     @classmethod
-    def test_depth_bound(cls, cfg: ScheduleConfig) -> int | None:
+    def test_depth_bound(cls, params: Any) -> int | None:
         """The deepest test-time depth the parameters allow whatever the instance (None: it grows with n)."""
         return None
+
+    @classmethod
+    @abstractmethod
+    def training_depth(cls, params: Any, deepest: int) -> int:
+        """T_train: the deepest depth training supervises, given ``deepest`` = T(train_max)."""
 
     @abstractmethod
     def training_loss(
@@ -192,63 +223,66 @@ class DepthRule(Schedule):
 
     def training_loss(self, model, batch, generator, probe=False):
         depths = self.train_depths(batch.lengths, generator)
-        out = model.forward_at_depths(
-            batch.tokens,
-            batch.valid,
-            depths,
-            self.parallel.fork(generator),
-            backprop_loops=self.context.backprop_loops,
-            return_probe=probe,
-        )
-        logits, found = out if probe else (out, None)
+        args = (batch.tokens, batch.valid, depths, self.parallel.fork(generator), self.context.backprop_loops)
+        logits, found = model.probe_at_depths(*args) if probe else (model.forward_at_depths(*args), None)
         loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
         return StepOutput(loss, depth_stats(depths), found)
 
     def test_depths(self, lengths, hazard_logits):
         return self.policy_depth(lengths)
 
-    def _offsets(self, count: int, generator: torch.Generator) -> Tensor:
+    def _offsets(self, w: int, count: int, generator: torch.Generator) -> Tensor:
         """Δ ~ U{-w..w}, [count] long."""
-        w = self.cfg.window
         return self.parallel.draw_rows(lambda n: torch.randint(-w, w + 1, (n,), generator=generator), count)
 
 
 SCHEDULES: dict[str, type[Schedule]] = {}
+#: every [schedule] key a registered schedule declares: (type, default, domain) and the first declarer
+_DECLARED: dict[str, tuple[tuple[Any, Any, Any], str]] = {}
 
 
 def register_schedule(cls: type[Schedule]) -> type[Schedule]:
-    """Class decorator: make ``cls`` available as ``schedule.name = cls.name``."""
-    known = {f.name for f in fields(ScheduleConfig)}
-    unknown = [key for key in cls.params if key not in known]
-    if unknown:
-        raise ValueError(f"schedule {cls.name!r} lists parameters that [schedule] does not have: {unknown}")
-    SCHEDULES[cls.name] = cls
+    """Class decorator: make ``cls`` available as ``schedule.name = cls.name``.
+
+    Raises ValueError when a name is taken by another class, when the class leaves a method of the
+    contract unimplemented, or when a key is declared unlike another schedule's declaration of it
+    (type, default or domain).
+    """
+    check_complete(cls, cls.name, "schedule")
+    for declared in dataclasses.fields(cls.Params):
+        shape = (declared.type, declared.default, domain_of(declared))
+        first = _DECLARED.setdefault(declared.name, (shape, cls.name))
+        if first[0] != shape and first[1] != cls.name:
+            raise ValueError(
+                f"schedule {cls.name!r} declares [schedule] key {declared.name!r} unlike the {first[1]} schedule "
+                f"(type, default, domain {shape} vs {first[0]}): give it another name"
+            )
+    register_entry(SCHEDULES, cls.name, cls, "schedule")
     return cls
 
 
-def check_schedule_config(cfg: ScheduleConfig) -> type[Schedule]:
-    """The registered class of ``cfg.name``, after checking the parameters it reads; one-line errors."""
+def schedule_params(cls: type[Schedule], cfg: ScheduleConfig) -> Any:
+    """``cls.Params`` from the [schedule] table ``cfg``: its own keys typed and in their domains, keys of other
+    schedules ignored, a key no schedule declares an error; then ``cls.check``."""
+    own = cls.keys()
+    owner = f" for the {cls.name} schedule"
+    for key in cfg.params:
+        if key not in own and key not in _DECLARED:
+            raise choice_error(f"key in [schedule]{owner}", key, own or ["(none: it has no parameters)"])
+    params = fill(cls.Params, {key: value for key, value in cfg.params.items() if key in own}, "schedule", owner)
+    cls.check(params)
+    return params
+
+
+def resolve_schedule(cfg: ScheduleConfig) -> tuple[type[Schedule], Any]:
+    """The registered class ``cfg.name`` names and its checked parameters; one-line errors."""
     if cfg.name not in SCHEDULES:
         raise choice_error("value for schedule.name:", cfg.name, SCHEDULES)
     cls = SCHEDULES[cfg.name]
-    for key in cls.params:
-        value = getattr(cfg, key)
-        if key in PARAM_DOMAINS and not _inside(value, *PARAM_DOMAINS[key]):
-            low, high, low_in, high_in = PARAM_DOMAINS[key]
-            raise LooplabError(
-                f"schedule.{key} must be in {'[' if low_in else '('}{low:g}, {high:g}"
-                f"{']' if high_in else ')'} for the {cfg.name} schedule, got {value!r}"
-            )
-    cls.check(cfg)
-    return cls
+    return cls, schedule_params(cls, cfg)
 
 
 def make_schedule(cfg: ScheduleConfig, context: ScheduleContext = ScheduleContext()) -> Schedule:
     """The schedule ``cfg`` names, with its parameters checked."""
-    return check_schedule_config(cfg)(cfg, context)
-
-
-def _inside(value: float, low: float, high: float, low_in: bool, high_in: bool) -> bool:
-    if isinstance(value, bool) or not math.isfinite(value):
-        return False
-    return (value >= low if low_in else value > low) and (value <= high if high_in else value < high)
+    cls, _ = resolve_schedule(cfg)
+    return cls(cfg, context)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looplab.errors import LooplabError, choice_error
+from looplab.errors import LooplabError
 from looplab.model.halting import (
     HazardHead,
     entropy,
@@ -44,6 +44,7 @@ from looplab.model.halting import (
     policy_depth,
 )
 from looplab.model.looped import LoopProbe
+from looplab.params import FRACTION, NON_NEGATIVE, OPEN_UNIT, POSITIVE, at_least, one_of, param
 from looplab.schedules.base import Schedule, StepOutput, register_schedule
 from looplab.schedules.objectives import per_row_loss
 
@@ -75,11 +76,22 @@ class HaltingSample:
 class LearnedHalting(Schedule):
     """Shared parts: the hazard head and the argmax-π test-time rule."""
 
-    params = ("t_max", "lr_scale")
+    @dataclass
+    class Params:
+        t_max: int = param(20, at_least(1), "T_max: the deepest a row may run, in training and at test time")
+        lr_scale: float = param(1.0, POSITIVE, "the halting head's learning rate as a multiple of the model's")
 
     @classmethod
-    def test_depth_bound(cls, cfg):
-        return cfg.t_max
+    def test_depth_bound(cls, params):
+        return params.t_max
+
+    @classmethod
+    def training_depth(cls, params, deepest):
+        return params.t_max
+
+    @property
+    def lr_scale(self) -> float:
+        return self.params.lr_scale
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
@@ -102,16 +114,17 @@ class LearnedHalting(Schedule):
 @register_schedule
 class RLHalting(LearnedHalting):
     name = "rl_halting"
-    params = ("t_max", "lr_scale", "entropy_weight", "entropy_mode", "baseline_momentum")
+    label = "RL-Halting, T_max = {t_max}, λ_ent = {entropy_weight:g}"
+
+    @dataclass
+    class Params(LearnedHalting.Params):
+        entropy_weight: float = param(0.001, NON_NEGATIVE, "λ_ent, the entropy bonus's weight")
+        entropy_mode: str = param("sampled", one_of(*ENTROPY_MODES), "the entropy term's estimator")
+        baseline_momentum: float = param(0.9, FRACTION, "m of the reward baseline's moving average")
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         self.baseline: float | None = None
-
-    @classmethod
-    def check(cls, cfg):
-        if cfg.entropy_mode not in ENTROPY_MODES:
-            raise choice_error("value for schedule.entropy_mode:", cfg.entropy_mode, ENTROPY_MODES)
 
     def state_dict(self) -> dict:
         return {"baseline": self.baseline}
@@ -126,7 +139,7 @@ class RLHalting(LearnedHalting):
         rank's rows (:meth:`Parallel.draw_rows`), so a data-parallel rank draws the
         depths single-process training would.
         """
-        if self.cfg.entropy_mode == "exact":
+        if self.params.entropy_mode == "exact":
             return self._sample_exact(model, batch, generator)
         return self._sample_on_the_fly(model, batch, generator)
 
@@ -135,7 +148,7 @@ class RLHalting(LearnedHalting):
         """[B, T_max] log π(t | x) of every row, from one unroll to T_max (no gradient)."""
         h, e, ctx = model.start(batch.tokens, batch.valid, generator)
         logits = []
-        for _ in range(self.cfg.t_max):
+        for _ in range(self.params.t_max):
             h = model.step(h, e, ctx)
             logits.append(self.module(h, batch.valid))
         return log_halting_distribution(torch.stack(logits, dim=1))
@@ -145,19 +158,19 @@ class RLHalting(LearnedHalting):
         states, depth, log_pi_tau, halt_entropy, e = drawn.states, drawn.depth, drawn.log_prob, drawn.entropy, drawn.e
         row_loss = per_row_loss(model.readout(states, model.context(batch.valid)), batch.labels)
         reward = -row_loss.detach()
-        if self.cfg.entropy_mode == "sampled":
-            reward = reward - self.cfg.entropy_weight * log_pi_tau.detach()
+        if self.params.entropy_mode == "sampled":
+            reward = reward - self.params.entropy_weight * log_pi_tau.detach()
         if self.baseline is None:
             self.baseline = float(reward.mean())
         advantage = reward - self.baseline
         halt_loss = -(advantage * log_pi_tau).mean()
-        if self.cfg.entropy_mode == "exact":
-            halt_loss = halt_loss - self.cfg.entropy_weight * halt_entropy.mean()
-        m = self.cfg.baseline_momentum
+        if self.params.entropy_mode == "exact":
+            halt_loss = halt_loss - self.params.entropy_weight * halt_entropy.mean()
+        m = self.params.baseline_momentum
         self.baseline = m * self.baseline + (1 - m) * float(reward.mean())
         stats = {
-            "block_evals": float(self.cfg.t_max if self.cfg.entropy_mode == "exact" else depth.max()),
-            "row_loops_mean": float(self.cfg.t_max if self.cfg.entropy_mode == "exact" else depth.float().mean()),
+            "block_evals": float(self.params.t_max if self.params.entropy_mode == "exact" else depth.max()),
+            "row_loops_mean": float(self.params.t_max if self.params.entropy_mode == "exact" else depth.float().mean()),
             "halt_depth_mean": float(depth.float().mean()),
             "halt_entropy": float(halt_entropy.detach().mean()),
             "halt_loss": float(halt_loss.detach()),
@@ -172,7 +185,7 @@ class RLHalting(LearnedHalting):
         Returns:
             the sample, with the whole distribution ``log_pi``.
         """
-        t_max = self.cfg.t_max
+        t_max = self.params.t_max
         uniform = self.parallel.draw_rows(
             lambda n: torch.rand(n, generator=generator, dtype=torch.float64), len(batch.tokens)
         )
@@ -196,7 +209,7 @@ class RLHalting(LearnedHalting):
         Returns:
             the sample; its entropy is the one-sample estimate −log π(τ), for logging.
         """
-        t_max = self.cfg.t_max
+        t_max = self.params.t_max
         uniform = self.parallel.draw_rows(
             lambda n: torch.rand(n, max(t_max - 1, 0), generator=generator), len(batch.tokens)
         ).to(batch.tokens.device)  # [B, T_max − 1]
@@ -235,10 +248,15 @@ class RLHalting(LearnedHalting):
 @register_schedule
 class PonderNet(LearnedHalting):
     name = "pondernet"
-    params = ("t_max", "lr_scale", "ponder_prior", "ponder_beta")
+    label = "PonderNet, T_max = {t_max}"
+
+    @dataclass
+    class Params(LearnedHalting.Params):
+        ponder_prior: float = param(0.2, OPEN_UNIT, "λ_p, the geometric prior's rate")
+        ponder_beta: float = param(0.01, NON_NEGATIVE, "β, the weight of KL(p ‖ prior)")
 
     def training_loss(self, model, batch, generator, probe=False):
-        t_max = self.cfg.t_max
+        t_max = self.params.t_max
         h, e, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
         logits, losses = [], []
         for _ in range(t_max):
@@ -248,7 +266,7 @@ class PonderNet(LearnedHalting):
         log_p = log_halting_distribution(torch.stack(logits, dim=1))
         p = log_p.exp()
         task_loss = (p * torch.stack(losses, dim=1)).sum(1).mean()
-        prior = log_geometric_prior(self.cfg.ponder_prior, t_max, device=h.device)
+        prior = log_geometric_prior(self.params.ponder_prior, t_max, device=h.device)
         kl = (p * (log_p - prior)).sum(1).mean()
         depths = torch.arange(1, t_max + 1, device=h.device, dtype=p.dtype)
         stats = {
@@ -259,5 +277,5 @@ class PonderNet(LearnedHalting):
             "task_loss": float(task_loss.detach()),
             "kl": float(kl.detach()),
         }
-        loss = task_loss + self.cfg.ponder_beta * kl
+        loss = task_loss + self.params.ponder_beta * kl
         return StepOutput(loss, stats, LoopProbe(h, e, batch.valid) if probe else None)

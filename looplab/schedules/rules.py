@@ -15,33 +15,45 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.schedules.base import DepthRule, register_schedule
+from looplab.params import ANY_REAL, NON_NEGATIVE, at_least, param
+from looplab.schedules.base import ConstantDepth, DepthRule, DepthWindow, register_schedule
 
 
 @register_schedule
 class Fixed(DepthRule):
     name = "fixed"
-    params = ("depth",)
+    label = "fixed K = {depth}"
+    Params = ConstantDepth
 
     @classmethod
-    def test_depth_bound(cls, cfg):
-        return cfg.depth
+    def test_depth_bound(cls, params):
+        return params.depth
+
+    @classmethod
+    def training_depth(cls, params, deepest):
+        return params.depth
 
     def train_depths(self, lengths, generator):
-        return torch.full_like(lengths, self.cfg.depth)
+        return torch.full_like(lengths, self.params.depth)
 
     def policy_depth(self, lengths):
-        return torch.full_like(lengths, self.cfg.depth)
+        return torch.full_like(lengths, self.params.depth)
 
 
 @register_schedule
 class Matched(DepthRule):
     name = "matched"
+    label = "matched T(n)"
+
+    @classmethod
+    def training_depth(cls, params, deepest):
+        return deepest
 
     def train_depths(self, lengths, generator):
         return self.task.steps(lengths)
@@ -53,36 +65,51 @@ class Matched(DepthRule):
 @register_schedule
 class Window(Matched):
     name = "window"
-    params = ("window", "t_max")
+    label = "T(n) ± {window} (≤ {t_max})"
+    Params = DepthWindow
 
     @classmethod
-    def check_task(cls, cfg, deepest):
-        if cfg.t_max < deepest:
+    def training_depth(cls, params, deepest):
+        return min(deepest + params.window, params.t_max)
+
+    @classmethod
+    def check_task(cls, params, deepest):
+        if params.t_max < deepest:
             raise LooplabError(
-                f"the {cls.name} schedule clips training depths at schedule.t_max = {cfg.t_max}, below "
+                f"the {cls.name} schedule clips training depths at schedule.t_max = {params.t_max}, below "
                 f"T(train_max) = {deepest}: the longest training instances would never get their depth; "
                 f"set t_max >= {deepest}"
             )
 
     def train_depths(self, lengths, generator):
-        return (self.task.steps(lengths) + self._offsets(len(lengths), generator)).clamp(1, self.cfg.t_max)
+        offsets = self._offsets(self.params.window, len(lengths), generator)
+        return (self.task.steps(lengths) + offsets).clamp(1, self.params.t_max)
 
 
 @register_schedule
 class FixedWindow(Fixed):
     name = "fixed_window"
-    params = ("depth", "window", "t_max")
+    label = "K = {depth} ± {window} (≤ {t_max})"
+
+    @dataclass
+    class Params(ConstantDepth, DepthWindow):
+        pass
 
     @classmethod
-    def check(cls, cfg):
-        if cfg.t_max < cfg.depth:
+    def training_depth(cls, params, deepest):
+        return min(params.depth + params.window, params.t_max)
+
+    @classmethod
+    def check(cls, params):
+        if params.t_max < params.depth:
             raise LooplabError(
-                f"the fixed_window schedule trains around schedule.depth = {cfg.depth} clipped to "
-                f"schedule.t_max = {cfg.t_max}: it never trains at its own depth; set t_max >= {cfg.depth}"
+                f"the fixed_window schedule trains around schedule.depth = {params.depth} clipped to "
+                f"schedule.t_max = {params.t_max}: it never trains at its own depth; set t_max >= {params.depth}"
             )
 
     def train_depths(self, lengths, generator):
-        return (self.cfg.depth + self._offsets(len(lengths), generator)).clamp(1, self.cfg.t_max)
+        offsets = self._offsets(self.params.window, len(lengths), generator)
+        return (self.params.depth + offsets).clamp(1, self.params.t_max)
 
 
 @register_schedule
@@ -90,17 +117,19 @@ class MultiDepth(Matched):
     """Deterministic average over the whole window (the ablation of paper 1)."""
 
     name = "multi_depth"
-    params = ("window", "t_max")
+    label = "all of T(n) ± {window}"
+    Params = DepthWindow
     check_task = Window.check_task
+    training_depth = Window.training_depth
 
     def train_depths(self, lengths, generator):
-        w = self.cfg.window
+        w = self.params.window
         window = self.task.steps(lengths)[:, None] + torch.arange(-w, w + 1)[None, :]
-        inside = (window >= 1) & (window <= self.cfg.t_max)
+        inside = (window >= 1) & (window <= self.params.t_max)
         depths = torch.where(inside, window, torch.zeros_like(window))
         # A window entirely above t_max still trains at t_max rather than nowhere.
         empty = ~inside.any(dim=1)
-        depths[empty, 0] = self.cfg.t_max
+        depths[empty, 0] = self.params.t_max
         return depths
 
 
@@ -111,27 +140,43 @@ class RandomLoops(DepthRule):
     """
 
     def train_depths(self, lengths, generator):
-        if self.cfg.per_batch:  # one draw for every row (and every rank)
+        if self.params.per_batch:  # one draw for every row (and every rank)
             depths = self.draw(1, generator).expand(len(lengths)).clone()
         else:
             depths = self.parallel.draw_rows(lambda n: self.draw(n, generator), len(lengths))
-        return depths.clamp(self.cfg.lo, self.cfg.hi)
+        return depths.clamp(self.params.lo, self.params.hi)
 
     @abstractmethod
     def draw(self, count: int, generator: torch.Generator) -> Tensor:
         """[count] long depths before clipping."""
 
     def policy_depth(self, lengths):
-        return torch.full_like(lengths, self.cfg.depth)
+        return torch.full_like(lengths, self.params.depth)
 
     @classmethod
-    def test_depth_bound(cls, cfg):
-        return cfg.depth
+    def test_depth_bound(cls, params):
+        return params.depth
 
     @classmethod
-    def check(cls, cfg):
-        if cfg.lo > cfg.hi:
-            raise LooplabError(f"the {cls.name} schedule needs schedule.lo <= schedule.hi, got {cfg.lo} > {cfg.hi}")
+    def training_depth(cls, params, deepest):
+        return params.hi
+
+    @classmethod
+    def check(cls, params):
+        if params.lo > params.hi:
+            raise LooplabError(
+                f"the {cls.name} schedule needs schedule.lo <= schedule.hi, got {params.lo} > {params.hi}"
+            )
+
+
+@dataclass
+class LoopRange(ConstantDepth):
+    """The clip range [lo, hi] of a random loop count, its spread σ, and one draw per batch or per row."""
+
+    sigma: float = param(0.7, NON_NEGATIVE, "the log-normal's σ")
+    lo: int = param(1, at_least(1))
+    hi: int = param(100, at_least(1))
+    per_batch: bool = param(True, None, "one depth for the whole batch (as STARS) or one per row")
 
 
 @register_schedule
@@ -139,11 +184,15 @@ class LogNormal(RandomLoops):
     """τ = clip(round(exp(N(μ, σ))), lo, hi)."""
 
     name = "lognormal"
-    params = ("mu", "sigma", "lo", "hi", "per_batch", "depth")
+    label = "log-normal loops, read at {depth}"
+
+    @dataclass
+    class Params(LoopRange):
+        mu: float = param(2.0, ANY_REAL, "the log-normal's μ")
 
     def draw(self, count, generator):
         normal = torch.randn(count, generator=generator, dtype=torch.float64)
-        return torch.round(torch.exp(self.cfg.mu + self.cfg.sigma * normal)).long()
+        return torch.round(torch.exp(self.params.mu + self.params.sigma * normal)).long()
 
 
 @register_schedule
@@ -154,10 +203,14 @@ class PoissonLogNormal(RandomLoops):
     """
 
     name = "poisson_lognormal"
-    params = ("mean_depth", "sigma", "lo", "hi", "per_batch", "depth")
+    label = "Poisson-log-normal loops, read at {depth}"
+
+    @dataclass
+    class Params(LoopRange):
+        mean_depth: float = param(8.0, at_least(1), "r̄, the mean loop count before clipping")
 
     def draw(self, count, generator):
-        sigma, excess = self.cfg.sigma, self.cfg.mean_depth - 1
+        sigma, excess = self.params.sigma, self.params.mean_depth - 1
         if excess <= 0:
             return torch.ones(count, dtype=torch.long)
         normal = torch.randn(count, generator=generator, dtype=torch.float64)

@@ -28,6 +28,9 @@ from looplab.model.attention import AttentionContext
 from looplab.model.looped import LoopProbe
 from looplab.model.tangent import Tangent, linearise_step
 
+#: the JSRR estimators of :func:`jsrr_per_sample` (``none`` turns the regulariser off)
+ESTIMATORS = ("none", "jvp", "vjp", "frobenius")
+
 LoopMap = Callable[[Tensor], Tensor]
 
 

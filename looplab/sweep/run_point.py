@@ -15,6 +15,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from looplab.analysis.registry import AnalysisOptions
+
+ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
 RESULT_FILE = "result.json"
 #: where a point's summaries land, under its run dir: the evaluation of an exact-match task, that of a
 #: language-modelling task, and the mechanistic analysis
@@ -31,10 +34,10 @@ class PointJob:
     config_toml: str
     scaling: bool = False
     analyze: bool = False
-    analyze_loops: int = 128
+    analyze_loops: int = ANALYSIS.loops
     evaluate: bool = True
-    analyze_samples: int = 8
-    mlp_ablation: bool = True
+    analyze_samples: int = ANALYSIS.samples
+    mlp_ablation: bool = ANALYSIS.mlp_ablation
 
 
 def read_result(run_dir: Path) -> dict | None:

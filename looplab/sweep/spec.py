@@ -26,27 +26,33 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import tomli_w
 
+from looplab.analysis.registry import AnalysisOptions
 from looplab.config import Config, load_config, read_toml, resolve_preset
 from looplab.errors import LooplabError, choice_error
 from looplab.experiment import check_config
+from looplab.params import at_least, fill, param
 
-SWEEP_KEYS = (
-    "configs",
-    "seeds",
-    "set",
-    "scaling",
-    "evaluate",
-    "analyze",
-    "analyze_loops",
-    "analyze_samples",
-    "mlp_ablation",
-)
-SWEEP_FLAGS = {"scaling": False, "evaluate": True, "analyze": False, "mlp_ablation": True}
+ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """What a sweep does with each point besides training it (the [sweep] keys other than configs, seeds, set)."""
+
+    scaling: bool = param(False, None, "also write the test-time scaling curve")
+    evaluate: bool = param(True, None, "evaluate each trained point")
+    analyze: bool = param(False, None, "also run the mechanistic analysis")
+    analyze_loops: int = param(ANALYSIS.loops, at_least(1))
+    analyze_samples: int = param(ANALYSIS.samples, at_least(1))
+    mlp_ablation: bool = param(ANALYSIS.mlp_ablation, None, "the analysis re-traces with each core MLP zeroed")
+
+
+SWEEP_KEYS = ("configs", "seeds", "set", *(f.name for f in fields(SweepOptions)))
 TOP_KEYS = ("sweep", "grid")
 
 
@@ -76,10 +82,10 @@ class SweepSpec:
     grid: dict[str, list] = field(default_factory=dict)
     scaling: bool = False
     analyze: bool = False
-    analyze_loops: int = 128
+    analyze_loops: int = ANALYSIS.loops
     evaluate: bool = True
-    analyze_samples: int = 8
-    mlp_ablation: bool = True
+    analyze_samples: int = ANALYSIS.samples
+    mlp_ablation: bool = ANALYSIS.mlp_ablation
 
     def points(self) -> list[RunPoint]:
         """Every distinct run point, in file × grid × seed order."""
@@ -136,15 +142,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     overrides = table.get("set", [])
     if not isinstance(overrides, list) or not all(isinstance(text, str) for text in overrides):
         raise LooplabError("[sweep] set must be a list of 'section.key=value' strings")
-    counts = {key: table.get(key, default) for key, default in (("analyze_loops", 128), ("analyze_samples", 8))}
-    for key, value in counts.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LooplabError(f"[sweep] {key} must be an integer >= 1, got {value!r}")
-    flags = {key: table.get(key, default) for key, default in SWEEP_FLAGS.items()}
-    for key, value in flags.items():
-        if not isinstance(value, bool):
-            raise LooplabError(f"[sweep] {key} must be true or false, got {value!r}")
-    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **flags, **counts)
+    options = fill(SweepOptions, {k: v for k, v in table.items() if k not in ("configs", "seeds", "set")}, "sweep")
+    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **asdict(options))
     spec.points()  # resolve every config now, so a bad key fails before anything runs
     return spec
 

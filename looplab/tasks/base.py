@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError, choice_error
+from looplab.plugins import register_entry
 
 PAD, SEP, QUERY, START = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<sep>", "<q>", "<s>")
@@ -173,7 +174,7 @@ TASKS: dict[str, type[Task]] = {}
 
 def register_task(cls: type[Task]) -> type[Task]:
     """Class decorator: make a task available by its ``name``."""
-    TASKS[cls.name] = cls
+    register_entry(TASKS, cls.name, cls, "task")
     return cls
 
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from looplab.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from looplab.config import Config
 from looplab.errors import LooplabError
-from looplab.experiment import Experiment, all_finite, check_config, check_device
+from looplab.experiment import Experiment, all_finite, check_config, check_device, training_depth
 from looplab.io import atomic_write, exclusive_lock
 from looplab.memory import check_fits, training_bytes
 from looplab.parallel import SINGLE, Parallel
@@ -55,7 +55,7 @@ def make_optimizer(exp: Experiment) -> torch.optim.AdamW:
     groups = []
     for name, module in exp.modules().items():
         params = [p for p in module.parameters() if p.requires_grad]
-        scale = config.schedule.lr_scale if name == "schedule" else 1.0
+        scale = exp.schedule.lr_scale if name == "schedule" else 1.0
         groups += [
             {
                 "params": [p for p in params if p.dim() >= 2],
@@ -187,7 +187,7 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     check_device(config.run.device)
     check_fits(
         "training",
-        training_bytes(config, make_task(config.task.name, config.task.alphabet)),
+        training_bytes(config, make_task(config.task.name, config.task.alphabet), training_depth(config)),
         config.run.device,
         "use a smaller model.d_model, train.batch_size or training depth",
     )

@@ -61,15 +61,15 @@ def test_expansion_names_and_hashes(tmp_path):
         ("[sweep]\nconfigs = ['tiny.toml']\nseeds = 0\n", "seeds must be a count >= 1"),
         ("[sweep]\nconfigs = ['tiny.toml']\nset = ['model.colour=3']\n", "unknown key in [model] 'colour'"),
         ("[sweeps]\n", "unknown sweep file section 'sweeps'; valid choices: grid, sweep"),
-        ("[sweep]\nconfigs = ['tiny.toml']\nscaling = 'no'\n", "scaling must be true or false, got 'no'"),
-        ("[sweep]\nconfigs = ['tiny.toml']\nevaluate = 0\n", "evaluate must be true or false, got 0"),
-        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze = 1\n", "analyze must be true or false, got 1"),
-        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_samples = 0\n", "analyze_samples must be an integer >= 1"),
-        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_loops = true\n", "analyze_loops must be an integer >= 1"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nscaling = 'no'\n", "sweep.scaling must be bool, got 'no'"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nevaluate = 0\n", "sweep.evaluate must be bool, got 0"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze = 1\n", "sweep.analyze must be bool, got 1"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_samples = 0\n", "sweep.analyze_samples must be in [1, inf), got 0"),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_loops = true\n", "sweep.analyze_loops must be int, got True"),
     ],
 )
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
-    with pytest.raises(LooplabError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
+    with pytest.raises(LooplabError, match=re.escape(message)):
         load_sweep(write_sweep(tmp_path, text))
 
 

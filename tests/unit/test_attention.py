@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -139,11 +140,12 @@ def test_math_records_probabilities(causal):
     attn = SelfAttention(16, 2).double()
     x = torch.randn(3, 6, 16, dtype=torch.float64)
     valid = make_batch(lengths=(6, 2, 4))[1]
-    ctx = AttentionContext.build(valid, causal, None, use_math=False)
-    ctx.probs = []
+    ctx = AttentionContext.build(valid, causal, None, use_math=True)
+    recorded = []
+    attn.weights.register_forward_hook(lambda _module, args, out: recorded.append(out))
     out = attn(x, ctx)
-    assert len(ctx.probs) == 1
-    probs = ctx.probs[0]
+    assert len(recorded) == 1
+    probs = recorded[0]
     assert probs.shape == (3, 2, 6, 6)
     assert torch.allclose(probs.sum(-1), torch.ones(3, 2, 6, dtype=torch.float64), atol=1e-12)
     assert (probs >= 0).all()
@@ -167,13 +169,14 @@ def test_math_records_probabilities(causal):
 def test_model_step_records_one_probability_tensor_per_core_layer():
     model = make_model(core_layers=2)
     tokens, valid = make_batch()
-    ctx = model.context(valid)
-    ctx.probs = []
+    ctx = replace(model.context(valid), use_math=True)
     e = model.encode(tokens, ctx)
-    ctx.probs.clear()
+    recorded = []
+    for layer in model.core:
+        layer.attn.weights.register_forward_hook(lambda _module, args, out: recorded.append(out))
     model.step(e, e, ctx)
-    assert len(ctx.probs) == 2
-    assert all(p.shape == (5, 2, 6, 6) for p in ctx.probs)
+    assert len(recorded) == 2
+    assert all(p.shape == (5, 2, 6, 6) for p in recorded)
 
 
 # ----------------------------------------------------------------------------- positional schemes
@@ -255,9 +258,10 @@ def test_attention_window_masks_far_keys(causal, padded, window):
     x = torch.randn(3, 7, 16, dtype=torch.float64)
     valid = make_batch(lengths=(7, 3, 5) if padded else (7,) * 3)[1]
     ctx = AttentionContext.build(valid, causal, None, use_math=True, window=window)
-    ctx.probs = []
+    recorded = []
+    attn.weights.register_forward_hook(lambda _module, args, out: recorded.append(out))
     out = attn(x, ctx)
-    probs = ctx.probs[0]
+    probs = recorded[0]
     offset = torch.arange(7)[:, None] - torch.arange(7)[None, :]
     allowed = (offset.abs() <= window) & ((offset >= 0) if causal else True)
     queries = valid[:, None, :, None].expand_as(probs)  # padding queries' outputs are never read
@@ -298,5 +302,5 @@ def test_attention_window_per_row_depths_match_naive(causal):
 def test_attention_window_must_not_be_negative():
     from looplab.config import load_config
 
-    with pytest.raises(LooplabError, match=r"model\.attention_window must be >= 0"):
+    with pytest.raises(LooplabError, match=r"model\.attention_window must be in \[0, inf\)"):
         load_config(None, ["model.attention_window=-1"])

@@ -11,7 +11,6 @@ from looplab.config import (
     INJECTIONS,
     NORMS,
     PLACEMENT_ALIASES,
-    PLACEMENTS,
     POSITIONALS,
     Config,
     ModelConfig,
@@ -21,6 +20,7 @@ from looplab.config import (
 )
 from looplab.errors import LooplabError
 from looplab.experiment import check_config
+from looplab.model.placements import PLACEMENTS
 from looplab.schedules import SCHEDULES
 from looplab.tasks import TASKS
 

@@ -171,7 +171,7 @@ def test_a_finished_row_stops_and_the_others_go_on():
         (lambda m: generate(m, PROMPTS, 3, ExitRule("kl", 4), "none"), "use the fixed exit"),
         (lambda m: generate(m, [[]], 3), "at least one token"),
         (lambda m: generate(m, PROMPTS, 0), "max new tokens must be >= 1"),
-        (lambda m: ExitRule("halting"), "valid choices: fixed, convergence, kl, confidence"),
+        (lambda m: ExitRule("halting"), "valid choices: confidence, convergence, fixed, kl"),
         (lambda m: ExitRule("fixed", 0), "must be >= 1"),
         (lambda m: ExitRule("confidence", threshold=1.5), "threshold must be in (0, 1]"),
         (lambda m: Sampling(temperature=-1), "temperature must be >= 0"),

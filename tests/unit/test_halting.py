@@ -190,11 +190,11 @@ def _train_head(toy: DepthToy, schedule: RLHalting, steps: int) -> tuple[float, 
     with torch.no_grad():
         h = toy.start(batch.tokens, batch.valid)[0]
         logits = []
-        for _ in range(schedule.cfg.t_max):
+        for _ in range(schedule.params.t_max):
             h = toy.step(h, None, None)
             logits.append(schedule.module(h, batch.valid))
         log_pi = log_halting_distribution(torch.stack(logits, dim=1))
-    depths = torch.arange(1, schedule.cfg.t_max + 1, dtype=log_pi.dtype)
+    depths = torch.arange(1, schedule.params.t_max + 1, dtype=log_pi.dtype)
     return float((log_pi.exp() * depths).sum(1).mean()), float(entropy(log_pi).mean())
 
 

@@ -11,7 +11,7 @@ PACKAGE = Path(looplab.__file__).parent
 
 #: lowest first; a unit is a top-level module or subpackage of looplab
 LAYERS = [
-    {"looplab", "errors", "seeding", "io", "plotting", "progress"},
+    {"looplab", "errors", "seeding", "io", "plotting", "progress", "params", "plugins"},
     {"config"},
     {"tasks", "model"},
     {"parallel", "checkpoint", "memory", "rundir"},
@@ -71,8 +71,8 @@ def test_imports_never_point_up():
     assert upward == []
 
 
-def test_config_depends_on_nothing_but_errors():
-    assert _edges()["config"] <= {"errors"}
+def test_config_depends_on_nothing_but_errors_parameters_and_plugins():
+    assert _edges()["config"] <= {"errors", "params", "plugins"}
 
 
 def test_no_import_cycles_between_units():

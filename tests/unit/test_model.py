@@ -7,8 +7,9 @@ import itertools
 import pytest
 import torch
 
-from looplab.config import INIT_STATES, INJECTIONS, NORMS, PLACEMENTS
+from looplab.config import INIT_STATES, INJECTIONS, NORMS
 from looplab.model import LoopedTransformer
+from looplab.model.placements import PLACEMENTS
 from tests.unit.model_helpers import VOCAB, assert_close_on, gen, make_batch, make_model, randomise
 
 

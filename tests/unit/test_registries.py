@@ -1,7 +1,6 @@
 """The extension registries: regularisers, test-time exits, mechanistic metrics, and the model's layer hook."""
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -14,11 +13,12 @@ from looplab.analysis.mechanistic import analyze_experiment
 from looplab.analysis.registry import MetricResult, register_metric
 from looplab.analysis.trace import trace
 from looplab.config import ModelConfig, load_config
+from looplab.errors import LooplabError
 from looplab.eval import exits
 from looplab.eval.exits import ExitSettings, exit_depths, register_exit
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.metrics import summarize
-from looplab.experiment import Experiment
+from looplab.experiment import Experiment, check_config
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.parallel import SINGLE
@@ -42,15 +42,10 @@ TINY = [
 # ---------------------------------------------------------------- regularisers
 
 
-@dataclass
 class StateEnergy(Regulariser):
     """Mean square of the probe state (a test entry)."""
 
     name = "state_energy"
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(weight=0.25, warmup=2, prob=0.5)
 
     def penalty(self, model, probe, generator):
         return probe.h.pow(2).mean(dim=(1, 2))
@@ -61,6 +56,9 @@ def state_energy(monkeypatch):
     monkeypatch.setitem(regularisers.REGULARISERS, StateEnergy.name, StateEnergy)
 
 
+ENERGY = ["stability.state_energy.weight=0.25", "stability.state_energy.warmup=2", "stability.state_energy.prob=0.5"]
+
+
 def test_jsrr_is_built_from_its_config_section_and_off_by_default():
     assert build_regularisers(load_config(None, TINY)) == []
     (jsrr,) = build_regularisers(
@@ -68,11 +66,35 @@ def test_jsrr_is_built_from_its_config_section_and_off_by_default():
             None, TINY + ["stability.jsrr.estimator=vjp", "stability.jsrr.weight=0.3", "stability.jsrr.warmup=4"]
         )
     )
-    assert isinstance(jsrr, JacobianPenalty) and (jsrr.estimator, jsrr.weight, jsrr.warmup) == ("vjp", 0.3, 4)
+    assert isinstance(jsrr, JacobianPenalty)
+    assert (jsrr.params.estimator, jsrr.weight, jsrr.warmup) == ("vjp", 0.3, 4)
+
+
+def test_a_registered_regulariser_is_off_until_its_section_turns_it_on(state_energy):
+    config = load_config(None, TINY)
+    check_config(config)
+    assert config.stability["state_energy"] == {"weight": 0.0, "warmup": 0, "prob": 1.0}  # shown, with defaults
+    assert build_regularisers(config) == []
+    (found,) = build_regularisers(load_config(None, TINY + ENERGY))
+    assert isinstance(found, StateEnergy) and (found.weight, found.warmup, found.prob) == (0.25, 2, 0.5)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("stability.state_energy.weight=1.5", r"stability\.state_energy\.weight must be in \[0, 1\], got 1.5"),
+        ("stability.state_energy.gain=2", r"unknown key in \[stability\.state_energy\] 'gain'; valid choices: prob"),
+        ("stability.energy.weight=0.1", r"unknown regulariser .* 'energy'; valid choices: jsrr, state_energy"),
+        ("stability.jsrr.estimator=exact", r"unknown value for stability\.jsrr\.estimator: 'exact'"),
+    ],
+)
+def test_regulariser_sections_are_checked_against_their_declaration(state_energy, override, message):
+    with pytest.raises(LooplabError, match=message):
+        check_config(load_config(None, [*TINY, override]))
 
 
 def test_warmup_and_probability_are_applied_generically(state_energy):
-    (reg,) = build_regularisers(load_config(None, TINY))
+    (reg,) = build_regularisers(load_config(None, TINY + ENERGY))
     applied = [reg.generator_for(step, 0, SINGLE) is not None for step in range(1, 401)]
     assert not any(applied[:2])
     assert 0.4 < np.mean(applied[2:]) < 0.6
@@ -89,7 +111,7 @@ def test_loss_mixes_task_loss_and_penalties_by_weight():
 
 
 def test_a_registered_regulariser_trains_and_is_logged(state_energy):
-    exp = Experiment.build(load_config(None, TINY))
+    exp = Experiment.build(load_config(None, TINY + ENERGY))
     assert [type(r) for r in exp.regularisers] == [StateEnergy]
     optimizer = make_optimizer(exp)
     logged = [train_step(exp, optimizer, step) for step in range(1, 9)]
@@ -218,9 +240,9 @@ def test_trace_observes_the_model_rather_than_recomputing_it(tiny_experiment):
 def test_layer_hook_sees_every_layer_once_per_call(tiny_experiment):
     calls = []
 
-    def hook(site, index, layer, x, ctx):
+    def hook(site, index, layer, x, run):
         calls.append((site, index))
-        return layer(x, ctx)
+        return run(x)
 
     model = tiny_experiment.model
     batch = tiny_experiment.task.sample(3, 2, torch.Generator().manual_seed(0))

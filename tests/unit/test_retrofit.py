@@ -112,7 +112,7 @@ def test_record_names_attention_and_analysis(tiny, batch):
             assert torch.allclose(probs.sum(-1), torch.ones(2, HEADS, 9), atol=1e-5)
             assert float(probs.triu(1).abs().max()) == 0.0  # causal
     with torch.no_grad():
-        final = loop.readout(recorded["loop04.state"], *loop.encode(ids, mask)[1:3])
+        final = loop.readout(recorded["loop04.state"], loop.start(ids, mask)[2])
         assert torch.allclose(final, loop(ids, mask, 4), atol=1e-5)
     states = recorded.states()
     assert states.shape == (4, 2, 2, 9, 32)

@@ -1,5 +1,7 @@
 """The schedule contract (looplab/schedules/base.py), checked for every registered schedule."""
 
+import contextlib
+import dataclasses
 import json
 import math
 
@@ -10,8 +12,10 @@ from looplab.config import ModelConfig, ScheduleConfig
 from looplab.errors import LooplabError
 from looplab.model import LoopedTransformer
 from looplab.parallel import Parallel
-from looplab.schedules import SCHEDULES, DepthRule, ScheduleContext, make_schedule
+from looplab.params import domain_of
+from looplab.schedules import SCHEDULES, DepthRule, ScheduleContext, make_schedule, register_schedule
 from looplab.tasks import make_task
+from tests.plugin_entries import installed, names
 
 TASK = make_task("binary_addition")
 CFG = dict(depth=3, window=1, t_max=5, lo=1, hi=6, mu=1.0, sigma=0.5, mean_depth=3.0)
@@ -41,7 +45,15 @@ def _loss(schedule, model, batch, seed: int = 3):
     return schedule.training_loss(model, batch, torch.Generator().manual_seed(seed), probe=True)
 
 
-NAMES = sorted(SCHEDULES)
+NAMES = names("schedule")  # the built-in schedules and the example plugin's
+
+
+@pytest.fixture(autouse=True)
+def _registered(request):
+    """A plugin schedule under test is registered for its test only."""
+    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
+    with installed("schedule", name) if name else contextlib.nullcontext():
+        yield
 
 
 def test_every_builtin_schedule_is_registered():
@@ -111,12 +123,31 @@ def test_stats_and_test_depths(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_params_name_every_key_the_schedule_reads(name):
-    """A schedule sees only the keys it lists; training and test depths above would fail on any other."""
+def test_params_are_the_declared_keys_each_with_a_default_and_a_domain(name):
+    """A schedule sees only the keys it declares; training and test depths above would fail on any other.
+    Every key has a default, and a domain unless it is a flag."""
+    cls = SCHEDULES[name]
     schedule = _schedule(name)
-    assert set(vars(schedule.cfg)) == set(SCHEDULES[name].params)
+    assert isinstance(schedule.params, cls.Params)
+    assert set(vars(schedule.params)) == set(cls.keys())
     with pytest.raises(AttributeError):
-        _ = schedule.cfg.name
+        _ = schedule.params.name
+    for declared in dataclasses.fields(cls.Params):
+        assert declared.default is not dataclasses.MISSING or declared.default_factory is not dataclasses.MISSING
+        assert domain_of(declared) is not None or declared.type == "bool", (name, declared.name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reports_read_label_training_depth_and_test_bound_from_the_schedule(name):
+    cls = SCHEDULES[name]
+    params = _schedule(name).params
+    label = cls.describe(params)
+    assert isinstance(label, str) and label and "{" not in label
+    deepest = int(TASK.steps(torch.tensor([4]))[0])
+    depth = cls.training_depth(params, deepest)
+    assert isinstance(depth, int) and depth >= 1
+    bound = cls.test_depth_bound(params)
+    assert bound is None or (isinstance(bound, int) and bound >= 1)
 
 
 def test_plain_samplers_need_no_task_or_width():
@@ -127,3 +158,18 @@ def test_plain_samplers_need_no_task_or_width():
         make_schedule(ScheduleConfig(name="matched")).train_depths(torch.ones(2, dtype=torch.long), None)
     with pytest.raises(LooplabError, match="model width"):
         make_schedule(ScheduleConfig(name="rl_halting"))
+
+
+def test_a_schedule_missing_part_of_the_contract_is_refused_at_registration():
+    class Incomplete(DepthRule):
+        name = "incomplete"
+
+        def train_depths(self, lengths, generator):
+            return lengths
+
+        def policy_depth(self, lengths):
+            return lengths
+
+    with pytest.raises(ValueError, match="'incomplete' does not implement training_depth"):
+        register_schedule(Incomplete)
+    assert "incomplete" not in SCHEDULES

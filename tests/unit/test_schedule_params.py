@@ -33,7 +33,7 @@ def test_schedule_parameters_are_checked_by_the_schedule_that_reads_them(schedul
         check_config(load_config(None, [f"schedule.name={schedule}", f"schedule.{override}"]))
     # a schedule that does not read the key is not bothered by it
     other = "matched" if schedule != "matched" else "fixed"
-    if key not in SCHEDULES[other].params:
+    if key not in SCHEDULES[other].keys():
         check_config(load_config(None, [f"schedule.name={other}", f"schedule.{override}"]))
 
 

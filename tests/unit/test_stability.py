@@ -166,8 +166,8 @@ def test_jsrr_on_a_row_subset_is_the_full_penalty_of_those_rows_and_unbiased():
     batch = TASK.sample_lengths(torch.tensor([3, 1, 2, 3, 2, 1]), torch.Generator().manual_seed(0))
     h, e, ctx = model.start(batch.tokens, batch.valid)
     probe = LoopProbe(model.step(h, e, ctx).detach(), e.detach(), batch.valid)
-    full = JacobianPenalty(0.1, estimator="frobenius", power_iters=0)
-    subset = JacobianPenalty(0.1, estimator="frobenius", power_iters=0, rows=2)
+    full = JacobianPenalty(weight=0.1, estimator="frobenius", power_iters=0)
+    subset = JacobianPenalty(weight=0.1, estimator="frobenius", power_iters=0, rows=2)
     chosen = torch.randperm(6, generator=torch.Generator().manual_seed(5))[:2]
     directions = torch.Generator().manual_seed(5)
     torch.randperm(6, generator=directions)  # the subset's draw comes first, then its directions
@@ -181,7 +181,10 @@ def test_jsrr_on_a_row_subset_is_the_full_penalty_of_those_rows_and_unbiased():
         [reg.penalty(model, probe, torch.Generator().manual_seed(s)).mean().detach() for s in range(400)]
     ).mean()
     assert float(many(subset)) == pytest.approx(float(many(full)), rel=0.1)
-    assert JacobianPenalty(0.1, rows=6).rows == 6 and len(JacobianPenalty(0.1, rows=9).penalty(model, probe, None)) == 6
+    assert (
+        JacobianPenalty(weight=0.1, rows=6).params.rows == 6
+        and len(JacobianPenalty(weight=0.1, estimator="jvp", rows=9).penalty(model, probe, None)) == 6
+    )
 
 
 def test_warm_started_power_iteration_tracks_the_exact_radius_along_a_trajectory():

@@ -1,14 +1,16 @@
-"""The reproduction sweeps shipped in configs/sweeps expand to the studies the README promises."""
+"""The reproduction sweeps shipped in configs/sweeps expand to the studies docs/commands.md promises."""
 
 from __future__ import annotations
 
 import tomllib
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from looplab.cli import PRESETS, STUDIES
+from looplab.config import from_dict
+from looplab.experiment import training_depth
+from looplab.report.paper import PAPERS
 from looplab.sweep import load_sweep
 
 
@@ -36,7 +38,8 @@ def test_stopping_small_is_the_pilot_protocol():
             1,
         )
         assert c["task"]["eval_lengths"][-1] == 3 * c["task"]["train_max"]
-        assert c["eval"]["max_loops"] == 3 * c["schedule"]["depth"] // 2  # the paper's T_test = 1.5 T_train
+        # the paper's T_test = 1.5 T_train, T_train as each schedule defines it
+        assert c["eval"]["max_loops"] == 3 * training_depth(from_dict(c)) // 2
         assert c["train"]["steps"] == 600
 
 
@@ -68,8 +71,10 @@ def test_stars_lm_is_two_shapes_by_three_recipes_on_the_papers_lm_settings():
         )
 
 
-def test_sweep_files_are_package_data():
-    assert {path.stem for path in Path(PRESETS / "sweeps").glob("*.toml")} == set(STUDIES)
+def test_every_study_is_package_data_and_named_after_a_registered_paper():
+    assert set(STUDIES) >= {"stopping-small", "stopping-paper", "stars-small", "stars-paper", "stars-lm"}
+    assert all((PRESETS / "sweeps" / f"{study}.toml").is_file() for study in STUDIES)
+    assert all(study.split("-")[0] in PAPERS for study in STUDIES)
 
 
 def test_mechanistic_small_is_the_untrained_ablation():

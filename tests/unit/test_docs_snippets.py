@@ -1,4 +1,5 @@
-"""The README's "Extending looplab" snippets run as printed, and each adds a working entry to its registry."""
+"""The extension guide's snippets (docs/extending.md) run as printed, each adding a working entry to its registry;
+the configuration reference lists what each schedule reads, and the command reference names every option."""
 
 import re
 from pathlib import Path
@@ -18,43 +19,73 @@ from looplab.experiment import Experiment
 from looplab.schedules import SCHEDULES, ScheduleContext, make_schedule
 from looplab.tasks import make_task
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+EXTENDING = DOCS / "extending.md"
 
 
 def _snippets() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## Extending looplab") :]
-    section = section[: section.index("\n## ", 1)]
+    text = EXTENDING.read_text()
+    section = text[text.index("## One entry per family") :]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
 @pytest.fixture
 def registries(monkeypatch):
     """Run the snippets against copies of the registries, so nothing leaks into other tests."""
-    monkeypatch.setattr("looplab.schedules.base.SCHEDULES", dict(SCHEDULES))
-    monkeypatch.setattr(regularisers, "REGULARISERS", dict(regularisers.REGULARISERS))
-    monkeypatch.setattr(exits, "EXITS", dict(exits.EXITS))
-    monkeypatch.setattr(metric_registry, "METRICS", dict(metric_registry.METRICS))
-    for code in _snippets():
-        exec(compile(code, str(README), "exec"), {})
+    from looplab.model import placements
     from looplab.schedules import base
+    from looplab.tasks import base as tasks
 
+    for module, name in [
+        (base, "SCHEDULES"),
+        (base, "_DECLARED"),
+        (regularisers, "REGULARISERS"),
+        (exits, "EXITS"),
+        (metric_registry, "METRICS"),
+        (tasks, "TASKS"),
+        (placements, "PLACEMENTS"),
+    ]:
+        copy = dict(getattr(module, name))
+        monkeypatch.setattr(module, name, copy)
+    monkeypatch.setattr("looplab.schedules.SCHEDULES", base.SCHEDULES)
+    monkeypatch.setattr("looplab.tasks.TASKS", tasks.TASKS)
+    for code in _snippets():
+        exec(compile(code, str(EXTENDING), "exec"), {})
     return base.SCHEDULES
 
 
 def test_there_is_one_snippet_per_family():
-    assert len(_snippets()) == 4
+    assert len(_snippets()) == 6
+
+
+def test_the_task_snippet(registries):
+    from looplab.tasks.base import make_task as make
+
+    batch = make("reverse", 4).sample(3, 2, torch.Generator().manual_seed(0))
+    body = batch.tokens[:, 1:4]  # after the start token
+    answers = batch.labels[:, 5:8]
+    assert torch.equal(answers, body.flip(1))
+
+
+def test_the_placement_snippet(registries):
+    from looplab.model.norms import Residual
+
+    residual = Residual("normed_residual", "layernorm", 8)
+    x, f = torch.randn(2, 3, 8), torch.nn.Linear(8, 8)
+    assert residual.norm_out is None
+    assert torch.allclose(residual(x, f), residual.norm_in(x) + f(residual.norm_in(x)))
 
 
 def test_the_schedule_snippet(registries):
-    schedule = make_schedule(ScheduleConfig(name="doubled", t_max=9), ScheduleContext(make_task("copy"), 16))
+    schedule = make_schedule(ScheduleConfig(name="doubled", cap=9), ScheduleContext(make_task("copy"), 16))
     lengths = torch.tensor([1, 3, 6])
     assert schedule.train_depths(lengths, torch.Generator()).tolist() == [2, 6, 9]
     assert schedule.policy_depth(lengths).tolist() == [2, 6, 12]
 
 
 def test_the_regulariser_snippet(registries):
-    config = load_config(None, ["model.d_model=16", "model.n_heads=2", "model.core_layers=1"])
+    on = ["stability.state_energy.weight=0.01", "stability.state_energy.warmup=100"]
+    config = load_config(None, ["model.d_model=16", "model.n_heads=2", "model.core_layers=1", *on])
     (found,) = [r for r in regularisers.build_regularisers(config) if r.name == "state_energy"]
     assert (found.weight, found.warmup) == (0.01, 100)
 
@@ -80,8 +111,8 @@ def test_the_metric_snippet(registries, tmp_path):
     assert (tmp_path / "final_norm.csv").read_text().startswith("token,norm")
 
 
-def test_the_readme_lists_what_each_schedule_reads():
-    text = README.read_text()
+def test_the_configuration_reference_lists_what_each_schedule_reads():
+    text = (DOCS / "configuration.md").read_text()
     table = text[text.index("| schedule | reads |") :]
     table = table[: table.index("\n\n")]
     listed = {}
@@ -89,16 +120,16 @@ def test_the_readme_lists_what_each_schedule_reads():
         names, keys = (cell.strip() for cell in row.strip("|").split("|"))
         for name in re.findall(r"`(\w+)`", names):
             listed[name] = set(re.findall(r"`(\w+)`", keys))
-    assert listed == {name: set(cls.params) for name, cls in SCHEDULES.items()}
+    assert listed == {name: set(cls.keys()) for name, cls in SCHEDULES.items()}
 
 
-def test_the_readme_command_block_names_every_option():
-    """Each subcommand's line(s) in the README's command block carry every option its parser accepts."""
+def test_the_command_reference_names_every_option():
+    """Each subcommand's line(s) in the command reference's block carry every option its parser accepts."""
     import argparse
 
     from looplab.cli import _parser
 
-    text = README.read_text()
+    text = (DOCS / "commands.md").read_text()
     block = text[text.index("## Command line") :]
     block = block[block.index("```bash") : block.index("```\n", block.index("```bash") + 7)]
 
@@ -113,7 +144,7 @@ def test_the_readme_command_block_names_every_option():
     for path, parser in leaves(_parser(), []):
         command = " ".join(path[:1] + [p for p in path[1:] if p != "mechanistic"])
         lines = [line for line in block.splitlines() if line.startswith(f"looplab {command} ")]
-        assert lines, f"no README line for looplab {' '.join(path)}"
+        assert lines, f"no line in docs/commands.md for looplab {' '.join(path)}"
         options = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
         missing = {o for o in options if not any(o in line for line in lines)}
         assert not missing, (path, missing)

@@ -1,0 +1,206 @@
+"""The contracts of the task, regulariser, exit, norm-placement, metric and generation-exit families, run on
+every registered entry and on the example plugins (the schedule contract has its own module)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import jvp
+
+from looplab.analysis.mechanistic import analyze_experiment
+from looplab.analysis.registry import METRICS, AnalysisInput, AnalysisOptions, MetricResult
+from looplab.analysis.trace import trace
+from looplab.config import ModelConfig, load_config
+from looplab.errors import LooplabError
+from looplab.eval.exits import EXITS, ExitSettings
+from looplab.eval.grid import LengthOutcome
+from looplab.experiment import Experiment
+from looplab.generation.exits import EXITS as TOKEN_EXITS
+from looplab.generation.exits import ExitRule
+from looplab.model import LoopedTransformer
+from looplab.model.looped import LoopProbe
+from looplab.model.norms import Residual
+from looplab.model.tangent import linearise_residual
+from looplab.params import domain_of
+from looplab.regularisers import REGULARISERS
+from looplab.tasks import IGNORE, PAD, TASKS, make_task
+from tests.plugin_entries import installed, names
+
+TASK = make_task("binary_addition")
+
+
+# ---------------------------------------------------------------- tasks
+
+
+@pytest.mark.parametrize("name", [n for n in names("task") if not getattr(TASKS.get(n), "needs_causal", False)])
+def test_task_samples_are_seeded_padded_and_supervised(name):
+    with installed("task", name):
+        task = make_task(name)
+        lengths = torch.tensor([1, 2, 3, 2])
+        first = task.sample_lengths(lengths, torch.Generator().manual_seed(0))
+        again = task.sample_lengths(lengths, torch.Generator().manual_seed(0))
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.labels, again.labels)
+    assert first.tokens.shape == first.labels.shape == first.valid.shape
+    assert bool((first.tokens[~first.valid] == PAD).all())
+    assert bool(first.answer_mask.any(dim=1).all()), "every row supervises at least one position"
+    labels = first.labels[first.labels != IGNORE]
+    assert int(labels.min()) >= 0 and int(labels.max()) < task.vocab_size
+    steps = task.steps(lengths)
+    assert steps.dtype == torch.long and int(steps.min()) >= 1
+
+
+# ---------------------------------------------------------------- regularisers
+
+
+def _probe(rows: int = 3) -> tuple[LoopedTransformer, LoopProbe]:
+    torch.manual_seed(0)
+    model = LoopedTransformer(ModelConfig(d_model=8, n_heads=2, core_layers=1), TASK.vocab_size).double()
+    batch = TASK.sample(3, rows, torch.Generator().manual_seed(1))
+    h, e, ctx = model.start(batch.tokens, batch.valid)
+    return model, LoopProbe(model.step(h, e, ctx), e, batch.valid)
+
+
+@pytest.mark.parametrize("name", names("regulariser"))
+def test_regulariser_declares_its_keys_and_gives_a_differentiable_penalty_per_sample(name):
+    with installed("regulariser", name):
+        cls = REGULARISERS[name]
+        defaults = cls.Params()
+        assert not cls.active(defaults), "a registered regulariser is off until a config turns it on"
+        for declared in dataclasses.fields(cls.Params):
+            assert domain_of(declared) is not None or declared.type == "bool", declared.name
+        on = {"weight": 0.1} if name != "jsrr" else {"estimator": "jvp"}
+        regulariser = cls(**on)
+        assert cls.active(regulariser.params)
+        model, probe = _probe()
+        values = regulariser.penalty(model, probe, torch.Generator().manual_seed(0))
+    assert values.shape == (3,) and bool(torch.isfinite(values).all())
+    values.mean().backward()
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.parameters())
+
+
+# ---------------------------------------------------------------- exits
+
+
+def _outcome(count: int = 6, steps: int = 5) -> LengthOutcome:
+    rng = np.random.default_rng(0)
+    return LengthOutcome(
+        length=4,
+        correct=rng.random((count, steps)) < 0.5,
+        flips=rng.random((count, steps - 1)) < 0.3,
+        policy_depth=rng.integers(1, steps + 1, count),
+        confidence=np.log(rng.random((count, steps))),
+        state_norm=np.ones((count, steps)),
+        step_norm=rng.random((count, steps)) * 1e-2,
+        hazard_logits=rng.normal(size=(count, steps)).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("name", names("exit"))
+def test_exit_gives_a_depth_in_1_to_T_per_sample_or_none(name):
+    with installed("exit", name):
+        rule = EXITS[name]
+        full = rule(_outcome(), ExitSettings(fixed_depth=3))
+        bare = rule(
+            dataclasses.replace(_outcome(), confidence=None, state_norm=None, step_norm=None, hazard_logits=None),
+            ExitSettings(),
+        )
+    for depths in (full, bare):
+        if depths is not None:
+            depths = np.asarray(depths)
+            assert depths.shape == (6,) and np.issubdtype(depths.dtype, np.integer)
+            assert depths.min() >= 1 and depths.max() <= 5
+    assert full is not None, "with every signal recorded, an exit answers"
+
+
+# ---------------------------------------------------------------- norm placements
+
+
+@pytest.mark.parametrize("name", names("placement"))
+def test_placement_linearisation_is_the_derivative_of_its_forward(name):
+    torch.manual_seed(0)
+    with installed("placement", name):
+        residual = Residual(name, "layernorm", 8).double()
+    for module in residual.modules():
+        for parameter in module.parameters():
+            torch.nn.init.normal_(parameter)
+    f = torch.nn.Linear(8, 8).double()
+    x, v = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64)
+    out, tangent = linearise_residual(residual, x, lambda y: (f(y), lambda dy: F.linear(dy, f.weight)))
+    assert torch.allclose(out, residual(x, f), atol=1e-12)
+    assert torch.allclose(tangent(v), jvp(lambda z: residual(z, f), (x,), (v,))[1], atol=1e-10)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+@pytest.fixture(scope="module")
+def analysed_inputs():
+    config = load_config(None, ["model.d_model=16", "model.n_heads=2", "model.core_layers=1", "task.train_max=3"])
+    exp = Experiment.build(config)
+    batch = exp.task.sample(3, 2, torch.Generator().manual_seed(0))
+
+    def retrace():
+        return trace(exp.model, batch.tokens, batch.valid, 4, attention=True)
+
+    options = AnalysisOptions(loops=4, samples=2, max_period=2, mlp_ablation=False)
+    return AnalysisInput(exp, retrace(), "tiny", retrace, options)
+
+
+@pytest.mark.parametrize("name", names("metric"))
+def test_metric_returns_json_summary_entries_tables_and_plots(name, analysed_inputs, tmp_path):
+    with installed("metric", name):
+        result = METRICS[name](analysed_inputs)
+    assert isinstance(result, MetricResult)
+    text = json.dumps(result.summary)  # JSON-able
+    assert all(not isinstance(v, float) or math.isfinite(v) or math.isnan(v) for v in json.loads(text).values())
+    for file, (header, rows) in result.tables.items():
+        assert file.endswith(".csv") and all(len(list(row)) == len(header) for row in rows)
+    for file, draw in result.plots.items():
+        draw(tmp_path / file)
+        assert (tmp_path / file).exists() or (tmp_path / f"{file}.png").exists() or any(tmp_path.iterdir())
+
+
+def test_a_plugin_metric_is_written_by_the_one_runner(tmp_path):
+    exp = Experiment.build(load_config(None, ["model.d_model=16", "model.n_heads=2", "model.core_layers=1"]))
+    with installed("metric", "final_norm"):
+        summary = analyze_experiment(exp, tmp_path, loops=3, samples=2, mlp_ablation=False)
+    assert summary["final_norm_mean"] > 0
+    assert (tmp_path / "final_norm.csv").read_text().startswith("token,norm")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"window": 1}, r"analysis\.window must be 0 \(automatic\) or >= 2, got 1"),
+        ({"loops": 0}, r"analysis\.loops must be in \[1, inf\), got 0"),
+        ({"tol": -1.0}, r"analysis\.tol must be in \(0, inf\), got -1.0"),
+        ({"depth": 3}, r"unknown key in \[analysis\] 'depth'; valid choices: loops, max_period"),
+    ],
+)
+def test_analysis_options_are_declared_and_checked(options, message, tmp_path):
+    exp = Experiment.build(load_config(None, ["model.d_model=16", "model.n_heads=2", "model.core_layers=1"]))
+    with pytest.raises(LooplabError, match=message):
+        analyze_experiment(exp, tmp_path, samples=2, **options)
+    assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- generation exits
+
+
+@pytest.mark.parametrize("name", sorted(TOKEN_EXITS))
+def test_token_exit_answers_per_row_and_the_cap_always_stops(name):
+    generator = torch.Generator().manual_seed(0)
+    h, h_prev = torch.randn(5, 8, generator=generator), torch.randn(5, 8, generator=generator)
+    logp = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
+    logp_prev = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
+    rule = ExitRule(name, loops=4, eps=0.5, threshold=0.3)
+    for t in (1, 2, 3):
+        stop = rule.stop(t, h, h_prev, logp if rule.reads_logits else None, logp_prev if rule.reads_logits else None)
+        assert stop.shape == (5,) and stop.dtype == torch.bool
+    assert bool(rule.stop(4, h, h_prev, logp, logp_prev).all())
