@@ -35,8 +35,52 @@ def _lengths(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8,12,16, got {text!r}") from None
 
 
+#: what ``--help`` shows under each command (``runs/demo`` is what ``make demo`` writes, ``runs/lm`` a text run)
+EXAMPLES = {
+    "train": [
+        "looplab train demo --out runs/demo",
+        "looplab train stopping-small/dyck1-window --set run.seed=3 --set train.steps=300 --out runs/w3",
+        "looplab train puzzles/sudoku4-matched --set 'run.plugins=[\"looplab.examples.plugins.scaled\"]' "
+        "--set schedule.name=scaled --set schedule.cap=16 --out runs/s4",
+    ],
+    "eval": [
+        "looplab eval runs/demo",
+        "looplab eval runs/demo --lengths 8,16,32 --max-loops 64 --scaling",
+        "looplab eval runs/lm --lm-loops 32   (a kjv or kjv_arithmetic run)",
+    ],
+    "show": ["looplab config show demo", "looplab config show demo --set schedule.name=rl_halting"],
+    "mechanistic": [
+        "looplab analyze runs/demo",
+        "looplab analyze mechanistic runs/demo --loops 64 --samples 4 --no-mlp-ablation",
+        "looplab analyze mechanistic mechanistic/ablation-pre-injection --out runs/init   (an untrained model)",
+    ],
+    "spectral": ["looplab analyze spectral runs/demo --loops 64 --exact-at all"],
+    "pca": ["looplab analyze pca runs/demo --loops 64 --sample 3"],
+    "sweep": [
+        "looplab sweep sweeps/stars-small --out runs/stars --workers 2",
+        "looplab sweep my_sweep.toml --out runs/mine --workers 2 --backend ray --address auto",
+    ],
+    "report": ["looplab report runs/stars --paper stars"],
+    "reproduce": ["looplab reproduce stopping-small --out runs/stopping --workers 2"],
+    "results": ["looplab results --check"],
+    "demo": ["looplab demo", "looplab demo --out runs/demo2"],
+    "generate": [
+        "looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
+        "looplab generate runs/lm --prompts-file prompts.txt --temperature 0.8 --top-k 20 --seed 1",
+    ],
+}
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (the usage stays behind ``--help``); subcommands inherit it."""
+    """argparse with one-line errors (the usage stays behind ``--help``); subcommands inherit it,
+    with their :data:`EXAMPLES` under ``--help``."""
+
+    def __init__(self, *args, **kwargs):
+        name = kwargs.get("prog", "").split()[-1] if kwargs.get("prog") else ""
+        if name in EXAMPLES and "epilog" not in kwargs:
+            kwargs["epilog"] = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+            kwargs["formatter_class"] = argparse.RawDescriptionHelpFormatter
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"looplab: error: {message} (see {self.prog} --help)\n")
@@ -148,7 +192,6 @@ def _parser() -> argparse.ArgumentParser:
     generate = commands.add_parser(
         "generate",
         help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic), a depth per token",
-        epilog="example: looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
     )
     generate.add_argument("run_dir", help="a trained run of a text task")
     generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
@@ -420,12 +463,17 @@ def _demo(args) -> None:
     print(f"\ndemo finished in {time.perf_counter() - began:.0f} s; results in {Path(args.out) / 'eval'}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; ``looplab analyze RUN_DIR`` is the mechanistic analysis."""
+    argv = list(argv)
     if len(argv) >= 2 and argv[0] == "analyze" and argv[1] not in ANALYSES and not argv[1].startswith("-"):
-        argv.insert(1, "mechanistic")  # `looplab analyze RUN_DIR` is the mechanistic analysis
+        argv.insert(1, "mechanistic")
+    return _parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = parse(sys.argv[1:] if argv is None else argv)
     except SystemExit as stop:  # --help, or a usage error already printed as one line
         return stop.code if isinstance(stop.code, int) else 2
     try:

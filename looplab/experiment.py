@@ -48,6 +48,9 @@ def check_config(config: Config) -> None:
     ):
         if bound is not None and sizes and max(sizes) > bound:
             raise LooplabError(f"{what} must be <= {bound} for task {task.name!r}, got {max(sizes)}")
+    for what, sizes in (("task.train_min", [config.task.train_min]), ("task.eval_lengths", config.task.eval_lengths)):
+        if min(sizes) < task.min_size:
+            raise LooplabError(f"{what} must be >= {task.min_size} for task {task.name!r}, got {min(sizes)}")
     schedule, params = resolve_schedule(config.schedule)
     config.schedule.params = as_dict(params)
     config.stability = complete_stability(config.stability)

@@ -4,8 +4,10 @@ from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     addition,
     copy_task,
     dyck1,
+    maze,
     parity,
     reasoning,
+    sudoku,
     text,
     unique_set,
 )

@@ -72,7 +72,8 @@ class Task(ABC):
     exact_match: bool = True
     #: whether the task is next-token prediction, which a model may only read causally
     needs_causal: bool = False
-    #: the largest instance size the task can draw (None: no bound), and the largest it trains on
+    #: the smallest and largest instance size the task can draw (None: no bound), and the largest it trains on
+    min_size: int = 1
     max_size: int | None = None
     max_train_size: int | None = None
 

@@ -12,6 +12,7 @@ from looplab.config import (
     NORMS,
     PLACEMENT_ALIASES,
     POSITIONALS,
+    PRESETS,
     Config,
     ModelConfig,
     from_dict,
@@ -309,3 +310,17 @@ def test_bundled_demo_config_loads():
     cfg = load_config(demo)
     assert cfg.task.name == "binary_addition"
     assert cfg.task.train_max == 10
+
+
+RUN_PRESETS = sorted(
+    path
+    for path in PRESETS.rglob("*.toml")
+    if path.relative_to(PRESETS).parts[0] != "sweeps" and path.name != "retrofit.toml"
+)
+
+
+@pytest.mark.parametrize("path", RUN_PRESETS, ids=lambda p: str(p.relative_to(PRESETS)))
+def test_every_run_preset_loads_and_checks(path):
+    config = load_config(path)
+    check_config(config)
+    assert tuple(config.schedule.params) == SCHEDULES[config.schedule.name].keys()

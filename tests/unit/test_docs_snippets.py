@@ -1,6 +1,7 @@
 """The extension guide's snippets (docs/extending.md) run as printed, each adding a working entry to its registry;
 the configuration reference lists what each schedule reads, and the command reference names every option."""
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from looplab.config import ScheduleConfig, load_config
 from looplab.eval import exits
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.metrics import summarize
-from looplab.experiment import Experiment
+from looplab.experiment import Experiment, check_config
 from looplab.schedules import SCHEDULES, ScheduleContext, make_schedule
 from looplab.tasks import make_task
+from tests.plugin_entries import PLUGIN_ENTRIES, installed
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 EXTENDING = DOCS / "extending.md"
@@ -148,3 +150,27 @@ def test_the_command_reference_names_every_option():
         options = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
         missing = {o for o in options if not any(o in line for line in lines)}
         assert not missing, (path, missing)
+
+
+def test_every_command_shows_examples_that_parse_and_name_real_presets():
+    import shlex
+
+    from looplab.cli import EXAMPLES, parse
+    from looplab.config import resolve_preset
+
+    assert set(EXAMPLES) >= {"train", "eval", "mechanistic", "spectral", "pca", "sweep", "report", "reproduce"}
+    for lines in EXAMPLES.values():
+        for line in lines:
+            argv = shlex.split(line.split("   (")[0])[1:]
+            args = parse(argv)  # exits on an option the parser does not know
+            for name in ("config", "sweep_file"):
+                value = getattr(args, name, None)
+                if value is not None and not value.endswith("my_sweep.toml"):
+                    assert resolve_preset(value).is_file(), (line, value)
+            if args.command in ("train", "config"):
+                with contextlib.ExitStack() as plugins:  # the example plugins it may name, for this check only
+                    for family, entries in PLUGIN_ENTRIES.items():
+                        for name in entries:
+                            plugins.enter_context(installed(family, name))
+                    check_config(load_config(args.config, args.set))  # the example would start
+    assert "scaled" not in SCHEDULES  # the plugins were there for the check only

@@ -103,8 +103,9 @@ def decode_row(task, tokens, labels, length: int) -> tuple[list[str], list[str |
 
 
 def test_every_task_is_registered():
-    # the algorithmic tasks tested here, and the text tasks (test_text_task.py, test_reasoning_task.py)
-    assert sorted(TASKS) == sorted(NAMES + ["kjv", "chain_arithmetic", "kjv_arithmetic"])
+    # the algorithmic tasks tested here, the text tasks (test_text_task.py, test_reasoning_task.py) and the
+    # puzzles (test_puzzles.py)
+    assert sorted(TASKS) == sorted(NAMES + ["kjv", "chain_arithmetic", "kjv_arithmetic", "sudoku4", "sudoku9", "maze"])
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,172 @@
+"""Sudoku: fill in the blanks of a board with a unique solution (``sudoku4``: 4×4, ``sudoku9``: 9×9).
+
+An instance of size n is a board with n blank cells. The sequence is the board
+row by row, one token per cell (a digit, or ``.`` for a blank), and every cell
+is in the answer region: cell i must hold the solution's digit (the givens are
+copied, as in TRM's and HRM's full-board output). A board is answered when
+every cell is right.
+
+Generation, from the run's generator only:
+1. a solved board: the pattern (b·(r mod b) + ⌊r/b⌋ + c) mod s, its digits
+   permuted, rows shuffled within bands and bands among themselves, the same
+   for columns and stacks, and a transpose half of the time;
+2. blanks: cells in a random order are blanked one by one, each kept blank only
+   if the board can still be completed by naked and hidden singles alone. Such
+   a board has exactly one solution (each step is forced), and its difficulty
+   is "easy" in the puzzle-rating sense. A board that runs out of cells before
+   reaching n blanks is drawn again.
+
+The size axis is the blank count: train on few blanks, test on more. The
+singles rule reaches 11–12 blanks on a 4×4 board and 55–58 on a 9×9 one, so
+``max_size`` is 11 and 55. T(n) = n: a sequential solver fills one blank per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError
+from looplab.tasks.base import Task, register_task
+
+BLANK = "."
+#: boards drawn for one instance before giving up on reaching its blank count
+MAX_ATTEMPTS = 50
+
+
+def solved_board(side: int, generator: torch.Generator) -> list[list[int]]:
+    """A random solved ``side`` × ``side`` board (digits 1..side)."""
+    box = math.isqrt(side)
+
+    def shuffled_lines() -> list[int]:  # bands in random order, lines shuffled within each band
+        bands = torch.randperm(box, generator=generator).tolist()
+        return [band * box + line for band in bands for line in torch.randperm(box, generator=generator).tolist()]
+
+    rows, cols = shuffled_lines(), shuffled_lines()
+    digits = (torch.randperm(side, generator=generator) + 1).tolist()
+    board = [[digits[(box * (r % box) + r // box + c) % side] for c in cols] for r in rows]
+    if bool(torch.rand((), generator=generator) < 0.5):
+        board = [list(column) for column in zip(*board)]
+    return board
+
+
+def _units(side: int) -> list[list[tuple[int, int]]]:
+    """Every row, column and box as a list of cells."""
+    box = math.isqrt(side)
+    rows = [[(r, c) for c in range(side)] for r in range(side)]
+    cols = [[(r, c) for r in range(side)] for c in range(side)]
+    boxes = [
+        [(br + r, bc + c) for r in range(box) for c in range(box)]
+        for br in range(0, side, box)
+        for bc in range(0, side, box)
+    ]
+    return rows + cols + boxes
+
+
+def solve_by_singles(board: list[list[int]]) -> list[list[int]] | None:
+    """The board (0 = blank) completed by naked and hidden singles alone, or None when they get stuck."""
+    side = len(board)
+    grid = [row[:] for row in board]
+    units = _units(side)
+    everything = set(range(1, side + 1))
+    while True:
+        blanks = [(r, c) for r in range(side) for c in range(side) if grid[r][c] == 0]
+        if not blanks:
+            return grid
+        candidates = {}
+        for r, c in blanks:
+            seen = {grid[r][j] for j in range(side)} | {grid[i][c] for i in range(side)}
+            box = math.isqrt(side)
+            br, bc = r - r % box, c - c % box
+            seen |= {grid[br + i][bc + j] for i in range(box) for j in range(box)}
+            candidates[r, c] = everything - seen
+        placed = False
+        for cell, options in candidates.items():
+            if not options:
+                return None
+            if len(options) == 1:
+                grid[cell[0]][cell[1]] = next(iter(options))
+                placed = True
+        if not placed:
+            for unit in units:
+                for digit in range(1, side + 1):
+                    spots = [cell for cell in unit if digit in candidates.get(cell, ())]
+                    if len(spots) == 1 and grid[spots[0][0]][spots[0][1]] == 0:
+                        grid[spots[0][0]][spots[0][1]] = digit
+                        placed = True
+        if not placed:
+            return None
+
+
+def _forced(board: list[list[int]], r: int, c: int) -> bool:
+    """Whether the blank cell (r, c) has one candidate left, given its row, column and box."""
+    side, box = len(board), math.isqrt(len(board))
+    br, bc = r - r % box, c - c % box
+    seen = {board[r][j] for j in range(side)} | {board[i][c] for i in range(side)}
+    seen |= {board[br + i][bc + j] for i in range(box) for j in range(box)}
+    return len(seen - {0}) == side - 1
+
+
+def puzzle(side: int, blanks: int, generator: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
+    """(the board with ``blanks`` zeros, its unique solution), drawn from ``generator``."""
+    for _ in range(MAX_ATTEMPTS):
+        solution = solved_board(side, generator)
+        board = [row[:] for row in solution]
+        removed = 0
+        for index in torch.randperm(side * side, generator=generator).tolist():
+            if removed == blanks:
+                break
+            r, c = divmod(index, side)
+            board[r][c] = 0
+            # a cell its row, column and box still force (a naked single) can be blanked at no risk:
+            # deducing it first gives back the board before, which singles complete
+            if _forced(board, r, c) or solve_by_singles(board) is not None:
+                removed += 1
+            else:
+                board[r][c] = solution[r][c]
+        if removed == blanks:
+            return board, solution
+    raise LooplabError(f"no {side}x{side} board with {blanks} blanks solvable by singles in {MAX_ATTEMPTS} draws")
+
+
+class Sudoku(Task):
+    """A ``side`` × ``side`` board; the size n is its blank count."""
+
+    side = 9
+
+    def symbols(self) -> list[str]:
+        return [BLANK, *(str(d) for d in range(1, self.side + 1))]
+
+    def body_len(self, n: int) -> int:
+        return self.side * self.side
+
+    def steps(self, n: Tensor) -> Tensor:
+        return n.clone()
+
+    def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        if n > self.max_size:
+            raise LooplabError(f"{self.name} draws boards of at most {self.max_size} blanks, got {n}")
+        blank = self.token_id[BLANK]
+        digit = self.token_id["1"] - 1  # the id of digit d is digit + d
+        tokens, labels = [], []
+        for _ in range(count):
+            board, solution = puzzle(self.side, n, generator)
+            tokens.append([blank if v == 0 else digit + v for row in board for v in row])
+            labels.append([digit + v for row in solution for v in row])
+        return torch.tensor(tokens, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+@register_task
+class Sudoku4(Sudoku):
+    name = "sudoku4"
+    side = 4
+    max_size = 11
+
+
+@register_task
+class Sudoku9(Sudoku):
+    name = "sudoku9"
+    side = 9
+    max_size = 55
