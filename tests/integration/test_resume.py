@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,3 +216,28 @@ def test_checkpoint_minutes_saves_by_wall_clock(tiny_config, tmp_path):
     assert saved == [f"step_{s:07d}" for s in range(1, 13)]  # every step is past the (tiny) interval
     train(config, tmp_path / "steps", progress=False)
     assert [p.name for p in (tmp_path / "steps" / "checkpoints").iterdir()] == ["step_0000012"]
+
+
+PREVIOUS_RELEASE_CONFIG = Path(__file__).resolve().parents[1] / "data" / "run_config_v0.toml"
+
+
+def test_a_run_dir_written_by_the_previous_release_loads_resumes_bit_for_bit_and_evaluates(tmp_path):
+    """A config.toml that holds every schedule's keys (as looplab wrote it before schedules declared their
+    own) is the same run: it loads, resumes exactly where it stopped, and evaluates."""
+    from looplab.eval.run import evaluate_run
+    from looplab.experiment import Experiment
+
+    config = load_config(PREVIOUS_RELEASE_CONFIG)
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    train(config, reference, progress=False)
+    train(load_config(PREVIOUS_RELEASE_CONFIG), run, progress=False)
+    shutil.rmtree(latest_checkpoint(run))  # back to the checkpoint at step 6 of 12
+    (run / "config.toml").write_text(PREVIOUS_RELEASE_CONFIG.read_text())
+    assert Experiment.from_run(run).config.schedule.params == {"window": 3, "t_max": 12}
+    train(load_config(PREVIOUS_RELEASE_CONFIG), run, progress=False)
+    assert latest_checkpoint(run).name == latest_checkpoint(reference).name == "step_0000012"
+    assert _final_weights(run, 12).keys() == _final_weights(reference, 12).keys()
+    assert all(
+        torch.equal(a, b) for a, b in zip(_final_weights(run, 12).values(), _final_weights(reference, 12).values())
+    )
+    assert 0 <= evaluate_run(run)["oracle_id"] <= 1
