@@ -112,17 +112,21 @@ def register_regulariser(cls: type[Regulariser]) -> type[Regulariser]:
     return cls
 
 
-def regulariser_params(name: str, table: dict[str, Any]) -> Any:
-    """The checked ``Params`` of the regulariser ``name`` from its ``[stability.NAME]`` table."""
+def _regulariser_class(name: str) -> type[Regulariser]:
     if name not in REGULARISERS:
         raise choice_error("regulariser [stability.NAME], NAME =", name, REGULARISERS)
-    return fill(REGULARISERS[name].Params, table, f"stability.{name}")
+    return REGULARISERS[name]
+
+
+def regulariser_params(name: str, table: dict[str, Any]) -> Any:
+    """The checked ``Params`` of the regulariser ``name`` from its ``[stability.NAME]`` table."""
+    return fill(_regulariser_class(name).Params, table, f"stability.{name}")
 
 
 def complete_stability(stability: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Every registered regulariser's table, checked and completed with its defaults, in registration order."""
     for name in stability:
-        regulariser_params(name, stability[name])
+        _regulariser_class(name)  # an unknown table is an error, even where defaults fill the rest
     return {name: as_dict(regulariser_params(name, stability.get(name, {}))) for name in REGULARISERS}
 
 

@@ -274,15 +274,18 @@ def schedule_params(cls: type[Schedule], cfg: ScheduleConfig) -> Any:
     return params
 
 
+def _schedule_class(name: str) -> type[Schedule]:
+    if name not in SCHEDULES:
+        raise choice_error("value for schedule.name:", name, SCHEDULES)
+    return SCHEDULES[name]
+
+
 def resolve_schedule(cfg: ScheduleConfig) -> tuple[type[Schedule], Any]:
     """The registered class ``cfg.name`` names and its checked parameters; one-line errors."""
-    if cfg.name not in SCHEDULES:
-        raise choice_error("value for schedule.name:", cfg.name, SCHEDULES)
-    cls = SCHEDULES[cfg.name]
+    cls = _schedule_class(cfg.name)
     return cls, schedule_params(cls, cfg)
 
 
 def make_schedule(cfg: ScheduleConfig, context: ScheduleContext = ScheduleContext()) -> Schedule:
-    """The schedule ``cfg`` names, with its parameters checked."""
-    cls, _ = resolve_schedule(cfg)
-    return cls(cfg, context)
+    """The schedule ``cfg`` names; its constructor checks the parameters (``schedule_params``)."""
+    return _schedule_class(cfg.name)(cfg, context)

@@ -65,6 +65,14 @@ def _units(side: int) -> list[list[tuple[int, int]]]:
     return rows + cols + boxes
 
 
+def _seen(board: list[list[int]], r: int, c: int) -> set[int]:
+    """The values (0 for blanks) in cell (r, c)'s row, column and box."""
+    side, box = len(board), math.isqrt(len(board))
+    br, bc = r - r % box, c - c % box
+    seen = {board[r][j] for j in range(side)} | {board[i][c] for i in range(side)}
+    return seen | {board[br + i][bc + j] for i in range(box) for j in range(box)}
+
+
 def solve_by_singles(board: list[list[int]]) -> list[list[int]] | None:
     """The board (0 = blank) completed by naked and hidden singles alone, or None when they get stuck."""
     side = len(board)
@@ -75,13 +83,7 @@ def solve_by_singles(board: list[list[int]]) -> list[list[int]] | None:
         blanks = [(r, c) for r in range(side) for c in range(side) if grid[r][c] == 0]
         if not blanks:
             return grid
-        candidates = {}
-        for r, c in blanks:
-            seen = {grid[r][j] for j in range(side)} | {grid[i][c] for i in range(side)}
-            box = math.isqrt(side)
-            br, bc = r - r % box, c - c % box
-            seen |= {grid[br + i][bc + j] for i in range(box) for j in range(box)}
-            candidates[r, c] = everything - seen
+        candidates = {(r, c): everything - _seen(grid, r, c) for r, c in blanks}
         placed = False
         for cell, options in candidates.items():
             if not options:
@@ -102,11 +104,7 @@ def solve_by_singles(board: list[list[int]]) -> list[list[int]] | None:
 
 def _forced(board: list[list[int]], r: int, c: int) -> bool:
     """Whether the blank cell (r, c) has one candidate left, given its row, column and box."""
-    side, box = len(board), math.isqrt(len(board))
-    br, bc = r - r % box, c - c % box
-    seen = {board[r][j] for j in range(side)} | {board[i][c] for i in range(side)}
-    seen |= {board[br + i][bc + j] for i in range(box) for j in range(box)}
-    return len(seen - {0}) == side - 1
+    return len(_seen(board, r, c) - {0}) == len(board) - 1
 
 
 def puzzle(side: int, blanks: int, generator: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
