@@ -25,7 +25,7 @@ from looplab.parallel import SINGLE, Parallel
 from looplab.params import as_dict
 from looplab.regularisers import Regulariser, build_regularisers, complete_stability
 from looplab.rundir import load_run_config
-from looplab.schedules import DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
+from looplab.schedules import SCHEDULES, DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
 
 __all__ = ["Experiment", "check_config", "check_device", "all_finite", "training_depth"]
@@ -54,8 +54,10 @@ def check_config(config: Config) -> None:
     schedule, params = resolve_schedule(config.schedule)
     config.schedule.params = as_dict(params)
     config.stability = complete_stability(config.stability)
-    if config.train.backprop_loops and not issubclass(schedule, DepthRule):
+    segmented = config.train.segment_loops > 0
+    if config.train.backprop_loops and not (issubclass(schedule, DepthRule) or segmented):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
+    check_deep_supervision(schedule, params, config)
     placement(config.model.placement)
     if task.needs_causal and not config.model.causal:
         raise LooplabError(
@@ -78,6 +80,29 @@ def check_config(config: Config) -> None:
                 f"learned positions reach model.max_len = {config.model.max_len}, but a size-{longest} instance "
                 f"of {task.name!r} is {width} tokens long: raise max_len to at least {width}"
             )
+
+
+def check_deep_supervision(schedule: type[Schedule], params, config: Config) -> None:
+    """A one-line error when ``train.segment_loops`` and the schedule do not go together."""
+    k, name, mode = config.train.segment_loops, config.schedule.name, schedule.deep_supervision
+    if k > 0 and mode == "refused":
+        takers = sorted(n for n, cls in SCHEDULES.items() if cls.deep_supervision != "refused")
+        raise LooplabError(
+            f"train.segment_loops = {k} (deep supervision) does not apply to the {name} schedule; "
+            f"it applies to: {', '.join(takers)}"
+        )
+    if mode == "required" and k == 0:
+        raise LooplabError(f"the {name} schedule halts between deep-supervision segments: set train.segment_loops > 0")
+    if mode == "required" and params.t_max % k:
+        raise LooplabError(
+            f"the {name} schedule's schedule.t_max = {params.t_max} must be a whole number of segments "
+            f"of train.segment_loops = {k}"
+        )
+    if k > 0 and config.train.backprop_loops > k:
+        raise LooplabError(
+            f"train.backprop_loops = {config.train.backprop_loops} counts loops within a segment: "
+            f"at most train.segment_loops = {k}"
+        )
 
 
 def training_depth(config: Config) -> int:
@@ -138,7 +163,9 @@ class Experiment:
             "use a smaller model.d_model or fewer layers",
         )
         model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
-        context = ScheduleContext(task, config.model.d_model, parallel, config.train.backprop_loops)
+        context = ScheduleContext(
+            task, config.model.d_model, parallel, config.train.backprop_loops, config.train.segment_loops
+        )
         schedule = make_schedule(config.schedule, context)
         if schedule.module is not None:
             schedule.module.to(config.run.device)

@@ -108,6 +108,9 @@ class TrainConfig:
 
     ``steps = 0`` trains nothing: the run's one checkpoint is the seeded initialisation.
     ``backprop_loops`` = k > 0 backpropagates through each row's last k loops only.
+    ``segment_loops`` = k > 0 trains under deep supervision: each row's unroll cut into segments
+    of k loops, a loss at every segment's end, the state detached between segments
+    (``backprop_loops`` then counts within each segment).
     ``checkpoint_minutes`` > 0 also checkpoints when that much wall-clock time has passed since
     the last checkpoint (besides every ``checkpoint_every`` steps); 0 checkpoints by steps only.
     """
@@ -126,6 +129,7 @@ class TrainConfig:
     checkpoint_minutes: float = param(0.0, NON_NEGATIVE, "0: checkpoint by steps only")
     keep_checkpoints: int = param(2, at_least(1))
     backprop_loops: int = param(0, at_least(0), "0: through every loop")
+    segment_loops: int = param(0, at_least(0), "0: no deep supervision")
 
 
 @dataclass

@@ -72,6 +72,10 @@ class LengthOutcome:
         return self.accuracy_at(self.policy_depth)
 
 
+#: the halting logit of a loop at which a head makes no decision: σ(−10⁴) = 0 without a NaN in π's entropy
+NO_HALT = -1e4
+
+
 @torch.no_grad()
 def unroll_outcomes(
     model: LoopedTransformer, batch: TaskBatch, max_loops: int, schedule: Schedule | None = None
@@ -81,7 +85,8 @@ def unroll_outcomes(
     Returns:
         ``correct`` [B, T] bool, ``flips`` [B, T-1] bool, ``confidence``, ``state_norm``
         and ``step_norm`` [B, T], and ``hazard_logits`` [B, T] when ``schedule`` has a
-        halting head (:meth:`Schedule.hazard_logit` is not None).
+        halting head (:meth:`Schedule.hazard_logit` is not None). A head read every ``halt_every``-th
+        loop only has hazard 0 in between (logit −10⁴), so π and its argmax see the decisions it makes.
     """
     answer = batch.answer_mask
     valid = batch.valid.unsqueeze(-1)
@@ -89,7 +94,7 @@ def unroll_outcomes(
     signals: dict[str, list[Tensor]] = {"correct": [], "flips": [], "confidence": [], "state_norm": [], "step_norm": []}
     h, e, ctx = model.start(batch.tokens, batch.valid)
     previous = None
-    for _ in range(max_loops):
+    for t in range(1, max_loops + 1):
         h_next = model.step(h, e, ctx)
         # float64 norms: a large but finite float32 state must not overflow into "diverged"
         signals["step_norm"].append(((h_next - h) * valid).flatten(1).double().norm(dim=1) / tokens)
@@ -107,6 +112,8 @@ def unroll_outcomes(
         previous = prediction
         hazard = None if schedule is None else schedule.hazard_logit(h, batch.valid)
         if hazard is not None:
+            if t % (schedule.halt_every if schedule is not None else 1):
+                hazard = torch.full_like(hazard, NO_HALT)
             signals.setdefault("hazard_logits", []).append(hazard.float())
     rows = len(batch.tokens)
     return {

@@ -1,5 +1,6 @@
 """Evaluate a trained run directory: ``eval/grid.parquet``, ``policy_depths.parquet``, ``samples.parquet``
-and ``summary.json`` (plus ``scaling.csv`` / ``scaling.png`` with ``--scaling``)."""
+and ``summary.json`` (plus ``scaling.csv`` / ``scaling.png`` with ``--scaling``, and ``halting.csv`` for a
+schedule with a halting head: halting applied per row against every row run to T_max)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
 from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
+from looplab.eval.halting_inference import halting_cap, halting_frame, halting_summary
 from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
@@ -106,6 +108,12 @@ def evaluate_run(
         }
     )
     out.mkdir(parents=True, exist_ok=True)
+    if exp.schedule.module is not None and halting_cap(exp.schedule, max_loops) is not None:
+        halting = halting_frame(
+            exp.model, exp.task, exp.schedule, lengths, max_loops, samples, config.eval.batch_size, config.run.seed
+        )
+        summary["halting_inference"] = halting_summary(halting, config.task.train_max)
+        atomic_write(out / "halting.csv", lambda p: halting.to_csv(p, index=False))
     if scaling:
         curve = scaling_frame(outcomes)
         summary.update(scaling_summary(curve))
@@ -156,6 +164,10 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _depth(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
 def format_summary(summary: dict) -> str:
     """A readable results table: per length, then the headline metrics (percent)."""
     lines = [f"{'length':>6}  {'split':<5} {'policy':>7} {'oracle':>7} {'best K':>6} {'flip':>6}"]
@@ -181,6 +193,14 @@ def format_summary(summary: dict) -> str:
         )
     for n, halting in summary.get("halting", {}).items():
         lines.append(f"halting at n={n}: mean depth {halting['mean_depth']:.1f}, entropy {halting['entropy']:.2f}")
+    if "halting_inference" in summary:
+        h = summary["halting_inference"]
+        lines.append(
+            f"halting on (rows leave when they halt): ID {_percent(h['on_id'])}, OOD {_percent(h['on_ood'])}, "
+            f"mean depth {_depth(h['on_id_depth'])} / {_depth(h['on_ood_depth'])}, {h['on_seconds']:.2f} s; "
+            f"halting off (all {h['off_depth']} loops): ID {_percent(h['off_id'])}, OOD {_percent(h['off_ood'])}, "
+            f"{h['off_seconds']:.2f} s"
+        )
     if "scaling_peak" in summary:
         at = ", ".join(f"{k}: {_pct(v).strip()}" for k, v in summary["scaling_at"].items())
         lines.append(

@@ -2,10 +2,12 @@
 
 ``base.py`` states the contract a schedule meets; ``rules.py`` holds the rule
 schedules (fixed, matched, window, fixed_window, multi_depth, lognormal,
-poisson_lognormal) and ``halting.py`` the learned ones (rl_halting, pondernet).
+poisson_lognormal), ``halting.py`` the learned ones (rl_halting, pondernet) and
+``segment_halting.py`` those that halt between deep-supervision segments
+(act_bce, q_halt; the segmented unroll itself is ``segments.py``).
 """
 
-from looplab.schedules import halting, rules  # noqa: F401,E402  (importing registers the built-in schedules)
+from looplab.schedules import halting, rules, segment_halting  # noqa: F401,E402  (importing registers the built-in schedules)
 from looplab.schedules.base import (
     SCHEDULES,
     ConstantDepth,
@@ -21,9 +23,13 @@ from looplab.schedules.base import (
     schedule_params,
 )
 from looplab.schedules.halting import HaltingSample, PonderNet, RLHalting  # noqa: E402
+from looplab.schedules.segment_halting import ActBCE, QHalt, SegmentHalting  # noqa: E402
 
 __all__ = [
     "SCHEDULES",
+    "ActBCE",
+    "QHalt",
+    "SegmentHalting",
     "ConstantDepth",
     "DepthWindow",
     "DepthRule",

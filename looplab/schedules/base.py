@@ -33,7 +33,13 @@ What the framework calls:
   test checks this on a two-rank split);
 - :meth:`Schedule.hazard_logit` after every loop of an evaluation unroll
   (None for schedules without a halting head) and :meth:`Schedule.test_depths`
-  with what it returned;
+  with what it returned; halting applied as the rows run (``looplab eval``'s
+  halting-on pass) stops a row at the first loop that is a multiple of
+  ``halt_every`` whose logit is > 0;
+- ``deep_supervision`` says whether the schedule trains under
+  ``train.segment_loops`` > 0 (``"optional"``: a rule schedule's depth becomes the
+  cap of a segmented unroll; ``"required"``: it halts between segments;
+  ``"refused"``);
 - :meth:`Schedule.state_dict` / :meth:`Schedule.load_state_dict` around
   checkpoints (JSON-able), and ``module`` (trained and checkpointed with the model,
   at ``lr_scale`` × the model's learning rate).
@@ -57,6 +63,7 @@ from looplab.parallel import SINGLE, Parallel
 from looplab.params import at_least, domain_of, fill, param
 from looplab.plugins import check_complete, register_entry
 from looplab.schedules.objectives import depth_supervised_loss
+from looplab.schedules.segments import SegmentEnd, supervise_segments
 from looplab.tasks import Task, TaskBatch
 
 
@@ -83,13 +90,16 @@ class ScheduleContext:
         task: the task, for rules in the instance size (T(n)); None for plain samplers.
         d_model: the model's width, for a halting head; None when the schedule has none.
         parallel: this process's rank among the data-parallel ranks.
-        backprop_loops: k > 0 backpropagates through each row's last k loops only (rule schedules).
+        backprop_loops: k > 0 backpropagates through each row's last k loops only (each segment's,
+            under deep supervision).
+        segment_loops: k > 0 trains under deep supervision with segments of k loops (``segments.py``).
     """
 
     task: Task | None = None
     d_model: int | None = None
     parallel: Parallel = SINGLE
     backprop_loops: int = 0
+    segment_loops: int = 0
 
 
 @dataclass
@@ -121,6 +131,10 @@ class Schedule(ABC):
     """A training objective over depth plus a test-time depth rule."""
 
     name: ClassVar[str] = ""
+    #: under ``train.segment_loops`` > 0: "optional", "required" or "refused"
+    deep_supervision: ClassVar[str] = "refused"
+    #: halting applied as rows run reads the halting logit after every ``halt_every``-th loop
+    halt_every: int = 1
     #: what a report calls it, formatted with its parameters ("fixed K = {depth}")
     label: ClassVar[str] = ""
 
@@ -207,7 +221,13 @@ class DepthRule(Schedule):
     Under data parallelism each row's depth is drawn as for the global batch
     (:meth:`Parallel.draw_rows`), so a rank trains its rows at the depths
     single-process training would use.
+
+    Under deep supervision (``train.segment_loops`` > 0) each row's deepest depth
+    is the cap of a segmented unroll (``segments.py``): supervised at every
+    segment's end and at the cap.
     """
+
+    deep_supervision = "optional"
 
     @abstractmethod
     def train_depths(self, lengths: Tensor, generator: torch.Generator) -> Tensor:
@@ -223,6 +243,8 @@ class DepthRule(Schedule):
 
     def training_loss(self, model, batch, generator, probe=False):
         depths = self.train_depths(batch.lengths, generator)
+        if self.context.segment_loops > 0:
+            return self._segmented_loss(model, batch, depths, generator, probe)
         args = (batch.tokens, batch.valid, depths, self.parallel.fork(generator), self.context.backprop_loops)
         logits, found = model.probe_at_depths(*args) if probe else (model.forward_at_depths(*args), None)
         loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
@@ -230,6 +252,19 @@ class DepthRule(Schedule):
 
     def test_depths(self, lengths, hazard_logits):
         return self.policy_depth(lengths)
+
+    def _segmented_loss(self, model, batch, depths, generator, probe):
+        cap = depths.view(depths.shape[0], -1).max(dim=1).values
+
+        def at_cap(end: SegmentEnd) -> tuple[Tensor, Tensor]:
+            return torch.zeros_like(end.task_loss), end.last
+
+        run = supervise_segments(
+            model, batch, self.parallel.fork(generator), self.context.segment_loops, cap, at_cap,
+            self.context.backprop_loops, probe,
+        )
+        stats = {**depth_stats(cap), "segments_mean": float(run.segments.float().mean())}
+        return StepOutput(run.loss, stats, run.probe)
 
     def _offsets(self, w: int, count: int, generator: torch.Generator) -> Tensor:
         """Δ ~ U{-w..w}, [count] long."""

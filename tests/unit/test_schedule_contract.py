@@ -28,10 +28,14 @@ def _model() -> LoopedTransformer:
 
 def _schedule(name: str, parallel: Parallel | None = None, **extra):
     parallel = parallel or Parallel()
-    schedule = make_schedule(ScheduleConfig(name=name, **CFG, **extra), ScheduleContext(TASK, 16, parallel))
-    if schedule.module is not None:
+    segment_loops = 1 if SCHEDULES[name].deep_supervision == "required" else 0
+    context = ScheduleContext(TASK, 16, parallel, segment_loops=segment_loops)
+    schedule = make_schedule(ScheduleConfig(name=name, **CFG, **extra), context)
+    if schedule.module is not None:  # seeded, random (so heads halt some rows), in double precision
         torch.manual_seed(1)
-        schedule.module = type(schedule.module)(16).double()
+        for weight in schedule.module.parameters():
+            torch.nn.init.normal_(weight, std=0.5)
+        schedule.module.double()
     schedule.load_state_dict({"baseline": 0.0} if "baseline" in schedule.state_dict() else {})
     return schedule
 
