@@ -15,7 +15,7 @@ from pathlib import Path
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import DEFAULT_SAMPLES, PRESETS, load_config, resolve_preset
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, choice_error
 from looplab.generation import EXITS, POLICIES
 from looplab.report.paper import PAPERS
 from looplab.train.stop import Stopped
@@ -64,6 +64,7 @@ EXAMPLES = {
     "reproduce": ["looplab reproduce stopping-small --out runs/stopping --workers 2"],
     "results": ["looplab results --check"],
     "demo": ["looplab demo", "looplab demo --out runs/demo2"],
+    "pool": ["looplab pool sudoku9 --sizes 40,45,50,55 --count 2000 --workers 2 --out pools/sudoku9.safetensors"],
     "generate": [
         "looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
         "looplab generate runs/lm --prompts-file prompts.txt --temperature 0.8 --top-k 20 --seed 1",
@@ -186,7 +187,12 @@ def _parser() -> argparse.ArgumentParser:
         "--collect",
         nargs="+",
         metavar="SWEEP_DIR",
-        help="first rebuild the confirmatory stopping study's runs.csv from these sweep dirs",
+        help="first rebuild a study's per-seed CSVs from these sweep dirs (the study: --study)",
+    )
+    results.add_argument(
+        "--study",
+        default="stopping-confirm",
+        help="whose CSVs --collect rebuilds: stopping-confirm (default) or recursive-small",
     )
 
     generate = commands.add_parser(
@@ -213,6 +219,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
     generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
+
+    pool = commands.add_parser(
+        "pool", help="draw training instances that are slow to draw (9x9 Sudoku, large mazes) once, for task.pool"
+    )
+    pool.add_argument("task", help="a registered task, e.g. sudoku9 or maze")
+    pool.add_argument("--sizes", type=_lengths, required=True, help="comma-separated instance sizes, e.g. 40,45,50")
+    pool.add_argument("--count", type=int, required=True, help="instances per size")
+    pool.add_argument("--seed", type=int, default=0, help="the pool's own seed (default 0)")
+    pool.add_argument("--alphabet", type=int, default=8, help="the task's alphabet (default 8)")
+    pool.add_argument("--workers", type=int, default=1, help="processes drawing in parallel (default 1)")
+    pool.add_argument("--out", required=True, help="the pool file to write (safetensors)")
 
     demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
@@ -251,7 +268,9 @@ def _eval(args) -> None:
                 f"--lm-loops reads the validation loss at 1..T loops; {', '.join(ignored)} belong to the "
                 "exact-match evaluation and would be ignored: drop them"
             )
-        summary = evaluate_lm_run(args.run_dir, max_loops=args.lm_loops, samples=args.samples or DEFAULT_SAMPLES)
+        summary = evaluate_lm_run(
+            args.run_dir, max_loops=args.lm_loops, samples=args.samples or DEFAULT_SAMPLES, progress=True
+        )
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
         return
@@ -394,14 +413,42 @@ def _reproduce(args) -> None:
     _report(args.out, args.study.split("-")[0])
 
 
+def _pool(args) -> None:
+    from looplab.tasks import TASKS
+    from looplab.tasks.pool import draw_pool, save_pool
+
+    if args.task not in TASKS:
+        raise choice_error("task", args.task, TASKS)
+    task = TASKS[args.task]
+    low, high = task.min_size, task.max_train_size or task.max_size
+    bad = [n for n in args.sizes if n < low or (high is not None and n > high)]
+    if not args.sizes or bad:
+        raise LooplabError(f"--sizes must be {low}..{high if high is not None else 'any'} for {args.task}, got {bad}")
+    for name in ("count", "workers"):
+        if getattr(args, name) < 1:
+            raise LooplabError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise LooplabError(f"--out {out} must be a file path in an existing directory")
+    sizes = sorted(set(args.sizes))
+    print(f"pool: {args.count} x {args.task} at sizes {', '.join(map(str, sizes))}, {args.workers} worker(s)")
+    began = time.perf_counter()
+    drawn = draw_pool(args.task, args.alphabet, sizes, args.count, args.seed, args.workers)
+    save_pool(out, args.task, args.alphabet, args.seed, drawn)
+    seconds = time.perf_counter() - began
+    total = args.count * len(sizes)
+    print(f"pool: wrote {out}: {total} instances in {seconds:.1f} s ({total / seconds:.1f}/s)")
+    print(f'next: set task.pool = "{out}" in a config that trains {args.task} on these sizes')
+
+
 def _results(args) -> int:
     from looplab.report.pages import regenerate
 
     if args.collect:
-        from looplab.report.stopping_confirm import STUDY, collect
+        from looplab.report.pages import collector
 
-        frame = collect([Path(d) for d in args.collect], Path(args.dir) / STUDY)
-        print(f"results: {len(frame)} (run, horizon) rows -> {Path(args.dir) / STUDY}")
+        frame = collector(args.study)([Path(d) for d in args.collect], Path(args.dir) / args.study)
+        print(f"results: {len(frame)} rows -> {Path(args.dir) / args.study}")
     changed = regenerate(args.dir, check=args.check)
     if args.check and changed:
         print(f"results: out of date: {', '.join(map(str, changed))} (run: looplab results)", file=sys.stderr)
@@ -504,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
             _generate(args)
         elif args.command == "demo":
             _demo(args)
+        elif args.command == "pool":
+            _pool(args)
     except KeyboardInterrupt:
         print("looplab: interrupted", file=sys.stderr)
         return 130

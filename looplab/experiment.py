@@ -11,6 +11,7 @@ run's latest checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from looplab.regularisers import Regulariser, build_regularisers, complete_stabi
 from looplab.rundir import load_run_config
 from looplab.schedules import SCHEDULES, DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
+from looplab.tasks.pool import PooledTask, pool_header
 
 __all__ = ["Experiment", "check_config", "check_device", "all_finite", "training_depth"]
 
@@ -71,6 +73,8 @@ def check_config(config: Config) -> None:
             f"{config.eval.max_loops}: raise eval.max_loops to at least {bound}"
         )
     instance = make_task(task.name, config.task.alphabet)
+    if config.task.pool:
+        check_pool(config)
     schedule.check_task(params, int(instance.steps(torch.tensor([config.task.train_max]))))
     if config.model.positional == "learned":
         longest = max([config.task.train_max, *config.task.eval_lengths])
@@ -80,6 +84,22 @@ def check_config(config: Config) -> None:
                 f"learned positions reach model.max_len = {config.model.max_len}, but a size-{longest} instance "
                 f"of {task.name!r} is {width} tokens long: raise max_len to at least {width}"
             )
+
+
+def check_pool(config: Config) -> None:
+    """A one-line error when ``task.pool`` is not a pool of this task, or holds sizes training never draws."""
+    header = pool_header(config.task.pool)
+    if (header.task, header.alphabet) != (config.task.name, config.task.alphabet):
+        raise LooplabError(
+            f"task.pool {config.task.pool} holds {header.task} (alphabet {header.alphabet}), "
+            f"not {config.task.name} (alphabet {config.task.alphabet})"
+        )
+    outside = sorted(n for n in header.sizes if not config.task.train_min <= n <= config.task.train_max)
+    if outside:
+        raise LooplabError(
+            f"task.pool holds sizes {outside} outside the training range "
+            f"{config.task.train_min}..{config.task.train_max}: training would never draw them"
+        )
 
 
 def check_deep_supervision(schedule: type[Schedule], params, config: Config) -> None:
@@ -185,6 +205,13 @@ class Experiment:
         exp.model.eval()
         exp.checkpoint = checkpoint.name
         return exp
+
+    @cached_property
+    def training_task(self) -> Task:
+        """Where training draws its instances: the task, or the task over its ``task.pool``."""
+        if not self.config.task.pool:
+            return self.task
+        return PooledTask(self.task, self.config.task.pool)
 
     def modules(self) -> dict[str, torch.nn.Module]:
         """Everything with weights, by checkpoint file name."""

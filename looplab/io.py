@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +21,32 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     A kill at any moment leaves either the old file or the complete new one.
     """
     tmp = path.with_name(f".tmp_{path.name}")
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:  # a full disk or a kill mid-write: no half file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+STAGING = ".staging"
+
+
+@contextmanager
+def staged(directory: Path) -> Iterator[Path]:
+    """Write a set of files into ``directory`` all or nothing: the block writes them into a fresh
+    ``directory/.staging``, then each is renamed into place (a rename needs no space and cannot half
+    happen). When the block fails (a full disk, a crash in a plot) the staging folder is removed and
+    ``directory``'s files are as they were."""
+    stage = directory / STAGING
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        yield stage
+        for path in sorted(stage.iterdir()):
+            os.replace(path, directory / path.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 LOCK_FILE = ".lock"

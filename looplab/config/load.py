@@ -49,6 +49,8 @@ def from_dict(data: dict[str, Any]) -> Config:
     config = Config()
     _fill(config, data, "")
     config.run.plugins = normalise_plugins(config.run.plugins)
+    if config.task.pool:
+        config.task.pool = str(Path(config.task.pool).expanduser().resolve())
     load_plugins(config.run.plugins)
     validate(config)
     return config

@@ -29,13 +29,18 @@ PRESETS = Path(__file__).resolve().parents[1] / "configs"  # the bundled configs
 
 @dataclass
 class TaskConfig:
-    """Which task, and the length split: train on [train_min, train_max], OOD above."""
+    """Which task, and the length split: train on [train_min, train_max], OOD above.
+
+    ``pool`` names a file from ``looplab pool`` (made absolute when the config is read): training draws
+    the instances of its sizes from it; evaluation always draws fresh ones.
+    """
 
     name: str = "binary_addition"
     alphabet: int = param(8, Domain(2, MAX_ALPHABET), "each symbol is a token of the vocabulary")
     train_min: int = param(1, at_least(1))
     train_max: int = param(12, at_least(1))
     eval_lengths: list[int] = param([4, 8, 12, 16, 20, 24])
+    pool: str = param("", doc="a pre-drawn training pool (looplab pool); empty: every instance drawn live")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
 from looplab.experiment import Experiment
-from looplab.io import atomic_write, flatten
+from looplab.io import atomic_write, flatten, staged
 from looplab.memory import check_fits, eval_bytes
 from looplab.rundir import read_log
 
@@ -108,24 +108,25 @@ def evaluate_run(
         }
     )
     out.mkdir(parents=True, exist_ok=True)
-    if exp.schedule.module is not None and halting_cap(exp.schedule, max_loops) is not None:
-        halting = halting_frame(
-            exp.model, exp.task, exp.schedule, lengths, max_loops, samples, config.eval.batch_size, config.run.seed
-        )
-        summary["halting_inference"] = halting_summary(halting, config.task.train_max)
-        atomic_write(out / "halting.csv", lambda p: halting.to_csv(p, index=False))
-    if scaling:
-        curve = scaling_frame(outcomes)
-        summary.update(scaling_summary(curve))
-        atomic_write(out / "scaling.csv", lambda p: curve.to_csv(p, index=False))
-        plot_scaling(curve, out / "scaling.png", f"{run_dir.name}: test-time scaling")  # PNG + PDF, atomically
-    frame = grid_frame(outcomes, config.task.train_max)
-    atomic_write(out / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
-    depths = policy_depth_frame(outcomes)
-    atomic_write(out / "policy_depths.parquet", lambda p: depths.to_parquet(p, index=False))
-    per_sample = samples_frame(outcomes, settings)
-    atomic_write(out / SAMPLES_FILE, lambda p: per_sample.to_parquet(p, index=False))
-    atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+    with staged(out) as stage:  # all of this evaluation's files, or (a full disk, a crash) none
+        if exp.schedule.module is not None and halting_cap(exp.schedule, max_loops) is not None:
+            halting = halting_frame(
+                exp.model, exp.task, exp.schedule, lengths, max_loops, samples, config.eval.batch_size, config.run.seed
+            )
+            summary["halting_inference"] = halting_summary(halting, config.task.train_max)
+            atomic_write(stage / "halting.csv", lambda p: halting.to_csv(p, index=False))
+        if scaling:
+            curve = scaling_frame(outcomes)
+            summary.update(scaling_summary(curve))
+            atomic_write(stage / "scaling.csv", lambda p: curve.to_csv(p, index=False))
+            plot_scaling(curve, stage / "scaling.png", f"{run_dir.name}: test-time scaling")  # PNG + PDF
+        frame = grid_frame(outcomes, config.task.train_max)
+        atomic_write(stage / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
+        depths = policy_depth_frame(outcomes)
+        atomic_write(stage / "policy_depths.parquet", lambda p: depths.to_parquet(p, index=False))
+        per_sample = samples_frame(outcomes, settings)
+        atomic_write(stage / SAMPLES_FILE, lambda p: per_sample.to_parquet(p, index=False))
+        atomic_write(stage / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     if out == run_dir / EVAL_DIR:
         log_to_tensorboard(run_dir, config, summary)
     return summary

@@ -35,6 +35,7 @@ from looplab.lm.reasoning import (
 )
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
+from looplab.progress import Progress
 from looplab.schedules import DepthRule
 from looplab.seeding import derive_generator
 from looplab.tasks import IGNORE
@@ -57,11 +58,13 @@ def lm_loss_by_loops(
     seed: int,
     split: str = "val",
     batch_size: int = 64,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Loss, bits per byte and next-byte accuracy after 1..max_loops loops.
 
     ``samples`` windows of ``window`` bytes come from ``split``, drawn with
     ``derive_generator(seed, "lm-eval")``, so every model sees the same text.
+    ``progress`` counts (batch, loop) steps with an ETA, on a terminal or as a line every ~10 s.
     """
     if min(window, samples, max_loops, batch_size) < 1:
         raise LooplabError("window, samples, max_loops and batch_size must all be >= 1")
@@ -72,6 +75,7 @@ def lm_loss_by_loops(
     nonfinite = torch.zeros(max_loops, dtype=torch.float64)
     was_training = model.training
     model.eval()
+    bar = Progress("eval", math.ceil(samples / batch_size) * max_loops, unit="loop", enabled=progress)
     try:
         for start in range(0, samples, batch_size):
             tokens, labels = task.sample_split(window, min(batch_size, samples - start), generator, split)
@@ -89,7 +93,9 @@ def lm_loss_by_loops(
                 nll[t] += token_nll.double().sum().cpu()
                 correct[t] += ((log_probs.argmax(dim=-1) == target) & finite).sum().cpu()
                 nonfinite[t] += (~finite).sum().cpu()
+                bar.advance(detail=f"loop {t + 1}")
     finally:
+        bar.close()
         model.train(was_training)
     count = samples * window  # scored positions: one per byte of every window
     loss = (nll / count).tolist()
@@ -168,6 +174,7 @@ def evaluate_lm_run(
     samples: int = DEFAULT_SAMPLES,
     out: str | Path | None = None,
     batch_size: int = 64,
+    progress: bool = False,
 ) -> dict:
     """Write ``lm_loops.csv``, ``lm_loops.png`` and ``lm_summary.json`` for a trained KJV run.
 
@@ -184,8 +191,10 @@ def evaluate_lm_run(
         )
     reasoning = isinstance(exp.task, KJVWithReasoning)
     window = MIXTURE_WINDOW if reasoning else exp.config.task.train_max
+    if progress:
+        print(f"eval: {run_dir} at {exp.checkpoint}: {samples} windows of {window} bytes, loops 1..{max_loops}")
     frame = lm_loss_by_loops(
-        exp.model, exp.task, window, samples, max_loops, exp.config.run.seed, batch_size=batch_size
+        exp.model, exp.task, window, samples, max_loops, exp.config.run.seed, batch_size=batch_size, progress=progress
     )
     depth = training_depth(exp)
     summary = {

@@ -96,9 +96,23 @@ PERCENT_METRICS = frozenset(
         "lm.scaling.id.best",
         "lm.scaling.ood.best",
         "lm.scaling.loss.relative_drop",
+        "halting_inference.on_id",
+        "halting_inference.on_ood",
+        "halting_inference.off_id",
+        "halting_inference.off_ood",
     }
 )
 POINT_METRICS = frozenset({"gap"})  # a difference of two percentages
+#: the range a metric's values can take (fractions); a mean's interval is clipped to it
+BOUNDS = {
+    **{
+        metric: (0.0, 1.0)
+        for metric in PERCENT_METRICS
+        if metric not in ("relative_drop_4_to_8", "lm.scaling.loss.relative_drop")
+    },
+    "relative_drop_4_to_8": (-np.inf, 1.0),  # the accuracy at 8 loops may exceed that at 4
+    "gap": (-1.0, 1.0),
+}
 
 STATS = ("n", "mean", "std", "ci_lo", "ci_hi", "std_lo", "std_hi")
 
@@ -195,14 +209,23 @@ def group_sizes(results: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 def aggregate(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
     """Long table, one row per (group, metric), groups sorted as :func:`group_sizes`.
 
-    Columns: ``by``..., ``metric``, n, mean, std, ci_lo, ci_hi, std_lo, std_hi.
+    Columns: ``by``..., ``metric``, n, mean, std, ci_lo, ci_hi, std_lo, std_hi. The mean's t-interval
+    is clipped to the metric's range (``BOUNDS``): an accuracy's never passes 100 %.
     """
     values = pd.DataFrame({m: numeric(results, m) for m in metrics}, index=results.index)
     rows = []
     for key, group in results.groupby(by, dropna=False, sort=True):
         key = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        rows += [{**key, "metric": m, **seed_stats(values.loc[group.index, m])} for m in metrics]
+        rows += [{**key, "metric": m, **bounded(m, seed_stats(values.loc[group.index, m]))} for m in metrics]
     return pd.DataFrame(rows, columns=[*by, "metric", *STATS])
+
+
+def bounded(metric: str, stats: dict[str, float]) -> dict[str, float]:
+    """``stats`` with the mean's interval clipped to the range of ``metric`` (unchanged when it has none)."""
+    low, high = BOUNDS.get(metric, (-np.inf, np.inf))
+    if np.isfinite(stats["ci_lo"]):
+        stats["ci_lo"], stats["ci_hi"] = max(stats["ci_lo"], low), min(stats["ci_hi"], high)
+    return stats
 
 
 def unit(metric: str) -> str:

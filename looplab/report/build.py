@@ -13,6 +13,10 @@ figure or file that this run did not write (stale, from an earlier report) is re
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
@@ -113,6 +117,36 @@ def sweep_line(results: pd.DataFrame) -> str:
     )
 
 
+def provenance(sweep_dir: Path) -> str:
+    """Which looplab wrote the report, when, and from which sweep file (its SHA-256), in one line."""
+    try:
+        made_by = f"looplab {version('looplab')}"
+    except PackageNotFoundError:
+        made_by = "looplab (not installed)"
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, changed = "", ""
+    if commit:
+        made_by += f", commit {commit}" + (" with uncommitted changes" if changed else "")
+    sweep_file = sweep_dir / "sweep.toml"
+    if sweep_file.is_file():
+        sweep = f"sweep.toml sha256 {hashlib.sha256(sweep_file.read_bytes()).hexdigest()[:16]}"
+    else:
+        sweep = "no sweep.toml in the sweep dir"
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"Provenance: {made_by}; {when}; {sweep}."
+
+
 def train_depths(results: pd.DataFrame) -> dict[str, dict[str, float]]:
     """task → variant → the largest depth the variant trains at (for the figures' markers)."""
     found: dict[str, dict[str, float]] = {}
@@ -159,12 +193,19 @@ def _write_csv(path: Path, frame: pd.DataFrame) -> Path:
     return path
 
 
+def report_dir(sweep_dir: Path, paper: str | None) -> Path:
+    """Where a report goes: ``DIR/report`` without a paper, ``DIR/report-PAPER`` beside one, so a report made
+    for one paper never replaces another's."""
+    return sweep_dir / (REPORT_DIR if paper is None else f"{REPORT_DIR}-{paper}")
+
+
 def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
-    """Write the report of the sweep in ``sweep_dir`` and return ``sweep_dir/report``.
+    """Write the report of the sweep in ``sweep_dir`` to :func:`report_dir` and return that directory.
 
     Args:
         sweep_dir: a directory holding results.parquet and runs/<run_id>/eval/.
-        paper: "stopping", "stars" or "mechanistic" to set our numbers beside that paper's.
+        paper: a registered paper ("stopping", "stars", "mechanistic", "recursive") to set our numbers
+            beside that paper's.
 
     Raises:
         LooplabError: unknown ``paper``, or no readable results.parquet.
@@ -177,7 +218,7 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     results = add_scaling_metrics(results, grids)
     ours = sweep_statistics(results)
 
-    tables, notes = our_tables(ours), method_notes(results)
+    tables, notes = our_tables(ours), [provenance(sweep_dir), *method_notes(results)]
     if paper is not None:
         paper_tables, paper_notes = compare(paper, ours)
         tables, notes = tables + paper_tables, notes + paper_notes
@@ -185,7 +226,7 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
         tables += registered.run_tables(results, sweep_dir, PAPER_TABLES_DIR)
     title = f"looplab report: {sweep_dir.resolve().name}" + (f" (paper: {paper})" if paper else "")
 
-    out = sweep_dir / REPORT_DIR
+    out = report_dir(sweep_dir, paper)
     out.mkdir(exist_ok=True)
     written = [_write_csv(out / "table.csv", seed_table("all", ours.groups, ours.long, BY).numbers)]
     written += [_write_csv(out / f"{t.name}.csv", t.numbers) for t in tables if t.name]

@@ -19,11 +19,16 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from looplab.errors import LooplabError
+import pandas as pd
+
+from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
 
 BlockGenerator = Callable[[Path], str]
 BLOCKS: dict[str, BlockGenerator] = {}
+#: (sweep dirs, the study's folder) → its per-seed rows, written as the study's CSVs
+Collector = Callable[[list[Path], Path], pd.DataFrame]
+COLLECTORS: dict[str, Collector] = {}
 _BLOCK = re.compile(
     r"(?P<open><!-- generated: (?P<name>[\w./-]+) -->\n)(?P<body>.*?)(?P<close><!-- end generated -->)", re.S
 )
@@ -43,6 +48,28 @@ def register_block(name: str) -> Callable[[BlockGenerator], BlockGenerator]:
         return generator
 
     return register
+
+
+def register_collector(study: str) -> Callable[[Collector], Collector]:
+    """Function decorator: how ``looplab results --collect DIR --study STUDY`` rebuilds the study's CSVs."""
+
+    def register(collect: Collector) -> Collector:
+        COLLECTORS[study] = collect
+        return collect
+
+    return register
+
+
+def collector(study: str) -> Collector:
+    """The registered collector of ``study``; a one-line error naming the valid ones."""
+    _import_studies()
+    if study not in COLLECTORS:
+        raise choice_error("study for --collect", study, COLLECTORS)
+    return COLLECTORS[study]
+
+
+def _import_studies() -> None:
+    from looplab.report import published, recursive, stopping_confirm  # noqa: F401  (they register on import)
 
 
 def render_page(text: str, results_dir: Path, where: str = "page") -> str:
@@ -66,7 +93,7 @@ def generated_pages(results_dir: Path) -> list[Path]:
 def regenerate(results_dir: str | Path, check: bool = False) -> list[Path]:
     """Rewrite every generated page under ``results_dir`` (with ``check``: write nothing); the pages that
     changed (or, with ``check``, would change)."""
-    from looplab.report import published, stopping_confirm  # noqa: F401  (their blocks register on import)
+    _import_studies()
 
     results_dir = Path(results_dir)
     if not results_dir.is_dir():

@@ -10,6 +10,7 @@ from our names to each paper's:
     stopping     schedule variants → the paper's schedule / config names
     stars        our variants → the facts they are the analogue of
     mechanistic  model.placement / model.injection → the paper's norm / input_injection
+    recursive    our arms beside TRM's and HRM's published numbers (``recursive.py``)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from looplab.report.comparison import (
 )
 from looplab.report.effect import effect_tests
 from looplab.report.halting import halting_table
+from looplab.report.recursive import recursive_tables
 from looplab.report.stars_lm import stars_lm_tables
 from looplab.report.stopping import (
     PLACE_RULE,
@@ -326,3 +328,4 @@ def compare(paper: str, ours: Ours, tables_dir: Path | None = None) -> tuple[lis
 register_paper(Paper("stopping", "Learned Stochastic Stopping", stopping_tables))
 register_paper(Paper("stars", "STARS", stars_tables, stars_lm_tables))
 register_paper(Paper("mechanistic", "A Mechanistic Analysis of Looped Reasoning Language Models", mechanistic_tables))
+register_paper(Paper("recursive", "Recursive reasoners: TRM and HRM", recursive_tables))

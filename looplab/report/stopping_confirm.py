@@ -21,7 +21,7 @@ from looplab.eval.run import EVAL_DIR
 from looplab.eval.samples import SAMPLES_FILE, read_samples
 from looplab.report.aggregate import seed_stats
 from looplab.report.effect import Effect, effect
-from looplab.report.pages import markdown_table, register_block
+from looplab.report.pages import markdown_table, register_block, register_collector
 from looplab.report.published import chi2_cell
 from looplab.rundir import load_run_config, read_log
 
@@ -85,6 +85,7 @@ def run_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return rows, curves
 
 
+@register_collector(STUDY)
 def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
     """Every run of ``sweep_dirs`` (their ``runs/*``) as rows of ``out/runs.csv`` and ``out/flip_curves.csv``."""
     rows, curves = [], []

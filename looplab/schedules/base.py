@@ -260,8 +260,14 @@ class DepthRule(Schedule):
             return torch.zeros_like(end.task_loss), end.last
 
         run = supervise_segments(
-            model, batch, self.parallel.fork(generator), self.context.segment_loops, cap, at_cap,
-            self.context.backprop_loops, probe,
+            model,
+            batch,
+            self.parallel.fork(generator),
+            self.context.segment_loops,
+            cap,
+            at_cap,
+            self.context.backprop_loops,
+            probe,
         )
         stats = {**depth_stats(cap), "segments_mean": float(run.segments.float().mean())}
         return StepOutput(run.loss, stats, run.probe)

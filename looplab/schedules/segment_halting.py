@@ -23,7 +23,9 @@ The Q values at s + 1 come from one more segment run without gradient (as in
 HRM); a row at its last segment has no continue option and no Q_continue loss.
 
 Exploration, as in both sources: with probability ``halt_exploration_prob`` a
-row may not halt before a segment count drawn uniformly from 2..N_sup.
+row may not halt before a segment count drawn uniformly from 2..N_sup. With
+``halt_in_training = false`` every row runs all N_sup segments in training (the
+head still learns; it decides only at test time).
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class SegmentHalting(Schedule):
             0.1, UNIT, "the share of rows that may not halt before a segment count drawn from 2..N_sup"
         )
         halt_loss_weight: float = param(0.5, NON_NEGATIVE, "w_halt, the halting loss's weight beside the CE")
+        halt_in_training: bool = param(
+            True, doc="rows leave the batch when the head says halt in training too (false: all N_sup segments)"
+        )
         lr_scale: float = param(1.0, POSITIVE, "the halting head's learning rate as a multiple of the model's")
 
     @classmethod
@@ -131,6 +136,8 @@ class SegmentHalting(Schedule):
             q = self.module(end.states, end.valid)
             extra = self.params.halt_loss_weight * self.halting_loss(model, end, q)
             halt = (self.halt_score(q.detach()) > 0) & (end.loop // k >= earliest[end.rows])
+            if not self.params.halt_in_training:
+                halt = torch.zeros_like(halt)
             halted_by_head.append(halt & ~end.last)
             return extra, halt
 

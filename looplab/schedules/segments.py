@@ -141,8 +141,16 @@ def supervise_segments(
         labels = batch.labels[rows]
         task_loss = per_row_loss(logits, labels)
         end = SegmentEnd(
-            t, rows, states, logits, task_loss, whole_answer_correct(logits.detach(), labels),
-            cap[rows] == t, e[local], row_ctx, batch.valid[rows],
+            t,
+            rows,
+            states,
+            logits,
+            task_loss,
+            whole_answer_correct(logits.detach(), labels),
+            cap[rows] == t,
+            e[local],
+            row_ctx,
+            batch.valid[rows],
         )
         extra, halt = decide(end)
         halt = halt | end.last

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -77,12 +79,42 @@ def learning_rate(step: int, config: Config) -> float:
     return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+class RunDirLost(LooplabError):
+    """The run directory disappeared while training: nothing more can be saved."""
+
+    exit_code = 1
+
+
+def check_run_dir_present(run_dir: Path, step: int) -> None:
+    """Raise :class:`RunDirLost` when ``run_dir`` is gone (deleted, unmounted) before step ``step`` is saved."""
+    if not run_dir.is_dir():
+        raise RunDirLost(f"run dir {run_dir} was removed during training, at step {step}: nothing more is saved")
+
+
+@contextmanager
+def quiet_writer_threads() -> Iterator[None]:
+    """Keep an I/O error in TensorBoard's writer thread (its run dir deleted) from printing a traceback: the
+    main thread reports the lost run dir in one line (:func:`check_run_dir_present`)."""
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if not isinstance(args.exc_value, OSError):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+
+
 class RunLog:
     """JSONL log plus TensorBoard scalars; on resume, drops entries after the checkpoint."""
 
     def __init__(self, run_dir: Path, resume_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
+        self.run_dir = run_dir
         self.path = run_dir / LOG_FILE
         kept = [record for record in read_log(run_dir) if record.get("step", 0) <= resume_step]
         atomic_write(self.path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in kept)))
@@ -91,11 +123,13 @@ class RunLog:
 
     def write_eval(self, step: int, metrics: dict[str, float]) -> None:
         """Evaluation metrics at a checkpoint, as ``eval/*`` scalars."""
+        check_run_dir_present(self.run_dir, step)
         for key, value in metrics.items():
             self.tensorboard.add_scalar(f"eval/{key}", value, step)
         self.tensorboard.flush()
 
     def write(self, record: dict) -> None:
+        check_run_dir_present(self.run_dir, record["step"])
         self.handle.write(json.dumps(record) + "\n")
         self.handle.flush()
         for key, value in record.items():
@@ -104,7 +138,10 @@ class RunLog:
 
     def close(self) -> None:
         self.handle.close()
-        self.tensorboard.close()
+        try:
+            self.tensorboard.close()
+        except OSError:  # the run dir is gone: its events cannot be written, and the loss is reported already
+            pass
 
 
 def autocast(config: Config) -> torch.autocast:
@@ -122,7 +159,7 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     cfg = exp.config
     generator = derive_generator(cfg.run.seed, "train", step)
     lengths = torch.randint(cfg.task.train_min, cfg.task.train_max + 1, (cfg.train.batch_size,), generator=generator)
-    batch = parallel.shard(exp.task.sample_lengths(lengths, generator)).to(cfg.run.device)
+    batch = parallel.shard(exp.training_task.sample_lengths(lengths, generator)).to(cfg.run.device)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg) * group["lr_scale"]
     active = [
@@ -213,12 +250,13 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
             start = state["step"]
             exp.schedule.load_state_dict(state.get("schedule", {}))
         exp.model.train()
-        log = RunLog(run_dir, start) if parallel.is_main else None
-        try:
-            _train_loop(exp, optimizer, run_dir, start, log, progress, parallel)
-        finally:
-            if log is not None:
-                log.close()
+        with quiet_writer_threads():
+            log = RunLog(run_dir, start) if parallel.is_main else None
+            try:
+                _train_loop(exp, optimizer, run_dir, start, log, progress, parallel)
+            finally:
+                if log is not None:
+                    log.close()
         parallel.barrier()  # no rank returns before rank 0's final checkpoint exists
     exp.model.eval()
     return exp
@@ -260,6 +298,7 @@ def _train_loop(
         if log is not None and exp.config.eval.checkpoint_samples > 0:
             log.write_eval(step, checkpoint_metrics(exp))
         if parallel.is_main:
+            check_run_dir_present(run_dir, step)
             save_checkpoint(
                 run_dir,
                 step,

@@ -148,7 +148,22 @@ CASES = [
         2,
         "reads answers at up to 50 loops, beyond eval.max_loops = 10",
     ),
+    (
+        "train {cfg} --set schedule.name=rl_halting --set train.segment_loops=2 --out {new}",
+        2,
+        "train.segment_loops = 2 (deep supervision) does not apply to the rl_halting schedule",
+    ),
+    (
+        "train {cfg} --set schedule.name=q_halt --set schedule.t_max=10 --set train.segment_loops=3 --out {new}",
+        2,
+        "the q_halt schedule's schedule.t_max = 10 must be a whole number of segments of train.segment_loops = 3",
+    ),
     ("train {cfg} --set task.name=kjv --out {new}", 2, "it needs model.causal = true"),
+    ("pool sudoku4 --sizes 30 --count 1 --out {new}", 2, "--sizes must be 1..11 for sudoku4, got [30]"),
+    ("pool sudoku4 --sizes 3 --count 0 --out {new}", 2, "--count must be >= 1, got 0"),
+    ("pool nope --sizes 3 --count 1 --out {new}", 2, "unknown task 'nope'; valid choices: binary_addition"),
+    ("pool sudoku4 --sizes 3 --count 1 --out {root}", 2, "must be a file path in an existing directory"),
+    ("train {cfg} --set task.pool={root}/none.safetensors --out {new}", 2, "none.safetensors is not a file"),
     (
         "train {cfg} --set model.injection=none --set model.init_state=zeros --out {new}",
         2,
@@ -405,3 +420,52 @@ def test_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_debris(tmp_
     assert list((tmp_path / "run" / "checkpoints").iterdir()) == []
     again = run_cli("train", str(tmp_path / "tiny.toml"), "--out", str(tmp_path / "run"), "--no-progress")
     assert again.returncode == 0, again.stderr
+
+
+def test_a_full_disk_during_eval_keeps_the_previous_evaluation(world, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    assert main(["eval", str(run), "--scaling"]) == 0
+    before = snapshot(run / "eval")
+    capsys.readouterr()
+    original, calls = pd.DataFrame.to_parquet, []
+
+    def disk_fills_up(frame, path, *args, **kwargs):  # the second parquet file finds the disk full
+        calls.append(path)
+        if len(calls) == 2:
+            Path(path).write_bytes(b"half a file")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return original(frame, path, *args, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_fills_up)
+    assert main(["eval", str(run), "--scaling"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("looplab: error: No space left on device: "), err
+    assert snapshot(run / "eval") == before  # every earlier file as it was, nothing half-written beside them
+    assert not [p for p in (run / "eval").rglob("*") if p.name.startswith((".tmp_", ".staging"))]
+
+
+def test_a_run_dir_deleted_while_training_ends_in_one_line(tmp_path, capsys, monkeypatch):
+    import looplab.train.trainer as trainer
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(steps=40, checkpoint_every=20))
+    run_dir = tmp_path / "run"
+    original = trainer.train_step
+
+    def step_then_lose_the_dir(exp, optimizer, step, parallel):
+        if step == 7:
+            shutil.rmtree(run_dir)
+        return original(exp, optimizer, step, parallel)
+
+    monkeypatch.setattr(trainer, "train_step", step_then_lose_the_dir)
+    assert main(["train", str(config), "--out", str(run_dir), "--no-progress", "--set", "train.log_every=5"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"looplab: error: run dir {run_dir} was removed during training, at step 10: nothing more is saved"
+    ]
+    assert not run_dir.exists()

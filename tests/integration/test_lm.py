@@ -36,10 +36,13 @@ TINY_LM = [
 ]
 
 
-def test_train_then_evaluate_loss_by_loops(tmp_path):
+def test_train_then_evaluate_loss_by_loops(tmp_path, capsys):
     run_dir = tmp_path / "lm"
     train(load_config(None, TINY_LM), run_dir, progress=False)
-    summary = evaluate_lm_run(run_dir, max_loops=6, samples=8)
+    summary = evaluate_lm_run(run_dir, max_loops=6, samples=8, progress=True)
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith(f"eval: {run_dir} at step_") and "8 windows" in said[0] and "loops 1..6" in said[0]
+    assert said[-1].startswith("eval: 6/6 (100%)"), said  # off a terminal: a counted line, the last at 100 %
     out = run_dir / "eval"
     for name in ("lm_loops.csv", "lm_loops.png", "lm_summary.json"):
         assert (out / name).stat().st_size > 0, name

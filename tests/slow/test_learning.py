@@ -73,6 +73,32 @@ def test_rl_halting_learns_in_distribution(tmp_path):
     assert summary["halting"], "an RL-Halting run reports its halting distribution"
 
 
+def test_act_bce_learns_and_halts_before_t_max_where_the_answer_is_already_right(tmp_path):
+    """TRM's halting head under deep supervision: the model learns, and with halting applied per row the
+    short additions leave early at no cost in accuracy."""
+    from looplab.eval.halting_inference import halting_frame
+
+    config = load_config(
+        None,
+        [
+            "task.name=binary_addition",
+            "task.train_max=8",
+            "task.eval_lengths=[2,5,8]",
+            "schedule.name=act_bce",
+            "schedule.t_max=12",
+            "train.segment_loops=2",
+            "train.steps=500",
+            "eval.max_loops=16",
+        ],
+    )
+    exp = train(config, tmp_path / "run", progress=False)
+    frame = halting_frame(exp.model, exp.task, exp.schedule, [2, 5, 8], 16, 256, 256, config.run.seed)
+    assert (frame.on_accuracy >= 0.9).all(), frame
+    assert (frame.on_accuracy >= frame.off_accuracy - 0.02).all(), frame
+    shortest, longest = frame.on_depth_mean.iloc[0], frame.on_depth_mean.iloc[-1]
+    assert shortest < 12 and shortest <= longest, frame
+
+
 def test_jsrr_lowers_the_spectral_radius(tmp_path):
     from looplab.seeding import derive_generator
     from looplab.stability.spectral import spectral_trajectory

@@ -72,6 +72,7 @@ def test_no_gradient_crosses_a_segment_boundary():
     model, batch = _model(), _batch(2)
     k = 2
     cap = torch.tensor([4, 4])
+
     # Only the second segment's loss counts: its gradient must equal that of a unroll whose state
     # was detached after loop 2 (and differ from the full backprop through all 4 loops).
     def second_only(end):
@@ -203,3 +204,12 @@ def test_a_segment_schedule_without_segments_is_refused():
         make_schedule(ScheduleConfig(name="act_bce", t_max=6), ScheduleContext(TASK, 16))
     with pytest.raises(LooplabError, match="dividing"):
         make_schedule(ScheduleConfig(name="q_halt", t_max=7), ScheduleContext(TASK, 16, segment_loops=2))
+
+
+@pytest.mark.parametrize("name", ["act_bce", "q_halt"])
+def test_halting_can_be_kept_out_of_training(name):
+    schedule = _segment_schedule(name, bias=5.0, halt_exploration_prob=0.0, halt_in_training=False)
+    out = schedule.training_loss(_model(), _batch(), torch.Generator().manual_seed(0))
+    assert out.stats["row_loops_mean"] == 6 and out.stats["halted_early"] == 0.0
+    h = torch.zeros(1, 17, 16)
+    assert schedule.hazard_logit(h, torch.ones(1, 17, dtype=torch.bool)) > 0  # it still halts at test time

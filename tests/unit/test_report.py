@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import re
@@ -366,3 +367,46 @@ def test_a_cell_says_undefined_and_how_many_seeds_define_it():
     some = {"n": 3, "mean": 50.0, "std": 1.0, "ci_lo": 47.5, "ci_hi": 52.5}
     assert cell(some, 1, runs=4) == "50.0 ± 1.0 [47.5, 52.5] (n = 3 of 4)"
     assert cell(some, 1, runs=3) == "50.0 ± 1.0 [47.5, 52.5]"
+
+
+def test_the_report_states_its_provenance(sweep, tmp_path):
+    root, report, _ = sweep
+    md = (report / "table.md").read_text()
+    line = next(line for line in md.splitlines() if line.startswith("- Provenance: looplab"))
+    assert "no sweep.toml in the sweep dir" in line and "UTC" in line
+    assert "Provenance: looplab" in (report / "report.html").read_text()
+    (tmp_path / "sweep.toml").write_text("[sweep]\nconfigs = []\n")
+    from looplab.report.build import provenance
+
+    digest = hashlib.sha256(b"[sweep]\nconfigs = []\n").hexdigest()[:16]
+    assert f"sweep.toml sha256 {digest}" in provenance(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "metric, values, expected",
+    [
+        ("oracle_id", [1.0, 0.9, 1.0], (None, 1.0)),  # the t-interval would pass 100 %
+        ("policy_ood", [0.0, 0.05, 0.0], (0.0, None)),
+        ("gap", [0.99, 0.9, 0.99], (None, 1.0)),
+        ("front90", [30.0, 10.0, 30.0], (None, None)),  # a length: no bound
+    ],
+)
+def test_a_mean_interval_is_clipped_to_the_metric_range(metric, values, expected):
+    from looplab.report.aggregate import aggregate
+
+    row = aggregate(pd.DataFrame({"variant": "a", metric: values}), ["variant"], [metric]).iloc[0]
+    raw_lo, raw_hi = seed_stats(values)["ci_lo"], seed_stats(values)["ci_hi"]
+    low, high = expected
+    assert row["ci_lo"] == pytest.approx(raw_lo if low is None else low)
+    assert row["ci_hi"] == pytest.approx(raw_hi if high is None else high)
+    assert (low is None or raw_lo < low) and (high is None or raw_hi > high)
+
+
+def test_a_report_for_another_paper_goes_beside_it_not_over_it(sweep):
+    root, report, _ = sweep
+    assert report == root / "report-stopping"
+    before = (report / "table.md").read_text()
+    plain = write_report(root)
+    assert plain == root / "report" and (plain / "table.md").is_file()
+    assert "paper: stopping" not in (plain / "table.md").read_text()
+    assert (report / "table.md").read_text() == before

@@ -26,11 +26,12 @@ def _model() -> LoopedTransformer:
     return LoopedTransformer(ModelConfig(d_model=16, n_heads=2, core_layers=1), TASK.vocab_size).double()
 
 
-def _schedule(name: str, parallel: Parallel | None = None, **extra):
+def _schedule(name: str, parallel: Parallel | None = None, segment_loops: int | None = None, **extra):
     parallel = parallel or Parallel()
-    segment_loops = 1 if SCHEDULES[name].deep_supervision == "required" else 0
+    if segment_loops is None:
+        segment_loops = 1 if SCHEDULES[name].deep_supervision == "required" else 0
     context = ScheduleContext(TASK, 16, parallel, segment_loops=segment_loops)
-    schedule = make_schedule(ScheduleConfig(name=name, **CFG, **extra), context)
+    schedule = make_schedule(ScheduleConfig(name=name, **{**CFG, **extra}), context)
     if schedule.module is not None:  # seeded, random (so heads halt some rows), in double precision
         torch.manual_seed(1)
         for weight in schedule.module.parameters():
@@ -94,6 +95,28 @@ def test_two_rank_split_trains_the_rows_single_process_training_does(name):
         shards.append(_loss(_schedule(name, parallel), model, parallel.shard(batch)).loss)
     # the cross-entropy is taken in float32 (per_row_loss), hence the tolerance
     assert torch.allclose(whole.double(), sum(shards).double() / 2, rtol=1e-6, atol=1e-9), (whole, shards)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deep_supervision_is_declared_and_trains_deterministically_and_split_across_ranks(name):
+    """A schedule that takes deep supervision (train.segment_loops) keeps the contract under it."""
+    mode = SCHEDULES[name].deep_supervision
+    assert mode in ("optional", "required", "refused")
+    if mode == "refused":
+        return
+    model, batch = _model(), _batch(8)
+
+    def segmented(parallel=None):
+        return _schedule(name, parallel, segment_loops=2, t_max=6)
+
+    first, second = _loss(segmented(), model, batch), _loss(segmented(), model, batch)
+    assert torch.equal(first.loss, second.loss) and first.stats == second.stats
+    assert first.stats["segments_mean"] >= 1 and torch.isfinite(first.loss)
+    shards = []
+    for rank in range(2):
+        parallel = Parallel(rank=rank, world_size=2)
+        shards.append(_loss(segmented(parallel), model, parallel.shard(batch)).loss)
+    assert torch.allclose(first.loss.double(), sum(shards).double() / 2, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", NAMES)

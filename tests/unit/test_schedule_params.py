@@ -43,6 +43,14 @@ def test_schedule_parameters_are_checked_by_the_schedule_that_reads_them(schedul
         (["schedule.name=lognormal", "schedule.lo=5", "schedule.hi=2"], "lo <= schedule.hi"),
         (["schedule.name=rl_halting", "schedule.entropy_mode=guess"], "exact, sampled"),
         (["schedule.name=rl_halting", "train.backprop_loops=2"], "needs a rule schedule"),
+        (
+            ["schedule.name=pondernet", "train.segment_loops=2"],
+            "does not apply to the pondernet schedule; it applies to: act_bce, fixed",
+        ),
+        (["schedule.name=act_bce"], "halts between deep-supervision segments: set train.segment_loops > 0"),
+        (["schedule.name=q_halt", "schedule.t_max=9", "train.segment_loops=2"], "t_max = 9 must be a whole"),
+        (["schedule.name=fixed", "train.segment_loops=2", "train.backprop_loops=3"], "at most train.segment_loops"),
+        (["schedule.name=act_bce", "train.segment_loops=2", "schedule.halt_exploration_prob=1.5"], r"\[0, 1\]"),
     ],
 )
 def test_schedule_constraints_between_keys(override, message):

@@ -1,0 +1,329 @@
+"""Recursive reasoners (docs/results/recursive-small/PROTOCOL.md): the arms by seed, halting on against off,
+the protocol's decision rules, and TRM's and HRM's published numbers beside them.
+
+Decision rules, stated in the protocol before any run was read (Policy ID is the primary metric):
+
+    deep supervision   ds_fixed − fixed
+    halting rule       act_bce − q_halt, act_bce − rl_halting, act_bce − pondernet, act_bce − ds_fixed
+        each a Welch 95 % t-interval of the difference in means: "helps" / "better" above 0,
+        "hurts" / "worse" below 0, else "not resolved".
+    halting on − off   paired by seed (act_bce, q_halt): 95 % t-interval of the mean difference in ID
+        accuracy; "halting costs accuracy" below 0, "halting is free" inside ±2 pp, else "not resolved";
+        and the wall-time ratio off / on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from looplab.report.aggregate import FEW_SEEDS, numeric, present, t_interval
+from looplab.report.comparison import Ours, read_paper_table, variant_stem
+from looplab.report.effect import welch_interval
+from looplab.report.pages import markdown_table, register_block, register_collector
+from looplab.report.tables import Table, seed_table
+
+PRIMARY = "policy_id"
+RECURSIVE_METRICS = (
+    "policy_id",
+    "policy_ood",
+    "oracle_id",
+    "oracle_ood",
+    "gap",
+    "exits.policy.mean_depth",
+    "halting_inference.on_id",
+    "halting_inference.off_id",
+    "halting_inference.on_id_depth",
+    "halting_inference.on_seconds",
+    "halting_inference.off_seconds",
+    "training_cost.row_loops_mean",
+)
+#: (question, arm, against it, word above 0, word below 0)
+COMPARISONS = (
+    ("deep supervision at a matched depth", "ds_fixed", "fixed", "helps", "hurts"),
+    ("halting rule", "act_bce", "q_halt", "better", "worse"),
+    ("halting rule", "act_bce", "rl_halting", "better", "worse"),
+    ("halting rule", "act_bce", "pondernet", "better", "worse"),
+    ("halting rule", "act_bce", "ds_fixed", "better", "worse"),
+)
+PAIRED_ARMS = ("act_bce", "q_halt")
+#: halting on − off within this many points (both ends of the interval) is "free"
+FREE_PP = 2.0
+
+
+def _arm(results: pd.DataFrame) -> pd.Series:
+    """The arm of each run: its variant's name after the task ("sudoku4-act_bce" → "act_bce")."""
+    return results["variant"].map(lambda v: variant_stem(v).split("-", 1)[-1])
+
+
+def _values(results: pd.DataFrame, arm: str, metric: str) -> pd.Series:
+    """``metric`` of the arm's runs, indexed by seed, NaN dropped."""
+    runs = results[_arm(results) == arm]
+    if metric not in runs.columns:
+        return pd.Series(dtype=float)
+    values = pd.Series(numeric(runs, metric).to_numpy(), index=runs["run.seed"].to_numpy())
+    return values.dropna()
+
+
+def _pp(value: float) -> str:
+    return "n/a" if not np.isfinite(value) else f"{100 * value:+.1f}"
+
+
+def decision_lines(results: pd.DataFrame) -> list[str]:
+    """The protocol's decisions, each with its interval and seed counts (undefined comparisons say why)."""
+    lines = []
+    for question, arm, other, above, below in COMPARISONS:
+        a, b = _values(results, arm, PRIMARY), _values(results, other, PRIMARY)
+        if len(a) < 2 or len(b) < 2:
+            lines.append(f"{question}: {arm} vs {other}: n/a ({len(a)} and {len(b)} seeds; needs 2 each)")
+            continue
+        low, high = welch_interval(a.to_numpy(), b.to_numpy())
+        verdict = above if low > 0 else below if high < 0 else "not resolved"
+        few = f" (few seeds: {min(len(a), len(b))})" if min(len(a), len(b)) < FEW_SEEDS else ""
+        lines.append(
+            f"{question}: {arm} − {other}, Policy ID {_pp(a.mean() - b.mean())} pp, Welch 95% "
+            f"[{_pp(low)}, {_pp(high)}] ({len(a)} vs {len(b)} seeds){few}: {verdict}"
+        )
+    for arm in PAIRED_ARMS:
+        on = _values(results, arm, "halting_inference.on_id")
+        off = _values(results, arm, "halting_inference.off_id")
+        seeds = on.index.intersection(off.index)
+        if len(seeds) < 2:
+            lines.append(f"halting on − off, {arm}: n/a ({len(seeds)} paired seeds; needs 2)")
+            continue
+        difference = (on[seeds] - off[seeds]).to_numpy()
+        low, high = t_interval(difference)
+        if high < 0:
+            verdict = "halting costs accuracy"
+        elif -FREE_PP / 100 <= low and high <= FREE_PP / 100:
+            verdict = "halting is free"
+        else:
+            verdict = "not resolved"
+        on_s = _values(results, arm, "halting_inference.on_seconds")[seeds]
+        off_s = _values(results, arm, "halting_inference.off_seconds")[seeds]
+        depth = _values(results, arm, "halting_inference.on_id_depth")[seeds]
+        lines.append(
+            f"halting on − off, {arm}: ID accuracy {_pp(difference.mean())} pp, paired 95% [{_pp(low)}, "
+            f"{_pp(high)}] ({len(seeds)} seeds): {verdict}; mean depth on {depth.mean():.2f} loops; "
+            f"wall time off / on {off_s.sum() / on_s.sum():.2f}x"
+        )
+    return lines
+
+
+def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
+    """The arms by seed, the published numbers (another scale and data), and the decision lines."""
+    metrics = present(ours.results, RECURSIVE_METRICS)
+    arms = seed_table(
+        "Ours: recursive reasoners by arm (halting_inference: on = rows leave when they halt, off = all to T_max)",
+        ours.groups,
+        ours.long[ours.long["metric"].isin(metrics)],
+        ours.by,
+    )
+    tables = [Table(arms.title, arms.display, arms.numbers, arms.note, "recursive_arms")]
+    published, notes = read_paper_table("recursive_published.csv", tables_dir)
+    if published is not None:
+        tables.append(
+            Table(
+                "Published: TRM and HRM (another scale, other data: not comparable number for number)",
+                published,
+                published,
+                "from recursive_published.csv",
+                "recursive_published",
+            )
+        )
+    return tables, notes + decision_lines(ours.results)
+
+
+# ----------------------------------------------------------------------------- the committed results page
+
+STUDY = "recursive-small"
+RUNS_FILE, HALTING_FILE = "runs.csv", "halting.csv"
+#: the per-seed columns of runs.csv: its name → the results.parquet column
+RUN_COLUMNS = {
+    "policy_id": "policy_id",
+    "policy_ood": "policy_ood",
+    "oracle_id": "oracle_id",
+    "oracle_ood": "oracle_ood",
+    "gap": "gap",
+    "policy_depth_mean": "exits.policy.mean_depth",
+    "on_id": "halting_inference.on_id",
+    "off_id": "halting_inference.off_id",
+    "on_ood": "halting_inference.on_ood",
+    "off_ood": "halting_inference.off_ood",
+    "on_id_depth": "halting_inference.on_id_depth",
+    "on_ood_depth": "halting_inference.on_ood_depth",
+    "on_seconds": "halting_inference.on_seconds",
+    "off_seconds": "halting_inference.off_seconds",
+    "train_loops_per_row": "training_cost.row_loops_mean",
+    "train_block_evals": "training_cost.block_evals",
+    "wall_s": "wall_s",
+}
+#: runs.csv columns only an arm with a halting head has
+HEAD_COLUMNS = ("on_id", "off_id", "on_ood", "off_ood", "on_id_depth", "on_ood_depth", "on_seconds", "off_seconds")
+ARM_ORDER = ("fixed", "ds_fixed", "act_bce", "q_halt", "rl_halting", "pondernet")
+
+
+@register_collector(STUDY)
+def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
+    """The sweeps' per-seed rows as ``out/runs.csv`` (one per run) and ``out/halting.csv`` (one per run and
+    size: Oracle and Policy, and halting on / off where the arm has a head), for the committed page."""
+    from looplab.report.runs import read_results
+
+    results = pd.concat([read_results(Path(d)).assign(sweep_dir=str(d)) for d in sweep_dirs], ignore_index=True)
+    runs = pd.DataFrame(
+        {
+            "arm": _arm(results),
+            "seed": results["run.seed"].astype(int),
+            "run_id": results["run_id"],
+            **{name: numeric(results, column) if column in results else np.nan for name, column in RUN_COLUMNS.items()},
+        }
+    )
+    sizes = []
+    for (_, run), arm in zip(results.iterrows(), runs["arm"]):
+        lengths = sorted({int(c.split(".")[1]) for c in results.columns if c.startswith("per_length.")})
+        halting_csv = Path(run["sweep_dir"]) / "runs" / run["run_id"] / "eval" / HALTING_FILE
+        halting = pd.read_csv(halting_csv).set_index("length") if halting_csv.is_file() else None
+        for n in lengths:
+            row = {
+                "arm": arm,
+                "seed": int(run["run.seed"]),
+                "length": n,
+                "split": run.get(f"per_length.{n}.split"),
+                "oracle": run.get(f"per_length.{n}.oracle"),
+                "policy": run.get(f"per_length.{n}.policy"),
+                "policy_depth": run.get(f"per_length.{n}.policy_depth"),
+            }
+            if halting is not None and n in halting.index:
+                found = halting.loc[n]
+                row.update(
+                    {
+                        f"{side}_{what}": found[f"{side}_{what}"]
+                        for side in ("on", "off")
+                        for what in ("accuracy", "seconds")
+                    }
+                )
+                row["on_depth"] = found["on_depth_mean"]
+            sizes.append(row)
+    order = {arm: i for i, arm in enumerate(ARM_ORDER)}
+    runs = runs.sort_values(["arm", "seed"], key=lambda c: c.map(order) if c.name == "arm" else c, ignore_index=True)
+    out.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(out / RUNS_FILE, index=False)
+    pd.DataFrame(sizes).to_csv(out / HALTING_FILE, index=False)
+    return runs
+
+
+def _cell(values: pd.Series, scale: float = 100.0, digits: int = 1) -> str:
+    """mean ± std [95 % t-interval] over seeds, "n/a (0 seeds)" when none."""
+    values = values.dropna().to_numpy(dtype=float)
+    if len(values) == 0:
+        return "n/a (0 seeds)"
+    mean = scale * values.mean()
+    if len(values) < 2:
+        return f"{mean:.{digits}f} (1 seed)"
+    low, high = t_interval(scale * values)
+    return f"{mean:.{digits}f} ± {scale * values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+@register_block(f"{STUDY}/arms")
+def arms_block(results_dir: Path) -> str:
+    """Per arm: Policy and Oracle, halting on / off, depth and training cost (mean ± std [t-interval])."""
+    runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
+    columns = [
+        ("Policy ID (%)", "policy_id", 100, 1),
+        ("Oracle ID (%)", "oracle_id", 100, 1),
+        ("Policy OOD (%)", "policy_ood", 100, 1),
+        ("halting on, ID (%)", "on_id", 100, 1),
+        ("halting off, ID (%)", "off_id", 100, 1),
+        ("depth on, ID (loops)", "on_id_depth", 1, 2),
+        ("training loops / row", "train_loops_per_row", 1, 2),
+    ]
+    body = []
+    for arm in [a for a in ARM_ORDER if a in set(runs.arm)]:
+        part = runs[runs.arm == arm]
+        cells = [
+            "n/a (no head)" if c in HEAD_COLUMNS and part[c].isna().all() else _cell(part[c], scale, d)
+            for _, c, scale, d in columns
+        ]
+        body.append([arm, str(len(part)), *cells])
+    return markdown_table(["arm", "seeds", *(title for title, *_ in columns)], body)
+
+
+@register_block(f"{STUDY}/decisions")
+def decisions_block(results_dir: Path) -> str:
+    """The protocol's decisions, one line each, from runs.csv."""
+    runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
+    frame = pd.DataFrame(
+        {
+            "variant": runs["arm"],
+            "run.seed": runs["seed"],
+            PRIMARY: runs["policy_id"],
+            **{
+                f"halting_inference.{c}": runs[c]
+                for c in ("on_id", "off_id", "on_id_depth", "on_seconds", "off_seconds")
+            },
+        }
+    )
+    return "\n".join(f"- {line}" for line in decision_lines(frame))
+
+
+@register_block(f"{STUDY}/by-size")
+def by_size_block(results_dir: Path) -> str:
+    """Per arm and size: Oracle, Policy and (with a head) halting on / off accuracy and depth, seed means."""
+    sizes = pd.read_csv(results_dir / STUDY / HALTING_FILE)
+    body = []
+    for arm in [a for a in ARM_ORDER if a in set(sizes.arm)]:
+        for n, part in sizes[sizes.arm == arm].groupby("length"):
+            has_head = "on_accuracy" in part and part["on_accuracy"].notna().any()
+            body.append(
+                [
+                    arm,
+                    str(n),
+                    str(part["split"].iloc[0]),
+                    f"{100 * part.oracle.mean():.1f}",
+                    f"{100 * part.policy.mean():.1f}",
+                    f"{part.policy_depth.mean():.2f}",
+                    f"{100 * part.on_accuracy.mean():.1f}" if has_head else "n/a (no head)",
+                    f"{100 * part.off_accuracy.mean():.1f}" if has_head else "n/a (no head)",
+                    f"{part.on_depth.mean():.2f}" if has_head else "n/a (no head)",
+                ]
+            )
+    header = ["arm", "n (blanks)", "split", "Oracle (%)", "Policy (%)", "policy depth", "on (%)", "off (%)", "on depth"]
+    return markdown_table(header, body)
+
+
+@register_block(f"{STUDY}/halting")
+def halting_block(results_dir: Path) -> str:
+    """Per arm with a head: halting on against off in distribution (accuracy, depth, wall time), seed means."""
+    runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
+    body = []
+    for arm in [a for a in ARM_ORDER if a in set(runs.arm)]:
+        part = runs[runs.arm == arm].dropna(subset=["on_id", "off_id"])
+        if part.empty:
+            continue
+        body.append(
+            [
+                arm,
+                str(len(part)),
+                _cell(part.on_id),
+                _cell(part.off_id),
+                _cell(part.on_id - part.off_id),
+                _cell(part.on_id_depth, 1, 2),
+                f"{part.on_seconds.sum() / len(part):.2f}",
+                f"{part.off_seconds.sum() / len(part):.2f}",
+                f"{part.off_seconds.sum() / part.on_seconds.sum():.2f}x",
+            ]
+        )
+    header = [
+        "arm",
+        "seeds",
+        "on, ID (%)",
+        "off, ID (%)",
+        "on − off (pp)",
+        "depth on, ID",
+        "on (s / run)",
+        "off (s / run)",
+        "off / on time",
+    ]
+    return markdown_table(header, body)
