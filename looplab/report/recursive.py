@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.report.aggregate import FEW_SEEDS, numeric, present, t_interval
+from looplab.report.aggregate import FEW_SEEDS, aggregate, in_display_units, numeric, present, t_interval
 from looplab.report.comparison import Ours, read_paper_table, variant_stem
 from looplab.report.effect import welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector
@@ -54,8 +54,8 @@ FREE_PP = 2.0
 
 
 def _arm(results: pd.DataFrame) -> pd.Series:
-    """The arm of each run: its variant's name after the task ("sudoku4-act_bce" → "act_bce")."""
-    return results["variant"].map(lambda v: variant_stem(v).split("-", 1)[-1])
+    """The arm of each run: its variant (the config's name after the task, plus any grid override)."""
+    return results["variant"].astype(str)
 
 
 def _values(results: pd.DataFrame, arm: str, metric: str) -> pd.Series:
@@ -118,7 +118,7 @@ def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[st
     arms = seed_table(
         "Ours: recursive reasoners by arm (halting_inference: on = rows leave when they halt, off = all to T_max)",
         ours.groups,
-        ours.long[ours.long["metric"].isin(metrics)],
+        in_display_units(aggregate(ours.results, ours.by, metrics)),
         ours.by,
     )
     tables = [Table(arms.title, arms.display, arms.numbers, arms.note, "recursive_arms")]
@@ -139,6 +139,8 @@ def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[st
 # ----------------------------------------------------------------------------- the committed results page
 
 STUDY = "recursive-small"
+#: runs chosen after reading the study's (docs/results/recursive-small/exploratory-*.toml)
+EXPLORATORY = "recursive-small-exploratory"
 RUNS_FILE, HALTING_FILE = "runs.csv", "halting.csv"
 #: the per-seed columns of runs.csv: its name → the results.parquet column
 RUN_COLUMNS = {
@@ -165,6 +167,7 @@ HEAD_COLUMNS = ("on_id", "off_id", "on_ood", "off_ood", "on_id_depth", "on_ood_d
 ARM_ORDER = ("fixed", "ds_fixed", "act_bce", "q_halt", "rl_halting", "pondernet")
 
 
+@register_collector(EXPLORATORY)
 @register_collector(STUDY)
 def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
     """The sweeps' per-seed rows as ``out/runs.csv`` (one per run) and ``out/halting.csv`` (one per run and
@@ -206,30 +209,55 @@ def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
                 )
                 row["on_depth"] = found["on_depth_mean"]
             sizes.append(row)
-    order = {arm: i for i, arm in enumerate(ARM_ORDER)}
-    runs = runs.sort_values(["arm", "seed"], key=lambda c: c.map(order) if c.name == "arm" else c, ignore_index=True)
+    runs = runs.sort_values(["arm", "seed"], key=lambda c: c.map(_arm_rank) if c.name == "arm" else c)
+    runs = runs.reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out / RUNS_FILE, index=False)
     pd.DataFrame(sizes).to_csv(out / HALTING_FILE, index=False)
     return runs
 
 
-def _cell(values: pd.Series, scale: float = 100.0, digits: int = 1) -> str:
-    """mean ± std [95 % t-interval] over seeds, "n/a (0 seeds)" when none."""
+def _arm_rank(arm: str) -> tuple[int, str]:
+    """Sort key: the protocol's arms in its order, then any other arm by name."""
+    stem = variant_stem(arm)
+    return (ARM_ORDER.index(stem) if stem in ARM_ORDER else len(ARM_ORDER), arm)
+
+
+def _arms(runs: pd.DataFrame) -> list[str]:
+    return sorted(set(runs.arm), key=_arm_rank)
+
+
+def _cell(values: pd.Series, scale: float = 100.0, digits: int = 1, bounds=(0.0, 1.0)) -> str:
+    """mean ± std [95 % t-interval, clipped to ``bounds``] over seeds; "n/a (0 seeds)" when none, and a
+    spread of zero said as such (every seed gave the same value)."""
     values = values.dropna().to_numpy(dtype=float)
     if len(values) == 0:
         return "n/a (0 seeds)"
     mean = scale * values.mean()
     if len(values) < 2:
         return f"{mean:.{digits}f} (1 seed)"
-    low, high = t_interval(scale * values)
+    if values.std(ddof=1) == 0:
+        return f"{mean:.{digits}f} (all {len(values)} seeds equal)"
+    low, high = t_interval(values)
+    low, high = scale * max(low, bounds[0]), scale * min(high, bounds[1])
     return f"{mean:.{digits}f} ± {scale * values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 @register_block(f"{STUDY}/arms")
 def arms_block(results_dir: Path) -> str:
     """Per arm: Policy and Oracle, halting on / off, depth and training cost (mean ± std [t-interval])."""
-    runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
+    return arms_table(results_dir / STUDY)
+
+
+@register_block(f"{EXPLORATORY}/arms")
+def exploratory_arms_block(results_dir: Path) -> str:
+    """The exploratory runs' arms table (as :func:`arms_block`)."""
+    return arms_table(results_dir / EXPLORATORY)
+
+
+def arms_table(folder: Path) -> str:
+    """Per arm of ``folder/runs.csv``: Policy and Oracle, halting on / off, depth and training cost."""
+    runs = pd.read_csv(folder / RUNS_FILE)
     columns = [
         ("Policy ID (%)", "policy_id", 100, 1),
         ("Oracle ID (%)", "oracle_id", 100, 1),
@@ -240,10 +268,12 @@ def arms_block(results_dir: Path) -> str:
         ("training loops / row", "train_loops_per_row", 1, 2),
     ]
     body = []
-    for arm in [a for a in ARM_ORDER if a in set(runs.arm)]:
+    for arm in _arms(runs):
         part = runs[runs.arm == arm]
         cells = [
-            "n/a (no head)" if c in HEAD_COLUMNS and part[c].isna().all() else _cell(part[c], scale, d)
+            "n/a (no head)"
+            if c in HEAD_COLUMNS and part[c].isna().all()
+            else _cell(part[c], scale, d, (0.0, 1.0) if scale == 100 else (0.0, np.inf))
             for _, c, scale, d in columns
         ]
         body.append([arm, str(len(part)), *cells])
@@ -273,7 +303,7 @@ def by_size_block(results_dir: Path) -> str:
     """Per arm and size: Oracle, Policy and (with a head) halting on / off accuracy and depth, seed means."""
     sizes = pd.read_csv(results_dir / STUDY / HALTING_FILE)
     body = []
-    for arm in [a for a in ARM_ORDER if a in set(sizes.arm)]:
+    for arm in _arms(sizes):
         for n, part in sizes[sizes.arm == arm].groupby("length"):
             has_head = "on_accuracy" in part and part["on_accuracy"].notna().any()
             body.append(
@@ -298,7 +328,7 @@ def halting_block(results_dir: Path) -> str:
     """Per arm with a head: halting on against off in distribution (accuracy, depth, wall time), seed means."""
     runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
     body = []
-    for arm in [a for a in ARM_ORDER if a in set(runs.arm)]:
+    for arm in _arms(runs):
         part = runs[runs.arm == arm].dropna(subset=["on_id", "off_id"])
         if part.empty:
             continue
@@ -308,8 +338,8 @@ def halting_block(results_dir: Path) -> str:
                 str(len(part)),
                 _cell(part.on_id),
                 _cell(part.off_id),
-                _cell(part.on_id - part.off_id),
-                _cell(part.on_id_depth, 1, 2),
+                _cell(part.on_id - part.off_id, bounds=(-1.0, 1.0)),
+                _cell(part.on_id_depth, 1, 2, (0.0, np.inf)),
                 f"{part.on_seconds.sum() / len(part):.2f}",
                 f"{part.off_seconds.sum() / len(part):.2f}",
                 f"{part.off_seconds.sum() / part.on_seconds.sum():.2f}x",

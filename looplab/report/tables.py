@@ -57,6 +57,14 @@ METRIC_HEADERS = {
     "lm.scaling.loss.relative_drop": "Loss growth depth→2x",
     "lm.scaling.state_norm_growth": "State norm T / 1",
     "lm.scaling.spectral_radius_at_max_loops": "ρ at max loops",
+    "policy_id": "Policy ID",
+    "exits.policy.mean_depth": "Policy depth",
+    "halting_inference.on_id": "Halting on, ID",
+    "halting_inference.off_id": "Halting off, ID",
+    "halting_inference.on_id_depth": "Depth on, ID",
+    "halting_inference.on_seconds": "Time on (s)",
+    "halting_inference.off_seconds": "Time off (s)",
+    "training_cost.row_loops_mean": "Training loops / row",
 }
 _SUFFIX = {"%": "_pct", "pp": "_pp", "": ""}
 # lengths and loop counts (means of integers) and the paper's two-decimal training cost
@@ -67,6 +75,11 @@ PLAIN_DECIMALS = {
     "lm.scaling.id.best_loops": 1,
     "lm.scaling.state_norm_growth": 2,
     "training_cost.block_evals": 2,
+    "training_cost.row_loops_mean": 2,
+    "exits.policy.mean_depth": 2,
+    "halting_inference.on_id_depth": 2,
+    "halting_inference.on_seconds": 2,
+    "halting_inference.off_seconds": 2,
     "front90_rel": 2,
     "block_evals_rel": 2,
 }
@@ -115,13 +128,16 @@ def number(value, digits: int) -> str:
 
 def cell(stats: Mapping, digits: int, runs: int | None = None) -> str:
     """ "mean ± std [lo, hi]" from a row with n, mean, std and the mean's interval ci_lo, ci_hi (display units);
-    "n/a (0 seeds)" when no seed defines the metric, and "(n = k of runs)" when only some do."""
+    "n/a (0 seeds)" when no seed defines the metric, "(all n seeds equal)" for a zero spread, and
+    "(n = k of runs)" when only some seeds define it."""
     if stats["n"] == 0:
         return UNDEFINED
     text = number(stats["mean"], digits)
-    if math.isfinite(stats["std"]):
+    if stats["n"] > 1 and stats["std"] == 0:  # a zero spread has no interval to show: say so
+        text += f" (all {stats['n']} seeds equal)"
+    elif math.isfinite(stats["std"]):
         text += f" ± {number(stats['std'], digits)}"
-    if stats["n"] > 1:
+    if stats["n"] > 1 and stats["std"] != 0:
         text += f" [{number(stats['ci_lo'], digits)}, {number(stats['ci_hi'], digits)}]"
     if runs is not None and stats["n"] < runs:
         text += f" (n = {stats['n']} of {runs})"

@@ -25,7 +25,9 @@ HRM); a row at its last segment has no continue option and no Q_continue loss.
 Exploration, as in both sources: with probability ``halt_exploration_prob`` a
 row may not halt before a segment count drawn uniformly from 2..N_sup. With
 ``halt_in_training = false`` every row runs all N_sup segments in training (the
-head still learns; it decides only at test time).
+head still learns; it decides only at test time); with ``head_gradient = false``
+the head reads the state detached (as RL-Halting's does), so the halting loss
+trains the head alone.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class SegmentHalting(Schedule):
         halt_loss_weight: float = param(0.5, NON_NEGATIVE, "w_halt, the halting loss's weight beside the CE")
         halt_in_training: bool = param(
             True, doc="rows leave the batch when the head says halt in training too (false: all N_sup segments)"
+        )
+        head_gradient: bool = param(
+            True, doc="the halting loss trains the model through the head, as in TRM and HRM (false: detached state)"
         )
         lr_scale: float = param(1.0, POSITIVE, "the halting head's learning rate as a multiple of the model's")
 
@@ -133,7 +138,8 @@ class SegmentHalting(Schedule):
         halted_by_head = []
 
         def decide(end: SegmentEnd) -> tuple[Tensor, Tensor]:
-            q = self.module(end.states, end.valid)
+            states = end.states if self.params.head_gradient else end.states.detach()
+            q = self.module(states, end.valid)
             extra = self.params.halt_loss_weight * self.halting_loss(model, end, q)
             halt = (self.halt_score(q.detach()) > 0) & (end.loop // k >= earliest[end.rows])
             if not self.params.halt_in_training:

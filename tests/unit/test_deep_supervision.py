@@ -213,3 +213,23 @@ def test_halting_can_be_kept_out_of_training(name):
     assert out.stats["row_loops_mean"] == 6 and out.stats["halted_early"] == 0.0
     h = torch.zeros(1, 17, 16)
     assert schedule.hazard_logit(h, torch.ones(1, 17, dtype=torch.bool)) > 0  # it still halts at test time
+
+
+@pytest.mark.parametrize("name", ["act_bce", "q_halt"])
+def test_a_detached_head_trains_itself_and_leaves_the_model_to_the_answer_loss(name):
+    def model_gradients(**params):
+        schedule = _segment_schedule(name, halt_exploration_prob=0.0, **params)
+        torch.manual_seed(2)
+        torch.nn.init.normal_(schedule.module.linear.weight, std=0.5)
+        model = _model()
+        out = schedule.training_loss(model, _batch(), torch.Generator().manual_seed(0))
+        out.loss.backward()
+        head_learns = schedule.module.linear.weight.grad.abs().sum() > 0
+        assert head_learns == (params.get("halt_loss_weight", 0.5) > 0)
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    detached = model_gradients(head_gradient=False)
+    no_halting_loss = model_gradients(head_gradient=False, halt_loss_weight=0.0)
+    attached = model_gradients()
+    assert all(torch.allclose(a, b) for a, b in zip(detached, no_halting_loss))
+    assert not all(torch.allclose(a, b) for a, b in zip(attached, no_halting_loss))

@@ -410,3 +410,12 @@ def test_a_report_for_another_paper_goes_beside_it_not_over_it(sweep):
     assert plain == root / "report" and (plain / "table.md").is_file()
     assert "paper: stopping" not in (plain / "table.md").read_text()
     assert (report / "table.md").read_text() == before
+
+
+def test_a_zero_spread_is_said_not_shown_as_an_interval():
+    from looplab.report.tables import cell
+
+    same = {"n": 5, "mean": 8.0, "std": 0.0, "ci_lo": 8.0, "ci_hi": 8.0}
+    assert cell(same, 2) == "8.00 (all 5 seeds equal)"
+    spread = {**same, "std": 0.5, "ci_lo": 7.4, "ci_hi": 8.6}
+    assert cell(spread, 2) == "8.00 ± 0.50 [7.40, 8.60]"
