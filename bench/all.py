@@ -29,6 +29,7 @@ BENCHMARKS = (
     "compaction",
     "eval_grid",
     "halting",
+    "halting_inference",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 

@@ -511,9 +511,9 @@ def _demo(args) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The parsed command line; ``looplab analyze RUN_DIR`` is the mechanistic analysis."""
+    """The parsed command line; ``looplab analyze [OPTIONS] RUN_DIR`` is the mechanistic analysis."""
     argv = list(argv)
-    if len(argv) >= 2 and argv[0] == "analyze" and argv[1] not in ANALYSES and not argv[1].startswith("-"):
+    if len(argv) >= 2 and argv[0] == "analyze" and argv[1] not in ANALYSES and argv[1] not in ("-h", "--help"):
         argv.insert(1, "mechanistic")
     return _parser().parse_args(argv)
 

@@ -31,6 +31,8 @@ def is_sweep_dir(path: Path) -> bool:
 def load_run_config(run_dir: str | Path) -> Config:
     """The resolved config saved in a run directory."""
     path = Path(run_dir) / CONFIG_FILE
+    if Path(run_dir).is_file():
+        raise LooplabError(f"{run_dir} is a file, not a run dir")
     if not Path(run_dir).is_dir():
         raise LooplabError(f"run dir not found: {run_dir}")
     if not path.is_file():

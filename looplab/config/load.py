@@ -97,7 +97,10 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
             f"{', '.join(f'{folder}/…' for folder in folders)})"
         )
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if text.startswith("\ufeff"):  # a byte-order mark (some Windows editors write one): TOML has none
+            raise LooplabError(f"{what} {path} starts with a UTF-8 byte-order mark; save it as UTF-8 without BOM")
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise LooplabError(f"{what} {path} is not valid TOML: {err}") from None
     except UnicodeDecodeError:

@@ -32,6 +32,7 @@ trains the head alone.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -128,9 +129,9 @@ class SegmentHalting(Schedule):
 
         return self.parallel.draw_rows(draw, rows)
 
+    @abstractmethod
     def halting_loss(self, model, end: SegmentEnd, q: Tensor) -> Tensor:
         """[R] the head's loss at a segment end, from its logits ``q`` [R, outputs]."""
-        raise NotImplementedError
 
     def training_loss(self, model, batch, generator, probe=False):
         k = self.context.segment_loops

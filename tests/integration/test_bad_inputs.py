@@ -34,6 +34,7 @@ def world(tmp_path_factory):
     (root / "not_utf8.toml").write_bytes(b"\xff\xfe[task]\n")
     (root / "broken.toml").write_text("[task\nname = 1\n")
     (root / "a_file").write_text("not a directory")
+    (root / "bom.toml").write_bytes(b"\xef\xbb\xbf[task]\nname = 'copy'\n")
     no_config = root / "no_config"
     no_config.mkdir()
     for name, text in {
@@ -160,6 +161,8 @@ CASES = [
     ),
     ("train {cfg} --set task.name=kjv --out {new}", 2, "it needs model.causal = true"),
     ("pool sudoku4 --sizes 30 --count 1 --out {new}", 2, "--sizes must be 1..11 for sudoku4, got [30]"),
+    ("config show {root}/bom.toml", 2, "starts with a UTF-8 byte-order mark; save it as UTF-8 without BOM"),
+    ("eval {root}/a_file", 2, "a_file is a file, not a run dir"),
     ("pool sudoku4 --sizes 3 --count 0 --out {new}", 2, "--count must be >= 1, got 0"),
     ("pool nope --sizes 3 --count 1 --out {new}", 2, "unknown task 'nope'; valid choices: binary_addition"),
     ("pool sudoku4 --sizes 3 --count 1 --out {root}", 2, "must be a file path in an existing directory"),

@@ -174,3 +174,19 @@ def test_every_command_shows_examples_that_parse_and_name_real_presets():
                             plugins.enter_context(installed(family, name))
                     check_config(load_config(args.config, args.set))  # the example would start
     assert "scaled" not in SCHEDULES  # the plugins were there for the check only
+
+
+@pytest.mark.parametrize(
+    "argv, kind",
+    [
+        (["analyze", "RUN"], "mechanistic"),
+        (["analyze", "--loops", "4", "RUN"], "mechanistic"),  # options before the run dir
+        (["analyze", "spectral", "RUN", "--loops", "4"], "spectral"),
+        (["analyze", "pca", "RUN"], "pca"),
+    ],
+)
+def test_analyze_without_a_kind_is_the_mechanistic_analysis(argv, kind):
+    from looplab.cli import parse
+
+    args = parse(argv)
+    assert args.kind == kind and args.run_dir == "RUN"
