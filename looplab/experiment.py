@@ -28,7 +28,7 @@ from looplab.regularisers import Regulariser, build_regularisers, complete_stabi
 from looplab.rundir import load_run_config
 from looplab.schedules import SCHEDULES, DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
-from looplab.tasks.pool import PooledTask, pool_header
+from looplab.tasks.pool import PooledTask, check_pool_task, pool_header
 
 __all__ = ["Experiment", "check_config", "check_device", "all_finite", "training_depth"]
 
@@ -89,11 +89,7 @@ def check_config(config: Config) -> None:
 def check_pool(config: Config) -> None:
     """A one-line error when ``task.pool`` is not a pool of this task, or holds sizes training never draws."""
     header = pool_header(config.task.pool)
-    if (header.task, header.alphabet) != (config.task.name, config.task.alphabet):
-        raise LooplabError(
-            f"task.pool {config.task.pool} holds {header.task} (alphabet {header.alphabet}), "
-            f"not {config.task.name} (alphabet {config.task.alphabet})"
-        )
+    check_pool_task(config.task.pool, header, config.task.name, config.task.alphabet)
     outside = sorted(n for n in header.sizes if not config.task.train_min <= n <= config.task.train_max)
     if outside:
         raise LooplabError(

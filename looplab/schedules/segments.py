@@ -81,9 +81,11 @@ class SegmentRun:
 
 
 def whole_answer_correct(logits: Tensor, labels: Tensor) -> Tensor:
-    """[R] bool: every answer position of each row predicted right (logits [R, L, V], labels [R, L])."""
+    """[R] bool: every answer position of each row predicted right (logits [R, L, V], labels [R, L]);
+    a position whose logits are not finite counts as wrong, as in the evaluation grid."""
     answer = labels != IGNORE
-    return ((logits.argmax(-1) == labels) | ~answer).all(dim=-1)
+    prediction = torch.where(torch.isfinite(logits).all(dim=-1), logits.argmax(-1), -1)
+    return ((prediction == labels) | ~answer).all(dim=-1)
 
 
 def supervise_segments(

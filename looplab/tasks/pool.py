@@ -58,6 +58,14 @@ def pool_header(path: str | Path) -> PoolHeader:
     return PoolHeader(meta["task"], int(meta["alphabet"]), int(meta["seed"]), sizes)
 
 
+def check_pool_task(path: str | Path, header: PoolHeader, task_name: str, alphabet: int) -> None:
+    """A one-line error when the pool at ``path`` holds another task (or alphabet) than the run trains."""
+    if (header.task, header.alphabet) != (task_name, alphabet):
+        raise LooplabError(
+            f"task.pool {path} holds {header.task} (alphabet {header.alphabet}), not {task_name} (alphabet {alphabet})"
+        )
+
+
 def _draw_chunk(task_name: str, alphabet: int, n: int, rows: int, seed: int, chunk: int) -> tuple[Tensor, Tensor]:
     torch.set_num_threads(1)
     task = make_task(task_name, alphabet)
@@ -107,11 +115,7 @@ class PooledTask(Task):
 
     def __init__(self, task: Task, path: str | Path):
         header = pool_header(path)
-        if (header.task, header.alphabet) != (task.name, task.alphabet):
-            raise LooplabError(
-                f"task.pool {path} holds {header.task} (alphabet {header.alphabet}), "
-                f"not {task.name} (alphabet {task.alphabet})"
-            )
+        check_pool_task(path, header, task.name, task.alphabet)
         tensors = load_file(str(path))
         self.rows = {n: (tensors[f"tokens.{n}"], tensors[f"labels.{n}"]) for n in header.sizes}
         self.task = task

@@ -233,3 +233,11 @@ def test_a_detached_head_trains_itself_and_leaves_the_model_to_the_answer_loss(n
     attached = model_gradients()
     assert all(torch.allclose(a, b) for a, b in zip(detached, no_halting_loss))
     assert not all(torch.allclose(a, b) for a, b in zip(attached, no_halting_loss))
+
+
+def test_a_non_finite_answer_is_wrong():
+    from looplab.schedules.segments import whole_answer_correct
+
+    labels = torch.tensor([[-100, 1, 0], [-100, 1, 0]])
+    logits = torch.tensor([[[0.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [float("nan"), 1.0], [1.0, 0.0]]])
+    assert whole_answer_correct(logits, labels).tolist() == [True, False]

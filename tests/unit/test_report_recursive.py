@@ -11,7 +11,7 @@ def _runs(policy: dict[str, list[float]], on_off: dict[str, tuple[list[float], l
     rows = []
     for arm, values in policy.items():
         for seed, value in enumerate(values):
-            row = {"variant": f"sudoku4-{arm}", "run.seed": 200 + seed, "policy_id": value}
+            row = {"variant": arm, "run.seed": 200 + seed, "policy_id": value}
             if on_off and arm in on_off:
                 on, off = on_off[arm]
                 row.update(
