@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from looplab.errors import LooplabError
 from looplab.model.halting import (
@@ -74,7 +74,7 @@ class HaltingSample:
 
 
 class LearnedHalting(Schedule):
-    """Shared parts: the hazard head and the argmax-π test-time rule."""
+    """Shared parts: T_max, the halting head and its learning rate, and the argmax-π test-time rule."""
 
     @dataclass
     class Params:
@@ -100,7 +100,11 @@ class LearnedHalting(Schedule):
                 f"the {self.name} schedule needs the model width for its halting head; "
                 "pass ScheduleContext(d_model=...)"
             )
-        self.module = HazardHead(context.d_model)
+        self.module = self.make_head(context.d_model)
+
+    def make_head(self, d_model: int) -> nn.Module:
+        """The halting head, trained and checkpointed with the model."""
+        return HazardHead(d_model)
 
     def hazard_logit(self, h, valid):
         return self.module(h, valid)

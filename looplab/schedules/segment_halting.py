@@ -42,8 +42,9 @@ from torch import Tensor, nn
 
 from looplab.errors import LooplabError
 from looplab.model.halting import masked_mean_pool
-from looplab.params import NON_NEGATIVE, POSITIVE, UNIT, at_least, param
-from looplab.schedules.base import Schedule, StepOutput, register_schedule
+from looplab.params import NON_NEGATIVE, UNIT, param
+from looplab.schedules.base import StepOutput, register_schedule
+from looplab.schedules.halting import LearnedHalting
 from looplab.schedules.segments import SegmentEnd, supervise_segments
 
 
@@ -61,15 +62,15 @@ class QHead(nn.Module):
         return self.linear(masked_mean_pool(h, valid))
 
 
-class SegmentHalting(Schedule):
-    """Shared parts: N_sup, the exploration draw, the segment-end test-time rule."""
+class SegmentHalting(LearnedHalting):
+    """Shared parts: the exploration draw, the segment-end test-time rule (T_max, the head's learning rate
+    and the width check as for every learned halting rule)."""
 
     deep_supervision = "required"
     outputs: ClassVar[int] = 1
 
     @dataclass
-    class Params:
-        t_max: int = param(20, at_least(1), "T_max: the deepest a row may run, in training and at test time")
+    class Params(LearnedHalting.Params):
         halt_exploration_prob: float = param(
             0.1, UNIT, "the share of rows that may not halt before a segment count drawn from 2..N_sup"
         )
@@ -80,28 +81,17 @@ class SegmentHalting(Schedule):
         head_gradient: bool = param(
             True, doc="the halting loss trains the model through the head, as in TRM and HRM (false: detached state)"
         )
-        lr_scale: float = param(1.0, POSITIVE, "the halting head's learning rate as a multiple of the model's")
-
-    @classmethod
-    def test_depth_bound(cls, params):
-        return params.t_max
-
-    @classmethod
-    def training_depth(cls, params, deepest):
-        return params.t_max
-
-    @property
-    def lr_scale(self) -> float:
-        return self.params.lr_scale
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
-        if context.d_model is None or context.segment_loops < 1 or self.params.t_max % context.segment_loops:
+        if context.segment_loops < 1 or self.params.t_max % context.segment_loops:
             raise LooplabError(
-                f"the {self.name} schedule needs the model width and train.segment_loops > 0 dividing "
-                f"schedule.t_max = {self.params.t_max}; pass ScheduleContext(d_model=..., segment_loops=...)"
+                f"the {self.name} schedule needs train.segment_loops > 0 dividing schedule.t_max = "
+                f"{self.params.t_max}; pass ScheduleContext(segment_loops=...)"
             )
-        self.module = QHead(context.d_model, self.outputs)
+
+    def make_head(self, d_model):
+        return QHead(d_model, self.outputs)
 
     @property
     def halt_every(self) -> int:
