@@ -136,6 +136,13 @@ def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: i
         yield task.sample(length, min(batch_size, samples - start), generator)
 
 
+def draw_eval_batches(
+    task: Task, lengths: list[int], samples: int, batch_size: int, seed: int
+) -> dict[int, list[TaskBatch]]:
+    """Every length's :func:`eval_batches`, drawn once, for evaluations that read the same instances twice."""
+    return {n: list(eval_batches(task, n, samples, batch_size, seed)) for n in lengths}
+
+
 def evaluate_lengths(
     model: LoopedTransformer,
     task: Task,
@@ -146,10 +153,12 @@ def evaluate_lengths(
     batch_size: int,
     seed: int,
     progress: bool = False,
+    drawn: dict[int, list[TaskBatch]] | None = None,
 ) -> list[LengthOutcome]:
     """Evaluate ``samples`` fresh instances per length (drawn by :func:`eval_batches`).
 
-    ``progress`` shows a bar over the evaluation batches (on a terminal).
+    ``progress`` shows a bar over the evaluation batches (on a terminal). ``drawn`` holds the same
+    instances already drawn (:func:`draw_eval_batches`), so a slow generator is not run twice.
     """
     device = next(model.parameters()).device
     was_training = model.training
@@ -158,7 +167,7 @@ def evaluate_lengths(
     bar = Progress("eval", len(lengths) * math.ceil(samples / batch_size), unit="batch", enabled=progress)
     for n in lengths:
         parts: dict[str, list[Tensor]] = {}
-        for batch in eval_batches(task, n, samples, batch_size, seed):
+        for batch in drawn[n] if drawn is not None else eval_batches(task, n, samples, batch_size, seed):
             for name, value in unroll_outcomes(model, batch.to(device), max_loops, schedule).items():
                 parts.setdefault(name, []).append(value.cpu())
             bar.advance(detail=f"length {n}")

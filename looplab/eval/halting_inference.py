@@ -26,10 +26,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from looplab.eval.grid import eval_batches
 from looplab.schedules import Schedule
 from looplab.schedules.segments import whole_answer_correct
-from looplab.tasks import Task, TaskBatch
+from looplab.tasks import TaskBatch
 
 
 @torch.no_grad()
@@ -80,17 +79,8 @@ def halting_cap(schedule: Schedule, max_loops: int) -> int | None:
     return None if bound is None else min(bound, max_loops)
 
 
-def halting_frame(
-    model,
-    task: Task,
-    schedule: Schedule,
-    lengths: list[int],
-    max_loops: int,
-    samples: int,
-    batch_size: int,
-    seed: int,
-) -> pd.DataFrame:
-    """Halting on against off per length, on :func:`eval_batches`' instances.
+def halting_frame(model, schedule: Schedule, drawn: dict[int, list[TaskBatch]], max_loops: int) -> pd.DataFrame:
+    """Halting on against off per length, on the evaluation's instances (:func:`draw_eval_batches`).
 
     Returns:
         one row per length: ``samples``; ``on_accuracy``, ``on_depth_mean``, ``on_seconds``;
@@ -101,10 +91,10 @@ def halting_frame(
     was_training = model.training
     model.eval()
     rows = []
-    for n in lengths:
+    for n, batches in drawn.items():
         on_correct, on_depth, off_correct = [], [], []
         on_seconds = off_seconds = 0.0
-        for batch in eval_batches(task, n, samples, batch_size, seed):
+        for batch in batches:
             batch = batch.to(device)
             began = time.perf_counter()
             correct, depth = halting_on(model, schedule, batch, cap)
@@ -117,7 +107,7 @@ def halting_frame(
         rows.append(
             {
                 "length": n,
-                "samples": samples,
+                "samples": sum(len(batch.tokens) for batch in batches),
                 "on_accuracy": float(torch.cat(on_correct).float().mean()),
                 "on_depth_mean": float(torch.cat(on_depth).float().mean()),
                 "on_seconds": on_seconds,

@@ -10,7 +10,7 @@ from pathlib import Path
 from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
 from looplab.eval.exits import ExitSettings
-from looplab.eval.grid import evaluate_lengths, grid_frame, policy_depth_frame
+from looplab.eval.grid import draw_eval_batches, evaluate_lengths, grid_frame, policy_depth_frame
 from looplab.eval.halting_inference import halting_cap, halting_frame, halting_summary
 from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
@@ -85,6 +85,9 @@ def evaluate_run(
             f"{samples} samples per length",
             flush=True,
         )
+    # the halting comparison reads the same instances again: draw them once
+    has_head = exp.schedule.module is not None and halting_cap(exp.schedule, max_loops) is not None
+    drawn = draw_eval_batches(exp.task, lengths, samples, config.eval.batch_size, config.run.seed) if has_head else None
     outcomes = evaluate_lengths(
         exp.model,
         exp.task,
@@ -95,6 +98,7 @@ def evaluate_run(
         config.eval.batch_size,
         config.run.seed,
         progress,
+        drawn,
     )
     settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, max_loops), config.eval.convergence_eps)
     summary = summarize(outcomes, config.task.train_max, settings, config.eval.flip_from)
@@ -109,10 +113,8 @@ def evaluate_run(
     )
     out.mkdir(parents=True, exist_ok=True)
     with staged(out) as stage:  # all of this evaluation's files, or (a full disk, a crash) none
-        if exp.schedule.module is not None and halting_cap(exp.schedule, max_loops) is not None:
-            halting = halting_frame(
-                exp.model, exp.task, exp.schedule, lengths, max_loops, samples, config.eval.batch_size, config.run.seed
-            )
+        if drawn is not None:
+            halting = halting_frame(exp.model, exp.schedule, drawn, max_loops)
             summary["halting_inference"] = halting_summary(halting, config.task.train_max)
             atomic_write(stage / "halting.csv", lambda p: halting.to_csv(p, index=False))
         if scaling:

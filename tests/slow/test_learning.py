@@ -76,6 +76,7 @@ def test_rl_halting_learns_in_distribution(tmp_path):
 def test_act_bce_learns_and_halts_before_t_max_where_the_answer_is_already_right(tmp_path):
     """TRM's halting head under deep supervision: the model learns, and with halting applied per row the
     short additions leave early at no cost in accuracy."""
+    from looplab.eval.grid import draw_eval_batches
     from looplab.eval.halting_inference import halting_frame
 
     config = load_config(
@@ -92,7 +93,8 @@ def test_act_bce_learns_and_halts_before_t_max_where_the_answer_is_already_right
         ],
     )
     exp = train(config, tmp_path / "run", progress=False)
-    frame = halting_frame(exp.model, exp.task, exp.schedule, [2, 5, 8], 16, 256, 256, config.run.seed)
+    drawn = draw_eval_batches(exp.task, [2, 5, 8], 256, 256, config.run.seed)
+    frame = halting_frame(exp.model, exp.schedule, drawn, 16)
     assert (frame.on_accuracy >= 0.9).all(), frame
     assert (frame.on_accuracy >= frame.off_accuracy - 0.02).all(), frame
     shortest, longest = frame.on_depth_mean.iloc[0], frame.on_depth_mean.iloc[-1]
