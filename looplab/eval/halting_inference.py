@@ -67,10 +67,7 @@ def halting_on(model, schedule: Schedule, batch: TaskBatch, cap: int) -> tuple[T
 @torch.no_grad()
 def halting_off(model, batch: TaskBatch, cap: int) -> Tensor:
     """[B] bool: every row run to ``cap`` loops and read there."""
-    h, e, ctx = model.start(batch.tokens, batch.valid)
-    for _ in range(cap):
-        h = model.step(h, e, ctx)
-    return whole_answer_correct(model.readout(h, ctx), batch.labels)
+    return whole_answer_correct(model(batch.tokens, batch.valid, cap), batch.labels)
 
 
 def halting_cap(schedule: Schedule, max_loops: int) -> int | None:
