@@ -1,24 +1,28 @@
-"""Generation from a looped LM: cached against uncached, adaptive exits against a fixed depth, cache memory by depth.
+"""Generation from a looped LM: cached against uncached, exits and caches at matched quality, cache memory by depth.
 
-On a byte-level looped LM of the stars-lm study (``--run-dir``, or the
-``stars-lm/post_sandwich-lognormal`` preset trained here for ``--steps`` steps:
-RMSNorm post-sandwich core of 2 layers, d 64, log-normal loops in [1, 16]):
+On a byte-level looped LM (``--run-dir``, or the ``generation/kjv_trace`` preset
+trained here for ``--steps`` steps: the stars-lm study's log-normal model, RMSNorm
+post-sandwich core of 2 layers, d 64, loops in [1, 16], trained on KJV text and
+chain-arithmetic problems answered with the value after every step):
 
 1. **Cache**: tokens/s (median of 3) of greedy generation at a fixed 4 loops with the
    ``per_loop`` cache against recomputing every sequence at every step (``none``), on 8 KJV
    validation windows of 32 bytes continued by 32, and of 128 continued by 128; the two
    paths must produce the same tokens.
-2. **Exits**: chain-arithmetic problems of 1..4 steps (``--problems`` in all),
-   decoded for real (greedy, stopped at the newline that ends an answer), scored
-   by exact match of the answer text; the fixed exit at 4 loops against
-   ``convergence``, ``kl`` and ``confidence`` capped at 16 loops, with the mean
-   loops per token and tokens/s. ``shared`` beside ``per_loop`` at each exit.
-3. **Memory**: bytes of keys and values held by each policy at 4, 16 and 64 loops
+2. **Reasoning by real decoding**: ``--problems`` chain-trace problems of each of 1..4
+   steps (an n-step answer is n digits and a newline), answered greedily with a depth per
+   token; exact match, answer-token accuracy, loops per token and tokens/s, for fixed
+   depths and the adaptive exits (cap 16), under each cache policy (``last_m`` keeps 2
+   loops per token). For each adaptive exit, the cheapest fixed depth whose exact match
+   is at least as high, and the tokens/s of the two.
+3. **Text**: the teacher-forced loss (nats per byte) of 8 KJV validation passages of 64
+   bytes, every byte read at the depth its exit chooses (:func:`looplab.generation.score`).
+4. **Memory**: bytes of keys and values held by each policy at 4, 16 and 64 loops
    (batch 8, 32 + 32 tokens).
 
 Goal: the cached path ≥ 2× the uncached one's tokens/s at 128 + 128 bytes. The rest is reported.
 
-    python bench/generate.py [--run-dir RUN] [--steps 800] [--problems 64]
+    python bench/generate.py [--run-dir RUN] [--steps 800] [--problems 32]
 """
 
 from __future__ import annotations
@@ -34,14 +38,23 @@ from pathlib import Path
 from timing import machine_line, print_measure, print_table, print_verdict, setup
 
 from looplab.experiment import Experiment
-from looplab.generation import ExitRule, Sampling, generate
-from looplab.generation.text import cut_at_stop, decode, encode
+from looplab.generation import ExitRule, generate, score
+from looplab.generation.reasoning import decode_answers
 from looplab.seeding import derive_generator
-from looplab.tasks.reasoning import draw_problems
+from looplab.tasks.reasoning import ChainTrace
 from looplab.tasks.text import BYTE_OFFSET
 
 GOAL = 2.0
-PRESET = "stars-lm/post_sandwich-lognormal"
+PRESET = "generation/kjv_trace"
+CAP = 16
+FIXED_DEPTHS = (1, 2, 4, 8)
+ADAPTIVE = (
+    ExitRule("kl", CAP, eps=0.01),
+    ExitRule("convergence", CAP, eps=0.05),
+    ExitRule("confidence", CAP, threshold=0.9),
+)
+CACHES = ("per_loop", "last_m", "shared")
+KEEP_LOOPS = 2
 
 
 def kjv_prompts(exp: Experiment, count: int, length: int) -> list[list[int]]:
@@ -60,27 +73,25 @@ def timed(model, prompts, tokens, rule, cache, repeats: int = 3):
     return result, sum(len(row) for row in result.tokens) / statistics.median(seconds)
 
 
-def arithmetic(model, problems, rule, cache):
-    """(exact match, mean depth, tokens/s) of greedy answers to ``problems`` stopped at the newline."""
-    prompts = [encode(question) for question, _ in problems]
+def label(rule: ExitRule) -> str:
+    if rule.name == "fixed":
+        return f"fixed {rule.loops}"
+    setting = f"threshold {rule.threshold}" if rule.name == "confidence" else f"eps {rule.eps}"
+    return f"{rule.name}, {setting}, cap {rule.loops}"
 
-    def finished(ids):
-        return cut_at_stop(decode(ids), ["\n"]) is not None
 
+def reasoning(model, problems, rule, cache):
+    """(decoded answers, tokens/s) of greedy answers to ``problems``."""
     began = time.perf_counter()
-    result = generate(model, prompts, 4, rule, cache, Sampling(), finished)
-    seconds = time.perf_counter() - began
-    texts = [cut_at_stop(decode(ids), ["\n"]) or decode(ids) for ids in result.tokens]
-    correct = sum(text == answer for text, (_, answer) in zip(texts, problems))
-    count = sum(len(row) for row in result.tokens)
-    return correct / len(problems), result.mean_depth, count / seconds
+    answers = decode_answers(model, problems, rule, cache, KEEP_LOOPS)
+    return answers, answers.tokens / (time.perf_counter() - began)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", help="a trained byte-level LM run (default: train the preset here)")
     parser.add_argument("--steps", type=int, default=800, help="training steps when no run is given")
-    parser.add_argument("--problems", type=int, default=64, help="chain-arithmetic problems, 1..4 steps")
+    parser.add_argument("--problems", type=int, default=32, help="chain-trace problems per size, 1..4 steps")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     setup(args.threads, 0)
@@ -112,33 +123,71 @@ def main() -> None:
     sample = bytes(t - BYTE_OFFSET for t in cached.tokens[0] if t >= BYTE_OFFSET).decode("utf-8", "replace")
     print(f"   e.g. {sample[:60]!r}")
 
-    generator = derive_generator(0, "bench-generate", "arithmetic")
-    per = max(1, args.problems // 4)
-    problems = [p for n in range(1, 5) for p in draw_problems(n, per, generator)]
+    generator = derive_generator(0, "bench-generate", "trace")
+    problems = [p for n in range(1, 5) for p in ChainTrace().draw(n, args.problems, generator)]
+    rules = [ExitRule("fixed", k) for k in FIXED_DEPTHS] + list(ADAPTIVE)
+    rows, found = [], {}
+    for rule in rules:
+        for cache in CACHES:
+            answers, rate = reasoning(model, problems, rule, cache)
+            found[(rule, cache)] = (answers, rate)
+            tokens = [right for row in answers.token_correct for right in row]
+            rows.append(
+                [label(rule), cache, f"{100 * answers.exact_match:.1f}", f"{100 * sum(tokens) / len(tokens):.1f}",
+                 f"{answers.mean_depth:.2f}", f"{rate:.0f}"]
+            )  # fmt: skip
+    print(
+        f"2. chain trace, {len(problems)} problems of 1..4 steps (answers of 2..5 tokens), greedy, "
+        f"a depth per token; last_m keeps {KEEP_LOOPS} loops"
+    )
+    print_table(["exit", "cache", "exact match %", "answer tokens %", "loops per token", "tokens/s"], rows)
+    print("   matched quality (per_loop): the cheapest fixed depth with at least the adaptive exit's exact match")
+    matched = []
+    for rule in ADAPTIVE:
+        answers, rate = found[(rule, "per_loop")]
+        cheapest = next(
+            (
+                k
+                for k in FIXED_DEPTHS
+                if found[(ExitRule("fixed", k), "per_loop")][0].exact_match >= answers.exact_match
+            ),
+            None,
+        )
+        if cheapest is None:
+            matched.append([label(rule), f"{answers.mean_depth:.2f}", f"{rate:.0f}", "none of " + str(FIXED_DEPTHS)])
+            continue
+        fixed_rate = found[(ExitRule("fixed", cheapest), "per_loop")][1]
+        matched.append([label(rule), f"{answers.mean_depth:.2f}", f"{rate:.0f}", f"fixed {cheapest}",
+                        f"{fixed_rate:.0f}", f"{rate / fixed_rate:.2f}"])  # fmt: skip
+    print_table(
+        ["adaptive exit", "loops per token", "tokens/s", "matched by", "its tokens/s", "adaptive / fixed"], matched
+    )
+    kl = found[(ADAPTIVE[0], "per_loop")][0]
+    print(f"   by answer position, {label(ADAPTIVE[0])}, per_loop (position i is the value after step i + 1):")
+    print_table(
+        ["position", "token accuracy %", "loops", "answers"],
+        [[p, f"{100 * a:.1f}", f"{d:.2f}", c] for p, a, d, c in kl.by_position()],
+    )
+
+    passages = kjv_prompts(exp, 8, 64)
     rows = []
-    for rule in (
-        fixed,
-        ExitRule("convergence", 16, eps=0.05),
-        ExitRule("kl", 16, eps=0.01),
-        ExitRule("confidence", 16, threshold=0.9),
-    ):
-        for cache in ("per_loop", "shared"):
-            accuracy, depth, rate = arithmetic(model, problems, rule, cache)
-            label = rule.name if rule.name == "fixed" else f"{rule.name} (cap 16)"
-            rows.append([label, cache, f"{100 * accuracy:.1f}", f"{depth:.2f}", f"{rate:.0f}"])
-    print(f"2. chain arithmetic, {len(problems)} problems of 1..4 steps, greedy answers decoded to the newline")
-    print_table(["exit", "cache", "exact match %", "loops per token", "tokens/s"], rows)
+    for rule in [ExitRule("fixed", k) for k in FIXED_DEPTHS] + list(ADAPTIVE):
+        for cache in CACHES:
+            scored = score(model, passages, rule, cache, keep_loops=KEEP_LOOPS)
+            rows.append([label(rule), cache, f"{scored.mean_loss:.3f}", f"{scored.mean_depth:.2f}"])
+    print("3. KJV validation text, 8 passages of 64 bytes, teacher-forced, each byte at its exit's depth")
+    print_table(["exit", "cache", "loss (nats / byte)", "loops per byte"], rows)
 
     memory = []
     for loops in (4, 16, 64):
         sizes = [
-            generate(model, prompts, 32, ExitRule("fixed", loops), cache).cache_bytes / 2**20
-            for cache in ("per_loop", "shared")
+            generate(model, prompts, 32, ExitRule("fixed", loops), cache, keep_loops=KEEP_LOOPS).cache_bytes / 2**20
+            for cache in CACHES
         ]
-        memory.append([loops, f"{sizes[0]:.2f}", f"{sizes[1]:.2f}"])
-    print("3. keys and values held, MiB (batch 8, 32 + 32 tokens)")
-    print_table(["loops", "per_loop", "shared"], memory)
-    print_measure("per_loop / shared cache memory at 64 loops", float(memory[-1][1]) / float(memory[-1][2]))
+        memory.append([loops, *(f"{size:.2f}" for size in sizes)])
+    print("4. keys and values held, MiB (batch 8, 32 + 32 tokens)")
+    print_table(["loops", *(f"{c} ({KEEP_LOOPS})" if c == "last_m" else c for c in CACHES)], memory)
+    print_measure("per_loop / shared cache memory at 64 loops", float(memory[-1][1]) / float(memory[-1][3]))
     print_measure("cached / uncached generation tokens/s, 32 + 32 bytes", ratios[32])
     print_verdict("cached / uncached generation tokens/s, 128 + 128 bytes", ratios[128], GOAL)
 

@@ -192,12 +192,12 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument(
         "--study",
         default="stopping-confirm",
-        help="whose CSVs --collect rebuilds: stopping-confirm (default) or recursive-small",
+        help="whose CSVs --collect rebuilds: stopping-confirm (default), recursive-small, recursive-confirm, …",
     )
 
     generate = commands.add_parser(
         "generate",
-        help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic), a depth per token",
+        help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic, kjv_trace), depth per token",
     )
     generate.add_argument("run_dir", help="a trained run of a text task")
     generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
@@ -216,6 +216,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--threshold", type=float, default=0.9, help="max-probability of the confidence exit")
     generate.add_argument(
         "--cache", choices=(*POLICIES, "none"), default="per_loop", help="KV cache across loops (default per_loop)"
+    )
+    generate.add_argument(
+        "--keep-loops", type=int, default=2, help="loops kept per token by the last_m cache (default 2)"
     )
     generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
     generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
@@ -482,6 +485,7 @@ def _generate(args) -> None:
         args.cache,
         Sampling(args.temperature, args.top_k, args.seed),
         stops,
+        args.keep_loops,
     )
     for completion in completions:
         print(f"{completion.prompt!r} -> {completion.text!r}")

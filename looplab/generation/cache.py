@@ -12,6 +12,10 @@ says which of them a new token attends to (docs/methods.md §9):
                the keys and values of the last loop it ran, so an earlier token is
                read at its exit depth at every loop (Huginn's cache). Memory does
                not grow with depth.
+    last_m     each token keeps the keys and values of its last m loops (a ring of
+               m per core layer): a token at loop t reads an earlier token that
+               exited at depth e at loop clamp(t, e − m + 1, e). m = 1 is ``shared``;
+               m ≥ the cap is ``per_loop``. Memory is m × layers × tokens.
 
 Prelude and coda layers run once per token, so they have one cache each under
 both policies.
@@ -33,7 +37,7 @@ from torch import Tensor
 from looplab.errors import LooplabError
 from looplab.model.attention import SelfAttention, apply_rope
 
-POLICIES = ("per_loop", "shared")
+POLICIES = ("per_loop", "shared", "last_m")
 
 
 @dataclass
@@ -42,6 +46,52 @@ class LayerCache:
 
     k: Tensor
     v: Tensor
+
+    def write(self, rows: Tensor | slice, chunk: slice, k: Tensor, v: Tensor, loop: int) -> None:
+        """Store the new tokens' k, v [R, H, m, Dh] in slots ``chunk`` of ``rows``."""
+        self.k[rows, :, chunk] = k
+        self.v[rows, :, chunk] = v
+
+    def read(self, rows: Tensor | slice, chunk: slice, loop: int) -> tuple[Tensor, Tensor]:
+        """Keys and values [R, H, chunk.stop, Dh] of slots 0..chunk.stop − 1 that ``rows`` attend to at ``loop``
+        (the new tokens in ``chunk`` have just been written)."""
+        return self.k[rows, :, : chunk.stop], self.v[rows, :, : chunk.stop]
+
+
+@dataclass
+class RingLayerCache:
+    """A core layer's keys and values under ``last_m``: k, v [m, B, H, S, Dh], loop t in ring t mod m,
+    and ``last`` [B, S] long, the last loop written to each slot (0: none)."""
+
+    k: Tensor
+    v: Tensor
+    last: Tensor
+
+    def write(self, rows: Tensor | slice, chunk: slice, k: Tensor, v: Tensor, loop: int) -> None:
+        ring = loop % self.k.shape[0]
+        self.k[ring, rows, :, chunk] = k
+        self.v[ring, rows, :, chunk] = v
+        self.last[rows, chunk] = loop
+
+    def read(self, rows: Tensor | slice, chunk: slice, loop: int) -> tuple[Tensor, Tensor]:
+        keep, start, stop = self.k.shape[0], chunk.start, chunk.stop
+        own = loop % keep  # the new tokens were just written at this loop
+        last = self.last[rows, :start]  # [R, start]
+        ring = torch.minimum(torch.clamp(last - keep + 1, min=loop), last) % keep
+        earlier = ring[last > 0]  # slots never written are never attended
+        if earlier.numel() == 0 or bool((earlier == earlier[0]).all()):
+            # every earlier token is read from one ring (as at a fixed depth): slices, no gather
+            common = int(earlier[0]) if earlier.numel() else own
+            if common == own:
+                return self.k[own, rows, :, :stop], self.v[own, rows, :, :stop]
+            k = torch.cat([self.k[common, rows, :, :start], self.k[own, rows, :, start:stop]], dim=2)
+            v = torch.cat([self.v[common, rows, :, :start], self.v[own, rows, :, start:stop]], dim=2)
+            return k, v
+        ring = torch.cat([ring, torch.full_like(self.last[rows, start:stop], own)], dim=1)
+        index = torch.arange(self.k.shape[1], device=ring.device)[rows][:, None]
+        slots = torch.arange(stop, device=ring.device)[None, :]
+        # advanced indices split by the head slice land first: [R, S', H, Dh] → [R, H, S', Dh]
+        return self.k[ring, index, :, slots].transpose(1, 2), self.v[ring, index, :, slots].transpose(1, 2)
 
 
 @dataclass
@@ -59,7 +109,8 @@ class KVCache:
     """Every layer call's :class:`LayerCache` under one policy, created on first use.
 
     Keys are (site, loop, index): site ``prelude``, ``core`` or ``coda``; loop 0 for the
-    prelude and coda, and for the core under ``shared``.
+    prelude and coda, and for the core under ``shared`` and ``last_m`` (whose core layers are
+    :class:`RingLayerCache` of ``keep_loops`` loops).
     """
 
     policy: str
@@ -69,7 +120,8 @@ class KVCache:
     slots: Slots
     dtype: torch.dtype
     device: torch.device
-    layers: dict[tuple[str, int, int], LayerCache] = field(default_factory=dict)
+    keep_loops: int = 2
+    layers: dict[tuple[str, int, int], LayerCache | RingLayerCache] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,12 +130,17 @@ class KVCache:
     def key(self, site: str, loop: int, index: int) -> tuple[str, int, int]:
         return (site, loop if site == "core" and self.policy == "per_loop" else 0, index)
 
-    def layer(self, site: str, loop: int, index: int) -> LayerCache:
+    def layer(self, site: str, loop: int, index: int) -> LayerCache | RingLayerCache:
         key = self.key(site, loop, index)
         if key not in self.layers:
             shape = (self.batch, self.heads, self.slots.positions.shape[1], self.head_dim)
-            zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self.layers[key] = LayerCache(zeros, zeros.clone())
+            if site == "core" and self.policy == "last_m":
+                zeros = torch.zeros((self.keep_loops, *shape), dtype=self.dtype, device=self.device)
+                last = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
+                self.layers[key] = RingLayerCache(zeros, zeros.clone(), last)
+            else:
+                zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                self.layers[key] = LayerCache(zeros, zeros.clone())
         return self.layers[key]
 
     def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int, layers: int) -> None:
@@ -124,9 +181,10 @@ def cached_attention(
     x: Tensor,
     rows: Tensor | slice,
     chunk: slice,
-    cache: LayerCache,
+    cache: LayerCache | RingLayerCache,
     allowed: Tensor,
     rope: tuple[Tensor, Tensor] | None,
+    loop: int = 0,
 ) -> Tensor:
     """Self-attention of new tokens over the cache, writing their keys and values first.
 
@@ -136,6 +194,7 @@ def cached_attention(
         cache: this layer call's keys and values, [B, H, S, Dh].
         allowed: [R, m, chunk.stop] bool, from :func:`visible`.
         rope: (cos, sin) [R, m, Dh] for the new tokens' own positions, or None.
+        loop: the core loop these tokens are at (what a ``last_m`` cache reads; 0 elsewhere).
 
     Returns:
         [R, m, d]: the attention sublayer's output (before its residual).
@@ -146,9 +205,8 @@ def cached_attention(
     if rope is not None:
         cos, sin = (t[:, None] for t in rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    cache.k[rows, :, chunk] = k
-    cache.v[rows, :, chunk] = v
-    keys, values = cache.k[rows, :, : chunk.stop], cache.v[rows, :, : chunk.stop]
+    cache.write(rows, chunk, k, v, loop)
+    keys, values = cache.read(rows, chunk, loop)
     scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     y = scores.softmax(dim=-1) @ values

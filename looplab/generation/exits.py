@@ -9,16 +9,19 @@ returns [R] bool: stop here. Loop ``cap`` always stops.
     convergence  ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps                      (t ≥ 2)
     kl           KL(p_t ‖ p_{t−1}) < eps: the distribution settled   (t ≥ 2)
     confidence   max p_t ≥ threshold
+    halting      the run's own halting head says halt on the token's state (its logit > 0,
+                 at the loops where its schedule decides: every segment's end for act_bce
+                 and q_halt, every loop for rl_halting and pondernet)
 
 A rule is a registered :class:`TokenExit`: add one with ``@register_token_exit(name,
-reads_logits=..., first_loop=...)`` on a function ``(rule, h, h_prev, logp, logp_prev) -> [R] bool``
-(``rule`` is the :class:`ExitRule`, for its ``eps`` and ``threshold``), in a plugin module.
+reads_logits=..., first_loop=...)`` on a function ``(rule, t, h, h_prev, logp, logp_prev) -> [R] bool``
+(``rule`` is the :class:`ExitRule`, for its ``eps``, ``threshold`` and ``halts``), in a plugin module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -55,33 +58,45 @@ def register_token_exit(name: str, reads_logits: bool, first_loop: int = 1):
 
 
 @register_token_exit("fixed", reads_logits=False)
-def _fixed(rule, h, h_prev, logp, logp_prev):
+def _fixed(rule, t, h, h_prev, logp, logp_prev):
     return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)  # only the cap stops it
 
 
 @register_token_exit("convergence", reads_logits=False, first_loop=2)
-def _convergence(rule, h, h_prev, logp, logp_prev):
+def _convergence(rule, t, h, h_prev, logp, logp_prev):
     return (h - h_prev).norm(dim=-1) < rule.eps * h.norm(dim=-1)
 
 
 @register_token_exit("kl", reads_logits=True, first_loop=2)
-def _kl(rule, h, h_prev, logp, logp_prev):
+def _kl(rule, t, h, h_prev, logp, logp_prev):
     return (logp.exp() * (logp - logp_prev)).sum(-1) < rule.eps
 
 
 @register_token_exit("confidence", reads_logits=True)
-def _confidence(rule, h, h_prev, logp, logp_prev):
+def _confidence(rule, t, h, h_prev, logp, logp_prev):
     return logp.max(dim=-1).values.exp() >= rule.threshold
+
+
+@register_token_exit("halting", reads_logits=False)
+def _halting(rule, t, h, h_prev, logp, logp_prev):
+    if rule.halts is None:
+        raise LooplabError("the halting exit needs the run's halting head (a run trained with a halting schedule)")
+    return rule.halts(h, t)
 
 
 @dataclass(frozen=True)
 class ExitRule:
-    """A per-token exit: its ``name`` (a key of :data:`EXITS`), the loop cap and its threshold."""
+    """A per-token exit: its ``name`` (a key of :data:`EXITS`), the loop cap and its threshold.
+
+    ``halts`` (the ``halting`` exit's): ``(h [R, d], t) -> [R] bool``, the run's halting head's
+    decision on each token's state after loop t (:func:`looplab.generation.text.head_halts`).
+    """
 
     name: str = "fixed"
     loops: int = 4  # the fixed depth, or the cap of an adaptive exit
     eps: float = 1e-3
     threshold: float = 0.9
+    halts: Callable[[Tensor, int], Tensor] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.name not in EXITS:
@@ -105,4 +120,4 @@ class ExitRule:
         entry = EXITS[self.name]
         if t < entry.first_loop:
             return torch.zeros(rows, dtype=torch.bool, device=h.device)
-        return entry.stops(self, h, h_prev, logp, logp_prev)
+        return entry.stops(self, t, h, h_prev, logp, logp_prev)

@@ -9,19 +9,24 @@ stops at its first stop string (kept in its text), or after ``max_new_tokens``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
+from torch import Tensor
 
 from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.generation.decode import GREEDY, Generation, Sampling, generate
 from looplab.generation.exits import ExitRule
+from looplab.schedules import Schedule
 from looplab.tasks.base import START
+from looplab.tasks.reasoning import ChainArithmetic
 from looplab.tasks.text import BYTE_OFFSET, KJVText
 
-#: the byte-level tasks whose runs can be prompted with text
-TEXT_TASKS = ("kjv", "kjv_arithmetic", "chain_arithmetic")
+#: the byte-level tasks whose runs can be prompted with text (and any task built on them)
+TEXT_TASKS = ("kjv", "kjv_arithmetic", "kjv_trace", "chain_arithmetic", "chain_trace")
 
 
 def encode(text: str) -> list[int]:
@@ -57,6 +62,28 @@ def cut_at_stop(text: str, stops: list[str]) -> str | None:
     return text[: min(ends)] if ends else None
 
 
+def head_halts(schedule: Schedule):
+    """The ``halting`` exit's decision from a run's halting head: ``(h [R, d], t) -> [R] bool``, the head
+    read on each token's state alone (a sequence of one) at the loops its schedule decides at.
+
+    Raises LooplabError when the schedule has no head.
+    """
+    if schedule.module is None:
+        raise LooplabError(
+            f"the halting exit needs a halting head; this run's {schedule.name!r} schedule has none "
+            "(runs trained with act_bce, q_halt, rl_halting or pondernet have one)"
+        )
+    every = schedule.halt_every
+
+    def halts(h: Tensor, t: int) -> Tensor:
+        if t % every:
+            return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
+        valid = torch.ones(h.shape[0], 1, dtype=torch.bool, device=h.device)
+        return schedule.hazard_logit(h[:, None], valid) > 0
+
+    return halts
+
+
 def generate_text(
     run_dir: str | Path,
     prompts: list[str],
@@ -65,24 +92,29 @@ def generate_text(
     cache: str = "per_loop",
     sampling: Sampling = GREEDY,
     stops: list[str] = (),
+    keep_loops: int = 2,
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with the latest checkpoint of ``run_dir``.
 
-    ``exit_rule`` defaults to the run's fixed exit (``eval.fixed_exit``, the depth it is read at).
+    ``exit_rule`` defaults to the run's fixed exit (``eval.fixed_exit``, the depth it is read at); the
+    ``halting`` exit is given the run's halting head (:func:`head_halts`).
     """
     exp = Experiment.from_run(run_dir)
-    if not isinstance(exp.task, KJVText) and exp.task.name not in TEXT_TASKS:
+    if not isinstance(exp.task, (KJVText, ChainArithmetic)):
         raise LooplabError(
             f"run {run_dir} trains the {exp.task.name!r} task, whose tokens are not text; "
             f"generation reads runs of: {', '.join(TEXT_TASKS)}"
         )
     exit_rule = exit_rule or ExitRule("fixed", fixed_exit_depth(exp.config.eval.fixed_exit, exp.config.eval.max_loops))
+    if exit_rule.name == "halting":
+        exit_rule = replace(exit_rule, halts=head_halts(exp.schedule))
     stops = [s for s in stops if s]
 
     def finished(ids: list[int]) -> bool:
         return bool(stops) and cut_at_stop(decode(ids), stops) is not None
 
-    result = generate(exp.model, [encode(p) for p in prompts], max_new_tokens, exit_rule, cache, sampling, finished)
+    prompts_ids = [encode(p) for p in prompts]
+    result = generate(exp.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops)
     completions = []
     for prompt, ids, depths in zip(prompts, result.tokens, result.depths):
         text = decode(ids)

@@ -10,10 +10,18 @@ Decision rules, stated in the protocol before any run was read (Policy ID is the
     halting on − off   paired by seed (act_bce, q_halt): 95 % t-interval of the mean difference in ID
         accuracy; "halting costs accuracy" below 0, "halting is free" inside ±2 pp, else "not resolved";
         and the wall-time ratio off / on.
+
+The confirmatory study of the head's gradient (docs/results/recursive-confirm/PROTOCOL.md), the same way:
+
+    detaching the head        act_bce_detached − act_bce, q_halt_detached − q_halt: "helps" / "hurts"
+    detached head vs no head  act_bce_detached − ds_fixed, q_halt_detached − ds_fixed: "matches" when the
+                              interval lies within ±5 pp, else "better" / "worse" / "not resolved"
+    halting on − off          act_bce_detached, as above
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +59,18 @@ COMPARISONS = (
 PAIRED_ARMS = ("act_bce", "q_halt")
 #: halting on − off within this many points (both ends of the interval) is "free"
 FREE_PP = 2.0
+#: the confirmatory study's (docs/results/recursive-confirm/PROTOCOL.md): rule 1, then rule 2, whose
+#: interval within ±MATCH_PP points of 0 reads "matches"
+CONFIRM_COMPARISONS = (
+    ("detaching the head", "act_bce_detached", "act_bce", "helps", "hurts"),
+    ("detaching the head", "q_halt_detached", "q_halt", "helps", "hurts"),
+)
+CONFIRM_MATCHES = (
+    ("a detached head against no head", "act_bce_detached", "ds_fixed", "better", "worse"),
+    ("a detached head against no head", "q_halt_detached", "ds_fixed", "better", "worse"),
+)
+CONFIRM_PAIRED = ("act_bce_detached",)
+MATCH_PP = 5.0
 
 
 def _arm(results: pd.DataFrame) -> pd.Series:
@@ -71,22 +91,38 @@ def _pp(value: float) -> str:
     return "n/a" if not np.isfinite(value) else f"{100 * value:+.1f}"
 
 
-def decision_lines(results: pd.DataFrame) -> list[str]:
-    """The protocol's decisions, each with its interval and seed counts (undefined comparisons say why)."""
+def decision_lines(
+    results: pd.DataFrame,
+    comparisons=COMPARISONS,
+    paired_arms=PAIRED_ARMS,
+    matches=(),
+) -> list[str]:
+    """The protocol's decisions, each with its interval and seed counts (undefined comparisons say why).
+
+    ``comparisons`` read "above" / "below" when the Welch interval excludes 0; ``matches`` read
+    "matches" when it lies within ±MATCH_PP points, else as the comparisons; ``paired_arms`` get
+    halting on − off.
+    """
     lines = []
-    for question, arm, other, above, below in COMPARISONS:
+    for (question, arm, other, above, below), margin in [
+        *((c, None) for c in comparisons),
+        *((m, MATCH_PP) for m in matches),
+    ]:
         a, b = _values(results, arm, PRIMARY), _values(results, other, PRIMARY)
         if len(a) < 2 or len(b) < 2:
             lines.append(f"{question}: {arm} vs {other}: n/a ({len(a)} and {len(b)} seeds; needs 2 each)")
             continue
         low, high = welch_interval(a.to_numpy(), b.to_numpy())
-        verdict = above if low > 0 else below if high < 0 else "not resolved"
+        if margin is not None and -margin / 100 <= low and high <= margin / 100:
+            verdict = f"matches (within ±{margin:g} pp)"
+        else:
+            verdict = above if low > 0 else below if high < 0 else "not resolved"
         few = f" (few seeds: {min(len(a), len(b))})" if min(len(a), len(b)) < FEW_SEEDS else ""
         lines.append(
             f"{question}: {arm} − {other}, Policy ID {_pp(a.mean() - b.mean())} pp, Welch 95% "
             f"[{_pp(low)}, {_pp(high)}] ({len(a)} vs {len(b)} seeds){few}: {verdict}"
         )
-    for arm in PAIRED_ARMS:
+    for arm in paired_arms:
         on = _values(results, arm, "halting_inference.on_id")
         off = _values(results, arm, "halting_inference.off_id")
         seeds = on.index.intersection(off.index)
@@ -141,6 +177,8 @@ def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[st
 STUDY = "recursive-small"
 #: runs chosen after reading the study's (docs/results/recursive-small/exploratory-*.toml)
 EXPLORATORY = "recursive-small-exploratory"
+#: the confirmatory study of the head's gradient (docs/results/recursive-confirm/PROTOCOL.md)
+CONFIRM = "recursive-confirm"
 RUNS_FILE, HALTING_FILE = "runs.csv", "halting.csv"
 #: the per-seed columns of runs.csv: its name → the results.parquet column
 RUN_COLUMNS = {
@@ -164,9 +202,10 @@ RUN_COLUMNS = {
 }
 #: runs.csv columns only an arm with a halting head has
 HEAD_COLUMNS = ("on_id", "off_id", "on_ood", "off_ood", "on_id_depth", "on_ood_depth", "on_seconds", "off_seconds")
-ARM_ORDER = ("fixed", "ds_fixed", "act_bce", "q_halt", "rl_halting", "pondernet")
+ARM_ORDER = ("fixed", "ds_fixed", "act_bce", "act_bce_detached", "q_halt", "q_halt_detached", "rl_halting", "pondernet")
 
 
+@register_collector(CONFIRM)
 @register_collector(EXPLORATORY)
 @register_collector(STUDY)
 def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
@@ -243,21 +282,10 @@ def _cell(values: pd.Series, scale: float = 100.0, digits: int = 1, bounds=(0.0,
     return f"{mean:.{digits}f} ± {scale * values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-@register_block(f"{STUDY}/arms")
-def arms_block(results_dir: Path) -> str:
-    """Per arm: Policy and Oracle, halting on / off, depth and training cost (mean ± std [t-interval])."""
-    return arms_table(results_dir / STUDY)
-
-
-@register_block(f"{EXPLORATORY}/arms")
-def exploratory_arms_block(results_dir: Path) -> str:
-    """The exploratory runs' arms table (as :func:`arms_block`)."""
-    return arms_table(results_dir / EXPLORATORY)
-
-
-def arms_table(folder: Path) -> str:
-    """Per arm of ``folder/runs.csv``: Policy and Oracle, halting on / off, depth and training cost."""
-    runs = pd.read_csv(folder / RUNS_FILE)
+def arms_table(results_dir: Path, study: str) -> str:
+    """Per arm of the study's runs.csv: Policy and Oracle, halting on / off, depth and training cost
+    (mean ± std [t-interval])."""
+    runs = pd.read_csv(results_dir / study / RUNS_FILE)
     columns = [
         ("Policy ID (%)", "policy_id", 100, 1),
         ("Oracle ID (%)", "oracle_id", 100, 1),
@@ -283,8 +311,21 @@ def arms_table(folder: Path) -> str:
 @register_block(f"{STUDY}/decisions")
 def decisions_block(results_dir: Path) -> str:
     """The protocol's decisions, one line each, from runs.csv."""
-    runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
-    frame = pd.DataFrame(
+    return "\n".join(f"- {line}" for line in decision_lines(_decision_frame(results_dir / STUDY)))
+
+
+@register_block(f"{CONFIRM}/decisions")
+def confirm_decisions_block(results_dir: Path) -> str:
+    """The confirmatory protocol's decisions, one line each, from its runs.csv."""
+    frame = _decision_frame(results_dir / CONFIRM)
+    lines = decision_lines(frame, CONFIRM_COMPARISONS, CONFIRM_PAIRED, CONFIRM_MATCHES)
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def _decision_frame(folder: Path) -> pd.DataFrame:
+    """runs.csv in the columns :func:`decision_lines` reads."""
+    runs = pd.read_csv(folder / RUNS_FILE)
+    return pd.DataFrame(
         {
             "variant": runs["arm"],
             "run.seed": runs["seed"],
@@ -295,7 +336,6 @@ def decisions_block(results_dir: Path) -> str:
             },
         }
     )
-    return "\n".join(f"- {line}" for line in decision_lines(frame))
 
 
 @register_block(f"{STUDY}/by-size")
@@ -323,10 +363,10 @@ def by_size_block(results_dir: Path) -> str:
     return markdown_table(header, body)
 
 
-@register_block(f"{STUDY}/halting")
-def halting_block(results_dir: Path) -> str:
-    """Per arm with a head: halting on against off in distribution (accuracy, depth, wall time), seed means."""
-    runs = pd.read_csv(results_dir / STUDY / RUNS_FILE)
+def halting_table(results_dir: Path, study: str) -> str:
+    """Per arm of the study's runs.csv with a head: halting on against off in distribution (accuracy,
+    depth, wall time), seed means."""
+    runs = pd.read_csv(results_dir / study / RUNS_FILE)
     body = []
     for arm in _arms(runs):
         part = runs[runs.arm == arm].dropna(subset=["on_id", "off_id"])
@@ -357,3 +397,10 @@ def halting_block(results_dir: Path) -> str:
         "off / on time",
     ]
     return markdown_table(header, body)
+
+
+#: the tables each study's page shows (its blocks "<study>/arms", "<study>/halting")
+STUDY_TABLES = {STUDY: (arms_table, halting_table), EXPLORATORY: (arms_table,), CONFIRM: (arms_table, halting_table)}
+for _study, _tables in STUDY_TABLES.items():
+    for _table in _tables:
+        register_block(f"{_study}/{_table.__name__.removesuffix('_table')}")(partial(_table, study=_study))

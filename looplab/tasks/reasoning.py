@@ -24,6 +24,11 @@ Depth matters: each step needs the value of the one before it, so n steps are a
 chain of n dependent look-ups; ``steps(n) = n``. Train on small n, hold out
 longer chains.
 
+:class:`ChainTrace` (``chain_trace``) asks for the value after every step instead
+of the last, mod 10, one digit each, then the newline: ``k=7;q=k+1;z=q+1;z?89``.
+An n-step answer is n + 1 tokens, each one dependent look-up past the one before,
+so read by real decoding its accuracy can be traded against depth per token.
+
 :class:`KJVWithReasoning` (``kjv_arithmetic``) is the training mixture of a
 looped LM: every row is, independently with probability one half, a KJV window
 (every next byte supervised) or one such problem (its answer supervised), padded
@@ -44,29 +49,34 @@ MAX_STEPS = len(LETTERS) - 1
 ANSWER_END = "\n"
 #: bytes of the text of an n-step problem: "k=7", n × ";q=k+5", ";q?", the digit and the newline
 PROBLEM_BYTES = (3, 6, 3 + 2)
+#: extra bytes of a trace answer (the value after each step) per step beyond the first
+TRACE_STEP_BYTES = 1
 #: the mixture's window: every row is this many tokens (the KJV task's ``n``)
 MIXTURE_WINDOW = 48
 #: probability that a row of the mixture is a reasoning problem rather than KJV text
 REASONING_FRACTION = 0.5
 
 
-def problem_bytes(n: int) -> int:
+def problem_bytes(n: int, trace: bool = False) -> int:
     """Length in bytes of the text of an n-step problem, answer and newline included."""
     start, step, end = PROBLEM_BYTES
-    return start + step * n + end
+    return start + step * n + end + (TRACE_STEP_BYTES * (n - 1) if trace else 0)
 
 
-def write_problem(names: list[str], start: int, ops: list[str]) -> tuple[str, str]:
-    """(question, answer) text of one chain: ``names`` has one letter more than ``ops``."""
+def write_problem(names: list[str], start: int, ops: list[str], trace: bool = False) -> tuple[str, str]:
+    """(question, answer) text of one chain: ``names`` has one letter more than ``ops``; the answer is the
+    last value mod 10, or with ``trace`` the value after every step."""
     statements = [f"{names[0]}={start}"]
-    value = start
+    value, values = start, []
     for previous, name, op in zip(names, names[1:], ops):
         statements.append(f"{name}={previous}{op}1")
         value = value + 1 if op == "+" else value - 1
-    return ";".join(statements) + f";{names[-1]}?", f"{value % 10}{ANSWER_END}"
+        values.append(str(value % 10))
+    answer = "".join(values) if trace else values[-1]
+    return ";".join(statements) + f";{names[-1]}?", f"{answer}{ANSWER_END}"
 
 
-def draw_problems(n: int, count: int, generator: torch.Generator) -> list[tuple[str, str]]:
+def draw_problems(n: int, count: int, generator: torch.Generator, trace: bool = False) -> list[tuple[str, str]]:
     """``count`` (question, answer) pairs of n steps, every choice from ``generator``."""
     if not 1 <= n <= MAX_STEPS:
         raise LooplabError(f"chain_arithmetic needs 1 <= n <= {MAX_STEPS} (distinct variable letters), got {n}")
@@ -78,6 +88,7 @@ def draw_problems(n: int, count: int, generator: torch.Generator) -> list[tuple[
             [LETTERS[i] for i in names[row].tolist()],
             int(starts[row]),
             ["+" if p else "-" for p in plus[row].tolist()],
+            trace,
         )
         for row in range(count)
     ]
@@ -105,19 +116,33 @@ class ChainArithmetic(Task):
     name = "chain_arithmetic"
     max_size = MAX_STEPS
     needs_causal = True
+    #: the answer is the value after every step (:class:`ChainTrace`), not only the last
+    trace = False
 
     # the byte vocabulary and its decoding are the KJV task's, so one model reads both
     symbols = KJVText.symbols
     decode = KJVText.decode
 
     def body_len(self, n: int) -> int:
-        return problem_bytes(n) - 1
+        return problem_bytes(n, self.trace) - 1
 
     def steps(self, n: Tensor) -> Tensor:
         return n.clone()
 
+    def draw(self, n: int, count: int, generator: torch.Generator) -> list[tuple[str, str]]:
+        """``count`` (question, answer) texts of n steps, in this task's answer form."""
+        return draw_problems(n, count, generator, self.trace)
+
     def _sample_rows(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return problem_rows(draw_problems(n, count, generator))
+        return problem_rows(self.draw(n, count, generator))
+
+
+@register_task
+class ChainTrace(ChainArithmetic):
+    """Chain arithmetic answered with the value after every step (see the module docstring)."""
+
+    name = "chain_trace"
+    trace = True
 
 
 @register_task
@@ -131,10 +156,12 @@ class KJVWithReasoning(KJVText):
     name = "kjv_arithmetic"
     max_size = MAX_STEPS  # of the problems it is evaluated on
     max_train_size = (MIXTURE_WINDOW + 1 - PROBLEM_BYTES[0] - PROBLEM_BYTES[2]) // PROBLEM_BYTES[1]
+    #: the problems' task
+    problems = ChainArithmetic
 
     def __init__(self, alphabet: int = 8):
         super().__init__(alphabet)
-        self.reasoning = ChainArithmetic(alphabet)
+        self.reasoning = self.problems(alphabet)
 
     def body_len(self, n: int) -> int:
         return MIXTURE_WINDOW
@@ -152,7 +179,7 @@ class KJVWithReasoning(KJVText):
         if lengths.numel() == 0 or int(lengths.min()) < 1:
             raise LooplabError("task lengths must be >= 1")
         longest = int(lengths.max())
-        if problem_bytes(longest) - 1 > MIXTURE_WINDOW:
+        if self.reasoning.body_len(longest) > MIXTURE_WINDOW:
             raise LooplabError(
                 f"kjv_arithmetic rows hold problems of up to {self.max_train_size} steps "
                 f"in their {MIXTURE_WINDOW}-byte window, got n = {longest}"
@@ -175,3 +202,14 @@ class KJVWithReasoning(KJVText):
             tokens[rows, :span], labels[rows, :span] = row_tokens, row_labels
             valid[rows, :span] = True
         return TaskBatch(tokens, labels, valid, lengths)
+
+
+@register_task
+class KJVWithTrace(KJVWithReasoning):
+    """KJV text and :class:`ChainTrace` problems, row by row: the mixture whose answers are several tokens."""
+
+    name = "kjv_trace"
+    max_train_size = (MIXTURE_WINDOW + 1 - PROBLEM_BYTES[0] - PROBLEM_BYTES[2] + TRACE_STEP_BYTES) // (
+        PROBLEM_BYTES[1] + TRACE_STEP_BYTES
+    )
+    problems = ChainTrace

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from looplab.config import load_config
-from looplab.generation.text import generate_text
+from looplab.experiment import Experiment
+from looplab.generation import ExitRule, generate
+from looplab.generation.text import encode, generate_text, head_halts
 from looplab.train.trainer import train
 from tests.conftest import run_cli, train_tiny_run
 from tests.integration.test_stars_lm import TINY as TINY_LM
@@ -37,11 +39,27 @@ def test_generate_prints_each_completion_and_the_depths(lm_run, tmp_path):
 
 def test_greedy_generation_is_the_same_with_and_without_the_cache(lm_run):
     outputs = []
-    for cache in ("per_loop", "none"):
-        result = run_cli("generate", str(lm_run), "--prompt", "k=3;", "--max-new-tokens", "6", "--cache", cache)
+    for cache in ("per_loop", "none", "last_m --keep-loops 8"):
+        result = run_cli(
+            "generate", str(lm_run), "--prompt", "k=3;", "--max-new-tokens", "6", "--cache", *cache.split()
+        )
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout.splitlines()[0])
-    assert outputs[0] == outputs[1]
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_the_halting_exit_reads_the_runs_own_head(tmp_path):
+    """A text run trained with a halting schedule: the halting exit stops tokens where its head says halt
+    (read on each token's state at the loops the schedule decides at), within the cap."""
+    run_dir = tmp_path / "lm-halting"
+    overrides = [o for o in TINY_LM if not o.startswith("schedule.")]
+    train(load_config(None, [*overrides, "schedule.name=rl_halting", "schedule.t_max=6"]), run_dir, progress=False)
+    completions, result = generate_text(run_dir, ["k=3;q=k+1;q?", "In"], 4, ExitRule("halting", 6))
+    assert [len(c.depths) for c in completions] == [4, 4]
+    assert all(1 <= d <= 6 for c in completions for d in c.depths)
+    exp = Experiment.from_run(run_dir)
+    reference = generate(exp.model, [encode("In")], 4, ExitRule("halting", 6, halts=head_halts(exp.schedule)))
+    assert reference.depths[0] == completions[1].depths
 
 
 def test_a_stop_string_ends_the_row_where_it_first_appears(lm_run):
@@ -62,6 +80,8 @@ def test_a_stop_string_ends_the_row_where_it_first_appears(lm_run):
         (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
         (["--prompt", "x", "--loops", "-2"], "must be >= 1"),
         (["--prompts-file", "/nonexistent/prompts.txt"], "cannot read prompts file"),
+        (["--prompt", "x", "--exit", "halting"], "needs a halting head; this run's 'fixed' schedule has none"),
+        (["--prompt", "x", "--cache", "last_m", "--keep-loops", "0"], "keeps >= 1 loops per token"),
     ],
 )
 def test_bad_generate_arguments_are_one_line_exit_2(lm_run, extra, message):

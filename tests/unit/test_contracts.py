@@ -199,7 +199,7 @@ def test_token_exit_answers_per_row_and_the_cap_always_stops(name):
     h, h_prev = torch.randn(5, 8, generator=generator), torch.randn(5, 8, generator=generator)
     logp = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
     logp_prev = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
-    rule = ExitRule(name, loops=4, eps=0.5, threshold=0.3)
+    rule = ExitRule(name, loops=4, eps=0.5, threshold=0.3, halts=lambda h, t: h[:, 0] > 0)
     for t in (1, 2, 3):
         stop = rule.stop(t, h, h_prev, logp if rule.reads_logits else None, logp_prev if rule.reads_logits else None)
         assert stop.shape == (5,) and stop.dtype == torch.bool

@@ -34,6 +34,7 @@ def _snippets() -> list[str]:
 @pytest.fixture
 def registries(monkeypatch):
     """Run the snippets against copies of the registries, so nothing leaks into other tests."""
+    from looplab.generation import exits as token_exits
     from looplab.model import placements
     from looplab.schedules import base
     from looplab.tasks import base as tasks
@@ -46,6 +47,7 @@ def registries(monkeypatch):
         (metric_registry, "METRICS"),
         (tasks, "TASKS"),
         (placements, "PLACEMENTS"),
+        (token_exits, "EXITS"),
     ]:
         copy = dict(getattr(module, name))
         monkeypatch.setattr(module, name, copy)
@@ -57,7 +59,19 @@ def registries(monkeypatch):
 
 
 def test_there_is_one_snippet_per_family():
-    assert len(_snippets()) == 6
+    assert len(_snippets()) == 7
+
+
+def test_the_generation_exit_snippet(registries):
+    from looplab.generation import ExitRule, generate
+    from tests.unit.model_helpers import make_model
+
+    model = make_model(causal=True, core_layers=1)
+    prompts = [[3, 4, 5], [3, 6]]
+    loose = generate(model, prompts, 3, ExitRule("entropy", 5, eps=10.0))  # below 10 nats from loop 1
+    strict = generate(model, prompts, 3, ExitRule("entropy", 5, eps=1e-6))  # never: the cap
+    assert {d for row in loose.depths for d in row} == {1}
+    assert {d for row in strict.depths for d in row} == {5}
 
 
 def test_the_task_snippet(registries):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from looplab.errors import LooplabError
-from looplab.generation import ExitRule, Sampling, generate
+from looplab.generation import ExitRule, Sampling, generate, score
 from looplab.generation.text import cut_at_stop, decode, encode, unescape
 from tests.unit.model_helpers import make_model
 
@@ -62,7 +62,7 @@ def test_cached_logits_match_recomputation_in_float64(positional, window):
     assert torch.allclose(logits[0], reference_logits(model, PROMPTS[0], 4), atol=1e-10)
 
 
-@pytest.mark.parametrize("cache", ["per_loop", "shared"])
+@pytest.mark.parametrize("cache", ["per_loop", "shared", "last_m"])
 @pytest.mark.parametrize("exit_name", ["fixed", "convergence", "confidence"])
 def test_a_batch_of_mixed_lengths_equals_each_prompt_alone(cache, exit_name):
     model = causal_model(placement="post_sandwich", norm="rmsnorm")
@@ -92,7 +92,7 @@ def test_exit_depths_equal_a_reference_loop():
     assert depths[0] == expected
 
 
-@pytest.mark.parametrize("cache", ["per_loop", "shared"])
+@pytest.mark.parametrize("cache", ["per_loop", "shared", "last_m"])
 def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     """The prompt's keys and values at every loop up to the cap are what a fixed-cap prefill writes,
     even when the exit stops every prompt's last token at loop 1."""
@@ -102,6 +102,7 @@ def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     caches = []
     for rule in (ExitRule("fixed", 6), ExitRule("confidence", 6, threshold=1e-9)):
         decoder = _Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
+        decoder.lazy_prompt = False  # per_loop's lazy prompt is checked against this below
         _, depths = decoder.forward(
             decoder.tokens, torch.arange(len(PROMPTS)), slice(0, decoder.width), decoder.lengths - 1, prefill=True
         )
@@ -110,6 +111,36 @@ def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     assert caches[0].keys() == caches[1].keys()
     for key, layer in caches[0].items():
         assert torch.equal(layer.k, caches[1][key].k) and torch.equal(layer.v, caches[1][key].v), key
+
+
+def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
+    """per_loop with an adaptive exit runs the prompt only as deep as its tokens need and deepens it on
+    demand: the same tokens, depths and log-probabilities as a prompt run to the cap first, with fewer
+    loops run when no token goes to the cap."""
+    from looplab.generation import decode as decode_module
+
+    model = causal_model(placement="pre", injection="add", prelude_layers=1)
+    rule = ExitRule("halting", 12, halts=linear_halts(7, every=2))  # first tokens stop at 2, later ones at 12
+    prompts = PROMPTS[:2]
+    runs = {}
+    for lazy in (True, False):
+        calls = []
+        original = decode_module._Decoder.deepen_prompt
+
+        def counted(self, rows, loop, original=original, calls=calls):
+            calls.append(loop)
+            return original(self, rows, loop)
+
+        monkeypatch.setattr(decode_module._Decoder, "deepen_prompt", counted)
+        decoder = decode_module._Decoder(model, prompts, 6, rule, "per_loop", Sampling(), None)
+        decoder.lazy_prompt = lazy
+        runs[lazy] = (decoder.run(), calls)
+    (lazy_run, deepened), (eager_run, never) = runs[True], runs[False]
+    assert lazy_run.tokens == eager_run.tokens and lazy_run.depths == eager_run.depths
+    flat = [lp for row in lazy_run.logprobs for lp in row]
+    assert flat == pytest.approx([lp for row in eager_run.logprobs for lp in row], abs=1e-10)
+    assert never == [] and deepened and len({d for row in lazy_run.depths for d in row}) > 1
+    assert deepened == sorted(deepened) and max(deepened, default=0) <= max(d for row in lazy_run.depths for d in row)
 
 
 def test_one_token_prompts_are_prefilled_to_the_cap():
@@ -134,6 +165,97 @@ def test_shared_cache_at_one_loop_equals_per_loop():
     a = generate(model, PROMPTS, 5, ExitRule("fixed", 1), "per_loop")
     b = generate(model, PROMPTS, 5, ExitRule("fixed", 1), "shared")
     assert a.tokens == b.tokens
+
+
+def linear_halts(seed: int, every: int = 1):
+    """A halting decision from a random linear head: halt when h·w > 0, at loops that are multiples of ``every``."""
+    weight = torch.randn(16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return lambda h, t: (h @ weight > 0) & torch.tensor(t % every == 0)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "halting"])
+def test_last_m_spans_shared_to_per_loop(adaptive):
+    """Keeping one loop per token is the shared cache; keeping as many as the cap is per_loop (whose
+    lending of an early exit's entries the window's clamp reproduces)."""
+    model = causal_model(placement="pre", injection="add", prelude_layers=1)
+    rule = ExitRule("halting", 6, halts=linear_halts(1)) if adaptive else ExitRule("fixed", 6)
+    for keep, policy in ((1, "shared"), (6, "per_loop"), (9, "per_loop")):
+        window = generate(model, PROMPTS, 6, rule, "last_m", keep_loops=keep)
+        other = generate(model, PROMPTS, 6, rule, policy)
+        assert window.tokens == other.tokens and window.depths == other.depths, (keep, policy)
+        flat = [lp for row in window.logprobs for lp in row]
+        assert flat == pytest.approx([lp for row in other.logprobs for lp in row], abs=1e-10)
+    if adaptive:
+        assert len({d for row in window.depths for d in row}) > 2  # tokens exited at several depths
+
+
+@torch.no_grad()
+def test_last_m_reads_the_kept_loops_of_earlier_tokens():
+    """At fixed depth T with m kept loops, a new token at loop t reads earlier tokens at loop
+    max(t, T − m + 1): the same as recomputing with those tokens' keys and values, checked here
+    against an explicit per_loop cache whose early loops are overwritten with loop T − m + 1."""
+    from looplab.generation.decode import _Decoder
+
+    model = causal_model(placement="pre", injection="add")
+    keep, loops = 2, 5
+    window = generate(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "last_m", keep_loops=keep)
+    decoder = _Decoder(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "per_loop", Sampling(), None)
+    rows = torch.arange(1)
+    decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
+    for (site, loop, index), layer in decoder.cache.layers.items():
+        if site == "core" and loop < loops - keep + 1:
+            kept = decoder.cache.layers[(site, loops - keep + 1, index)]
+            layer.k.copy_(kept.k)
+            layer.v.copy_(kept.v)
+    # the prompt's own logits are read at the cap either way; the second token is where the window shows
+    second = generate(model, [PROMPTS[2]], 2, ExitRule("fixed", loops), "last_m", keep_loops=keep)
+    decoder.slots.positions[0, decoder.width] = decoder.lengths[0]
+    decoder.slots.real[0, decoder.width] = True
+    token = torch.tensor([[window.tokens[0][0]]])
+    logits, _ = decoder.forward(token, rows, slice(decoder.width, decoder.width + 1), torch.zeros(1, dtype=torch.long))
+    assert int(logits[0].argmax()) == second.tokens[0][1]
+    assert float(logits[0].log_softmax(-1)[second.tokens[0][1]]) == pytest.approx(second.logprobs[0][1], abs=1e-10)
+
+
+def test_last_m_memory_is_its_window_whatever_the_depth():
+    model = causal_model()
+    sizes = [generate(model, PROMPTS, 3, ExitRule("fixed", k), "last_m", keep_loops=2).cache_bytes for k in (2, 8)]
+    per_loop_two = generate(model, PROMPTS, 3, ExitRule("fixed", 2), "per_loop").cache_bytes
+    assert sizes[0] == sizes[1] == per_loop_two
+
+
+@pytest.mark.parametrize("cache", ["per_loop", "none"])
+def test_score_is_the_teacher_forced_log_likelihood(cache):
+    """Scoring at a fixed depth gives each token the log-probability the whole-sequence forward pass gives it."""
+    model = causal_model(placement="pre_sandwich", prelude_layers=1)
+    sequences = [[3, 5, 6, 2, 1, 4], [3, 4, 6]]
+    result = score(model, sequences, ExitRule("fixed", 3), cache)
+    for sequence, logprobs, depths in zip(sequences, result.logprobs, result.depths):
+        tokens = torch.tensor([sequence])
+        with torch.no_grad():
+            logp = model(tokens, torch.ones_like(tokens, dtype=torch.bool), 3)[0].log_softmax(-1)
+        expected = [float(logp[i, sequence[i + 1]]) for i in range(len(sequence) - 1)]
+        assert logprobs == pytest.approx(expected, abs=1e-10)
+        assert depths == [3] * (len(sequence) - 1)
+    assert result.tokens == [s[1:] for s in sequences]
+    flat = [lp for row in result.logprobs for lp in row]
+    assert result.mean_loss == pytest.approx(-sum(flat) / len(flat))
+
+
+def test_halting_exit_depths_follow_the_head_at_its_decision_loops():
+    """The halting exit stops a token at the first decision loop (a multiple of 2 here) where the
+    head's logit on its state is > 0: checked against a reference loop over the recomputed unroll."""
+    model = causal_model(placement="pre", injection="add")
+    halts = linear_halts(1, every=2)
+    rule = ExitRule("halting", 12, halts=halts)
+    result = generate(model, [PROMPTS[0]], 6, rule, "per_loop")
+    depths = result.depths[0]
+    assert all(d % 2 == 0 or d == 12 for d in depths) and len(set(depths)) > 1, depths
+    tokens = torch.tensor([PROMPTS[0] + result.tokens[0][:-1]])
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    states = [h[0, len(PROMPTS[0]) - 1] for h, _ in model.unroll(tokens, valid, 12)]
+    expected = next(t for t in range(1, 13) if bool(halts(states[t - 1][None], t)[0]) or t == 12)
+    assert depths[0] == expected
 
 
 def test_shared_cache_memory_does_not_grow_with_depth():
@@ -167,11 +289,20 @@ def test_a_finished_row_stops_and_the_others_go_on():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda m: generate(m, PROMPTS, 3, ExitRule("fixed", 2), "per_layer"), "valid choices: per_loop, shared, none"),
+        (
+            lambda m: generate(m, PROMPTS, 3, ExitRule("fixed", 2), "per_layer"),
+            "valid choices: per_loop, shared, last_m, none",
+        ),
+        (lambda m: generate(m, PROMPTS, 3, ExitRule("fixed", 2), "last_m", keep_loops=0), "keeps >= 1 loops"),
+        (lambda m: generate(m, PROMPTS, 3, forced=[[4]]), "forced tokens must be given for each of the 3"),
+        (lambda m: generate(m, PROMPTS, 3, ExitRule("halting", 4)), "needs the run's halting head"),
+        (lambda m: score(m, [[3, 4], [3]]), "more than its 1 context token"),
+        (lambda m: generate(m, [[3, 99]], 2), "token ids must be in 0..6"),
+        (lambda m: score(m, [[3, 4, -1]]), "token ids must be in 0..6"),
         (lambda m: generate(m, PROMPTS, 3, ExitRule("kl", 4), "none"), "use the fixed exit"),
         (lambda m: generate(m, [[]], 3), "at least one token"),
         (lambda m: generate(m, PROMPTS, 0), "max new tokens must be >= 1"),
-        (lambda m: ExitRule("halting"), "valid choices: confidence, convergence, fixed, kl"),
+        (lambda m: ExitRule("halt"), "valid choices: confidence, convergence, fixed, halting, kl"),
         (lambda m: ExitRule("fixed", 0), "must be >= 1"),
         (lambda m: ExitRule("confidence", threshold=1.5), "threshold must be in (0, 1]"),
         (lambda m: Sampling(temperature=-1), "temperature must be >= 0"),
@@ -198,3 +329,33 @@ def test_text_round_trip_and_stop_strings():
 def test_stop_strings_typed_with_escapes():
     assert unescape("\\n") == "\n" and unescape("a\\tb") == "a\tb" and unescape("x\\\\n") == "x\\n"
     assert unescape("ü;") == "ü;"
+
+
+def test_decoded_answers_are_scored_whole_and_per_token():
+    """A problem counts when the decoded text is its answer exactly; each answer token is scored at its
+    position. Checked with answers taken from the model's own greedy decoding, then one digit changed."""
+    from looplab.config import ModelConfig
+    from looplab.generation.reasoning import decode_answers
+    from looplab.model import LoopedTransformer
+    from looplab.tasks.reasoning import ChainTrace
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, mlp_ratio=2, core_layers=1, causal=True, max_len=64)
+    model = LoopedTransformer(cfg, ChainTrace().vocab_size).to(torch.float64)
+    problems = ChainTrace().draw(3, 4, torch.Generator().manual_seed(1))
+    rule = ExitRule("fixed", 2)
+    own = decode_answers(model, problems, rule)
+    assert [len(c) for c in own.token_correct] == [len(a) for _, a in problems] == [4] * 4
+    assert own.tokens == sum(map(len, own.depths)) and own.mean_depth == 2.0
+    # the model's own greedy text as the answer (padded to its length) is right wherever it is complete
+    echoed = [(q, (text + "0000")[:3] + "\n") for (q, _), text in zip(problems, own.texts)]
+    again = decode_answers(model, echoed, rule)
+    for text, answer, right, tokens in zip(again.texts, echoed, again.correct, again.token_correct):
+        assert right == (text == answer[1])
+        assert tokens[0] == (text[:1] == answer[1][:1])
+    changed = [
+        (q, chr(ord("0") + (int(a[0]) + 1) % 10) + a[1:]) if a[0].isdigit() else (q, "x" + a[1:]) for q, a in echoed
+    ]
+    worse = decode_answers(model, changed, rule)
+    assert not any(row[0] for row in worse.token_correct) and not worse.correct.any()
+    assert [p for p, *_ in again.by_position()] == [0, 1, 2, 3]

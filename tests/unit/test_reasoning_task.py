@@ -97,3 +97,40 @@ def test_mixture_rejects_problems_longer_than_its_window():
     assert problem_bytes(longest) - 1 <= MIXTURE_WINDOW < problem_bytes(longest + 1) - 1
     with pytest.raises(LooplabError, match=f"up to {longest} steps"):
         mixture.sample_lengths(torch.tensor([longest + 1]), torch.Generator().manual_seed(0))
+
+
+def brute_force_trace(question: str) -> str:
+    """The value after every step, mod 10, by running the statements."""
+    *statements, _ = question.split(";")
+    values: dict[str, int] = {}
+    trace = []
+    for statement in statements:
+        name, expression = statement.split("=")
+        values[name] = eval(expression, {}, dict(values))
+        trace.append(str(values[name] % 10))
+    return "".join(trace[1:])
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_trace_answers_give_the_value_after_every_step(n):
+    trace = make_task("chain_trace")
+    batch = trace.sample(n, 32, torch.Generator().manual_seed(n))
+    assert batch.tokens.shape[1] == problem_bytes(n, trace=True) == 1 + trace.body_len(n)
+    assert ((batch.labels != IGNORE).sum(1) == n + 1).all()  # n digits and the newline
+    for row in range(32):
+        text = trace.decode(batch.tokens[row]) + trace.decode(batch.labels[row][-1:])
+        question, answer = text[: text.index("?") + 1], text[text.index("?") + 1 :]
+        assert answer == brute_force_trace(question) + "\n"
+    # the last digit is chain_arithmetic's answer to the same question
+    assert brute_force_trace(question)[-1] == str(brute_force(question))
+
+
+def test_trace_mixture_holds_trace_problems_up_to_its_window():
+    mixture = make_task("kjv_trace")
+    longest = mixture.max_train_size
+    assert problem_bytes(longest, trace=True) - 1 <= MIXTURE_WINDOW < problem_bytes(longest + 1, trace=True) - 1
+    batch = mixture.sample_lengths(torch.tensor([longest] * 32), torch.Generator().manual_seed(2))
+    problems = [row for row in range(32) if int((batch.labels[row] == IGNORE).sum()) > 1]  # text: all but <s>
+    assert problems and all(int((batch.labels[row] != IGNORE).sum()) == longest + 1 for row in problems)
+    with pytest.raises(LooplabError, match=f"up to {longest} steps"):
+        mixture.sample_lengths(torch.tensor([longest + 1]), torch.Generator().manual_seed(0))

@@ -62,3 +62,21 @@ def test_halting_on_against_off_is_paired_by_seed(on, off, verdict):
     line = _line(lines, "halting on − off, act_bce")
     assert verdict in line and "wall time off / on 2.00x" in line
     assert f"{100 * np.mean(np.subtract(on, off)):+.1f} pp" in line
+
+
+@pytest.mark.parametrize(
+    "detached, none, verdict",
+    [
+        ([0.74, 0.75, 0.73, 0.74, 0.75], [0.745, 0.74, 0.75, 0.735, 0.745], "matches (within ±5 pp)"),
+        ([0.60, 0.61, 0.59, 0.60, 0.60], [0.745, 0.74, 0.75, 0.735, 0.745], "worse"),
+        ([0.60, 0.85, 0.65, 0.80, 0.70], [0.745, 0.74, 0.75, 0.735, 0.745], "not resolved"),
+    ],
+)
+def test_confirmatory_detached_head_against_no_head_reads_matches_inside_the_margin(detached, none, verdict):
+    from looplab.report.recursive import CONFIRM_COMPARISONS, CONFIRM_MATCHES, CONFIRM_PAIRED
+
+    runs = _runs({"act_bce_detached": detached, "ds_fixed": none, "act_bce": [0.3, 0.35, 0.4, 0.32, 0.38]})
+    lines = decision_lines(runs, CONFIRM_COMPARISONS, CONFIRM_PAIRED, CONFIRM_MATCHES)
+    assert _line(lines, "a detached head against no head: act_bce_detached − ds_fixed").endswith(verdict)
+    assert _line(lines, "detaching the head: act_bce_detached − act_bce").endswith("helps")
+    assert "q_halt_detached vs q_halt: n/a (0 and 0 seeds" in _line(lines, "detaching the head: q_halt_detached")

@@ -105,7 +105,8 @@ def decode_row(task, tokens, labels, length: int) -> tuple[list[str], list[str |
 def test_every_task_is_registered():
     # the algorithmic tasks tested here, the text tasks (test_text_task.py, test_reasoning_task.py) and the
     # puzzles (test_puzzles.py)
-    assert sorted(TASKS) == sorted(NAMES + ["kjv", "chain_arithmetic", "kjv_arithmetic", "sudoku4", "sudoku9", "maze"])
+    extra = ["kjv", "chain_arithmetic", "chain_trace", "kjv_arithmetic", "kjv_trace", "sudoku4", "sudoku9", "maze"]
+    assert sorted(TASKS) == sorted(NAMES + extra)
 
 
 @pytest.mark.parametrize("name", NAMES)
