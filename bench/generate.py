@@ -19,6 +19,11 @@ chain-arithmetic problems answered with the value after every step):
    bytes, every byte read at the depth its exit chooses (:func:`looplab.generation.score`).
 4. **Memory**: bytes of keys and values held by each policy at 4, 16 and 64 loops
    (batch 8, 32 + 32 tokens).
+5. **The retrofit** (SmolLM2-135M as the stars-lm study retrofits it, (4, 6⊗r, 4), W_I =
+   [I/2 | I/2], not fine-tuned; skipped with a note when the model is not installed): cached
+   against uncached tokens/s at a fixed 4 loops (4 KJV passages of 32 tokens continued by
+   16), the teacher-forced KJV loss under each exit and cache, and its cache memory at 4, 16
+   and 64 loops.
 
 Goal: the cached path ≥ 2× the uncached one's tokens/s at 128 + 128 bytes. The rest is reported.
 
@@ -37,10 +42,12 @@ from pathlib import Path
 
 from timing import machine_line, print_measure, print_table, print_verdict, setup
 
+from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.generation import ExitRule, generate, score
 from looplab.generation.reasoning import decode_answers
 from looplab.seeding import derive_generator
+from looplab.tasks.corpus import load_corpus
 from looplab.tasks.reasoning import ChainTrace
 from looplab.tasks.text import BYTE_OFFSET
 
@@ -188,8 +195,53 @@ def main() -> None:
     print("4. keys and values held, MiB (batch 8, 32 + 32 tokens)")
     print_table(["loops", *(f"{c} ({KEEP_LOOPS})" if c == "last_m" else c for c in CACHES)], memory)
     print_measure("per_loop / shared cache memory at 64 loops", float(memory[-1][1]) / float(memory[-1][3]))
+    retrofit_ratio = retrofit_section()
+    if retrofit_ratio is not None:
+        print_measure("retrofit: cached / uncached generation tokens/s, 32 + 16 tokens", retrofit_ratio)
     print_measure("cached / uncached generation tokens/s, 32 + 32 bytes", ratios[32])
     print_verdict("cached / uncached generation tokens/s, 128 + 128 bytes", ratios[128], GOAL)
+
+
+def retrofit_section() -> float | None:
+    """Part 5 (see the module docstring); returns the cached / uncached ratio, or None when skipped."""
+    from looplab.lm.pretrained import load_smollm2
+    from looplab.lm.retrofit import RetrofittedLoop
+
+    try:
+        pretrained, tokenizer = load_smollm2()
+    except LooplabError as err:
+        print(f"5. retrofit: skipped ({err})")
+        return None
+    retrofit = RetrofittedLoop(pretrained, 4, 6, 4, inject_init="mix").eval()
+    text = load_corpus().text("val")
+    starts = range(0, 4 * 4000, 4000)
+    passages = [tokenizer(text[start : start + 400])["input_ids"][:48] for start in starts]
+    prompts = [p[:32] for p in passages]
+    cached, cached_rate = timed(retrofit, prompts, 16, ExitRule("fixed", 4), "per_loop", repeats=1)
+    uncached, uncached_rate = timed(retrofit, prompts, 16, ExitRule("fixed", 4), "none", repeats=1)
+    assert cached.tokens == uncached.tokens, "the per_loop cache must reproduce recomputation"
+    print("5. SmolLM2-135M retrofitted (4, 6⊗r, 4), not fine-tuned: 4 KJV passages of 32 tokens")
+    print_table(
+        ["fixed 4 loops, + 16 tokens", "per_loop cache", "no cache (recompute)", "ratio"],
+        [["tokens/s", f"{cached_rate:.1f}", f"{uncached_rate:.1f}", f"{cached_rate / uncached_rate:.2f}"]],
+    )
+    rows = []
+    for rule in (ExitRule("fixed", 1), ExitRule("fixed", 4), ExitRule("convergence", CAP, eps=0.05)):
+        for cache in CACHES:
+            scored = score(retrofit, passages, rule, cache, keep_loops=KEEP_LOOPS)
+            rows.append([label(rule), cache, f"{scored.mean_loss:.3f}", f"{scored.mean_depth:.2f}"])
+    print("   KJV passages of 48 tokens, teacher-forced, each token at its exit's depth")
+    print_table(["exit", "cache", "loss (nats / token)", "loops per token"], rows)
+    memory = []
+    for loops in (4, 16, 64):
+        sizes = [
+            generate(retrofit, prompts, 1, ExitRule("fixed", loops), c, keep_loops=KEEP_LOOPS).cache_bytes / 2**20
+            for c in CACHES
+        ]
+        memory.append([loops, *(f"{size:.1f}" for size in sizes)])
+    print("   keys and values held, MiB (batch 4, 32 + 1 tokens)")
+    print_table(["loops", *(f"{c} ({KEEP_LOOPS})" if c == "last_m" else c for c in CACHES)], memory)
+    return cached_rate / uncached_rate
 
 
 if __name__ == "__main__":

@@ -199,15 +199,35 @@ def cached_attention(
     Returns:
         [R, m, d]: the attention sublayer's output (before its residual).
     """
-    count, width, d_model = x.shape
-    qkv = attn.qkv(x).view(count, width, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
+    count, width, _ = x.shape
+    q, k, v = project(attn, x)
     if rope is not None:
         cos, sin = (t[:, None] for t in rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     cache.write(rows, chunk, k, v, loop)
     keys, values = cache.read(rows, chunk, loop)
+    if keys.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group of heads
+        groups = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     y = scores.softmax(dim=-1) @ values
-    return attn.out(y.transpose(1, 2).reshape(count, width, d_model))
+    return output(attn, y.transpose(1, 2).reshape(count, width, -1))
+
+
+def project(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q [R, H, m, Dh] and k, v [R, H_kv, m, Dh] of new tokens x [R, m, d]: from looplab's fused ``qkv``,
+    or from a Llama attention's ``q_proj``, ``k_proj``, ``v_proj`` (H_kv ≤ H heads of keys and values)."""
+    count, width, _ = x.shape
+    if isinstance(attn, SelfAttention):
+        qkv = attn.qkv(x).view(count, width, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
+        return qkv.unbind(0)
+    head_dim = attn.head_dim
+    return tuple(
+        proj(x).view(count, width, -1, head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+    )
+
+
+def output(attn, y: Tensor) -> Tensor:
+    """The attention's output projection of the heads' concatenated outputs y [R, m, H·Dh]."""
+    return attn.out(y) if isinstance(attn, SelfAttention) else attn.o_proj(y)

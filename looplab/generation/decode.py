@@ -24,6 +24,8 @@ from torch import Tensor
 from looplab.errors import LooplabError
 from looplab.generation.cache import POLICIES, KVCache, LayerCache, Slots, cached_attention, visible
 from looplab.generation.exits import ExitRule
+from looplab.generation.retrofit import RetrofitDecoding, decodable
+from looplab.lm.retrofit import RetrofittedLoop
 from looplab.model import LoopedTransformer
 from looplab.model.attention import rope_tables
 from looplab.model.layer import Layer
@@ -77,7 +79,7 @@ FIXED_EXIT = ExitRule()
 
 @torch.no_grad()
 def generate(
-    model: LoopedTransformer,
+    model: LoopedTransformer | RetrofittedLoop,
     prompts: list[list[int]],
     max_new_tokens: int,
     exit_rule: ExitRule = FIXED_EXIT,
@@ -90,6 +92,7 @@ def generate(
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     Args:
+        model: a causal looplab model, or a retrofitted pretrained LM (:mod:`looplab.generation.retrofit`).
         prompts: token ids per row (each non-empty; the task's start token first, as in training).
         exit_rule: the depth of each new token (``fixed``: ``exit_rule.loops`` for every token).
         cache: ``per_loop``, ``shared``, ``last_m`` (each token's last ``keep_loops`` loops) or
@@ -98,6 +101,7 @@ def generate(
         forced: the tokens each row takes instead of picking one (teacher forcing, for
             :func:`score`); a row ends with its forced tokens.
     """
+    model = decodable(model)
     _check(model, prompts, max_new_tokens, exit_rule, cache, keep_loops, forced)
     was_training = model.training
     model.eval()
@@ -111,7 +115,7 @@ def generate(
 
 
 def score(
-    model: LoopedTransformer,
+    model: LoopedTransformer | RetrofittedLoop,
     sequences: list[list[int]],
     exit_rule: ExitRule = FIXED_EXIT,
     cache: str = "per_loop",
@@ -207,11 +211,16 @@ class _Decoder:
         positions = torch.arange(slots, device=device).expand(batch, slots).clone()
         real = positions < self.lengths[:, None]
         self.slots = Slots(positions, real)
-        head_dim = cfg.d_model // cfg.n_heads
-        self.cache = KVCache(policy, batch, cfg.n_heads, head_dim, self.slots, dtype, device, keep_loops)
+        head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
+        kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)  # a retrofit's grouped keys and values
+        self.cache = KVCache(policy, batch, kv_heads, head_dim, self.slots, dtype, device, keep_loops)
         self.rope = None
         if cfg.positional == "rope":
-            self.rope = rope_tables(int(self.lengths.max()) + max_new_tokens, head_dim, cfg.rope_base, device, dtype)
+            length = int(self.lengths.max()) + max_new_tokens
+            if isinstance(model, RetrofitDecoding):  # the pretrained model's own rotary tables
+                self.rope = model.rope_tables(length, device, dtype)
+            else:
+                self.rope = rope_tables(length, head_dim, cfg.rope_base, device, dtype)
         self.generator = torch.Generator().manual_seed(sampling.seed)
         # per_loop with an adaptive exit runs the prompt only as deep as its tokens need, and deepens it
         # when a later token first reaches a loop it has not run (its keys and values are the same
