@@ -29,7 +29,7 @@ def parameter_count(config: Config, vocab_size: int) -> int:
     d = m.d_model
     per_layer = 4 * d * d + 2 * m.mlp_ratio * d * d
     layers = m.prelude_layers + m.core_layers + m.coda_layers
-    extra = 2 * d * d if m.injection == "concat" else 0
+    extra = {"concat": 2 * d * d, "contractive": d * d + 2 * d}.get(m.injection, 0)
     positions = m.max_len * d if m.positional == "learned" else 0
     return layers * per_layer + 2 * vocab_size * d + extra + positions
 

@@ -13,7 +13,7 @@ from looplab.params import FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Domain, at_le
 
 NORMS = ("layernorm", "rmsnorm", "simplenorm")
 PLACEMENT_ALIASES = {"sandwich_output": "pre_sandwich", "sandwich_residual": "post_sandwich"}
-INJECTIONS = ("add", "concat", "none")
+INJECTIONS = ("add", "concat", "contractive", "none")
 INIT_STATES = ("embed", "zeros", "noise")
 INIT_SCALINGS = ("none", "sqrt_d")
 INJECT_INITS = ("sum", "state", "input", "mix", "random")

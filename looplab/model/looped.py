@@ -8,8 +8,9 @@
 Injection: ``add`` gives Core(h + e); ``concat`` gives Core(W_I [e ; h]) with
 W_I initialised by ``inject_init``: ``sum`` [I | I] (the default: it starts out
 equal to ``add`` and can learn to weigh the two), ``state`` [0 | I], ``input``
-[I | 0], ``mix`` [I/2 | I/2] or ``random`` N(0, g²/d); ``none`` gives Core(h)
-from h_0 = e.
+[I | 0], ``mix`` [I/2 | I/2] or ``random`` N(0, g²/d); ``contractive`` gives
+Core(Ā h + B̄ e) with Ā diagonal and ρ(Ā) < 1 by construction (Parcae;
+:mod:`looplab.model.contractive`); ``none`` gives Core(h) from h_0 = e.
 
 Initialisation matters for an untrained core: with LayerNorm holding the
 stream at about √d, a layer's relative update scales like the Linear std
@@ -42,6 +43,7 @@ from torch import Tensor, nn
 from looplab.config import ModelConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.model.attention import AttentionContext, prefers_math, rope_tables
+from looplab.model.contractive import ContractiveInjection
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
 from looplab.model.protocol import AttentionWatch, ObservedLayers
@@ -60,13 +62,15 @@ class LoopedTransformer(ObservedLayers, nn.Module):
         self.prelude = nn.ModuleList(Layer(cfg) for _ in range(cfg.prelude_layers))
         self.core = nn.ModuleList(Layer(cfg) for _ in range(cfg.core_layers))
         self.coda = nn.ModuleList(Layer(cfg) for _ in range(cfg.coda_layers))
-        self.inject = nn.Linear(2 * d, d, bias=False) if cfg.injection == "concat" else None
+        self.inject = injection_module(cfg.injection, d)
         self.core_out_norm = make_norm(cfg.norm, d) if cfg.core_out_norm else None
         self.final_norm = make_norm(cfg.norm, d)
         self.head = nn.Linear(d, vocab_size)
         linear_std = cfg.init_std / math.sqrt(d) if cfg.init_scaling == "sqrt_d" else cfg.init_std
         self.apply(lambda module: _init_weights(module, linear_std, cfg.embed_std))
-        if self.inject is not None:
+        if isinstance(self.inject, ContractiveInjection):
+            self.inject.reset_parameters()
+        elif self.inject is not None:
             with torch.no_grad():
                 self.inject.weight.copy_(injection_weight(cfg.inject_init, d, cfg.inject_gain))
 
@@ -131,6 +135,8 @@ class LoopedTransformer(ObservedLayers, nn.Module):
             return h + e
         if self.cfg.injection == "concat":
             return self.inject(torch.cat([e, h], dim=-1))
+        if self.cfg.injection == "contractive":
+            return self.inject(h, e)
         return h
 
     def step(self, h: Tensor, e: Tensor, ctx: AttentionContext) -> Tensor:
@@ -278,6 +284,15 @@ class LoopProbe:
     h: Tensor
     e: Tensor
     valid: Tensor
+
+
+def injection_module(injection: str, d: int) -> nn.Module | None:
+    """The injection's own weights: W_I for ``concat``, Ā and B̄ for ``contractive``, none for ``add`` / ``none``."""
+    if injection == "concat":
+        return nn.Linear(2 * d, d, bias=False)
+    if injection == "contractive":
+        return ContractiveInjection(d)
+    return None
 
 
 def injection_weight(

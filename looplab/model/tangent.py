@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from looplab.model.attention import AttentionContext, SelfAttention, attention_probs, split_heads
+from looplab.model.contractive import ContractiveInjection
 from looplab.model.layer import Layer
 from looplab.model.norms import Residual
 from looplab.model.placements import Dual
@@ -68,6 +69,8 @@ def _chain(maps: list[Tangent]) -> Tangent:
 def _injection_tangent(model) -> Tangent:
     if model.inject is None:  # add or none: the state enters as it is
         return lambda v: v
+    if isinstance(model.inject, ContractiveInjection):  # Ā h + B̄ e, e fixed: Ā
+        return lambda v: model.inject.decay() * v
     return lambda v: F.linear(v, model.inject.weight[:, v.shape[-1] :])  # W_I [e; h], e fixed: the h block
 
 

@@ -18,7 +18,7 @@ ONE_TOKEN_PROMPTS = [[3], [3]]
 STRUCTURES = [
     dict(placement=placement, injection=injection)
     for placement, injection in itertools.product(
-        ("pre", "post", "pre_sandwich", "post_sandwich"), ("add", "concat", "none")
+        ("pre", "post", "pre_sandwich", "post_sandwich"), ("add", "concat", "contractive", "none")
     )
 ]
 

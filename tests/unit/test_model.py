@@ -97,8 +97,8 @@ def test_forward_at_depths_matches_naive(norm, placement, injection, init):
 @pytest.mark.parametrize("multi", [False, True], ids=["B", "BJ"])
 def test_forward_at_depths_gradients_match_naive(norm, placement, multi):
     index = STRUCTURES.index((norm, placement))
-    injection = INJECTIONS[index % 3]
-    init = INIT_STATES[(index // 3) % 3] if injection != "none" else "embed"
+    injection = INJECTIONS[index % len(INJECTIONS)]
+    init = INIT_STATES[(index // len(INJECTIONS)) % 3] if injection != "none" else "embed"
     model = make_model(
         seed=100 + index,
         norm=norm,
@@ -185,7 +185,8 @@ def test_unroll_yields_loops_states_and_forward_is_last(injection):
 
 
 def test_unroll_steps_follow_the_recurrence():
-    """h_t = Core(h_{t-1} + e) for add, Core(W_I[e; h]) for concat, Core(h) for none."""
+    """h_t = Core(h_{t-1} + e) for add, Core(W_I[e; h]) for concat, Core(Ā h + B̄ e) for contractive, Core(h)
+    for none."""
     tokens, valid = make_batch()
     for injection in INJECTIONS:
         model = make_model(injection=injection, init_state="zeros", prelude_layers=1)
@@ -197,6 +198,10 @@ def test_unroll_steps_follow_the_recurrence():
                 x = h + e
             elif injection == "concat":
                 x = torch.cat([e, h], -1) @ model.inject.weight.T
+            elif injection == "contractive":
+                inject = model.inject
+                decay = torch.exp(-torch.exp(inject.log_step + inject.log_rate))
+                x = decay * h + torch.exp(inject.log_step) * (e @ inject.input.weight.T)
             else:
                 x = h
             for layer in model.core:
@@ -306,3 +311,31 @@ def test_unused_slots_have_zero_logits():
     assert torch.equal(out[0, 1], torch.zeros_like(out[0, 1]))
     assert torch.equal(out[2], torch.zeros_like(out[2]))
     assert torch.equal(out[4, 1], torch.zeros_like(out[4, 1]))
+
+
+@torch.no_grad()
+def test_contractive_injection_keeps_its_state_decay_below_one_whatever_its_weights():
+    """ρ(Ā) = max_i exp(−exp(δ_i + a_i)) < 1 at the start (e⁻¹) and after random weights of growing
+    scale; B̄ = exp(δ) B starts as the identity."""
+    model = make_model(injection="contractive", randomize=False)
+    inject = model.inject
+    assert torch.allclose(inject.decay(), torch.full((16,), float(torch.exp(torch.tensor(-1.0))), dtype=torch.float64))
+    assert torch.equal(inject.input.weight, torch.eye(16, dtype=torch.float64))
+    generator = torch.Generator().manual_seed(3)
+    for scale in (1.0, 3.0, 5.0):
+        inject.log_rate.copy_(scale * torch.randn(16, generator=generator, dtype=torch.float64))
+        inject.log_step.copy_(scale * torch.randn(16, generator=generator, dtype=torch.float64))
+        decay = inject.decay()
+        assert float(decay.min()) >= 0.0 and float(decay.max()) < 1.0  # entries may underflow to 0
+    randomised = make_model(injection="contractive", seed=5)  # the test helper's random weights
+    assert float(randomised.inject.decay().max()) < 1.0
+
+
+def test_contractive_injection_learns_its_decay_and_input_map():
+    """The loss reaches a, δ and B: each gets a non-zero gradient through the unroll."""
+    model = make_model(injection="contractive", init_state="zeros")
+    tokens, valid = make_batch()
+    model(tokens, valid, 3)[valid].logsumexp(-1).sum().backward()
+    inject = model.inject
+    for parameter in (inject.log_rate, inject.log_step, inject.input.weight):
+        assert parameter.grad is not None and float(parameter.grad.abs().max()) > 1e-8

@@ -45,6 +45,8 @@ ARCHITECTURES = [
 ] + [
     dict(attention_window=1, causal=True, core_out_norm=True),
     dict(injection="concat", inject_init="random", core_out_norm=True, norm="rmsnorm"),
+    dict(injection="contractive", placement="pre", positional="rope"),
+    dict(injection="contractive", placement="post_sandwich", norm="rmsnorm", causal=True),
 ]
 
 
