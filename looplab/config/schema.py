@@ -135,6 +135,9 @@ class TrainConfig:
     keep_checkpoints: int = param(2, at_least(1))
     backprop_loops: int = param(0, at_least(0), "0: through every loop")
     segment_loops: int = param(0, at_least(0), "0: no deep supervision")
+    init_from: str = param(
+        "", doc="a run dir whose latest checkpoint's model weights start this run (fine-tuning); empty: fresh"
+    )
 
 
 @dataclass

@@ -19,12 +19,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from looplab.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from looplab.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
 from looplab.config import Config
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment, all_finite, check_config, check_device, training_depth
@@ -33,7 +34,7 @@ from looplab.memory import check_fits, training_bytes
 from looplab.parallel import SINGLE, Parallel
 from looplab.progress import ProgressLines
 from looplab.regularisers import regularised_loss
-from looplab.rundir import LOG_FILE, check_run_dir_target, prepare_run_dir, read_log
+from looplab.rundir import LOG_FILE, check_run_dir_target, load_run_config, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
 from looplab.tasks import make_task
 from looplab.train.distributed import data_parallel
@@ -231,6 +232,7 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     if config.run.threads > 0:
         torch.set_num_threads(config.run.threads)
     check_run_dir_target(run_dir)
+    source = init_checkpoint(config, run_dir)
     with data_parallel(config) as parallel, ExitStack() as held:
         # Rank 0 locks, creates or checks the run dir while the others wait, so every rank
         # then reads the same latest checkpoint; the lock is held until training ends.
@@ -249,6 +251,8 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
             state = load_checkpoint(checkpoint, exp.modules(), optimizer)
             start = state["step"]
             exp.schedule.load_state_dict(state.get("schedule", {}))
+        elif source is not None:  # a fine-tune's first start: the model's weights, not its optimizer
+            load_weights(source, {"model": exp.model})
         exp.model.train()
         with quiet_writer_threads():
             log = RunLog(run_dir, start) if parallel.is_main else None
@@ -262,6 +266,30 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     return exp
 
 
+def init_checkpoint(config: Config, run_dir: Path) -> Path | None:
+    """The checkpoint ``train.init_from`` names (its run's latest), checked before anything is written:
+    a run dir with a checkpoint, another than ``run_dir``, whose model config and vocabulary are this one's."""
+    if not config.train.init_from:
+        return None
+    source = Path(config.train.init_from)
+    if source.resolve() == run_dir.resolve():
+        raise LooplabError(f"train.init_from {source} is this run's own dir; a run resumes from itself anyway")
+    theirs = load_run_config(source)
+    checkpoint = latest_checkpoint(source)
+    if checkpoint is None:
+        raise LooplabError(f"train.init_from {source} holds no checkpoint yet")
+    differ = [key for key, value in asdict(config.model).items() if asdict(theirs.model).get(key) != value]
+    if differ:
+        raise LooplabError(
+            f"train.init_from {source} has another model: model.{', model.'.join(differ)} differ; "
+            "fine-tuning keeps the model's shape"
+        )
+    ours, its = (make_task(c.task.name, c.task.alphabet).vocab_size for c in (config, theirs))
+    if ours != its:
+        raise LooplabError(f"train.init_from {source} reads a vocabulary of {its} tokens, this run's task {ours}")
+    return checkpoint
+
+
 def start_line(exp: Experiment, run_dir: Path, start: int, parallel: Parallel) -> str:
     """What a run is about to do: where, how big, on what, and which steps (or that none are left)."""
     steps = exp.config.train.steps
@@ -272,7 +300,10 @@ def start_line(exp: Experiment, run_dir: Path, start: int, parallel: Parallel) -
     )
     if start >= steps:
         return f"{where}: already trained to step {start} of {steps}, nothing to train"
-    return f"{where}: steps {start + 1}..{steps}" + (f" (resumed from step {start})" if start else "")
+    if start:
+        return f"{where}: steps {start + 1}..{steps} (resumed from step {start})"
+    source = exp.config.train.init_from
+    return f"{where}: steps 1..{steps}" + (f", starting from the weights of {source}" if source else "")
 
 
 def _train_loop(

@@ -181,6 +181,9 @@ CASES = [
     ("eval {run} --lm-loops 4 --lengths 4 --max-loops 3", 2, "--lengths, --max-loops belong to"),
     ("sweep {root}/sweep.toml --out {new} --address 127.0.0.1:1", 2, "it needs --backend ray"),
     ("generate {run} --prompt x", 2, "whose tokens are not text"),
+    ("train {cfg} --set train.init_from={root}/missing --out {new}", 2, "run dir not found"),
+    ("train {cfg} --set train.init_from={run} --set model.d_model=16 --out {new}", 2, "model.d_model differ"),
+    ("train {cfg} --set train.init_from={run} --set task.name=copy --out {new}", 2, "reads a vocabulary of"),
     # ---- output paths
     ("train {cfg} --out {sweep_dir}", 2, "is a sweep dir (it holds sweep.toml)"),
     ("train {cfg} --out {root}", 2, "and is not a run dir; use a new or empty dir"),
