@@ -11,7 +11,7 @@ chain-arithmetic problems answered with the value after every step):
    paths must produce the same tokens.
 2. **Reasoning by real decoding**: ``--problems`` chain-trace problems of each of 1..4
    steps (an n-step answer is n digits and a newline), answered greedily with a depth per
-   token; exact match, answer-token accuracy, loops per token and tokens/s, for fixed
+   token; exact match, answer-token accuracy, loops per token and tokens/s (median of 3), for fixed
    depths and the adaptive exits (cap 16), under each cache policy (``last_m`` keeps 2
    loops per token). For each adaptive exit, the cheapest fixed depth whose exact match
    is at least as high, and the tokens/s of the two.
@@ -87,11 +87,14 @@ def label(rule: ExitRule) -> str:
     return f"{rule.name}, {setting}, cap {rule.loops}"
 
 
-def reasoning(model, problems, rule, cache):
-    """(decoded answers, tokens/s) of greedy answers to ``problems``."""
-    began = time.perf_counter()
-    answers = decode_answers(model, problems, rule, cache, KEEP_LOOPS)
-    return answers, answers.tokens / (time.perf_counter() - began)
+def reasoning(model, problems, rule, cache, repeats: int = 3):
+    """(decoded answers, median tokens/s over ``repeats`` runs) of greedy answers to ``problems``."""
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        answers = decode_answers(model, problems, rule, cache, KEEP_LOOPS)
+        seconds.append(time.perf_counter() - began)
+    return answers, answers.tokens / statistics.median(seconds)
 
 
 def main() -> None:
@@ -133,6 +136,7 @@ def main() -> None:
     generator = derive_generator(0, "bench-generate", "trace")
     problems = [p for n in range(1, 5) for p in ChainTrace().draw(n, args.problems, generator)]
     rules = [ExitRule("fixed", k) for k in FIXED_DEPTHS] + list(ADAPTIVE)
+    reasoning(model, problems, rules[0], "per_loop", repeats=1)  # warm-up
     rows, found = [], {}
     for rule in rules:
         for cache in CACHES:
