@@ -21,7 +21,8 @@ What the framework does around every entry, the same for all (``train_step``):
 - loss = (1 − Σ w)·task loss + Σ w·mean(penalty) over the regularisers applied
   on this step, and each mean penalty is logged under its name.
 
-Built in: ``jsrr``, the Jacobian spectral-radius regulariser of ``[stability.jsrr]``.
+Built in: ``jsrr``, the Jacobian spectral-radius regulariser of ``[stability.jsrr]``, and
+``state_l2``, an L2 penalty on the state (``[stability.state_l2]``, off until its weight is set).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "REGULARISERS",
     "Regulariser",
     "JacobianPenalty",
+    "StateL2",
     "register_regulariser",
     "build_regularisers",
     "regulariser_params",
@@ -181,3 +183,16 @@ class JacobianPenalty(Regulariser):
             chosen = torch.randperm(len(probe.h), generator=generator)[:rows].to(probe.h.device)
             probe = LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen])
         return jsrr_per_sample(model, probe, self.params.estimator, self.params.power_iters, generator)
+
+
+@register_regulariser
+class StateL2(Regulariser):
+    """An L2 penalty on the recurrent state: per row, the mean over its valid positions of ‖h‖² / d at
+    the probe depth (a remedy STARS argues fails; docs/methods.md §6)."""
+
+    name: ClassVar[str] = "state_l2"
+
+    def penalty(self, model, probe, generator):
+        squares = probe.h.pow(2).mean(dim=-1)  # [B, L]: ‖h‖² / d per position
+        valid = probe.valid.to(squares.dtype)
+        return (squares * valid).sum(1) / valid.sum(1).clamp(min=1)

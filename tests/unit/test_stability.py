@@ -207,3 +207,21 @@ def test_warm_started_power_iteration_tracks_the_exact_radius_along_a_trajectory
     # after its 16 iterations at loop 1, 4 per loop keep within a few percent of the exact radius
     assert torch.allclose(warm[4:].double(), exact[4:], rtol=0.05)
     assert (exact[0] - exact[-1] > 0.01).all()  # the radius does change along the way
+
+
+def test_state_l2_is_the_mean_squared_state_over_valid_positions_and_shrinks_the_state():
+    """The penalty per row is mean ‖h‖²/d over its valid positions (padding ignored), and gradient steps on
+    it alone pull the state's norm down."""
+    from looplab.regularisers import StateL2
+
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 4, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    valid = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    penalty = StateL2(weight=0.1).penalty(None, LoopProbe(h, torch.zeros_like(h), valid), generator)
+    expected = [float(h[0, :3].pow(2).mean()), float(h[1, :1].pow(2).mean())]
+    assert penalty.detach().tolist() == pytest.approx(expected)
+    penalty.sum().backward()
+    assert float(h.grad[0, 3].abs().max()) == 0.0  # padding gets no gradient
+    with torch.no_grad():
+        smaller = h - 0.5 * h.grad
+    assert float(smaller[valid].norm()) < float(h[valid].norm())
