@@ -246,3 +246,19 @@ def in_display_units(long: pd.DataFrame) -> pd.DataFrame:
     for stat in ("mean", "std", "ci_lo", "ci_hi", "std_lo", "std_hi"):
         long[stat] = long[stat] * scale
     return long
+
+
+def seed_cell(values: pd.Series, scale: float = 100.0, digits: int = 1, bounds=(0.0, 1.0)) -> str:
+    """mean ± std [95 % t-interval, clipped to ``bounds``] over seeds; "n/a (0 seeds)" when none, and a
+    spread of zero said as such (every seed gave the same value)."""
+    values = values.dropna().to_numpy(dtype=float)
+    if len(values) == 0:
+        return "n/a (0 seeds)"
+    mean = scale * values.mean()
+    if len(values) < 2:
+        return f"{mean:.{digits}f} (1 seed)"
+    if values.std(ddof=1) == 0:
+        return f"{mean:.{digits}f} (all {len(values)} seeds equal)"
+    low, high = t_interval(values)
+    low, high = scale * max(low, bounds[0]), scale * min(high, bounds[1])
+    return f"{mean:.{digits}f} ± {scale * values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"

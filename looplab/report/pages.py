@@ -69,7 +69,12 @@ def collector(study: str) -> Collector:
 
 
 def _import_studies() -> None:
-    from looplab.report import published, recursive, stopping_confirm  # noqa: F401  (they register on import)
+    from looplab.report import (  # noqa: F401  (they register on import)
+        published,
+        recursive,
+        stars_stabilisers,
+        stopping_confirm,
+    )
 
 
 def render_page(text: str, results_dir: Path, where: str = "page") -> str:

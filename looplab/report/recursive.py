@@ -27,7 +27,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.report.aggregate import FEW_SEEDS, aggregate, in_display_units, numeric, present, t_interval
+from looplab.report.aggregate import (
+    FEW_SEEDS,
+    aggregate,
+    in_display_units,
+    numeric,
+    present,
+    seed_cell,
+    t_interval,
+)
 from looplab.report.comparison import Ours, read_paper_table, variant_stem
 from looplab.report.effect import welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector
@@ -266,22 +274,6 @@ def _arms(runs: pd.DataFrame) -> list[str]:
     return sorted(set(runs.arm), key=_arm_rank)
 
 
-def _cell(values: pd.Series, scale: float = 100.0, digits: int = 1, bounds=(0.0, 1.0)) -> str:
-    """mean ± std [95 % t-interval, clipped to ``bounds``] over seeds; "n/a (0 seeds)" when none, and a
-    spread of zero said as such (every seed gave the same value)."""
-    values = values.dropna().to_numpy(dtype=float)
-    if len(values) == 0:
-        return "n/a (0 seeds)"
-    mean = scale * values.mean()
-    if len(values) < 2:
-        return f"{mean:.{digits}f} (1 seed)"
-    if values.std(ddof=1) == 0:
-        return f"{mean:.{digits}f} (all {len(values)} seeds equal)"
-    low, high = t_interval(values)
-    low, high = scale * max(low, bounds[0]), scale * min(high, bounds[1])
-    return f"{mean:.{digits}f} ± {scale * values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
-
-
 def arms_table(results_dir: Path, study: str) -> str:
     """Per arm of the study's runs.csv: Policy and Oracle, halting on / off, depth and training cost
     (mean ± std [t-interval])."""
@@ -301,7 +293,7 @@ def arms_table(results_dir: Path, study: str) -> str:
         cells = [
             "n/a (no head)"
             if c in HEAD_COLUMNS and part[c].isna().all()
-            else _cell(part[c], scale, d, (0.0, 1.0) if scale == 100 else (0.0, np.inf))
+            else seed_cell(part[c], scale, d, (0.0, 1.0) if scale == 100 else (0.0, np.inf))
             for _, c, scale, d in columns
         ]
         body.append([arm, str(len(part)), *cells])
@@ -376,10 +368,10 @@ def halting_table(results_dir: Path, study: str) -> str:
             [
                 arm,
                 str(len(part)),
-                _cell(part.on_id),
-                _cell(part.off_id),
-                _cell(part.on_id - part.off_id, bounds=(-1.0, 1.0)),
-                _cell(part.on_id_depth, 1, 2, (0.0, np.inf)),
+                seed_cell(part.on_id),
+                seed_cell(part.off_id),
+                seed_cell(part.on_id - part.off_id, bounds=(-1.0, 1.0)),
+                seed_cell(part.on_id_depth, 1, 2, (0.0, np.inf)),
                 f"{part.on_seconds.sum() / len(part):.2f}",
                 f"{part.off_seconds.sum() / len(part):.2f}",
                 f"{part.off_seconds.sum() / part.on_seconds.sum():.2f}x",
