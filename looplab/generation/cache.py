@@ -18,7 +18,7 @@ says which of them a new token attends to (docs/methods.md §9):
                m ≥ the cap is ``per_loop``. Memory is m × layers × tokens.
 
 Prelude and coda layers run once per token, so they have one cache each under
-both policies.
+every policy.
 
 A cache is preallocated for the batch's longest sequence: ``slots`` positions per
 row, slot s holding the row's token s (prompts right-padded to the longest, then
@@ -191,7 +191,8 @@ def cached_attention(
     Args:
         x: [R, m, d] the layer input of the new tokens of ``rows`` (R row indices into the batch,
             or ``slice(None)`` for every row), which occupy slots ``chunk`` (m slots).
-        cache: this layer call's keys and values, [B, H, S, Dh].
+        cache: this layer call's keys and values (:class:`LayerCache` [B, H_kv, S, Dh], or a
+            ``last_m`` :class:`RingLayerCache`).
         allowed: [R, m, chunk.stop] bool, from :func:`visible`.
         rope: (cos, sin) [R, m, Dh] for the new tokens' own positions, or None.
         loop: the core loop these tokens are at (what a ``last_m`` cache reads; 0 elsewhere).

@@ -268,8 +268,9 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
 
 def init_checkpoint(config: Config, run_dir: Path) -> Path | None:
     """The checkpoint ``train.init_from`` names (its run's latest), checked before anything is written:
-    a run dir with a checkpoint, another than ``run_dir``, whose model config and vocabulary are this one's."""
-    if not config.train.init_from:
+    a run dir with a checkpoint, another than ``run_dir``, whose model config and vocabulary are this one's.
+    None without ``init_from``, or when ``run_dir`` has a checkpoint of its own (a resume reads only that)."""
+    if not config.train.init_from or (run_dir.is_dir() and latest_checkpoint(run_dir) is not None):
         return None
     source = Path(config.train.init_from)
     if source.resolve() == run_dir.resolve():

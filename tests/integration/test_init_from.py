@@ -43,6 +43,7 @@ def test_a_killed_fine_tune_resumes_from_its_own_checkpoint_bit_for_bit(tmp_path
     train(config, killed, progress=False)
     last = checkpoint_dirs(killed)[-1]
     shutil.rmtree(last)  # as if killed after the step-3 checkpoint
+    shutil.rmtree(source)  # a resume reads its own checkpoint only: the source may be gone
     resumed = train(config, killed, progress=False)
     for key, value in straight.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[key], value), key
