@@ -23,14 +23,34 @@ from looplab.report.pages import markdown_table, register_block
 Q = (1 + LEVEL) / 2
 
 
-def _t_cell(n: float, mean: float, std: float, digits: int) -> str:
-    """ "mean ± std [t-interval]" from a seed aggregate; "n/a (0 seeds)" when n = 0."""
+def _t_cell(n: float, mean: float, std: float, digits: int, bounds=(-math.inf, math.inf)) -> str:
+    """ "mean ± std [t-interval, clipped to ``bounds``]" from a seed aggregate; "n/a (0 seeds)" when n = 0."""
     if not n or not math.isfinite(mean):
         return "n/a (0 seeds)"
     if n < 2 or not math.isfinite(std):
         return f"{mean:.{digits}f}"
     half = scipy_stats.t.ppf(Q, n - 1) * std / math.sqrt(n)
-    return f"{mean:.{digits}f} ± {std:.{digits}f} [{mean - half:.{digits}f}, {mean + half:.{digits}f}]"
+    low, high = max(mean - half, bounds[0]), min(mean + half, bounds[1])
+    return f"{mean:.{digits}f} ± {std:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def value_range(stem: str) -> tuple[float, float]:
+    """The range a metric's values lie in, from its name: a relative drop is at most 100 % (and a drop
+    from the peak at least 0), another percentage lies in 0–100, a loop count is at least 1, a cosine in
+    −1..1, a fraction in 0–1, a norm, ratio, difference or ColSum at least 0; anything else is unbounded."""
+    if "drop" in stem:  # a drop from the peak is never negative; one between two depths may be
+        return (0.0 if "peak" in stem else -math.inf), 100.0
+    if "(%)" in stem:
+        return 0.0, 100.0
+    if "loops" in stem.lower() and "(" not in stem:
+        return 1.0, math.inf
+    if "cos" in stem:
+        return -1.0, 1.0
+    if "fraction" in stem or stem.startswith("token_dynamics."):
+        return 0.0, 1.0
+    if any(word in stem for word in ("norm", "ratio", "diff", "colsum")):
+        return 0.0, math.inf
+    return -math.inf, math.inf
 
 
 def chi2_cell(n: float, std: float, digits: int = 1) -> str:
@@ -60,7 +80,7 @@ def aggregate_table(
     for _, row in frame.iterrows():
         n = row[f"{metrics[0][0]}.n"]
         cells = [str(row[c]) for c, _ in keys] + [_seeds(n)]
-        cells += [_t_cell(row[f"{s}.n"], row[f"{s}.mean"], row[f"{s}.std"], d) for s, _, d in metrics]
+        cells += [_t_cell(row[f"{s}.n"], row[f"{s}.mean"], row[f"{s}.std"], d, value_range(s)) for s, _, d in metrics]
         if spread:
             cells.insert(at, chi2_cell(row[f"{spread}.n"], row[f"{spread}.std"]))
         body.append(cells)

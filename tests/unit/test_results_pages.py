@@ -143,3 +143,21 @@ def test_collect_refuses_a_run_without_its_second_read(tmp_path):
     (run / "eval" / "loops30" / SAMPLES_FILE).unlink()
     with pytest.raises(LooplabError, match="evaluate the run to 30 loops first"):
         collect([tmp_path / "sweep"], tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "stem, mean, std, shown",
+    [
+        ("Min accuracy, loops 4–100 (%)", 16.0, 17.2, "16.0 ± 17.2 [0.0, 58.7]"),
+        ("Peak accuracy (%)", 99.3, 0.6, "99.3 ± 0.6 [97.8, 100.0]"),
+        ("Rel. drop peak→last (%)", 0.8, 0.6, "0.8 ± 0.6 [0.0, 2.3]"),
+        ("Rel. drop 4→8 loops (%)", 38.9, 34.4, "38.9 ± 34.4 [-46.6, 100.0]"),
+        ("Peak at loops", 2.3, 0.6, "2.3 ± 0.6 [1.0, 3.8]"),
+        ("fixed_point_self_cos", 0.9, 0.1, "0.9 ± 0.1 [0.7, 1.0]"),
+        ("steps_trained", 5.0, 10.0, "5.0 ± 10.0 [-19.8, 29.8]"),
+    ],
+)
+def test_seed_aggregate_intervals_are_clipped_to_the_metrics_range(stem, mean, std, shown):
+    from looplab.report.published import _t_cell, value_range
+
+    assert _t_cell(3, mean, std, 1, value_range(stem)) == shown
