@@ -30,6 +30,7 @@ BENCHMARKS = (
     "eval_grid",
     "halting",
     "halting_inference",
+    "stabilisers",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 
