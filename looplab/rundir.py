@@ -93,7 +93,11 @@ def prepare_run_dir(run_dir: Path, config: Config) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
     if path.exists() and latest_checkpoint(run_dir) is not None:
+        from looplab.regularisers import complete_stability
+
         saved = load_run_config(run_dir).to_dict()
+        # a run written before a regulariser was registered never applied it: its table is the defaults
+        saved["stability"] = complete_stability(saved.get("stability", {}))
         wanted = config.to_dict()
         # only the keys the new config states: a config.toml written before a section's keys became the
         # chosen component's own may hold more (e.g. every schedule's keys), which the run never read

@@ -195,7 +195,7 @@ CASES = [
     ("train {cfg} --out ", 2, "out must not be empty"),
     ("train {cfg} --set train.lr=0.5 --out {run}", 2, "holds a different config (differs in train.lr)"),
     ("config show {root}/missing.toml", 2, "neither a file nor a bundled preset"),
-    ("config show no-such-preset", 2, "presets: demo, mechanistic/…"),
+    ("config show no-such-preset", 2, "presets: demo, generation/…, mechanistic/…"),
     # ---- evaluation
     ("eval {root}/missing", 2, "run dir not found"),
     ("eval {root}/no_config", 2, "is not a run dir (no config.toml)"),
