@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from looplab.checkpoint import latest_checkpoint
@@ -84,20 +85,18 @@ def check_run_dir_target(run_dir: Path) -> None:
         )
 
 
-def prepare_run_dir(run_dir: Path, config: Config) -> None:
+def prepare_run_dir(run_dir: Path, config: Config, complete: Callable[[dict], dict] = lambda saved: saved) -> None:
     """Create the run dir, or check that an existing one holds this same config.
 
     A run dir whose config was written but that holds no checkpoint yet (a start that
     failed before its first step was saved) takes the new config: nothing trained is lost.
+    ``complete`` fills what an older saved config could not hold (sections as a dict) before
+    the two are compared.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
     if path.exists() and latest_checkpoint(run_dir) is not None:
-        from looplab.regularisers import complete_stability
-
-        saved = load_run_config(run_dir).to_dict()
-        # a run written before a regulariser was registered never applied it: its table is the defaults
-        saved["stability"] = complete_stability(saved.get("stability", {}))
+        saved = complete(load_run_config(run_dir).to_dict())
         wanted = config.to_dict()
         # only the keys the new config states: a config.toml written before a section's keys became the
         # chosen component's own may hold more (e.g. every schedule's keys), which the run never read

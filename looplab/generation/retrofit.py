@@ -30,7 +30,7 @@ class RetrofitShape:
     coda_layers: int
     max_len: int
     causal: bool = True
-    init_state: str = "input"
+    init_state: str = "embed"  # h_0 = e
     injection: str = "concat"
     positional: str = "rope"
     attention_window: int = 0

@@ -33,7 +33,7 @@ from looplab.io import atomic_write, exclusive_lock
 from looplab.memory import check_fits, training_bytes
 from looplab.parallel import SINGLE, Parallel
 from looplab.progress import ProgressLines
-from looplab.regularisers import regularised_loss
+from looplab.regularisers import complete_stability, regularised_loss
 from looplab.rundir import LOG_FILE, check_run_dir_target, load_run_config, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
 from looplab.tasks import make_task
@@ -238,7 +238,7 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
         # then reads the same latest checkpoint; the lock is held until training ends.
         def claim() -> None:
             held.enter_context(exclusive_lock(run_dir, "run dir"))
-            prepare_run_dir(run_dir, config)
+            prepare_run_dir(run_dir, config, with_every_regulariser)
 
         parallel.on_main(claim)
         exp = Experiment.build(
@@ -264,6 +264,12 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
         parallel.barrier()  # no rank returns before rank 0's final checkpoint exists
     exp.model.eval()
     return exp
+
+
+def with_every_regulariser(saved: dict) -> dict:
+    """A saved config (sections as a dict) with a table for every registered regulariser: a run written
+    before one was registered never applied it, so its table is that regulariser's defaults."""
+    return {**saved, "stability": complete_stability(saved.get("stability", {}))}
 
 
 def init_checkpoint(config: Config, run_dir: Path) -> Path | None:
