@@ -200,3 +200,28 @@ def effect_tests(results: pd.DataFrame, reference: str = "fixed", others=("windo
                 f"{describe(result)}."
             )
     return lines
+
+
+def comparison_line(question, arm, other, a, b, metric, above, below, margin_pp=None) -> str:
+    """One decision of a frozen protocol: ``arm`` − ``other`` on ``metric`` (fractions a, b over seeds),
+    the Welch 95 % interval in points, and the verdict: ``above`` / ``below`` when the interval excludes 0,
+    "matches" when ``margin_pp`` is given and the interval lies within ±margin_pp, else "not resolved";
+    "n/a" with the seed counts below two seeds a side."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or len(b) < 2:
+        return f"{question}: {arm} vs {other}: n/a ({len(a)} and {len(b)} seeds; needs 2 each)"
+    low, high = welch_interval(a, b)
+    if margin_pp is not None and -margin_pp / 100 <= low and high <= margin_pp / 100:
+        verdict = f"matches (within ±{margin_pp:g} pp)"
+    else:
+        verdict = above if low > 0 else below if high < 0 else "not resolved"
+    few = f" (few seeds: {min(len(a), len(b))})" if min(len(a), len(b)) < FEW_SEEDS else ""
+    return (
+        f"{question}: {arm} − {other}, {metric} {points(a.mean() - b.mean())} pp, Welch 95% "
+        f"[{points(low)}, {points(high)}] ({len(a)} vs {len(b)} seeds){few}: {verdict}"
+    )
+
+
+def points(value: float) -> str:
+    """A difference of fractions in signed percentage points; "n/a" when undefined."""
+    return "n/a" if not np.isfinite(value) else f"{100 * value:+.1f}"

@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 
 from looplab.report.aggregate import (
-    FEW_SEEDS,
     aggregate,
     in_display_units,
     numeric,
@@ -37,7 +36,7 @@ from looplab.report.aggregate import (
     t_interval,
 )
 from looplab.report.comparison import Ours, read_paper_table, variant_stem
-from looplab.report.effect import welch_interval
+from looplab.report.effect import comparison_line, points
 from looplab.report.pages import markdown_table, register_block, register_collector
 from looplab.report.tables import Table, seed_table
 
@@ -95,10 +94,6 @@ def _values(results: pd.DataFrame, arm: str, metric: str) -> pd.Series:
     return values.dropna()
 
 
-def _pp(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{100 * value:+.1f}"
-
-
 def decision_lines(
     results: pd.DataFrame,
     comparisons=COMPARISONS,
@@ -117,19 +112,7 @@ def decision_lines(
         *((m, MATCH_PP) for m in matches),
     ]:
         a, b = _values(results, arm, PRIMARY), _values(results, other, PRIMARY)
-        if len(a) < 2 or len(b) < 2:
-            lines.append(f"{question}: {arm} vs {other}: n/a ({len(a)} and {len(b)} seeds; needs 2 each)")
-            continue
-        low, high = welch_interval(a.to_numpy(), b.to_numpy())
-        if margin is not None and -margin / 100 <= low and high <= margin / 100:
-            verdict = f"matches (within ±{margin:g} pp)"
-        else:
-            verdict = above if low > 0 else below if high < 0 else "not resolved"
-        few = f" (few seeds: {min(len(a), len(b))})" if min(len(a), len(b)) < FEW_SEEDS else ""
-        lines.append(
-            f"{question}: {arm} − {other}, Policy ID {_pp(a.mean() - b.mean())} pp, Welch 95% "
-            f"[{_pp(low)}, {_pp(high)}] ({len(a)} vs {len(b)} seeds){few}: {verdict}"
-        )
+        lines.append(comparison_line(question, arm, other, a, b, "Policy ID", above, below, margin))
     for arm in paired_arms:
         on = _values(results, arm, "halting_inference.on_id")
         off = _values(results, arm, "halting_inference.off_id")
@@ -149,8 +132,8 @@ def decision_lines(
         off_s = _values(results, arm, "halting_inference.off_seconds")[seeds]
         depth = _values(results, arm, "halting_inference.on_id_depth")[seeds]
         lines.append(
-            f"halting on − off, {arm}: ID accuracy {_pp(difference.mean())} pp, paired 95% [{_pp(low)}, "
-            f"{_pp(high)}] ({len(seeds)} seeds): {verdict}; mean depth on {depth.mean():.2f} loops; "
+            f"halting on − off, {arm}: ID accuracy {points(difference.mean())} pp, paired 95% [{points(low)}, "
+            f"{points(high)}] ({len(seeds)} seeds): {verdict}; mean depth on {depth.mean():.2f} loops; "
             f"wall time off / on {off_s.sum() / on_s.sum():.2f}x"
         )
     return lines

@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.report.aggregate import FEW_SEEDS, seed_cell
-from looplab.report.effect import welch_interval
+from looplab.report.aggregate import seed_cell
+from looplab.report.effect import comparison_line
 from looplab.report.pages import markdown_table, register_block, register_collector
+from looplab.rundir import read_log
 
 STUDY = "stars-stabilisers"
-PRIMARY = "acc_256"
+PRIMARY, METRIC = "acc_256", "accuracy at 256 loops"
 READ_LOOPS = (4, 8, 16, 32, 64, 128, 256)
 RHO_LOOPS = (8, 128)
 ARM_ORDER = ("fixed4", "fixed4-jsrr", "lognormal", "stars", "frobenius", "state_l2", "prelude_coda", "contractive")
@@ -84,8 +85,7 @@ def _run_row(run_dir: Path) -> dict:
         row["nonfinite_256"] = float(curve.nonfinite_fraction.get(256, np.nan))
     elif status == "diverged":
         row.update({f"acc_{k}": 0.0 for k in READ_LOOPS} | {"acc_min_4_256": 0.0})
-    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in log if "elapsed_s" in r and "step" in r]
+    steps = [record for record in read_log(run_dir) if "elapsed_s" in record]
     row["step_s"] = steps[-1]["elapsed_s"] / steps[-1]["step"] if steps else np.nan
     spectral = run_dir / "analysis" / "spectral.csv"
     if spectral.is_file():
@@ -102,27 +102,16 @@ def _arms(runs: pd.DataFrame) -> list[str]:
     return sorted(set(runs.arm), key=_rank)
 
 
-def _pp(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{100 * value:+.1f}"
-
-
 def decision_lines(runs: pd.DataFrame) -> list[str]:
     """The protocol's decisions on accuracy at 256 loops, each with its Welch interval and seed counts."""
-    lines = []
-    for question, arm, other, above, below in COMPARISONS:
-        a = runs.loc[runs.arm == arm, PRIMARY].dropna().to_numpy(dtype=float)
-        b = runs.loc[runs.arm == other, PRIMARY].dropna().to_numpy(dtype=float)
-        if len(a) < 2 or len(b) < 2:
-            lines.append(f"{question}: {arm} vs {other}: n/a ({len(a)} and {len(b)} seeds; needs 2 each)")
-            continue
-        low, high = welch_interval(a, b)
-        verdict = above if low > 0 else below if high < 0 else "not resolved"
-        few = f" (few seeds: {min(len(a), len(b))})" if min(len(a), len(b)) < FEW_SEEDS else ""
-        lines.append(
-            f"{question}: {arm} − {other}, accuracy at 256 loops {_pp(a.mean() - b.mean())} pp, Welch 95% "
-            f"[{_pp(low)}, {_pp(high)}] ({len(a)} vs {len(b)} seeds){few}: {verdict}"
-        )
-    return lines
+    return [
+        comparison_line(question, arm, other, _primary(runs, arm), _primary(runs, other), METRIC, above, below)
+        for question, arm, other, above, below in COMPARISONS
+    ]
+
+
+def _primary(runs: pd.DataFrame, arm: str) -> np.ndarray:
+    return runs.loc[runs.arm == arm, PRIMARY].dropna().to_numpy(dtype=float)
 
 
 @register_block(f"{STUDY}/decisions")
