@@ -181,29 +181,43 @@ def main() -> None:
     )
 
     passages = kjv_prompts(exp, 8, 64)
-    rows = []
-    for rule in [ExitRule("fixed", k) for k in FIXED_DEPTHS] + list(ADAPTIVE):
-        for cache in CACHES:
-            scored = score(model, passages, rule, cache, keep_loops=KEEP_LOOPS)
-            rows.append([label(rule), cache, f"{scored.mean_loss:.3f}", f"{scored.mean_depth:.2f}"])
     print("3. KJV validation text, 8 passages of 64 bytes, teacher-forced, each byte at its exit's depth")
-    print_table(["exit", "cache", "loss (nats / byte)", "loops per byte"], rows)
-
-    memory = []
-    for loops in (4, 16, 64):
-        sizes = [
-            generate(model, prompts, 32, ExitRule("fixed", loops), cache, keep_loops=KEEP_LOOPS).cache_bytes / 2**20
-            for cache in CACHES
-        ]
-        memory.append([loops, *(f"{size:.2f}" for size in sizes)])
+    print_table(["exit", "cache", "loss (nats / byte)", "loops per byte"], loss_rows(model, passages, rules))
+    memory = memory_rows(model, prompts, 32, 2)
     print("4. keys and values held, MiB (batch 8, 32 + 32 tokens)")
-    print_table(["loops", *(f"{c} ({KEEP_LOOPS})" if c == "last_m" else c for c in CACHES)], memory)
+    print_table(MEMORY_HEADER, memory)
     print_measure("per_loop / shared cache memory at 64 loops", float(memory[-1][1]) / float(memory[-1][3]))
     retrofit_ratio = retrofit_section()
     if retrofit_ratio is not None:
         print_measure("retrofit: cached / uncached generation tokens/s, 32 + 16 tokens", retrofit_ratio)
     print_measure("cached / uncached generation tokens/s, 32 + 32 bytes", ratios[32])
     print_verdict("cached / uncached generation tokens/s, 128 + 128 bytes", ratios[128], GOAL)
+
+
+def loss_rows(model, passages, rules) -> list[list[str]]:
+    """(exit, cache, teacher-forced loss, loops per token) of ``passages`` under each rule and cache."""
+    rows = []
+    for rule in rules:
+        for cache in CACHES:
+            scored = score(model, passages, rule, cache, keep_loops=KEEP_LOOPS)
+            rows.append([label(rule), cache, f"{scored.mean_loss:.3f}", f"{scored.mean_depth:.2f}"])
+    return rows
+
+
+#: the memory table's header: loops, then each cache policy
+MEMORY_HEADER = ["loops", *(f"{c} ({KEEP_LOOPS})" if c == "last_m" else c for c in CACHES)]
+
+
+def memory_rows(model, prompts, new_tokens: int, digits: int) -> list[list]:
+    """Per depth 4, 16, 64: the MiB of keys and values each cache policy holds after generating ``new_tokens``."""
+    rows = []
+    for loops in (4, 16, 64):
+        rule = ExitRule("fixed", loops)
+        sizes = [
+            generate(model, prompts, new_tokens, rule, c, keep_loops=KEEP_LOOPS).cache_bytes / 2**20 for c in CACHES
+        ]
+        rows.append([loops, *(f"{size:.{digits}f}" for size in sizes)])
+    return rows
 
 
 def retrofit_section() -> float | None:
@@ -229,22 +243,11 @@ def retrofit_section() -> float | None:
         ["fixed 4 loops, + 16 tokens", "per_loop cache", "no cache (recompute)", "ratio"],
         [["tokens/s", f"{cached_rate:.1f}", f"{uncached_rate:.1f}", f"{cached_rate / uncached_rate:.2f}"]],
     )
-    rows = []
-    for rule in (ExitRule("fixed", 1), ExitRule("fixed", 4), ExitRule("convergence", CAP, eps=0.05)):
-        for cache in CACHES:
-            scored = score(retrofit, passages, rule, cache, keep_loops=KEEP_LOOPS)
-            rows.append([label(rule), cache, f"{scored.mean_loss:.3f}", f"{scored.mean_depth:.2f}"])
+    rules = (ExitRule("fixed", 1), ExitRule("fixed", 4), ExitRule("convergence", CAP, eps=0.05))
     print("   KJV passages of 48 tokens, teacher-forced, each token at its exit's depth")
-    print_table(["exit", "cache", "loss (nats / token)", "loops per token"], rows)
-    memory = []
-    for loops in (4, 16, 64):
-        sizes = [
-            generate(retrofit, prompts, 1, ExitRule("fixed", loops), c, keep_loops=KEEP_LOOPS).cache_bytes / 2**20
-            for c in CACHES
-        ]
-        memory.append([loops, *(f"{size:.1f}" for size in sizes)])
+    print_table(["exit", "cache", "loss (nats / token)", "loops per token"], loss_rows(retrofit, passages, rules))
     print("   keys and values held, MiB (batch 4, 32 + 1 tokens)")
-    print_table(["loops", *(f"{c} ({KEEP_LOOPS})" if c == "last_m" else c for c in CACHES)], memory)
+    print_table(MEMORY_HEADER, memory_rows(retrofit, prompts, 1, 1))
     return cached_rate / uncached_rate
 
 
