@@ -35,6 +35,10 @@ def _lengths(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8,12,16, got {text!r}") from None
 
 
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 #: what ``--help`` shows under each command (``runs/demo`` is what ``make demo`` writes, ``runs/lm`` a text run)
 EXAMPLES = {
     "train": [
@@ -52,6 +56,7 @@ EXAMPLES = {
     "mechanistic": [
         "looplab analyze runs/demo",
         "looplab analyze mechanistic runs/demo --loops 64 --samples 4 --no-mlp-ablation",
+        "looplab analyze mechanistic runs/demo --zero-mlp core0 --out runs/demo/analysis/zero-core0",
         "looplab analyze mechanistic mechanistic/ablation-pre-injection --out runs/init   (an untrained model)",
     ],
     "spectral": ["looplab analyze spectral runs/demo --loops 64 --exact-at all"],
@@ -145,6 +150,16 @@ def _parser() -> argparse.ArgumentParser:
     mechanistic.add_argument(
         "--no-mlp-ablation", action="store_true", help="skip the re-traces with each core layer's MLP zeroed"
     )
+    mechanistic.add_argument(
+        "--zero-mlp",
+        metavar="LAYER",
+        default="",
+        help="zero this MLP's output throughout (preludeI, coreI or codaI), e.g. to remove a massive activation",
+    )
+    mechanistic.add_argument(
+        "--metrics", type=_names, default=[], help="comma-separated metrics to compute (default: all)"
+    )
+    mechanistic.add_argument("--no-plots", action="store_true", help="write summary and CSVs only")
     for sub in (spectral, pca):
         sub.add_argument("run_dir")
         sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
@@ -303,6 +318,9 @@ def _analyze(args) -> None:
             "loops": args.loops,
             "samples": args.samples,
             "mlp_ablation": not args.no_mlp_ablation,
+            "zero_mlp": args.zero_mlp,
+            "metrics": args.metrics,
+            "plots": not args.no_plots,
             "progress": True,
         }
         if resolve_preset(args.run_dir).is_file():
@@ -314,7 +332,8 @@ def _analyze(args) -> None:
                 raise LooplabError("--set applies to a config file; a run dir's config is fixed")
             summary = analyze_mechanistic(args.run_dir, out=args.out, **options)
         print(format_mechanistic(summary))
-        print(f"wrote {args.out or out / 'mechanistic'}: summary.json, CSVs and plots")
+        written = "summary.json, CSVs and plots" if not args.no_plots else "summary.json and CSVs"
+        print(f"wrote {args.out or out / 'mechanistic'}: {written}")
     elif args.kind == "spectral":
         if args.iters < 1:
             raise LooplabError(f"--iters must be >= 1, got {args.iters}")

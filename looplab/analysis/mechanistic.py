@@ -86,9 +86,17 @@ def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress:
         label: the name plot titles start with.
         progress: show which metric is being computed (a bar on a terminal, lines elsewhere).
         options: the fields of :class:`AnalysisOptions` (``loops``, ``samples``, ``window``, ``tol``,
-            ``max_period``, ``mlp_ablation``), each checked against its domain; the rest keep their defaults.
+            ``max_period``, ``mlp_ablation``, ``metrics``, ``plots``, ``zero_mlp``), each checked against
+            its domain; the rest keep their defaults.
     """
     settings = fill(AnalysisOptions, options, "analysis")
+    if settings.zero_mlp:
+        with zero_mlp(exp.model, settings.zero_mlp):
+            return _analyze(exp, out, label, progress, settings)
+    return _analyze(exp, out, label, progress, settings)
+
+
+def _analyze(exp: Experiment, out: Path, label: str, progress: bool, settings: AnalysisOptions) -> dict:
     loops, samples = settings.loops, settings.samples
     cfg = exp.config
     length = cfg.task.train_max
@@ -102,7 +110,7 @@ def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress:
             batch.tokens,
             batch.valid,
             loops,
-            attention=True,
+            attention=settings.needs_attention,
             dtype=torch.float32,
             device="cpu",
             generator=derive_generator(cfg.run.seed, "mechanistic", "init"),
@@ -115,11 +123,12 @@ def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress:
         "loops": loops,
         "samples": samples,
         "length": length,
+        **({"zero_mlp": settings.zero_mlp} if settings.zero_mlp else {}),
     }
     return run_metrics(inputs, out, header, progress)
 
 
-@register_metric("fixed_points")
+@register_metric("fixed_points", attention=False)
 def fixed_point_metric(inputs: AnalysisInput) -> MetricResult:
     """Cosine of each state to its own final state, between layers' fixed points, state norms, update ratios."""
     states, valid, loops = inputs.states, inputs.valid, inputs.loops
@@ -158,7 +167,7 @@ def fixed_point_metric(inputs: AnalysisInput) -> MetricResult:
     )
 
 
-@register_metric("convergence")
+@register_metric("convergence", attention=False)
 def convergence_metric(inputs: AnalysisInput) -> MetricResult:
     """Δ_(ℓ,t) = ‖X_t − X_{t−1}‖ / ‖X_t‖ per core layer and loop."""
     delta = convergence(inputs.states, inputs.valid)  # [k, r−1]
@@ -247,7 +256,7 @@ def colsum_metric(inputs: AnalysisInput) -> MetricResult:
     )
 
 
-@register_metric("token_dynamics")
+@register_metric("token_dynamics", attention=False)
 def token_dynamics_metric(inputs: AnalysisInput) -> MetricResult:
     """Each token's h_t over the last loops: fixed point, periodic orbit or slider."""
     loops, options = inputs.loops, inputs.options
@@ -262,7 +271,7 @@ def token_dynamics_metric(inputs: AnalysisInput) -> MetricResult:
     )
 
 
-@register_metric("massive")
+@register_metric("massive", attention=False)
 def massive_metric(inputs: AnalysisInput) -> MetricResult:
     """Massive activations: the largest |activation| over the median, per loop and layer."""
     massive = massive_activations(inputs.states, inputs.valid)  # [r, k]

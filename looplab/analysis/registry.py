@@ -29,7 +29,7 @@ from torch import Tensor
 
 from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.trace import Trace
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, choice_error
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
 from looplab.params import POSITIVE, at_least, param
@@ -49,10 +49,25 @@ class AnalysisOptions:
     tol: float = param(1e-3, POSITIVE, "the token dynamics' cosine tolerance")
     max_period: int = param(8, at_least(1), "the longest orbit period the token dynamics search")
     mlp_ablation: bool = param(True, None, "also re-trace with each core layer's MLP zeroed (one trace per layer)")
+    metrics: list[str] = param([], None, "the metrics to compute, by name (empty: every registered one)")
+    plots: bool = param(True, None, "draw each metric's figures")
+    zero_mlp: str = param("", None, "an MLP whose output is zeroed for the whole analysis: preludeI, coreI or codaI")
 
     def __post_init__(self):
         if self.window == 1:
             raise LooplabError("analysis.window must be 0 (automatic) or >= 2, got 1: one loop shows no dynamics")
+        for name in self.metrics:
+            if name not in METRICS:
+                raise choice_error("analysis metric", name, METRICS)
+
+    def selected(self) -> dict[str, Metric]:
+        """The metrics this analysis computes, in registration order."""
+        return {name: metric for name, metric in METRICS.items() if not self.metrics or name in self.metrics}
+
+    @property
+    def needs_attention(self) -> bool:
+        """Whether a selected metric reads attention probabilities (else the trace records states only)."""
+        return any(name not in STATES_ONLY for name in self.selected())
 
     @property
     def dynamics_window(self) -> int:
@@ -119,24 +134,33 @@ class MetricResult:
 
 Metric = Callable[[AnalysisInput], MetricResult]
 METRICS: dict[str, Metric] = {}
+#: the metrics that read states only: an analysis of these alone traces without attention
+STATES_ONLY: set[str] = set()
 
 
-def register_metric(name: str) -> Callable[[Metric], Metric]:
-    """Function decorator: every mechanistic analysis computes the metric and writes its files."""
+def register_metric(name: str, attention: bool = True) -> Callable[[Metric], Metric]:
+    """Function decorator: every mechanistic analysis computes the metric and writes its files.
+
+    ``attention=False`` declares that the metric reads no attention probabilities.
+    """
 
     def register(metric: Metric) -> Metric:
         register_entry(METRICS, name, metric, "metric")
+        if not attention:
+            STATES_ONLY.add(name)
         return metric
 
     return register
 
 
 def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any], progress: bool = False) -> dict[str, Any]:
-    """Compute every registered metric and write its files to ``out``; returns the summary
-    (``header`` first, then each metric's entries). ``progress`` shows which metric runs."""
+    """Compute the selected metrics (``inputs.options.metrics``; all by default) and write their files to
+    ``out``, figures unless ``inputs.options.plots`` is off; returns the summary (``header`` first, then
+    each metric's entries). ``progress`` shows which metric runs."""
     results = []
-    with Progress("analyze", len(METRICS), unit="metric", enabled=progress) as bar:
-        for name, metric in METRICS.items():
+    selected = inputs.options.selected()
+    with Progress("analyze", len(selected), unit="metric", enabled=progress) as bar:
+        for name, metric in selected.items():
             results.append(metric(inputs))
             bar.advance(detail=name)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +168,7 @@ def run_metrics(inputs: AnalysisInput, out: Path, header: dict[str, Any], progre
     for result in results:
         for name, (columns, rows) in result.tables.items():
             atomic_write(out / name, partial(_write_csv, header=columns, rows=rows))
-        for name, draw in result.plots.items():
+        for name, draw in result.plots.items() if inputs.options.plots else ():
             draw(out / name)  # plots save through looplab.plotting.save_figure, atomically
         summary.update(result.summary)
     atomic_write(out / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))

@@ -15,9 +15,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from looplab.analysis.registry import AnalysisOptions
-
-ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
 RESULT_FILE = "result.json"
 #: where a point's summaries land, under its run dir: the evaluation of an exact-match task, that of a
 #: language-modelling task, and the mechanistic analysis
@@ -33,11 +30,12 @@ class PointJob:
     run_dir: str
     config_toml: str
     scaling: bool = False
-    analyze: bool = False
-    analyze_loops: int = ANALYSIS.loops
     evaluate: bool = True
-    analyze_samples: int = ANALYSIS.samples
-    mlp_ablation: bool = ANALYSIS.mlp_ablation
+    analysis: dict | None = None  # the mechanistic analysis's options; None: no analysis
+
+    @property
+    def analyze(self) -> bool:
+        return self.analysis is not None
 
 
 def read_result(run_dir: Path) -> dict | None:
@@ -108,9 +106,7 @@ def _run_point(job: PointJob, run_dir: Path, config, began: float) -> dict:
     if status == "done" and job.analyze:
         from looplab.analysis.mechanistic import analyze_mechanistic
 
-        analyze_mechanistic(
-            run_dir, loops=job.analyze_loops, samples=job.analyze_samples, mlp_ablation=job.mlp_ablation
-        )
+        analyze_mechanistic(run_dir, **job.analysis)
     result = {"status": status, "wall_s": round(time.perf_counter() - began, 3)}
     atomic_write(run_dir / RESULT_FILE, lambda p: p.write_text(json.dumps(result)))
     return result

@@ -159,11 +159,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
             str(out / RUNS_DIR / p.run_id),
             p.config_toml,
             spec.scaling,
-            spec.analyze,
-            spec.analyze_loops,
             spec.evaluate,
-            spec.analyze_samples,
-            spec.mlp_ablation,
+            spec.analysis_options(),
         )
         for p in points
     ]

@@ -12,6 +12,8 @@ A sweep file is TOML::
     analyze_loops = 128
     analyze_samples = 8
     mlp_ablation = true        # the analysis re-traces with each core MLP zeroed (one trace per layer)
+    analyze_metrics = []       # the analysis metrics to compute (empty: all)
+    analyze_plots = true       # the analysis draws its figures
 
     [grid]                     # cartesian product of overrides (optional)
     "model.placement" = ["pre", "post"]
@@ -50,6 +52,13 @@ class SweepOptions:
     analyze_loops: int = param(ANALYSIS.loops, at_least(1))
     analyze_samples: int = param(ANALYSIS.samples, at_least(1))
     mlp_ablation: bool = param(ANALYSIS.mlp_ablation, None, "the analysis re-traces with each core MLP zeroed")
+    analyze_metrics: list[str] = param([], None, "the analysis metrics to compute (empty: all)")
+    analyze_plots: bool = param(ANALYSIS.plots, None, "the analysis draws its figures")
+
+    def __post_init__(self):
+        import looplab.analysis.mechanistic  # noqa: F401  (registers the built-in metrics the names are checked against)
+
+        fill(AnalysisOptions, analysis_options(self) or {}, "sweep")
 
 
 SWEEP_KEYS = ("configs", "seeds", "set", *(f.name for f in fields(SweepOptions)))
@@ -86,6 +95,12 @@ class SweepSpec:
     evaluate: bool = True
     analyze_samples: int = ANALYSIS.samples
     mlp_ablation: bool = ANALYSIS.mlp_ablation
+    analyze_metrics: list[str] = field(default_factory=list)
+    analyze_plots: bool = ANALYSIS.plots
+
+    def analysis_options(self) -> dict | None:
+        """The options each point's mechanistic analysis runs with (None: the sweep analyses nothing)."""
+        return analysis_options(self)
 
     def points(self) -> list[RunPoint]:
         """Every distinct run point, in file × grid × seed order."""
@@ -103,6 +118,19 @@ class SweepSpec:
                     point = RunPoint(toml_id(text), variant, text)
                     points.setdefault(point.run_id, point)
         return list(points.values())
+
+
+def analysis_options(options: SweepOptions | SweepSpec) -> dict | None:
+    """The :class:`AnalysisOptions` fields a sweep's ``analyze*`` keys set (None when it does not analyse)."""
+    if not options.analyze:
+        return None
+    return {
+        "loops": options.analyze_loops,
+        "samples": options.analyze_samples,
+        "mlp_ablation": options.mlp_ablation,
+        "metrics": list(options.analyze_metrics),
+        "plots": options.analyze_plots,
+    }
 
 
 def toml_id(config_toml: str) -> str:

@@ -1,0 +1,384 @@
+"""Stages of inference in trained looped models (docs/results/mechanistic-trained/PROTOCOL.md): rows and blocks.
+
+The collector traces every trained run of the sweep on the same 16 held-out windows and writes
+three per-seed files under ``docs/results/mechanistic-trained/``:
+
+    layers.csv       arm, seed, condition, loop, layer: ColSum concentration, sink mass, top
+                     activation, massive ratio (condition: ``base``, ``zero_massive`` — the MLP with
+                     the largest output zeroed — or ``zero_control`` — the one with the smallest)
+    runs.csv         arm, seed: the two zeroed MLPs and their output maxima, Δ_128, the distance to
+                     the 128-loop state at 4 / 32 / 64 / 127 loops, the final training loss
+    reuse.csv        arm, seed, epsilon (0: no reuse), loops: validation loss, share of patterns reused
+
+The blocks derive stage alignment and amplitude from layers.csv (the feed-forward reference is
+the mean of the feed-forward seeds), so every number on the page is recomputable from the CSVs.
+Decision rules, stated in the protocol before any run (Student-t / Welch 95 % intervals):
+
+    stages match the feed-forward ones   looped alignment                    "holds" above 0
+    massive activations needed           looped amplitude after / before     "holds" below 0.5
+    sandwich blocks the stages           amplitude looped − looped-sandwich  "holds" above 0
+    injection needed to converge         log10 Δ_128 looped-noinject − looped "holds" above 0
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from looplab.report.aggregate import FEW_SEEDS, t_interval
+from looplab.report.effect import welch_interval
+from looplab.report.pages import markdown_table, register_block, register_collector
+
+STUDY = "mechanistic-trained"
+ARM_ORDER = ("looped", "looped-noinject", "looped-sandwich", "feedforward")
+LOOPED_ARMS = ARM_ORDER[:3]
+REFERENCE_ARM = "feedforward"
+WINDOWS, WINDOW_BYTES = 16, 128
+LONG_LOOPS = 128
+DISTANCE_LOOPS = (4, 32, 64, 127)
+READ_LOOPS = (4, 32, 128)
+EPSILONS = (0.0, 0.01, 0.05)
+CONVERGED = 1e-3  # Δ_128 below this counts a seed as converged (reported, deciding nothing)
+HALVED = 0.5
+CONDITIONS = ("base", "zero_massive", "zero_control")
+LAYERS_FILE, RUNS_FILE, REUSE_FILE = "layers.csv", "runs.csv", "reuse.csv"
+
+
+@register_collector(STUDY)
+def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
+    """Trace every finished run of ``sweep_dirs`` and write layers.csv, runs.csv and reuse.csv to ``out``."""
+    from looplab.report.runs import read_results
+
+    layers, runs, reuse = [], [], []
+    for sweep_dir in sweep_dirs:
+        for _, run in read_results(Path(sweep_dir)).iterrows():
+            key = {"arm": str(run["variant"]), "seed": int(run["run.seed"])}
+            run_dir = Path(sweep_dir) / "runs" / run["run_id"]
+            if run.get("status") == "diverged":
+                runs.append({**key, "status": "diverged"})
+                continue
+            measured = measure_run(run_dir)
+            layers += [{**key, **row} for row in measured["layers"]]
+            runs.append({**key, "status": "done", **measured["run"]})
+            reuse += [{**key, **row} for row in measured["reuse"]]
+    out.mkdir(parents=True, exist_ok=True)
+    frames = {
+        LAYERS_FILE: pd.DataFrame(layers),
+        RUNS_FILE: pd.DataFrame(runs),
+        REUSE_FILE: pd.DataFrame(reuse),
+    }
+    for name, frame in frames.items():
+        frame = frame.sort_values(["arm", "seed"], key=lambda c: c.map(_rank) if c.name == "arm" else c, kind="stable")
+        frame.round(6).to_csv(out / name, index=False)
+    return frames[RUNS_FILE]
+
+
+@torch.no_grad()
+def measure_run(run_dir: Path) -> dict:
+    """One trained run's rows: per (condition, loop, layer), the run's own columns, and per (ε, loops)."""
+    from looplab.analysis.attention_reuse import AttentionReuse
+    from looplab.analysis.colsum import colsum_trace
+    from looplab.analysis.massive import massive_activations, mlp_output_max, zero_mlp
+    from looplab.analysis.stages import distance_to_state, sink_mass, top_activation
+    from looplab.analysis.trace import trace
+    from looplab.experiment import Experiment
+    from looplab.rundir import read_log
+    from looplab.seeding import derive_generator
+
+    exp = Experiment.from_run(run_dir)
+    model, seed = exp.model, exp.config.run.seed
+    depth = exp.config.schedule.depth
+    tokens, labels = exp.task.sample_split(WINDOW_BYTES, WINDOWS, derive_generator(seed, STUDY), "val")
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+
+    def stage_rows(condition: str) -> list[dict]:
+        recorded = trace(model, tokens, valid, depth, attention=True)
+        colsum = colsum_trace(recorded).mean(-1)  # [loops, layers]
+        sink = sink_mass(recorded.attention(), valid).mean((-1, -2))  # [loops, layers]
+        top = top_activation(recorded.states(), valid)
+        ratio = massive_activations(recorded.states(), valid)
+        return [
+            {
+                "condition": condition,
+                "loop": t + 1,
+                "layer": layer,
+                "colsum": float(colsum[t, layer]),
+                "sink_mass": float(sink[t, layer]),
+                "top_activation": float(top[t, layer]),
+                "massive_ratio": float(ratio[t, layer]),
+            }
+            for t in range(colsum.shape[0])
+            for layer in range(colsum.shape[1])
+        ]
+
+    largest = mlp_output_max(model, lambda: model(tokens, valid, depth), valid)
+    massive_mlp, control_mlp = max(largest, key=largest.get), min(largest, key=largest.get)
+    layer_rows = stage_rows("base")
+    for condition, name in (("zero_massive", massive_mlp), ("zero_control", control_mlp)):
+        with zero_mlp(model, name):
+            layer_rows += stage_rows(condition)
+
+    late = trace(model, tokens, valid, LONG_LOOPS, loop_indices=[*DISTANCE_LOOPS, LONG_LOOPS])
+    states = late.states()  # [loops, layers, B, T, d]
+    distance = distance_to_state(states[:-1], states[-1], valid)  # [len(DISTANCE_LOOPS), layers]
+    steps = [record for record in read_log(run_dir) if "loss" in record]
+    run_row = {
+        "massive_mlp": massive_mlp,
+        "massive_mlp_max": largest[massive_mlp],
+        "control_mlp": control_mlp,
+        "control_mlp_max": largest[control_mlp],
+        "delta_128": float(distance[-1, -1]),
+        **{f"distance_{t}": float(distance[i].mean()) for i, t in enumerate(DISTANCE_LOOPS)},
+        "train_loss_final": steps[-1]["loss"] if steps else math.nan,
+    }
+
+    reuse_rows = []
+    for epsilon in EPSILONS:
+        with AttentionReuse(model, valid, epsilon) as reuse:
+            h, e, ctx = model.start(tokens, valid)
+            for t in range(1, LONG_LOOPS + 1):
+                h = model.step(h, e, ctx)
+                if t in READ_LOOPS:
+                    loss = torch.nn.functional.cross_entropy(
+                        model.readout(h, ctx).double().flatten(0, 1), labels.flatten()
+                    )
+                    reuse_rows.append(
+                        {"epsilon": epsilon, "loops": t, "loss": float(loss), "reused_share": reuse.reused_share}
+                    )
+    return {"layers": layer_rows, "run": run_row, "reuse": reuse_rows}
+
+
+def _rank(arm: str) -> tuple[int, str]:
+    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
+
+
+# ---------------------------------------------------------------------------------------------- derived measures
+
+
+def stage_table(layers: pd.DataFrame, condition: str = "base") -> pd.DataFrame:
+    """Per (arm, seed): stage alignment and amplitude (docs/methods.md §7) under ``condition``.
+
+    A looped seed's curves are its loops' core-layer ColSum; a feed-forward seed's one curve is its core
+    resampled to the looped models' layer count, held against the mean of the *other* feed-forward seeds.
+    """
+    from looplab.analysis.stages import block_means, stage_alignment, stage_amplitude
+
+    part = layers[layers.condition == condition]
+    reference_all = _curves(layers[(layers.condition == "base") & (layers.arm == REFERENCE_ARM)])
+    looped_layers = (
+        int(part.loc[part.arm != REFERENCE_ARM, "layer"].max()) + 1 if (part.arm != REFERENCE_ARM).any() else 4
+    )
+    rows = []
+    for (arm, seed), run in part.groupby(["arm", "seed"], sort=False):
+        curves = _curves(run)[seed]  # [loops, layers]
+        if arm == REFERENCE_ARM:
+            others = [curve[0] for other, curve in reference_all.items() if other != seed]
+            if not others:
+                continue
+            reference = torch.stack(others).mean(0)
+            curves = block_means(curves, looped_layers)
+        else:
+            reference = torch.stack([curve[0] for curve in reference_all.values()]).mean(0)
+        rows.append(
+            {
+                "arm": arm,
+                "seed": seed,
+                "alignment": float(np.nanmean(stage_alignment(curves, reference).numpy())),
+                "amplitude": float(stage_amplitude(curves).mean()),
+            }
+        )
+    return pd.DataFrame(rows, columns=["arm", "seed", "alignment", "amplitude"])
+
+
+def _curves(part: pd.DataFrame) -> dict[int, torch.Tensor]:
+    """seed → its ColSum curves [loops, layers] (float64)."""
+    out = {}
+    for seed, run in part.groupby("seed"):
+        table = run.pivot(index="loop", columns="layer", values="colsum").sort_index()
+        out[int(seed)] = torch.tensor(table.to_numpy(), dtype=torch.float64)
+    return out
+
+
+def mean_cell(values, digits: int = 3) -> str:
+    """mean ± std [Student-t 95 %] over seeds, marked when fewer than FEW_SEEDS; "n/a (n seeds)" when undefined."""
+    values = np.asarray(pd.Series(values, dtype=float).dropna(), dtype=float)
+    if len(values) == 0:
+        return "n/a (0 seeds)"
+    if len(values) < 2:
+        return f"{values.mean():.{digits}f} (1 seed)"
+    low, high = t_interval(values)
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def _verdict(low: float, high: float, threshold: float, holds_above: bool) -> str:
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "n/a"
+    above, below = low > threshold, high < threshold
+    if holds_above:
+        return "holds" if above else "fails" if below else "not resolved"
+    return "holds" if below else "fails" if above else "not resolved"
+
+
+def _few(n: int) -> str:
+    return f" (few seeds: {n})" if n < FEW_SEEDS else ""
+
+
+def decision_lines(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The protocol's four decisions, each with its interval, seed counts and verdict."""
+    base, zeroed = stage_table(layers), stage_table(layers, "zero_massive")
+    lines = []
+
+    looped = base.loc[base.arm == "looped", "alignment"].dropna().to_numpy()
+    if len(looped) >= 2:
+        low, high = t_interval(looped)
+        lines.append(
+            f"Stages repeat and match the feed-forward ones: looped alignment {looped.mean():.3f}, 95% "
+            f"[{low:.3f}, {high:.3f}] ({len(looped)} seeds){_few(len(looped))}: {_verdict(low, high, 0.0, True)}"
+        )
+    else:
+        lines.append(f"Stages repeat and match the feed-forward ones: n/a ({len(looped)} seeds; needs 2)")
+
+    paired = base.merge(zeroed, on=["arm", "seed"], suffixes=("", "_zeroed"))
+    ratio = paired.loc[paired.arm == "looped"].eval("amplitude_zeroed / amplitude").dropna().to_numpy()
+    if len(ratio) >= 2:
+        low, high = t_interval(ratio)
+        lines.append(
+            f"Massive activations are the precondition: looped amplitude after / before zeroing the largest MLP "
+            f"{ratio.mean():.3f}, 95% [{low:.3f}, {high:.3f}] ({len(ratio)} seeds){_few(len(ratio))}: "
+            f"{_verdict(low, high, HALVED, False)}"
+        )
+    else:
+        lines.append(f"Massive activations are the precondition: n/a ({len(ratio)} seeds; needs 2)")
+
+    lines.append(
+        _difference_line(
+            "Sandwich blocks the stages: amplitude",
+            base.loc[base.arm == "looped", "amplitude"],
+            base.loc[base.arm == "looped-sandwich", "amplitude"],
+            "looped − looped-sandwich",
+        )
+    )
+    done = runs[runs.status == "done"]
+    lines.append(
+        _difference_line(
+            "Injection is needed to converge at 128 loops: log10 Δ_128",
+            np.log10(done.loc[done.arm == "looped-noinject", "delta_128"].astype(float)),
+            np.log10(done.loc[done.arm == "looped", "delta_128"].astype(float)),
+            "looped-noinject − looped",
+        )
+    )
+    return lines
+
+
+def _difference_line(question: str, a, b, label: str) -> str:
+    a, b = np.asarray(pd.Series(a, dtype=float).dropna()), np.asarray(pd.Series(b, dtype=float).dropna())
+    if len(a) < 2 or len(b) < 2:
+        return f"{question}, {label}: n/a ({len(a)} and {len(b)} seeds; needs 2 each)"
+    low, high = welch_interval(a, b)
+    return (
+        f"{question}, {label} {a.mean() - b.mean():+.3f}, Welch 95% [{low:+.3f}, {high:+.3f}] "
+        f"({len(a)} vs {len(b)} seeds){_few(min(len(a), len(b)))}: {_verdict(low, high, 0.0, True)}"
+    )
+
+
+def _read(results_dir: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(results_dir / STUDY / name)
+
+
+@register_block(f"{STUDY}/decisions")
+def decisions_block(results_dir: Path) -> str:
+    """The protocol's four decisions, one line each."""
+    return "\n".join(
+        f"- {line}" for line in decision_lines(_read(results_dir, LAYERS_FILE), _read(results_dir, RUNS_FILE))
+    )
+
+
+@register_block(f"{STUDY}/arms")
+def arms_block(results_dir: Path) -> str:
+    """Per arm: stage alignment and amplitude, sink mass, top activation, Δ_128 and the converged seeds, loss."""
+    layers, runs, reuse = (_read(results_dir, name) for name in (LAYERS_FILE, RUNS_FILE, REUSE_FILE))
+    stages = stage_table(layers)
+    base = layers[layers.condition == "base"].groupby(["arm", "seed"])[["sink_mass", "top_activation"]].max()
+    loss = reuse[(reuse.epsilon == 0) & (reuse.loops == 4)].set_index(["arm", "seed"]).loss
+    body = []
+    for arm in sorted(set(runs.arm), key=_rank):
+        part = runs[(runs.arm == arm) & (runs.status == "done")]
+        delta = part.delta_128.astype(float)
+        by_seed = base.loc[arm] if arm in base.index.get_level_values(0) else pd.DataFrame()
+        body.append(
+            [
+                arm,
+                f"{len(part)}{_few(len(part))}",
+                mean_cell(stages.loc[stages.arm == arm, "alignment"]),
+                mean_cell(stages.loc[stages.arm == arm, "amplitude"]),
+                mean_cell(by_seed.get("sink_mass", [])),
+                mean_cell(by_seed.get("top_activation", []), 1),
+                mean_cell(np.log10(delta), 2),
+                f"{int((delta < CONVERGED).sum())} of {len(delta)}",
+                mean_cell(loss.get(arm, pd.Series(dtype=float)), 3),
+            ]
+        )
+    header = [
+        "arm",
+        "seeds",
+        "stage alignment",
+        "stage amplitude",
+        "max sink mass",
+        "max top activation",
+        "log10 Δ_128",
+        f"Δ_128 < {CONVERGED:g}",
+        "val loss, 4 loops (nats)",
+    ]
+    return markdown_table(header, body)
+
+
+@register_block(f"{STUDY}/seeds")
+def seeds_block(results_dir: Path) -> str:
+    """Alignment and amplitude per model and seed, before and after zeroing the largest and the smallest MLP."""
+    layers, runs = _read(results_dir, LAYERS_FILE), _read(results_dir, RUNS_FILE)
+    tables = {condition: stage_table(layers, condition).set_index(["arm", "seed"]) for condition in CONDITIONS}
+    body = []
+    for _, run in runs[runs.status == "done"].iterrows():
+        key = (run.arm, run.seed)
+        cells = [run.arm, str(run.seed), f"{run.massive_mlp} ({run.massive_mlp_max:.1f})"]
+        for condition in CONDITIONS:
+            row = tables[condition].loc[key] if key in tables[condition].index else None
+            cells.append("n/a" if row is None else f"{_num(row.alignment)} / {_num(row.amplitude)}")
+        cells.append(f"{run.control_mlp} ({run.control_mlp_max:.2f})")
+        body.append(cells)
+    header = [
+        "arm",
+        "seed",
+        "largest MLP (max |out|)",
+        "alignment / amplitude",
+        "largest MLP zeroed",
+        "smallest MLP zeroed",
+        "smallest MLP (max |out|)",
+    ]
+    return markdown_table(header, body)
+
+
+def _num(value: float) -> str:
+    return "n/a" if not np.isfinite(value) else f"{value:.3f}"
+
+
+@register_block(f"{STUDY}/reuse")
+def reuse_block(results_dir: Path) -> str:
+    """Per looped arm, ε and loop count: the share of attention patterns reused and the loss change it costs."""
+    reuse = _read(results_dir, REUSE_FILE)
+    exact = reuse[reuse.epsilon == 0].set_index(["arm", "seed", "loops"]).loss
+    body = []
+    for arm in [a for a in ARM_ORDER if a in set(reuse.arm)]:
+        for epsilon in EPSILONS[1:]:
+            cells = [arm, f"{epsilon:g}"]
+            for loops in READ_LOOPS:
+                part = reuse[(reuse.arm == arm) & (reuse.epsilon == epsilon) & (reuse.loops == loops)]
+                change = part.loss.to_numpy() - exact.loc[list(zip(part.arm, part.seed, part.loops))].to_numpy()
+                cells.append(f"{100 * part.reused_share.mean():.1f} % / {mean_cell(change, 4)}")
+            body.append(cells)
+    header = ["arm", "ε", *(f"{k} loops: reused / Δ loss (nats)" for k in READ_LOOPS)]
+    return markdown_table(header, body)
