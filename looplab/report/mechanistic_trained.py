@@ -9,6 +9,7 @@ three per-seed files under ``docs/results/mechanistic-trained/``:
     runs.csv         arm, seed: the two zeroed MLPs and their output maxima, Δ_128, the distance to
                      the 128-loop state at 4 / 32 / 64 / 127 loops, the final training loss
     reuse.csv        arm, seed, epsilon (0: no reuse), loops: validation loss, share of patterns reused
+                     (the feed-forward control at ε = 0 only: it was trained for one pass)
 
 The blocks derive stage alignment and amplitude from layers.csv (the feed-forward reference is
 the mean of the feed-forward seeds), so every number on the page is recomputable from the CSVs.
@@ -23,6 +24,7 @@ Decision rules, stated in the protocol before any run (Student-t / Welch 95 % in
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -86,12 +88,14 @@ def measure_run(run_dir: Path) -> dict:
     from looplab.analysis.stages import distance_to_state, sink_mass, top_activation
     from looplab.analysis.trace import trace
     from looplab.experiment import Experiment
+    from looplab.lm.evaluate import training_depth
     from looplab.rundir import read_log
     from looplab.seeding import derive_generator
+    from looplab.tasks import IGNORE
 
     exp = Experiment.from_run(run_dir)
     model, seed = exp.model, exp.config.run.seed
-    depth = exp.config.schedule.depth
+    depth = training_depth(exp)
     tokens, labels = exp.task.sample_split(WINDOW_BYTES, WINDOWS, derive_generator(seed, STUDY), "val")
     valid = torch.ones_like(tokens, dtype=torch.bool)
 
@@ -137,18 +141,18 @@ def measure_run(run_dir: Path) -> dict:
     }
 
     reuse_rows = []
-    for epsilon in EPSILONS:
-        with AttentionReuse(model, valid, epsilon) as reuse:
+    # ε = 0 is the plain unroll (no hook, the fused kernel); the feed-forward control has no loops to reuse
+    epsilons = EPSILONS if depth > 1 else EPSILONS[:1]
+    for epsilon in epsilons:
+        with AttentionReuse(model, valid, epsilon) if epsilon > 0 else nullcontext() as reuse:
             h, e, ctx = model.start(tokens, valid)
             for t in range(1, LONG_LOOPS + 1):
                 h = model.step(h, e, ctx)
                 if t in READ_LOOPS:
-                    loss = torch.nn.functional.cross_entropy(
-                        model.readout(h, ctx).double().flatten(0, 1), labels.flatten()
-                    )
-                    reuse_rows.append(
-                        {"epsilon": epsilon, "loops": t, "loss": float(loss), "reused_share": reuse.reused_share}
-                    )
+                    logits = model.readout(h, ctx).double().flatten(0, 1)
+                    loss = torch.nn.functional.cross_entropy(logits, labels.flatten(), ignore_index=IGNORE)
+                    share = reuse.reused_share if epsilon > 0 else 0.0
+                    reuse_rows.append({"epsilon": epsilon, "loops": t, "loss": float(loss), "reused_share": share})
     return {"layers": layer_rows, "run": run_row, "reuse": reuse_rows}
 
 
@@ -243,7 +247,8 @@ def decision_lines(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         lines.append(f"Stages repeat and match the feed-forward ones: n/a ({len(looped)} seeds; needs 2)")
 
     paired = base.merge(zeroed, on=["arm", "seed"], suffixes=("", "_zeroed"))
-    ratio = paired.loc[paired.arm == "looped"].eval("amplitude_zeroed / amplitude").dropna().to_numpy()
+    looped_pairs = paired[paired.arm == "looped"]
+    ratio = (looped_pairs.amplitude_zeroed.astype(float) / looped_pairs.amplitude.astype(float)).dropna().to_numpy()
     if len(ratio) >= 2:
         low, high = t_interval(ratio)
         lines.append(
@@ -368,11 +373,12 @@ def _num(value: float) -> str:
 
 @register_block(f"{STUDY}/reuse")
 def reuse_block(results_dir: Path) -> str:
-    """Per looped arm, ε and loop count: the share of attention patterns reused and the loss change it costs."""
+    """Per looped arm, ε and loop count: the share of attention patterns reused (seed mean) and the loss change
+    it costs (reused − exact, mean ± std [t-interval] over seeds)."""
     reuse = _read(results_dir, REUSE_FILE)
     exact = reuse[reuse.epsilon == 0].set_index(["arm", "seed", "loops"]).loss
     body = []
-    for arm in [a for a in ARM_ORDER if a in set(reuse.arm)]:
+    for arm in [a for a in ARM_ORDER if a in set(reuse.loc[reuse.epsilon > 0, "arm"])]:
         for epsilon in EPSILONS[1:]:
             cells = [arm, f"{epsilon:g}"]
             for loops in READ_LOOPS:
@@ -382,3 +388,61 @@ def reuse_block(results_dir: Path) -> str:
             body.append(cells)
     header = ["arm", "ε", *(f"{k} loops: reused / Δ loss (nats)" for k in READ_LOOPS)]
     return markdown_table(header, body)
+
+
+RETROFIT_FILE = "retrofit_stages.csv"
+
+
+@register_block(f"{STUDY}/retrofit")
+def retrofit_block(results_dir: Path) -> str:
+    """SmolLM2 and its (4, 6⊗4, 4) retrofit: stage alignment with SmolLM2's own curve and amplitude, per
+    zeroed MLP (rows from ``python -m looplab.examples.smollm2_stages``; one model, so no seed spread)."""
+    from looplab.analysis.stages import block_means, stage_alignment, stage_amplitude
+
+    rows = _read(results_dir, RETROFIT_FILE)
+    reference_rows = rows[(rows.model == "feedforward") & (rows.condition == "base")]
+    reference = torch.tensor(reference_rows.sort_values("layer").colsum.to_numpy(), dtype=torch.float64)
+    looped_layers = int(rows.loc[rows.model != "feedforward", "layer"].max()) + 1
+    body = []
+    for (model, condition), part in rows.groupby(["model", "condition"], sort=False):
+        curves = torch.tensor(
+            part.pivot(index="loop", columns="layer", values="colsum").sort_index().to_numpy(), dtype=torch.float64
+        )
+        if model == "feedforward":
+            curves = block_means(curves, looped_layers)
+        zeroed = part.zeroed_layer.iloc[0]
+        body.append(
+            [
+                model,
+                condition,
+                "–" if pd.isna(zeroed) else f"layer {int(zeroed)}",
+                _num(float(np.nanmean(stage_alignment(curves, reference).numpy()))),
+                _num(float(stage_amplitude(curves).mean())),
+                _num(float(part.sink_mass.max())),
+            ]
+        )
+    return markdown_table(
+        ["model", "condition", "MLP zeroed", "stage alignment", "stage amplitude", "max sink mass"], body
+    )
+
+
+@register_block(f"{STUDY}/paper-models")
+def paper_models_block(results_dir: Path) -> str:
+    """The paper's own table of models (as printed), for the comparison beside ours."""
+    from looplab.report.comparison import read_paper_table
+    from looplab.report.paper import PAPER_TABLES_DIR
+
+    table, notes = read_paper_table("mechanistic_models.csv", PAPER_TABLES_DIR)
+    if table is None:
+        return "\n".join(notes)
+    columns = [
+        "model",
+        "prelude",
+        "core",
+        "coda",
+        "input_injection",
+        "train_loops",
+        "limit_behaviour_128_loops",
+        "stages",
+    ]
+    return markdown_table(columns, table[columns].astype(str).values.tolist())

@@ -70,6 +70,8 @@ def collector(study: str) -> Collector:
 
 def _import_studies() -> None:
     from looplab.report import (  # noqa: F401  (they register on import)
+        mechanistic_grid,
+        mechanistic_trained,
         published,
         recursive,
         stars_stabilisers,

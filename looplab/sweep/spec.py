@@ -55,11 +55,6 @@ class SweepOptions:
     analyze_metrics: list[str] = param([], None, "the analysis metrics to compute (empty: all)")
     analyze_plots: bool = param(ANALYSIS.plots, None, "the analysis draws its figures")
 
-    def __post_init__(self):
-        import looplab.analysis.mechanistic  # noqa: F401  (registers the built-in metrics the names are checked against)
-
-        fill(AnalysisOptions, analysis_options(self) or {}, "sweep")
-
 
 SWEEP_KEYS = ("configs", "seeds", "set", *(f.name for f in fields(SweepOptions)))
 TOP_KEYS = ("sweep", "grid")
@@ -171,6 +166,10 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if not isinstance(overrides, list) or not all(isinstance(text, str) for text in overrides):
         raise LooplabError("[sweep] set must be a list of 'section.key=value' strings")
     options = fill(SweepOptions, {k: v for k, v in table.items() if k not in ("configs", "seeds", "set")}, "sweep")
+    if options.analyze:
+        import looplab.analysis.mechanistic  # noqa: F401  (registers the metrics analyze_metrics names)
+
+        fill(AnalysisOptions, analysis_options(options), "sweep")
     spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **asdict(options))
     spec.points()  # resolve every config now, so a bad key fails before anything runs
     return spec

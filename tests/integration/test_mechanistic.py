@@ -115,3 +115,23 @@ def test_analyze_config_errors(tmp_path, tiny_config):
         result = run_cli("analyze", *args)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, args
     assert not (tmp_path / "o").exists()
+
+
+def test_zero_mlp_option_is_the_analysis_of_the_ablated_model(tmp_path):
+    """--zero-mlp core1 gives what analysing the model with that MLP zeroed by hand gives, and differs
+    from the intact model's analysis; the summary names the zeroed MLP."""
+    from looplab.analysis.massive import zero_mlp
+    from looplab.analysis.mechanistic import analyze_experiment
+    from looplab.experiment import Experiment
+
+    _, run_dir = train_tiny_run(tmp_path, 0, 5, "model.core_layers=2")
+    options = dict(loops=4, samples=2, mlp_ablation=False, metrics=["fixed_points", "colsum"], plots=False)
+    zeroed = analyze_mechanistic(run_dir, out=tmp_path / "zeroed", zero_mlp="core1", **options)
+    intact = analyze_mechanistic(run_dir, out=tmp_path / "intact", **options)
+    exp = Experiment.from_run(run_dir)
+    with zero_mlp(exp.model, "core1"):
+        by_hand = analyze_experiment(exp, tmp_path / "by_hand", **options)
+    assert zeroed["zero_mlp"] == "core1" and "zero_mlp" not in intact
+    assert zeroed["state_norm_last"] == by_hand["state_norm_last"] != intact["state_norm_last"]
+    assert zeroed["colsum"]["mean"] == by_hand["colsum"]["mean"]
+    assert not any((tmp_path / "zeroed").glob("*.png"))

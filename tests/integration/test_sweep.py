@@ -66,6 +66,15 @@ def test_expansion_names_and_hashes(tmp_path):
         ("[sweep]\nconfigs = ['tiny.toml']\nanalyze = 1\n", "sweep.analyze must be bool, got 1"),
         ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_samples = 0\n", "sweep.analyze_samples must be in [1, inf), got 0"),
         ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_loops = true\n", "sweep.analyze_loops must be int, got True"),
+        (
+            "[sweep]\nconfigs = ['tiny.toml']\nanalyze = true\nanalyze_metrics = ['colsum', 'sinks']\n",
+            "unknown analysis metric 'sinks'; valid choices: attention, colsum",
+        ),
+        (
+            "[sweep]\nconfigs = ['tiny.toml']\nanalyze_metrics = 'colsum'\n",
+            "sweep.analyze_metrics must be a list of str",
+        ),
+        ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_plots = 'no'\n", "sweep.analyze_plots must be bool, got 'no'"),
     ],
 )
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
@@ -161,6 +170,7 @@ def test_analysis_only_sweep_of_untrained_models(tmp_path):
     text = (
         "[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\nset = ['train.steps=0', 'model.core_layers=2']\n"
         "evaluate = false\nanalyze = true\nanalyze_loops = 6\nanalyze_samples = 2\nmlp_ablation = false\n"
+        "analyze_metrics = ['fixed_points', 'massive']\nanalyze_plots = false\n"
     )
     result = sweep_cli(write_sweep(tmp_path, text), tmp_path / "out")
     assert result.returncode == 0, result.stderr
@@ -169,8 +179,11 @@ def test_analysis_only_sweep_of_untrained_models(tmp_path):
     assert "oracle_ood" not in frame.columns
     assert (frame["analysis.steps_trained"] == 0).all() and (frame["analysis.samples"] == 2).all()
     assert frame["analysis.fixed_point_cross_cos_min"].nunique() == 2  # the seed decides the weights
+    assert "analysis.colsum.mean" not in frame.columns and "analysis.massive_ratio_max" in frame.columns
     for run_dir in frame["run_dir"]:
         assert not (tmp_path / "out" / run_dir / "eval").exists()
+        written = {p.name for p in (tmp_path / "out" / run_dir / "analysis" / "mechanistic").iterdir()}
+        assert written == {"summary.json", "fixed_points.csv", "layer_cosines.csv", "massive.csv"}
 
 
 def test_tensorboard_names_sweep_runs_and_holds_eval_metrics(tmp_path):
