@@ -76,9 +76,13 @@ def top_activation(states: Tensor, valid: Tensor | None = None) -> Tensor:
 
 
 def distance_to_state(states: Tensor, target: Tensor, valid: Tensor | None = None) -> Tensor:
-    """‖X − X*‖_F / ‖X*‖_F over valid tokens, for states [..., B, T, d] and target [B, T, d]: [...]."""
+    """‖X − X*‖_F / ‖X*‖_F over valid tokens, each X* its own denominator.
+
+    states [..., B, T, d] and target [..., B, T, d] (broadcast over the leading dims, e.g. states
+    [loops, layers, B, T, d] against target [layers, B, T, d]) → [...].
+    """
     diff, target = (states.double() - target.double()), target.double()
     if valid is not None:
         weight = valid.to(states.device, torch.double)[:, :, None]
         diff, target = diff * weight, target * weight
-    return diff.flatten(-3).norm(dim=-1) / target.flatten().norm().clamp_min(1e-30)
+    return diff.flatten(-3).norm(dim=-1) / target.flatten(-3).norm(dim=-1).clamp_min(1e-30)

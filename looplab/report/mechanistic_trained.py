@@ -46,6 +46,7 @@ READ_LOOPS = (4, 32, 128)
 EPSILONS = (0.0, 0.01, 0.05)
 CONVERGED = 1e-3  # Δ_128 below this counts a seed as converged (reported, deciding nothing)
 HALVED = 0.5
+CORRELATION = (-1.0, 1.0)  # the range a stage alignment's interval is clipped to
 CONDITIONS = ("base", "zero_massive", "zero_control")
 LAYERS_FILE, RUNS_FILE, REUSE_FILE = "layers.csv", "runs.csv", "reuse.csv"
 
@@ -207,14 +208,15 @@ def _curves(part: pd.DataFrame) -> dict[int, torch.Tensor]:
     return out
 
 
-def mean_cell(values, digits: int = 3) -> str:
-    """mean ± std [Student-t 95 %] over seeds, marked when fewer than FEW_SEEDS; "n/a (n seeds)" when undefined."""
+def mean_cell(values, digits: int = 3, bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """mean ± std [Student-t 95 %, clipped to ``bounds``] over seeds; "n/a (0 seeds)" when undefined."""
     values = np.asarray(pd.Series(values, dtype=float).dropna(), dtype=float)
     if len(values) == 0:
         return "n/a (0 seeds)"
     if len(values) < 2:
         return f"{values.mean():.{digits}f} (1 seed)"
     low, high = t_interval(values)
+    low, high = max(low, bounds[0]), min(high, bounds[1])
     return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
@@ -238,7 +240,7 @@ def decision_lines(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
 
     looped = base.loc[base.arm == "looped", "alignment"].dropna().to_numpy()
     if len(looped) >= 2:
-        low, high = t_interval(looped)
+        low, high = np.clip(t_interval(looped), *CORRELATION)
         lines.append(
             f"Stages repeat and match the feed-forward ones: looped alignment {looped.mean():.3f}, 95% "
             f"[{low:.3f}, {high:.3f}] ({len(looped)} seeds){_few(len(looped))}: {_verdict(low, high, 0.0, True)}"
@@ -318,13 +320,13 @@ def arms_block(results_dir: Path) -> str:
             [
                 arm,
                 f"{len(part)}{_few(len(part))}",
-                mean_cell(stages.loc[stages.arm == arm, "alignment"]),
-                mean_cell(stages.loc[stages.arm == arm, "amplitude"]),
-                mean_cell(by_seed.get("sink_mass", [])),
-                mean_cell(by_seed.get("top_activation", []), 1),
-                mean_cell(np.log10(delta), 2),
+                mean_cell(stages.loc[stages.arm == arm, "alignment"], bounds=CORRELATION),
+                mean_cell(stages.loc[stages.arm == arm, "amplitude"], bounds=(0.0, 1.0)),
+                mean_cell(by_seed.get("sink_mass", []), bounds=(0.0, 1.0)),
+                mean_cell(by_seed.get("top_activation", []), 1, (0.0, math.inf)),
+                _log_delta_cell(delta),
                 f"{int((delta < CONVERGED).sum())} of {len(delta)}",
-                mean_cell(loss.get(arm, pd.Series(dtype=float)), 3),
+                mean_cell(loss.get(arm, pd.Series(dtype=float)), 3, (0.0, math.inf)),
             ]
         )
     header = [
@@ -365,6 +367,17 @@ def seeds_block(results_dir: Path) -> str:
         "smallest MLP (max |out|)",
     ]
     return markdown_table(header, body)
+
+
+def _log_delta_cell(delta: pd.Series) -> str:
+    """log10 Δ_128 over seeds; a seed at an exact fixed point (Δ = 0, log −∞) is counted, not averaged."""
+    exact = int((delta == 0).sum())
+    if not exact:
+        return mean_cell(np.log10(delta), 2)
+    rest = delta[delta > 0]
+    return f"Δ = 0 exactly in {exact} of {len(delta)}" + (
+        f"; others {mean_cell(np.log10(rest), 2)}" if len(rest) else ""
+    )
 
 
 def _num(value: float) -> str:

@@ -54,6 +54,9 @@ def test_top_activation_and_distance_ignore_padding():
     assert float(top_activation(states)) == 50.0
     target = torch.tensor([[[1.0, -1.0], [0.0, 0.0]]])
     assert float(distance_to_state(states, target, valid)) == pytest.approx(1 / math.sqrt(2))
+    # per layer: each state against its own layer's target, divided by that target's norm
+    layered = torch.stack([target, 10 * target])  # [layers=2, B, T, d]
+    assert distance_to_state(torch.zeros(3, 2, 1, 2, 2), layered, valid).tolist() == [[1.0, 1.0]] * 3
 
 
 def test_mlps_are_named_by_site_and_zeroed_by_name():
