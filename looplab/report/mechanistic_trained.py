@@ -360,11 +360,11 @@ def seeds_block(results_dir: Path) -> str:
     header = [
         "arm",
         "seed",
-        "largest MLP (max |out|)",
+        "largest MLP (its max abs. output)",
         "alignment / amplitude",
         "largest MLP zeroed",
         "smallest MLP zeroed",
-        "smallest MLP (max |out|)",
+        "smallest MLP (its max abs. output)",
     ]
     return markdown_table(header, body)
 
