@@ -47,13 +47,13 @@ from looplab.analysis.plots import (
 )
 from looplab.analysis.registry import AnalysisInput, AnalysisOptions, MetricResult, register_metric, run_metrics
 from looplab.analysis.text import start_line
-from looplab.analysis.trace import trace
+from looplab.analysis.trace import Trace, trace
 from looplab.config import Config
 from looplab.experiment import Experiment
 from looplab.params import fill
 from looplab.seeding import derive_generator
 
-__all__ = ["analyze_mechanistic", "analyze_config", "analyze_experiment"]
+__all__ = ["analyze_mechanistic", "analyze_config", "analyze_experiment", "analysis_trace"]
 
 
 def _finite(value: float) -> float | None:
@@ -96,25 +96,31 @@ def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress:
     return _analyze(exp, out, label, progress, settings)
 
 
+def analysis_trace(exp: Experiment, loops: int, samples: int, attention: bool) -> Trace:
+    """The trace an analysis reads: ``samples`` instances at the longest training length, drawn from the
+    run's seed (as is a noise initial state), ``loops`` loops, stored on CPU in float32."""
+    seed, length = exp.config.run.seed, exp.config.task.train_max
+    batch = exp.task.sample(length, samples, derive_generator(seed, "mechanistic", length))
+    return trace(
+        exp.model,
+        batch.tokens,
+        batch.valid,
+        loops,
+        attention=attention,
+        dtype=torch.float32,
+        device="cpu",
+        generator=derive_generator(seed, "mechanistic", "init"),
+    )
+
+
 def _analyze(exp: Experiment, out: Path, label: str, progress: bool, settings: AnalysisOptions) -> dict:
     loops, samples = settings.loops, settings.samples
-    cfg = exp.config
-    length = cfg.task.train_max
-    batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "mechanistic", length))
+    length = exp.config.task.train_max
     if progress:
         print(start_line("mechanistic", label or "model", exp.checkpoint, samples, length, loops), flush=True)
 
     def retrace():
-        return trace(
-            exp.model,
-            batch.tokens,
-            batch.valid,
-            loops,
-            attention=settings.needs_attention,
-            dtype=torch.float32,
-            device="cpu",
-            generator=derive_generator(cfg.run.seed, "mechanistic", "init"),
-        )
+        return analysis_trace(exp, loops, samples, settings.needs_attention)
 
     inputs = AnalysisInput(exp, retrace(), label, retrace, settings)
     header = {

@@ -87,23 +87,13 @@ def _row_key(column: pd.Series) -> pd.Series:
 def attention_bound(run_dir: Path) -> dict:
     """Observed ‖ΔA‖ over the bound for the run's model on the analysis's own windows: max and median."""
     from looplab.analysis.attention import lipschitz_check
-    from looplab.analysis.trace import trace
+    from looplab.analysis.mechanistic import analysis_trace
     from looplab.experiment import Experiment
-    from looplab.seeding import derive_generator
 
     exp = Experiment.from_run(run_dir)
     summary = pd.read_json(run_dir / "analysis" / "mechanistic" / "summary.json", typ="series")
-    length, samples, loops = exp.config.task.train_max, int(summary["samples"]), int(summary["loops"])
-    # the batch and initial-state noise the sweep's analysis drew (looplab.analysis.mechanistic)
-    batch = exp.task.sample(length, samples, derive_generator(exp.config.run.seed, "mechanistic", length))
-    recorded = trace(
-        exp.model,
-        batch.tokens,
-        batch.valid,
-        loops,
-        attention=True,
-        generator=derive_generator(exp.config.run.seed, "mechanistic", "init"),
-    )
+    # the batch and initial-state noise the sweep's own analysis drew
+    recorded = analysis_trace(exp, int(summary["loops"]), int(summary["samples"]), attention=True)
     ratio = lipschitz_check(exp.model, recorded).ratio
     finite = ratio[torch.isfinite(ratio)]
     return {

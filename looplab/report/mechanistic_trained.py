@@ -24,20 +24,18 @@ Decision rules, stated in the protocol before any run (Student-t / Welch 95 % in
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from looplab.report.aggregate import FEW_SEEDS, t_interval
+from looplab.report.aggregate import FEW_SEEDS, seed_cell, t_interval
 from looplab.report.effect import welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector
 
 STUDY = "mechanistic-trained"
 ARM_ORDER = ("looped", "looped-noinject", "looped-sandwich", "feedforward")
-LOOPED_ARMS = ARM_ORDER[:3]
 REFERENCE_ARM = "feedforward"
 WINDOWS, WINDOW_BYTES = 16, 128
 LONG_LOOPS = 128
@@ -127,9 +125,10 @@ def measure_run(run_dir: Path) -> dict:
         with zero_mlp(model, name):
             layer_rows += stage_rows(condition)
 
-    late = trace(model, tokens, valid, LONG_LOOPS, loop_indices=[*DISTANCE_LOOPS, LONG_LOOPS])
+    late = trace(model, tokens, valid, LONG_LOOPS, loop_indices=sorted({*DISTANCE_LOOPS, *READ_LOOPS, LONG_LOOPS}))
     states = late.states()  # [loops, layers, B, T, d]
-    distance = distance_to_state(states[:-1], states[-1], valid)  # [len(DISTANCE_LOOPS), layers]
+    at = [late.loops.index(t) for t in DISTANCE_LOOPS]
+    distance = distance_to_state(states[at], states[-1], valid)  # [len(DISTANCE_LOOPS), layers]
     steps = [record for record in read_log(run_dir) if "loss" in record]
     run_row = {
         "massive_mlp": massive_mlp,
@@ -141,19 +140,26 @@ def measure_run(run_dir: Path) -> dict:
         "train_loss_final": steps[-1]["loss"] if steps else math.nan,
     }
 
-    reuse_rows = []
-    # ε = 0 is the plain unroll (no hook, the fused kernel); the feed-forward control has no loops to reuse
-    epsilons = EPSILONS if depth > 1 else EPSILONS[:1]
-    for epsilon in epsilons:
-        with AttentionReuse(model, valid, epsilon) if epsilon > 0 else nullcontext() as reuse:
+    _, _, ctx = model.start(tokens, valid)
+
+    def loss(h: torch.Tensor) -> float:
+        logits = model.readout(h, ctx).double().flatten(0, 1)
+        return float(torch.nn.functional.cross_entropy(logits, labels.flatten(), ignore_index=IGNORE))
+
+    # ε = 0: the exact model, read from the 128-loop trace (its states are the model's own, bit for bit)
+    reuse_rows = [
+        {"epsilon": 0.0, "loops": t, "loss": loss(late[late.name(t)]), "reused_share": 0.0} for t in READ_LOOPS
+    ]
+    # the feed-forward control was trained for one pass: it has no loops to reuse attention across
+    for epsilon in EPSILONS[1:] if depth > 1 else ():
+        with AttentionReuse(model, valid, epsilon) as reuse:
             h, e, ctx = model.start(tokens, valid)
             for t in range(1, LONG_LOOPS + 1):
                 h = model.step(h, e, ctx)
                 if t in READ_LOOPS:
-                    logits = model.readout(h, ctx).double().flatten(0, 1)
-                    loss = torch.nn.functional.cross_entropy(logits, labels.flatten(), ignore_index=IGNORE)
-                    share = reuse.reused_share if epsilon > 0 else 0.0
-                    reuse_rows.append({"epsilon": epsilon, "loops": t, "loss": float(loss), "reused_share": share})
+                    reuse_rows.append(
+                        {"epsilon": epsilon, "loops": t, "loss": loss(h), "reused_share": reuse.reused_share}
+                    )
     return {"layers": layer_rows, "run": run_row, "reuse": reuse_rows}
 
 
@@ -209,15 +215,8 @@ def _curves(part: pd.DataFrame) -> dict[int, torch.Tensor]:
 
 
 def mean_cell(values, digits: int = 3, bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
-    """mean ± std [Student-t 95 %, clipped to ``bounds``] over seeds; "n/a (0 seeds)" when undefined."""
-    values = np.asarray(pd.Series(values, dtype=float).dropna(), dtype=float)
-    if len(values) == 0:
-        return "n/a (0 seeds)"
-    if len(values) < 2:
-        return f"{values.mean():.{digits}f} (1 seed)"
-    low, high = t_interval(values)
-    low, high = max(low, bounds[0]), min(high, bounds[1])
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    """:func:`~looplab.report.aggregate.seed_cell` of values in their own units (no percent scaling)."""
+    return seed_cell(pd.Series(values, dtype=float), 1.0, digits, bounds)
 
 
 def _verdict(low: float, high: float, threshold: float, holds_above: bool) -> str:
