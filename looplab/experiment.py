@@ -61,6 +61,11 @@ def check_config(config: Config) -> None:
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
     check_deep_supervision(schedule, params, config)
     placement(config.model.placement)
+    if config.model.recurrence == "trm" and config.model.injection != "add":
+        raise LooplabError(
+            f"model.recurrence = 'trm' sums its inputs (z from e + y + z, y from y + z): it needs "
+            f"model.injection = 'add', got {config.model.injection!r}"
+        )
     if task.needs_causal and not config.model.causal:
         raise LooplabError(
             f"task {task.name!r} predicts each next byte: it needs model.causal = true "

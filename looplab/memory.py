@@ -45,7 +45,8 @@ def training_bytes(config: Config, task: Task, depth: int) -> int:
     loops: the schedule's T_train)."""
     length = task.seq_len(config.task.train_max)
     m = config.model
-    applications = m.prelude_layers + m.coda_layers + m.core_layers * depth
+    core_per_loop = m.latent_steps + 1 if m.recurrence == "trm" else 1  # TRM runs the core n + 1 times a loop
+    applications = m.prelude_layers + m.coda_layers + m.core_layers * core_per_loop * depth
     activations = config.train.batch_size * length * applications * _per_token(config, length)
     return FLOAT * (4 * parameter_count(config, task.vocab_size) + activations)
 

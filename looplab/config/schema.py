@@ -14,6 +14,7 @@ from looplab.params import FRACTION, NON_NEGATIVE, POSITIVE, UNIT, Domain, at_le
 NORMS = ("layernorm", "rmsnorm", "simplenorm")
 PLACEMENT_ALIASES = {"sandwich_output": "pre_sandwich", "sandwich_residual": "post_sandwich"}
 INJECTIONS = ("add", "concat", "contractive", "none")
+RECURRENCES = ("standard", "trm")
 INIT_STATES = ("embed", "zeros", "noise")
 INIT_SCALINGS = ("none", "sqrt_d")
 INJECT_INITS = ("sum", "state", "input", "mix", "random")
@@ -57,6 +58,10 @@ class ModelConfig:
     ``attention_window`` w > 0 lets position i attend only to |i − j| ≤ w (causal:
     0 ≤ i − j ≤ w), so information moves at most w positions per layer and an
     answer that depends on the whole input needs depth that grows with its length.
+
+    ``recurrence = "trm"`` makes one loop TRM's latent recursion: the state is the
+    pair (y, z), z is updated ``latent_steps`` times from e + y + z and then y from
+    y + z, every update by the same core (docs/methods.md §1.1).
     """
 
     d_model: int = param(64, at_least(1))
@@ -66,6 +71,8 @@ class ModelConfig:
     core_layers: int = param(2, at_least(1))
     coda_layers: int = param(0, at_least(0))
     injection: str = param("add", one_of(*INJECTIONS))
+    recurrence: str = param("standard", one_of(*RECURRENCES), "trm: TRM's two carried states per loop")
+    latent_steps: int = param(6, at_least(1), "trm: updates of the latent z per loop (TRM's n)")
     init_state: str = param("embed", one_of(*INIT_STATES))
     noise_std: float = param(1.0, NON_NEGATIVE)
     norm: str = param("layernorm", one_of(*NORMS))

@@ -138,6 +138,11 @@ def _check(model: LoopedTransformer, prompts, max_new_tokens: int, exit_rule: Ex
         raise LooplabError(
             "generation needs a causal model (model.causal = true): this one sees the tokens it predicts"
         )
+    if cfg.recurrence != "standard":
+        raise LooplabError(
+            f"generation caches one key and value per core layer and loop; model.recurrence = {cfg.recurrence!r} "
+            "runs the core several times a loop: valid choices: standard"
+        )
     if cfg.init_state == "noise" and cfg.injection != "none":
         raise LooplabError("generation does not support init_state = 'noise' (each token would need its own draw)")
     if cache not in (*POLICIES, "none"):

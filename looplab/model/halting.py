@@ -25,6 +25,15 @@ def masked_mean_pool(h: Tensor, valid: Tensor) -> Tensor:
     return (h * weights).sum(1) / weights.sum(1).clamp_min(1)
 
 
+def pooled_answer(h: Tensor, valid: Tensor, width: int) -> Tensor:
+    """What a halting head reads: the mean-pooled answer part of the state, h [B, L, D] → [B, width].
+
+    The answer part is the first ``width`` = d features: all of h, or y of TRM's state [y ; z]
+    (``LoopedTransformer.answer_state``), which TRM's own halting head reads.
+    """
+    return masked_mean_pool(h[..., :width], valid)
+
+
 class HazardHead(nn.Module):
     """q_φ: Linear(d, 1) on the pooled state, returning hazard logits z_t."""
 
@@ -36,8 +45,8 @@ class HazardHead(nn.Module):
         nn.init.constant_(self.linear.bias, -2.0)
 
     def forward(self, h: Tensor, valid: Tensor) -> Tensor:
-        """h [B, L, d], valid [B, L] → hazard logits [B]."""
-        return self.linear(masked_mean_pool(h, valid)).squeeze(-1)
+        """h [B, L, d] (TRM: [B, L, 2d]), valid [B, L] → hazard logits [B]."""
+        return self.linear(pooled_answer(h, valid, self.linear.in_features)).squeeze(-1)
 
 
 def log_halting_distribution(hazard_logits: Tensor) -> Tensor:

@@ -5,6 +5,13 @@
     h_t = Core(inject(h_{t-1}, e))          t = 1..r, k shared layers (+ optional core_out_norm)
     logits_t = Head(FinalNorm(Coda(h_t)))   readable at every t
 
+TRM's recurrence (``recurrence = "trm"``, Jolicoeur-Martineau 2025) carries
+two states, the answer y and the latent z, as one state h = [y ; z] of width
+2d; a loop is n = ``latent_steps`` latent updates and one answer update, all
+by the same core, and the readout (and a halting head) reads y:
+
+    z ← Core(e + y + z)   n times;   y ← Core(y + z)      (y_0 from init_state, z_0 = 0)
+
 Injection: ``add`` gives Core(h + e); ``concat`` gives Core(W_I [e ; h]) with
 W_I initialised by ``inject_init``: ``sum`` [I | I] (the default: it starts out
 equal to ``add`` and can learn to weigh the two), ``state`` [0 | I], ``input``
@@ -120,14 +127,26 @@ class LoopedTransformer(ObservedLayers, nn.Module):
             x = self._call("prelude", index, layer, x, ctx)
         return x
 
+    @property
+    def two_state(self) -> bool:
+        """Whether a state is TRM's pair [y ; z] (width 2d) rather than one h (width d)."""
+        return self.cfg.recurrence == "trm"
+
     def initial_state(self, e: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """h_0 [B, L, d] from e according to ``init_state`` (``none`` injection always starts at e)."""
+        """h_0 [B, L, d] from e according to ``init_state`` (``none`` injection always starts at e);
+        under TRM's recurrence [y_0 ; 0] [B, L, 2d], y_0 chosen the same way."""
         if self.cfg.injection == "none" or self.cfg.init_state == "embed":
-            return e
-        if self.cfg.init_state == "zeros":
-            return torch.zeros_like(e)
-        noise = torch.randn(e.shape, generator=generator, device="cpu", dtype=torch.float32)
-        return (self.cfg.noise_std * noise).to(device=e.device, dtype=e.dtype)
+            h = e
+        elif self.cfg.init_state == "zeros":
+            h = torch.zeros_like(e)
+        else:
+            noise = torch.randn(e.shape, generator=generator, device="cpu", dtype=torch.float32)
+            h = (self.cfg.noise_std * noise).to(device=e.device, dtype=e.dtype)
+        return torch.cat([h, torch.zeros_like(h)], dim=-1) if self.two_state else h
+
+    def answer_state(self, h: Tensor) -> Tensor:
+        """The part of a state the readout reads [B, L, d]: h itself, or y of TRM's [y ; z]."""
+        return h[..., : self.cfg.d_model] if self.two_state else h
 
     def core_input(self, h: Tensor, e: Tensor) -> Tensor:
         """What the core's first layer sees: h_{t-1} with the input e injected ([B, L, d])."""
@@ -140,8 +159,16 @@ class LoopedTransformer(ObservedLayers, nn.Module):
         return h
 
     def step(self, h: Tensor, e: Tensor, ctx: AttentionContext) -> Tensor:
-        """One loop: h_{t-1} [B, L, d] → h_t [B, L, d]."""
-        x = self.core_input(h, e)
+        """One loop: h_{t-1} [B, L, d] → h_t [B, L, d] (TRM: [B, L, 2d] → [B, L, 2d])."""
+        if self.two_state:
+            y, z = h.chunk(2, dim=-1)
+            for _ in range(self.cfg.latent_steps):
+                z = self.apply_core(e + y + z, ctx)
+            return torch.cat([self.apply_core(y + z, ctx), z], dim=-1)
+        return self.apply_core(self.core_input(h, e), ctx)
+
+    def apply_core(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        """The shared core once: its k layers, then core_out_norm when configured ([B, L, d] → [B, L, d])."""
         for index, layer in enumerate(self.core):
             x = self._call("core", index, layer, x, ctx)
         if self.core_out_norm is not None:
@@ -149,7 +176,8 @@ class LoopedTransformer(ObservedLayers, nn.Module):
         return x
 
     def readout(self, h: Tensor, ctx: AttentionContext) -> Tensor:
-        """State h [B, L, d] → logits [B, L, V]."""
+        """State h [B, L, d] (TRM: [B, L, 2d], of which y is read) → logits [B, L, V]."""
+        h = self.answer_state(h)
         for index, layer in enumerate(self.coda):
             h = self._call("coda", index, layer, h, ctx)
         return self.head(self.final_norm(h))

@@ -46,8 +46,36 @@ Linearised = tuple[Tensor, Tangent]  # (the piece's output, its tangent map)
 
 def linearise_step(model, h: Tensor, e: Tensor, ctx: AttentionContext) -> Linearised:
     """(h_t, v ↦ J v): one loop of ``model`` (a LoopedTransformer) from h [B, L, d], linearised at h."""
-    x = model.core_input(h, e)
-    maps = [_injection_tangent(model)]
+    if model.two_state:
+        return linearise_two_state_step(model, h, e, ctx)
+    x, core = linearise_core(model, model.core_input(h, e), ctx)
+    return x, _chain([_injection_tangent(model), core])
+
+
+def linearise_two_state_step(model, h: Tensor, e: Tensor, ctx: AttentionContext) -> Linearised:
+    """TRM's loop from h = [y ; z] [B, L, 2d]: z_i = C(e + y + z_{i−1}) n times, then y' = C(y + z_n), so
+
+    ż_i = J_i (ẏ + ż_{i−1}),   ẏ' = J_y (ẏ + ż_n),   and the tangent of [y ; z] is [ẏ' ; ż_n].
+    """
+    y, z = h.chunk(2, dim=-1)
+    latent = []
+    for _ in range(model.cfg.latent_steps):
+        z, tangent = linearise_core(model, e + y + z, ctx)
+        latent.append(tangent)
+    y, answer = linearise_core(model, y + z, ctx)
+
+    def apply(v: Tensor) -> Tensor:
+        vy, vz = v.chunk(2, dim=-1)
+        for tangent in latent:
+            vz = tangent(vy + vz)
+        return torch.cat([answer(vy + vz), vz], dim=-1)
+
+    return torch.cat([y, z], dim=-1), apply
+
+
+def linearise_core(model, x: Tensor, ctx: AttentionContext) -> Linearised:
+    """The shared core once (its layers, then core_out_norm when configured) at its input x [B, L, d]."""
+    maps = []
     for layer in model.core:
         x, tangent = linearise_layer(layer, x, ctx)
         maps.append(tangent)

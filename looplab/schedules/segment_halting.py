@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
-from looplab.model.halting import masked_mean_pool
+from looplab.model.halting import pooled_answer
 from looplab.params import NON_NEGATIVE, UNIT, param
 from looplab.schedules.base import StepOutput, register_schedule
 from looplab.schedules.halting import LearnedHalting
@@ -49,7 +49,7 @@ from looplab.schedules.segments import SegmentEnd, supervise_segments
 
 
 class QHead(nn.Module):
-    """Linear(d, outputs) on the mean-pooled state; weights 0 and biases −5 at start (no row halts early)."""
+    """Linear(d, outputs) on the mean-pooled (answer) state; weights 0 and biases −5 at start (no row halts early)."""
 
     def __init__(self, d_model: int, outputs: int):
         super().__init__()
@@ -58,8 +58,8 @@ class QHead(nn.Module):
         nn.init.constant_(self.linear.bias, -5.0)
 
     def forward(self, h: Tensor, valid: Tensor) -> Tensor:
-        """h [B, L, d], valid [B, L] → logits [B, outputs]."""
-        return self.linear(masked_mean_pool(h, valid))
+        """h [B, L, d] (TRM: [B, L, 2d]), valid [B, L] → logits [B, outputs]."""
+        return self.linear(pooled_answer(h, valid, self.linear.in_features))
 
 
 class SegmentHalting(LearnedHalting):

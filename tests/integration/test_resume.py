@@ -33,7 +33,17 @@ def _state(run_dir, step):
     return json.loads((run_dir / "checkpoints" / f"step_{step:07d}" / "state.json").read_text())
 
 
-@pytest.mark.parametrize("schedule", [["schedule.name=window"], ["schedule.name=rl_halting", "schedule.t_max=6"]])
+TRM_RECIPE = [  # TRM's recurrence, deep supervision with only each segment's last loop backpropagated, its head
+    "model.recurrence=trm", "model.latent_steps=2", "schedule.name=act_bce", "schedule.t_max=4",
+    "train.segment_loops=2", "train.backprop_loops=1",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [["schedule.name=window"], ["schedule.name=rl_halting", "schedule.t_max=6"], TRM_RECIPE],
+    ids=["window", "rl_halting", "trm"],
+)
 def test_resume_after_sigkill_is_bitwise_identical(tiny_config, tmp_path, schedule):
     steps = 150
     config = tiny_config(steps=steps, checkpoint_every=10)
