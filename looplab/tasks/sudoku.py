@@ -1,4 +1,5 @@
-"""Sudoku: fill in the blanks of a board with a unique solution (``sudoku4``: 4×4, ``sudoku9``: 9×9).
+"""Sudoku: fill in the blanks of a board with a unique solution (``sudoku4``: 4×4, ``sudoku9``: 9×9,
+``sudoku9_hard``: 9×9 boards that singles cannot complete).
 
 An instance of size n is a board with n blank cells. The sequence is the board
 row by row, one token per cell (a digit, or ``.`` for a blank), and every cell
@@ -19,6 +20,14 @@ Generation, from the run's generator only:
 The size axis is the blank count: train on few blanks, test on more. The
 singles rule reaches 11–12 blanks on a 4×4 board and 55–58 on a 9×9 one, so
 ``max_size`` is 11 and 55. T(n) = n: a sequential solver fills one blank per step.
+
+``sudoku9_hard`` keeps a cell blank while the board still has exactly one
+solution (counted by a backtracking solver), and keeps a board only if naked
+and hidden singles cannot complete it: every such board needs at least one
+guess or a technique beyond singles, the property Sudoku-Extreme's puzzles are
+chosen for (theirs for many guesses). About 17 % of unique boards with 50
+blanks and 30 % with 55 are such boards, and almost none below 45, so its sizes
+are 50..56.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from looplab.tasks.base import Task, register_task
 BLANK = "."
 #: boards drawn for one instance before giving up on reaching its blank count
 MAX_ATTEMPTS = 50
+#: the same for a hard board, most of which singles still complete (at 50 blanks about 5 in 6)
+HARD_ATTEMPTS = 400
 
 
 def solved_board(side: int, generator: torch.Generator) -> list[list[int]]:
@@ -102,14 +113,64 @@ def solve_by_singles(board: list[list[int]]) -> list[list[int]] | None:
             return None
 
 
+def count_solutions(board: list[list[int]], limit: int = 2) -> int:
+    """Solutions of the board (0 = blank), counted up to ``limit``: depth-first search on the blank with
+    the fewest candidates, digits kept as bit masks per row, column and box."""
+    side, box = len(board), math.isqrt(len(board))
+    every = (1 << (side + 1)) - 2  # bits 1..side
+    rows, cols, boxes = [0] * side, [0] * side, [0] * side
+    blanks = []
+    for r in range(side):
+        for c in range(side):
+            b = (r // box) * box + c // box
+            if board[r][c]:
+                bit = 1 << board[r][c]
+                rows[r], cols[c], boxes[b] = rows[r] | bit, cols[c] | bit, boxes[b] | bit
+            else:
+                blanks.append((r, c, b))
+    found = 0
+
+    def search(remaining: list[tuple[int, int, int]]) -> bool:  # True once ``limit`` solutions are found
+        nonlocal found
+        if not remaining:
+            found += 1
+            return found >= limit
+        pick, free, fewest = 0, 0, side + 1
+        for index, (r, c, b) in enumerate(remaining):
+            options = every & ~(rows[r] | cols[c] | boxes[b])
+            count = options.bit_count()
+            if count < fewest:
+                pick, free, fewest = index, options, count
+                if count <= 1:
+                    break
+        r, c, b = remaining[pick]
+        rest = remaining[:pick] + remaining[pick + 1 :]
+        while free:
+            bit = free & -free
+            free ^= bit
+            rows[r], cols[c], boxes[b] = rows[r] | bit, cols[c] | bit, boxes[b] | bit
+            done = search(rest)
+            rows[r], cols[c], boxes[b] = rows[r] ^ bit, cols[c] ^ bit, boxes[b] ^ bit
+            if done:
+                return True
+        return False
+
+    search(blanks)
+    return found
+
+
 def _forced(board: list[list[int]], r: int, c: int) -> bool:
     """Whether the blank cell (r, c) has one candidate left, given its row, column and box."""
     return len(_seen(board, r, c) - {0}) == len(board) - 1
 
 
-def puzzle(side: int, blanks: int, generator: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
-    """(the board with ``blanks`` zeros, its unique solution), drawn from ``generator``."""
-    for _ in range(MAX_ATTEMPTS):
+def puzzle(
+    side: int, blanks: int, generator: torch.Generator, hard: bool = False
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(the board with ``blanks`` zeros, its unique solution), drawn from ``generator``: a board singles
+    complete, or with ``hard`` one with a unique solution that singles cannot complete."""
+    attempts = HARD_ATTEMPTS if hard else MAX_ATTEMPTS
+    for _ in range(attempts):
         solution = solved_board(side, generator)
         board = [row[:] for row in solution]
         removed = 0
@@ -119,20 +180,22 @@ def puzzle(side: int, blanks: int, generator: torch.Generator) -> tuple[list[lis
             r, c = divmod(index, side)
             board[r][c] = 0
             # a cell its row, column and box still force (a naked single) can be blanked at no risk:
-            # deducing it first gives back the board before, which singles complete
-            if _forced(board, r, c) or solve_by_singles(board) is not None:
+            # deducing it first gives back the board before, which singles complete (and which is unique)
+            if _forced(board, r, c) or (count_solutions(board) == 1 if hard else solve_by_singles(board) is not None):
                 removed += 1
             else:
                 board[r][c] = solution[r][c]
-        if removed == blanks:
+        if removed == blanks and not (hard and solve_by_singles(board) is not None):
             return board, solution
-    raise LooplabError(f"no {side}x{side} board with {blanks} blanks solvable by singles in {MAX_ATTEMPTS} draws")
+    kind = "with one solution that singles cannot complete" if hard else "solvable by singles"
+    raise LooplabError(f"no {side}x{side} board with {blanks} blanks {kind} in {attempts} draws")
 
 
 class Sudoku(Task):
-    """A ``side`` × ``side`` board; the size n is its blank count."""
+    """A ``side`` × ``side`` board; the size n is its blank count (``hard``: singles cannot complete it)."""
 
     side = 9
+    hard = False
 
     def symbols(self) -> list[str]:
         return [BLANK, *(str(d) for d in range(1, self.side + 1))]
@@ -150,7 +213,7 @@ class Sudoku(Task):
         digit = self.token_id["1"] - 1  # the id of digit d is digit + d
         tokens, labels = [], []
         for _ in range(count):
-            board, solution = puzzle(self.side, n, generator)
+            board, solution = puzzle(self.side, n, generator, self.hard)
             tokens.append([blank if v == 0 else digit + v for row in board for v in row])
             labels.append([digit + v for row in solution for v in row])
         return torch.tensor(tokens, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
@@ -168,3 +231,12 @@ class Sudoku9(Sudoku):
     name = "sudoku9"
     side = 9
     max_size = 55
+
+
+@register_task
+class Sudoku9Hard(Sudoku):
+    name = "sudoku9_hard"
+    side = 9
+    hard = True
+    min_size = 50
+    max_size = 56

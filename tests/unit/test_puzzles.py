@@ -48,6 +48,35 @@ def _is_solved(board: list[list[int]]) -> bool:
     return all(sorted(unit) == list(range(1, side + 1)) for unit in units)
 
 
+def _singles_complete(board: list[list[int]]) -> bool:
+    """Whether placing naked singles (a cell with one candidate) and hidden singles (a digit with one cell
+    left in a row, column or box) again and again fills the board."""
+    side, box = len(board), math.isqrt(len(board))
+    board = [line[:] for line in board]
+    units = [[(r, c) for c in range(side)] for r in range(side)] + [[(r, c) for r in range(side)] for c in range(side)]
+    units += [[(br + i, bc + j) for i in range(box) for j in range(box)] for br in range(0, side, box)
+              for bc in range(0, side, box)]  # fmt: skip
+
+    def options(r, c):
+        used = set(board[r]) | {board[i][c] for i in range(side)}
+        used |= {board[r - r % box + i][c - c % box + j] for i in range(box) for j in range(box)}
+        return {d for d in range(1, side + 1) if d not in used}
+
+    while any(0 in line for line in board):
+        placements = {(r, c): next(iter(o)) for r in range(side) for c in range(side)
+                      if board[r][c] == 0 and len(o := options(r, c)) == 1}  # fmt: skip
+        for unit in units:
+            for digit in range(1, side + 1):
+                spots = [(r, c) for r, c in unit if board[r][c] == 0 and digit in options(r, c)]
+                if len(spots) == 1:
+                    placements.setdefault(spots[0], digit)
+        if not placements:
+            return False
+        for (r, c), digit in placements.items():
+            board[r][c] = digit
+    return True
+
+
 def _boards(task, batch, row):
     side = task.side
     digits = {task.token_id[str(d)]: d for d in range(1, side + 1)}
@@ -58,7 +87,7 @@ def _boards(task, batch, row):
     ]
 
 
-@pytest.mark.parametrize("name, sizes", [("sudoku4", [1, 6, 11]), ("sudoku9", [5, 30, 55])])
+@pytest.mark.parametrize("name, sizes", [("sudoku4", [1, 6, 11]), ("sudoku9", [5, 30, 55]), ("sudoku9_hard", [50, 56])])
 def test_sudoku_boards_have_one_solution_and_it_is_the_label(name, sizes):
     task = make_task(name)
     for n in sizes:
@@ -70,6 +99,7 @@ def test_sudoku_boards_have_one_solution_and_it_is_the_label(name, sizes):
             assert _is_solved(solved)
             assert all(g in (0, s) for gl, sl in zip(given, solved) for g, s in zip(gl, sl))
             assert _count_solutions([line[:] for line in given]) == 1
+            assert _singles_complete(given) != task.hard  # hard boards need more than singles
 
 
 def test_puzzles_are_a_function_of_the_seed():
@@ -141,6 +171,10 @@ def test_a_maze_marks_its_only_shortest_path(n):
         ),
         (["task.name=sudoku9", "task.train_max=56"], "task.train_max must be <= 55 for task 'sudoku9'"),
         (["task.name=maze", "task.train_min=1"], "task.train_min must be >= 2 for task 'maze', got 1"),
+        (
+            ["task.name=sudoku9_hard", "task.train_min=40", "task.train_max=52", "task.eval_lengths=[52]"],
+            "task.train_min must be >= 50 for task 'sudoku9_hard', got 40",
+        ),
     ],
 )
 def test_sizes_a_puzzle_cannot_draw_are_refused_before_anything_runs(overrides, message):
