@@ -42,11 +42,16 @@ def _per_token(config: Config, length: int) -> int:
 
 def training_bytes(config: Config, task: Task, depth: int) -> int:
     """Weights, gradients and AdamW moments, plus the activations of the deepest training unroll (``depth``
-    loops: the schedule's T_train)."""
+    loops: the schedule's T_train) that backward keeps: with ``train.backprop_loops`` = g, g loops per
+    deep-supervision segment (or g in all without segments)."""
     length = task.seq_len(config.task.train_max)
-    m = config.model
+    m, train = config.model, config.train
+    kept = depth
+    if train.backprop_loops:
+        segments = -(-depth // train.segment_loops) if train.segment_loops else 1
+        kept = min(depth, train.backprop_loops * segments)
     core_per_loop = m.latent_steps + 1 if m.recurrence == "trm" else 1  # TRM runs the core n + 1 times a loop
-    applications = m.prelude_layers + m.coda_layers + m.core_layers * core_per_loop * depth
+    applications = m.prelude_layers + m.coda_layers + m.core_layers * core_per_loop * kept
     activations = config.train.batch_size * length * applications * _per_token(config, length)
     return FLOAT * (4 * parameter_count(config, task.vocab_size) + activations)
 

@@ -8,10 +8,12 @@ from collections import Counter
 import pytest
 
 from looplab.cli import PRESETS, STUDIES
-from looplab.config import from_dict
-from looplab.experiment import training_depth
+from looplab.config import from_dict, load_config
+from looplab.experiment import check_config, training_depth
+from looplab.memory import GIB, training_bytes
 from looplab.report.paper import PAPERS
 from looplab.sweep import load_sweep
+from looplab.tasks import make_task
 
 
 @pytest.mark.parametrize("study", STUDIES)
@@ -104,3 +106,19 @@ def test_the_stopping_pilot_cells_expand_to_what_their_names_say(path):
     model = {(c["model"]["core_layers"], c["model"]["attention_window"], c["model"]["positional"]) for c in configs}
     assert model == ({(1, 1, "nope")} if "window1" in path.stem or "steps" in path.stem else {(3, 0, "nope")})
     assert {c["task"]["name"] for c in configs} == {path.stem.split("-")[0]}
+
+
+def test_recursive_paper_runs_trms_recursion_at_the_papers_depth_within_one_80_gib_gpu():
+    """TRM's n = 6, T = 3, N_sup = 16 on both puzzles, each arm's training estimate under 80 GiB."""
+
+    spec = load_sweep(PRESETS / "sweeps" / "recursive-paper.toml")
+    tasks = set()
+    for path in spec.configs:
+        config = load_config(path)
+        check_config(config)
+        tasks.add(config.task.name)
+        assert (config.model.recurrence, config.model.latent_steps, config.model.d_model) == ("trm", 6, 512)
+        assert (config.train.segment_loops, config.train.backprop_loops, training_depth(config)) == (3, 1, 48)
+        assert training_bytes(config, make_task(config.task.name), training_depth(config)) < 80 * GIB
+    assert tasks == {"sudoku9_hard", "maze"} and len(spec.seeds) >= 5
+    assert max(load_config(p).task.eval_lengths[-1] for p in spec.configs if "maze" in p.name) == 30

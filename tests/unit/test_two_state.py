@@ -127,3 +127,21 @@ def test_generation_refuses_the_two_state_recurrence():
     model = _model(latent_steps=1, causal=True)
     with pytest.raises(LooplabError, match="valid choices: standard"):
         generate(model, [[1, 2]], 2)
+
+
+def test_the_memory_estimate_counts_core_applications_and_the_loops_backward_keeps():
+    """A TRM loop holds n + 1 core applications; with backprop_loops = g only g loops per segment stay."""
+    from looplab.memory import training_bytes
+
+    task = make_task("sudoku4")
+
+    def activations(*overrides: str, depth: int = 12) -> int:
+        base = training_bytes(load_config(None, ["task.name=sudoku4", "task.train_max=4", "task.eval_lengths=[4]"]),
+                              task, 0)  # fmt: skip
+        config = load_config(None, ["task.name=sudoku4", "task.train_max=4", "task.eval_lengths=[4]", *overrides])
+        return training_bytes(config, task, depth) - base
+
+    one_state = activations()
+    assert activations("model.recurrence=trm", "model.latent_steps=2") == 3 * one_state
+    assert activations("train.segment_loops=3", "train.backprop_loops=1") * 3 == one_state
+    assert activations("train.backprop_loops=2") * 6 == one_state
