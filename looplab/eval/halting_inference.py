@@ -46,11 +46,9 @@ def halting_on(model, schedule: Schedule, batch: TaskBatch, cap: int) -> tuple[T
     alive = torch.arange(batch_size, device=device)
     for t in range(1, cap + 1):
         h = model.step(h, e, ctx)
-        if t < cap and t % schedule.halt_every:
-            continue
         halt = torch.ones(len(alive), dtype=torch.bool, device=device)
         if t < cap:
-            halt = schedule.hazard_logit(h, batch.valid[alive]) > 0
+            halt = schedule.halts(h, batch.valid[alive], t)
             if not halt.any():
                 continue
         rows = alive[halt]

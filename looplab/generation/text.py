@@ -73,13 +73,9 @@ def head_halts(schedule: Schedule):
             f"the halting exit needs a halting head; this run's {schedule.name!r} schedule has none "
             "(runs trained with act_bce, q_halt, rl_halting or pondernet have one)"
         )
-    every = schedule.halt_every
 
     def halts(h: Tensor, t: int) -> Tensor:
-        if t % every:
-            return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-        valid = torch.ones(h.shape[0], 1, dtype=torch.bool, device=h.device)
-        return schedule.hazard_logit(h[:, None], valid) > 0
+        return schedule.halts(h[:, None], torch.ones(h.shape[0], 1, dtype=torch.bool, device=h.device), t)
 
     return halts
 

@@ -34,7 +34,8 @@ What the framework calls:
 - :meth:`Schedule.hazard_logit` after every loop of an evaluation unroll
   (None for schedules without a halting head) and :meth:`Schedule.test_depths`
   with what it returned; halting applied as the rows run (``looplab eval``'s
-  halting-on pass) stops a row at the first loop that is a multiple of
+  halting-on pass, generation's ``halting`` exit) stops a row where
+  :meth:`Schedule.halts` says: the first loop that is a multiple of
   ``halt_every`` whose logit is > 0;
 - ``deep_supervision`` says whether the schedule trains under
   ``train.segment_loops`` > 0 (``"optional"``: a rule schedule's depth becomes the
@@ -202,6 +203,14 @@ class Schedule(ABC):
     def hazard_logit(self, h: Tensor, valid: Tensor) -> Tensor | None:
         """[B] halting logit of the state h [B, L, d] after a loop, or None without a halting head."""
         return None
+
+    def halts(self, h: Tensor, valid: Tensor, t: int) -> Tensor:
+        """[B] bool: the rows whose head says halt after loop t, the rule every halting-on path applies
+        (a loop that is a multiple of ``halt_every`` whose logit is > 0; never without a head)."""
+        if t % self.halt_every:
+            return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
+        logit = self.hazard_logit(h, valid)
+        return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device) if logit is None else logit > 0
 
     @abstractmethod
     def test_depths(self, lengths: Tensor, hazard_logits: Tensor | None) -> Tensor:
