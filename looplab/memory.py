@@ -17,7 +17,7 @@ from looplab.config import Config
 from looplab.errors import LooplabError
 from looplab.tasks import Task
 
-__all__ = ["parameter_count", "training_bytes", "eval_bytes", "device_bytes", "check_fits"]
+__all__ = ["parameter_count", "training_bytes", "eval_bytes", "trace_bytes", "device_bytes", "check_fits"]
 
 FLOAT = 4
 GIB = 1024**3
@@ -63,6 +63,17 @@ def eval_bytes(config: Config, task: Task, lengths: list[int], max_loops: int, s
     unroll = batch * length * (_per_token(config, length) + task.vocab_size)
     outcomes = 6 * samples * max_loops * len(lengths)  # correct, flips, confidence, norms per (sample, K)
     return FLOAT * (parameter_count(config, task.vocab_size) + unroll + outcomes)
+
+
+def trace_bytes(config: Config, task: Task, samples: int, loops: int, attention: bool) -> int:
+    """An analysis trace of ``samples`` instances at the longest training length over ``loops`` loops: every
+    core layer's output (with ``attention``: its attention input and probabilities too) and every state."""
+    m = config.model
+    length = task.seq_len(config.task.train_max)
+    rows = samples * length
+    per_call = rows * m.d_model * (2 if attention else 1) + (samples * m.n_heads * length * length if attention else 0)
+    state = rows * m.d_model * (2 if m.recurrence == "trm" else 1)
+    return FLOAT * ((loops + 1) * (m.core_layers * per_call + state) + parameter_count(config, task.vocab_size))
 
 
 def device_bytes(device: str) -> int:

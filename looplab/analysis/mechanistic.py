@@ -50,6 +50,7 @@ from looplab.analysis.text import start_line
 from looplab.analysis.trace import Trace, trace
 from looplab.config import Config
 from looplab.experiment import Experiment
+from looplab.memory import check_fits, trace_bytes
 from looplab.params import fill
 from looplab.seeding import derive_generator
 
@@ -90,6 +91,12 @@ def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress:
             its domain; the rest keep their defaults.
     """
     settings = fill(AnalysisOptions, options, "analysis")
+    check_fits(  # the trace is held whole (every loop, every core layer) before any metric is written
+        f"an analysis trace of {settings.samples} samples x {settings.loops} loops",
+        trace_bytes(exp.config, exp.task, settings.samples, settings.loops, settings.needs_attention),
+        "cpu",
+        "use fewer --loops or --samples",
+    )
     if settings.zero_mlp:
         with zero_mlp(exp.model, settings.zero_mlp):
             return _analyze(exp, out, label, progress, settings)

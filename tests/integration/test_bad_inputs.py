@@ -210,6 +210,7 @@ CASES = [
     # ---- analysis
     ("analyze {root}/missing", 2, "run dir not found"),
     ("analyze {run} --loops 0", 2, "--loops and --samples must be >= 1"),
+    ("analyze {run} --loops 100000000", 2, "an analysis trace of 8 samples x 100000000 loops needs an estimated"),
     ("analyze {run} --loops 2 --zero-mlp core9", 2, "unknown MLP to zero 'core9'; valid choices: core0"),
     ("analyze {run} --loops 2 --metrics colsum,sinks", 2, "unknown analysis metric 'sinks'; valid choices: attention"),
     ("analyze {cfg} --loops 4", 2, "needs --out DIR"),
