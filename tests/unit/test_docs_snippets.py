@@ -143,7 +143,7 @@ def test_the_command_reference_names_every_option():
     """Each subcommand's line(s) in the command reference's block carry every option its parser accepts."""
     import argparse
 
-    from looplab.cli import _parser
+    from looplab.cli import build_parser
 
     text = (DOCS / "commands.md").read_text()
     block = text[text.index("## Command line") :]
@@ -157,7 +157,7 @@ def test_the_command_reference_names_every_option():
         for name, child in subs[0].choices.items():
             yield from leaves(child, [*path, name])
 
-    for path, parser in leaves(_parser(), []):
+    for path, parser in leaves(build_parser(), []):
         command = " ".join(path[:1] + [p for p in path[1:] if p != "mechanistic"])
         lines = [line for line in block.splitlines() if line.startswith(f"looplab {command} ")]
         assert lines, f"no line in docs/commands.md for looplab {' '.join(path)}"

@@ -1,0 +1,85 @@
+"""Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | results | demo``.
+
+One module per family of commands (``runs``, ``analyze``, ``studies``), the parser in ``parser``;
+this module dispatches. User mistakes end in one line on stderr and exit code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from looplab.cli.analyze import analyze_command
+from looplab.cli.parser import ANALYSES, EXAMPLES, STUDIES, STUDY_EXTRAS, build_parser
+from looplab.cli.runs import config_command, demo_command, eval_command, generate_command, pool_command, train_command
+from looplab.cli.studies import report_command, reproduce_command, results_command, sweep_command
+from looplab.config import PRESETS
+from looplab.errors import LooplabError
+from looplab.train.stop import Stopped
+
+__all__ = ["main", "parse", "describe_error", "build_parser", "EXAMPLES", "PRESETS", "STUDIES", "STUDY_EXTRAS"]
+
+#: command → its handler (``results`` returns the exit code; the others return None for 0)
+COMMANDS = {
+    "train": train_command,
+    "eval": eval_command,
+    "config": config_command,
+    "analyze": analyze_command,
+    "sweep": sweep_command,
+    "report": report_command,
+    "reproduce": reproduce_command,
+    "results": results_command,
+    "generate": generate_command,
+    "demo": demo_command,
+    "pool": pool_command,
+}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; ``looplab analyze [OPTIONS] RUN_DIR`` is the mechanistic analysis."""
+    argv = list(argv)
+    if len(argv) >= 2 and argv[0] == "analyze" and argv[1] not in ANALYSES and argv[1] not in ("-h", "--help"):
+        argv.insert(1, "mechanistic")
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:  # --help, or a usage error already printed as one line
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
+        for option in ("out", "run_dir", "sweep_dir", "config", "sweep_file"):
+            if isinstance(getattr(args, option, None), str) and not getattr(args, option).strip():
+                raise LooplabError(f"{option.replace('_', ' ')} must not be empty")
+        return COMMANDS[args.command](args) or 0
+    except KeyboardInterrupt:
+        print("looplab: interrupted", file=sys.stderr)
+        return 130
+    except Stopped as stop:  # asked to stop (preemption, Ctrl-C): not an error, and resumable
+        if os.environ.get("RANK", "0") == "0":
+            print(f"looplab: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except Exception as err:  # the one error boundary: a line, not a traceback
+        if os.environ.get("LOOPLAB_DEBUG") == "1":
+            raise
+        print(f"looplab: error: {describe_error(err)}", file=sys.stderr)
+        return err.exit_code if isinstance(err, LooplabError) else 2
+
+
+def describe_error(err: Exception) -> str:
+    """One line naming the problem: the message of a looplab error, the file and reason of an OS error."""
+    import torch
+
+    first_line = (str(err).strip().splitlines() or [""])[0]
+    if isinstance(err, LooplabError):
+        return first_line
+    if isinstance(err, OSError):
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror or first_line}{where}"
+    if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return f"out of memory ({first_line or type(err).__name__}); use a smaller model, batch or depth"
+    if isinstance(err, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({first_line})"
+    return f"{type(err).__name__}: {first_line} (LOOPLAB_DEBUG=1 shows the traceback)"

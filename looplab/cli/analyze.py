@@ -1,0 +1,95 @@
+"""``looplab analyze``: the mechanistic, spectral and PCA analyses of a run (or of a config's initialisation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from looplab.config import load_config, resolve_preset
+from looplab.errors import LooplabError
+
+
+def analyze_command(args) -> None:
+    """``looplab analyze [KIND] RUN_DIR``: one analysis, written under the run (or ``--out``)."""
+    from looplab.analysis.run import analyze_pca, analyze_spectral, format_spectral
+    from looplab.analysis.text import format_mechanistic
+
+    out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
+    if args.out:
+        check_analysis_out(Path(args.out))
+    if args.kind == "mechanistic":
+        from looplab.analysis.mechanistic import analyze_config, analyze_mechanistic
+
+        if min(args.loops, args.samples) < 1:
+            raise LooplabError("--loops and --samples must be >= 1")
+        options = {
+            "loops": args.loops,
+            "samples": args.samples,
+            "mlp_ablation": not args.no_mlp_ablation,
+            "zero_mlp": args.zero_mlp,
+            "metrics": args.metrics,
+            "plots": not args.no_plots,
+            "progress": True,
+        }
+        if resolve_preset(args.run_dir).is_file():
+            if not args.out:
+                raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
+            summary = analyze_config(load_config(args.run_dir, args.set), args.out, **options)
+        else:
+            if args.set:
+                raise LooplabError("--set applies to a config file; a run dir's config is fixed")
+            summary = analyze_mechanistic(args.run_dir, out=args.out, **options)
+        print(format_mechanistic(summary))
+        written = "summary.json, CSVs and plots" if not args.no_plots else "summary.json and CSVs"
+        print(f"wrote {args.out or out / 'mechanistic'}: {written}")
+    elif args.kind == "spectral":
+        if args.iters < 1:
+            raise LooplabError(f"--iters must be >= 1, got {args.iters}")
+        summary = analyze_spectral(
+            args.run_dir,
+            args.length,
+            args.loops,
+            args.samples,
+            args.iters,
+            args.out,
+            exact_loops(args.exact_at, args.loops, args.run_dir),
+            progress=True,
+        )
+        print(format_spectral(summary))
+        print(f"wrote {out}/spectral.csv, spectral.json, spectral.png")
+    else:
+        if args.sample < 0:
+            raise LooplabError(f"--sample must be >= 0 (the index of the traced sample), got {args.sample}")
+        summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out, progress=True)
+        print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
+        print(f"wrote {out}/pca_2d.png, pca_3d.png")
+
+
+def check_analysis_out(out: Path) -> None:
+    """Refuse an analysis ``--out`` whose files it would overwrite: an evaluation, a run or a sweep dir."""
+    from looplab.rundir import CONFIG_FILE, SWEEP_FILE, is_sweep_dir
+
+    if is_sweep_dir(out):
+        raise LooplabError(f"--out {out} is a sweep dir (it holds {SWEEP_FILE}); write the analysis elsewhere")
+    for marker, kind in (
+        ("grid.parquet", "an evaluation"),
+        ("lm_summary.json", "an evaluation"),
+        (CONFIG_FILE, "a run"),
+    ):
+        if (out / marker).is_file():
+            raise LooplabError(f"--out {out} is {kind} dir (it holds {marker}); write the analysis elsewhere")
+
+
+def exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int] | None:
+    """``--exact-at``: None (the default loops), [] for ``none``, every loop for ``all``, or the listed loops."""
+    if text is None:
+        return None
+    if text == "none":
+        return []
+    if text == "all":
+        from looplab.rundir import load_run_config
+
+        return list(range(1, (loops or load_run_config(run_dir).eval.max_loops) + 1))
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise LooplabError(f"--exact-at takes loops like 1,8,64, or all, or none; got {text!r}") from None

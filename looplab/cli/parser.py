@@ -1,0 +1,244 @@
+"""The ``looplab`` argument parser: every command, its arguments and the examples ``--help`` shows."""
+
+from __future__ import annotations
+
+import argparse
+
+from looplab import __version__
+from looplab.analysis.registry import AnalysisOptions
+from looplab.config import PRESETS
+from looplab.generation import EXITS, POLICIES
+from looplab.report.paper import PAPERS
+
+ANALYSES = ("mechanistic", "spectral", "pca")
+ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
+#: the reproduction sweeps: configs/sweeps/<paper>-<scale>.toml, each named after a registered paper
+STUDIES = tuple(sorted(path.stem for path in (PRESETS / "sweeps").glob("*.toml")))
+#: studies with a part that is not a sweep of configs: its settings file, run after the sweep
+STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}
+
+
+def lengths_arg(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 8,12,16, got {text!r}") from None
+
+
+def names_arg(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+#: what ``--help`` shows under each command (``runs/demo`` is what ``make demo`` writes, ``runs/lm`` a text run)
+EXAMPLES = {
+    "train": [
+        "looplab train demo --out runs/demo",
+        "looplab train stopping-small/dyck1-window --set run.seed=3 --set train.steps=300 --out runs/w3",
+        "looplab train puzzles/sudoku4-matched --set 'run.plugins=[\"looplab.examples.plugins.scaled\"]' "
+        "--set schedule.name=scaled --set schedule.cap=16 --out runs/s4",
+    ],
+    "eval": [
+        "looplab eval runs/demo",
+        "looplab eval runs/demo --lengths 8,16,32 --max-loops 64 --scaling",
+        "looplab eval runs/lm --lm-loops 32   (a kjv or kjv_arithmetic run)",
+    ],
+    "show": ["looplab config show demo", "looplab config show demo --set schedule.name=rl_halting"],
+    "mechanistic": [
+        "looplab analyze runs/demo",
+        "looplab analyze mechanistic runs/demo --loops 64 --samples 4 --no-mlp-ablation",
+        "looplab analyze mechanistic runs/demo --zero-mlp core0 --out runs/demo/analysis/zero-core0",
+        "looplab analyze mechanistic mechanistic/ablation-pre-injection --out runs/init   (an untrained model)",
+    ],
+    "spectral": ["looplab analyze spectral runs/demo --loops 64 --exact-at all"],
+    "pca": ["looplab analyze pca runs/demo --loops 64 --sample 3"],
+    "sweep": [
+        "looplab sweep sweeps/stars-small --out runs/stars --workers 2",
+        "looplab sweep my_sweep.toml --out runs/mine --workers 2 --backend ray --address auto",
+    ],
+    "report": ["looplab report runs/stars --paper stars"],
+    "reproduce": ["looplab reproduce stopping-small --out runs/stopping --workers 2"],
+    "results": ["looplab results --check"],
+    "demo": ["looplab demo", "looplab demo --out runs/demo2"],
+    "pool": ["looplab pool sudoku9 --sizes 40,45,50,55 --count 2000 --workers 2 --out pools/sudoku9.safetensors"],
+    "generate": [
+        "looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
+        "looplab generate runs/lm --prompts-file prompts.txt --temperature 0.8 --top-k 20 --seed 1",
+    ],
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage stays behind ``--help``); subcommands inherit it,
+    with their :data:`EXAMPLES` under ``--help``."""
+
+    def __init__(self, *args, **kwargs):
+        name = kwargs.get("prog", "").split()[-1] if kwargs.get("prog") else ""
+        if name in EXAMPLES and "epilog" not in kwargs:
+            kwargs["epilog"] = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+            kwargs["formatter_class"] = argparse.RawDescriptionHelpFormatter
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"looplab: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="looplab", description="Looped transformers: train, evaluate, analyse.")
+    parser.add_argument("--version", action="version", version=f"looplab {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a model from a TOML config")
+    train.add_argument("config", help="config TOML file")
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key")
+    train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    evaluate = commands.add_parser("eval", help="evaluate a run on the length x loops grid")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--lengths", type=lengths_arg, help="comma-separated instance sizes, e.g. 8,12,16")
+    evaluate.add_argument("--max-loops", type=int, help="unroll depth T_eval")
+    evaluate.add_argument("--samples", type=int, help="samples per length")
+    evaluate.add_argument(
+        "--scaling", action="store_true", help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)"
+    )
+    evaluate.add_argument(
+        "--lm-loops",
+        type=int,
+        metavar="T",
+        help="text (kjv, kjv_arithmetic) runs: validation loss (and reasoning) against loops 1..T (eval/lm_loops.csv)",
+    )
+
+    config = commands.add_parser("config", help="inspect configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    show = config_commands.add_parser("show", help="print the resolved config")
+    show.add_argument("config")
+    show.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+    analyze = commands.add_parser("analyze", help="analyse a trained run (results under RUN_DIR/analysis)")
+    kinds = analyze.add_subparsers(dest="kind", required=True)
+    mechanistic = kinds.add_parser(
+        "mechanistic",
+        help="fixed points, attention across loops, ColSum stages (the default: `looplab analyze RUN_DIR`)",
+    )
+    spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
+    pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
+    mechanistic.add_argument("run_dir", help="a run dir, or a config TOML to analyse its untrained initialisation")
+    mechanistic.add_argument(
+        "--loops", type=int, default=ANALYSIS.loops, help=f"unroll depth (default {ANALYSIS.loops})"
+    )
+    mechanistic.add_argument("--samples", type=int, default=ANALYSIS.samples)
+    mechanistic.add_argument(
+        "--out", help="output folder (default RUN_DIR/analysis/mechanistic; required for a config)"
+    )
+    mechanistic.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a key of a config (not of a run dir)",
+    )
+    mechanistic.add_argument(
+        "--no-mlp-ablation", action="store_true", help="skip the re-traces with each core layer's MLP zeroed"
+    )
+    mechanistic.add_argument(
+        "--zero-mlp",
+        metavar="LAYER",
+        default="",
+        help="zero this MLP's output throughout (preludeI, coreI or codaI), e.g. to remove a massive activation",
+    )
+    mechanistic.add_argument(
+        "--metrics", type=names_arg, default=[], help="comma-separated metrics to compute (default: all)"
+    )
+    mechanistic.add_argument("--no-plots", action="store_true", help="write summary and CSVs only")
+    for sub in (spectral, pca):
+        sub.add_argument("run_dir")
+        sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
+        sub.add_argument("--loops", type=int, help="unroll depth (default: eval.max_loops)")
+        sub.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
+    spectral.add_argument("--samples", type=int, default=4, help="instances measured (default 4)")
+    spectral.add_argument(
+        "--iters", type=int, default=10, help="power iterations per loop, warm-started (4x at loop 1; default 10)"
+    )
+    spectral.add_argument(
+        "--exact-at",
+        metavar="LOOPS",
+        help="loops where the exact eigenvalues are computed too: comma-separated, `all` or `none` "
+        "(default: first, middle and last, when L·d <= 4096)",
+    )
+    pca.add_argument("--sample", type=int, default=0, help="which sample to trace")
+
+    sweep = commands.add_parser("sweep", help="train and evaluate a grid of configs x overrides x seeds")
+    sweep.add_argument("sweep_file", help="sweep TOML file")
+    report = commands.add_parser("report", help="tables, plots and report.html from a sweep dir")
+    report.add_argument("sweep_dir")
+    report.add_argument("--paper", choices=list(PAPERS), help="put this paper's numbers side by side")
+    reproduce = commands.add_parser(
+        "reproduce", help="run a paper's study at CPU (-small) or paper (-paper) scale, then its report"
+    )
+    reproduce.add_argument("study", choices=STUDIES)
+    for sub in (sweep, reproduce):
+        sub.add_argument("--out", required=True, help="sweep dir (resumed if it exists)")
+        sub.add_argument("--workers", type=int, default=1, help="local worker processes, one torch thread each")
+        sub.add_argument("--backend", choices=("local", "ray"), default="local")
+        sub.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+        sub.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    results = commands.add_parser(
+        "results", help="regenerate the committed results pages (docs/results/*.md) from their committed CSVs"
+    )
+    results.add_argument("--dir", default="docs/results", help="the pages' folder (default docs/results)")
+    results.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is out of date")
+    results.add_argument(
+        "--collect",
+        nargs="+",
+        metavar="SWEEP_DIR",
+        help="first rebuild a study's per-seed CSVs from these sweep dirs (the study: --study)",
+    )
+    results.add_argument(
+        "--study",
+        default="stopping-confirm",
+        help="whose CSVs --collect rebuilds: stopping-confirm (default), recursive-small, recursive-confirm, …",
+    )
+
+    generate = commands.add_parser(
+        "generate",
+        help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic, kjv_trace), depth per token",
+    )
+    generate.add_argument("run_dir", help="a trained run of a text task")
+    generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    generate.add_argument("--prompts-file", help="a UTF-8 file of prompts, one per line")
+    generate.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add per prompt (default 64)")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 (the default) decodes greedily")
+    generate.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    generate.add_argument(
+        "--exit", choices=list(EXITS), default="fixed", help="how deep each new token runs (default: fixed)"
+    )
+    generate.add_argument(
+        "--loops", type=int, help="the fixed depth, or the cap of an adaptive exit (default: eval.fixed_exit)"
+    )
+    generate.add_argument("--eps", type=float, default=1e-3, help="threshold of the convergence and kl exits")
+    generate.add_argument("--threshold", type=float, default=0.9, help="max-probability of the confidence exit")
+    generate.add_argument(
+        "--cache", choices=(*POLICIES, "none"), default="per_loop", help="KV cache across loops (default per_loop)"
+    )
+    generate.add_argument(
+        "--keep-loops", type=int, default=2, help="loops kept per token by the last_m cache (default 2)"
+    )
+    generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
+    generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
+
+    pool = commands.add_parser(
+        "pool", help="draw training instances that are slow to draw (9x9 Sudoku, large mazes) once, for task.pool"
+    )
+    pool.add_argument("task", help="a registered task, e.g. sudoku9 or maze")
+    pool.add_argument("--sizes", type=lengths_arg, required=True, help="comma-separated instance sizes, e.g. 40,45,50")
+    pool.add_argument("--count", type=int, required=True, help="instances per size")
+    pool.add_argument("--seed", type=int, default=0, help="the pool's own seed (default 0)")
+    pool.add_argument("--alphabet", type=int, default=8, help="the task's alphabet (default 8)")
+    pool.add_argument("--workers", type=int, default=1, help="processes drawing in parallel (default 1)")
+    pool.add_argument("--out", required=True, help="the pool file to write (safetensors)")
+
+    demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
+    demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    return parser

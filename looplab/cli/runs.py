@@ -1,0 +1,155 @@
+"""The commands on one run: ``train``, ``eval``, ``generate``, ``config show``, ``pool`` and ``demo``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from looplab.config import DEFAULT_SAMPLES, PRESETS, load_config
+from looplab.errors import LooplabError, choice_error
+
+
+def train_command(args) -> None:
+    """``looplab train CONFIG --out RUN_DIR``: train (or resume) a run."""
+    from looplab.train.trainer import train
+
+    config = load_config(args.config, args.set)
+    train(config, Path(args.out), progress=not args.no_progress)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
+        print(f"trained: {args.out}")
+        print(f"next: looplab eval {args.out}   (then: tensorboard --logdir {Path(args.out) / 'tensorboard'})")
+
+
+def eval_command(args) -> None:
+    """``looplab eval RUN_DIR``: the length × loops grid (or, for a text run, loss against loops)."""
+    from looplab.eval.run import evaluate_run, format_summary
+
+    if args.lm_loops is not None:
+        from looplab.lm.evaluate import evaluate_lm_run
+
+        if args.lm_loops < 1:
+            raise LooplabError(f"--lm-loops must be >= 1, got {args.lm_loops}")
+        ignored = [
+            flag
+            for flag, value in (
+                ("--scaling", args.scaling),
+                ("--lengths", args.lengths),
+                ("--max-loops", args.max_loops),
+            )
+            if value
+        ]
+        if ignored:
+            raise LooplabError(
+                f"--lm-loops reads the validation loss at 1..T loops; {', '.join(ignored)} belong to the "
+                "exact-match evaluation and would be ignored: drop them"
+            )
+        summary = evaluate_lm_run(
+            args.run_dir, max_loops=args.lm_loops, samples=args.samples or DEFAULT_SAMPLES, progress=True
+        )
+        print(json.dumps(summary, indent=2))
+        print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
+        return
+    from looplab.eval.run import eval_dir
+    from looplab.rundir import load_run_config
+
+    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling, progress=True)
+    print(format_summary(summary))
+    written = eval_dir(Path(args.run_dir), load_run_config(args.run_dir), args.lengths, args.max_loops, args.samples)
+    print(f"\nwrote {written}: grid.parquet, samples.parquet, policy_depths.parquet and summary.json")
+    print(f"next: looplab analyze {args.run_dir}   (fixed points, attention across loops, ColSum stages)")
+
+
+def generate_command(args) -> None:
+    """``looplab generate RUN_DIR --prompt TEXT``: continue prompts with a trained text run."""
+    from looplab.config import fixed_exit_depth
+    from looplab.generation import ExitRule, Sampling
+    from looplab.generation.text import generate_text, unescape
+    from looplab.rundir import load_run_config
+
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        try:
+            prompts += Path(args.prompts_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise LooplabError(f"cannot read prompts file {args.prompts_file}: {err}") from None
+    if not prompts:
+        raise LooplabError("no prompt: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    config = load_run_config(args.run_dir)
+    loops = args.loops or fixed_exit_depth(config.eval.fixed_exit, config.eval.max_loops)
+    stops = [unescape(text) for text in args.stop]
+    completions, result = generate_text(
+        args.run_dir,
+        prompts,
+        args.max_new_tokens,
+        ExitRule(args.exit, loops, args.eps, args.threshold),
+        args.cache,
+        Sampling(args.temperature, args.top_k, args.seed),
+        stops,
+        args.keep_loops,
+    )
+    for completion in completions:
+        print(f"{completion.prompt!r} -> {completion.text!r}")
+        if args.show_depths:
+            print(f"  loops per token: {' '.join(map(str, completion.depths))}")
+    depths = [d for c in result.depths for d in c]
+    print(
+        f"generate: {len(depths)} tokens, {args.exit} exit (loops {loops}), mean depth {result.mean_depth:.2f} "
+        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
+    )
+
+
+def config_command(args) -> None:
+    """``looplab config show CONFIG``: the resolved config, every component's defaults filled in."""
+    from looplab.experiment import check_config
+
+    config = load_config(args.config, args.set)
+    check_config(config)  # completes [schedule] and [stability] with their components' defaults
+    print(config.to_toml(), end="")
+
+
+def pool_command(args) -> None:
+    """``looplab pool TASK``: draw a training pool once."""
+    from looplab.tasks import TASKS
+    from looplab.tasks.pool import draw_pool, save_pool
+
+    if args.task not in TASKS:
+        raise choice_error("task", args.task, TASKS)
+    task = TASKS[args.task]
+    low, high = task.min_size, task.max_train_size or task.max_size
+    bad = [n for n in args.sizes if n < low or (high is not None and n > high)]
+    if not args.sizes or bad:
+        raise LooplabError(f"--sizes must be {low}..{high if high is not None else 'any'} for {args.task}, got {bad}")
+    for name in ("count", "workers"):
+        if getattr(args, name) < 1:
+            raise LooplabError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise LooplabError(f"--out {out} must be a file path in an existing directory")
+    sizes = sorted(set(args.sizes))
+    print(f"pool: {args.count} x {args.task} at sizes {', '.join(map(str, sizes))}, {args.workers} worker(s)")
+    began = time.perf_counter()
+    drawn = draw_pool(args.task, args.alphabet, sizes, args.count, args.seed, args.workers)
+    save_pool(out, args.task, args.alphabet, args.seed, drawn)
+    seconds = time.perf_counter() - began
+    total = args.count * len(sizes)
+    print(f"pool: wrote {out}: {total} instances in {seconds:.1f} s ({total / seconds:.1f}/s)")
+    print(f'next: set task.pool = "{out}" in a config that trains {args.task} on these sizes')
+
+
+def demo_command(args) -> None:
+    """``looplab demo``: train and evaluate the demo preset."""
+    from looplab.eval.run import evaluate_run, format_summary
+    from looplab.train.trainer import train
+
+    config = load_config(PRESETS / "demo.toml")
+    began = time.perf_counter()
+    print(
+        f"demo: {config.task.name}, train lengths {config.task.train_min}..{config.task.train_max}, "
+        f"schedule {config.schedule.name}, {config.train.steps} steps -> {args.out}"
+    )
+    train(config, Path(args.out))
+    summary = evaluate_run(args.out, progress=True)
+    print(format_summary(summary))
+    print(f"\ndemo finished in {time.perf_counter() - began:.0f} s; results in {Path(args.out) / 'eval'}")
