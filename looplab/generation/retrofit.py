@@ -34,6 +34,7 @@ class RetrofitShape:
     injection: str = "concat"
     positional: str = "rope"
     attention_window: int = 0
+    recurrence: str = "standard"  # one carried state, as the decoder requires
 
 
 class LlamaLayerView:

@@ -105,7 +105,8 @@ def decode_row(task, tokens, labels, length: int) -> tuple[list[str], list[str |
 def test_every_task_is_registered():
     # the algorithmic tasks tested here, the text tasks (test_text_task.py, test_reasoning_task.py) and the
     # puzzles (test_puzzles.py)
-    extra = ["kjv", "chain_arithmetic", "chain_trace", "kjv_arithmetic", "kjv_trace", "sudoku4", "sudoku9", "maze"]
+    text = ["kjv", "chain_arithmetic", "chain_trace", "kjv_arithmetic", "kjv_trace"]
+    extra = text + ["sudoku4", "sudoku9", "sudoku9_hard", "maze"]
     assert sorted(TASKS) == sorted(NAMES + extra)
 
 
