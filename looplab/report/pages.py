@@ -74,6 +74,7 @@ def _import_studies() -> None:
         mechanistic_trained,
         published,
         recursive,
+        recursive_pages,
         stars_stabilisers,
         stopping_confirm,
     )

@@ -17,14 +17,17 @@ The confirmatory study of the head's gradient (docs/results/recursive-confirm/PR
     detached head vs no head  act_bce_detached − ds_fixed, q_halt_detached − ds_fixed: "matches" when the
                               interval lies within ±5 pp, else "better" / "worse" / "not resolved"
     halting on − off          act_bce_detached, as above
+
+The maze study (docs/results/recursive-maze/PROTOCOL.md) applies the first rules to mazes unchanged, and
+
+    TRM's two states          trm − ds_fixed on mazes and on 4×4 Sudoku (there against recursive-small's
+                              ds_fixed rows of the same seeds): "better" / "worse" / "not resolved"
 """
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from looplab.report.aggregate import (
@@ -32,12 +35,10 @@ from looplab.report.aggregate import (
     in_display_units,
     numeric,
     present,
-    seed_cell,
     t_interval,
 )
-from looplab.report.comparison import Ours, read_paper_table, variant_stem
+from looplab.report.comparison import Ours, read_paper_table
 from looplab.report.effect import comparison_line, points
-from looplab.report.pages import markdown_table, register_block, register_collector
 from looplab.report.tables import Table, seed_table
 
 PRIMARY = "policy_id"
@@ -78,16 +79,18 @@ CONFIRM_MATCHES = (
 )
 CONFIRM_PAIRED = ("act_bce_detached",)
 MATCH_PP = 5.0
+#: the maze study's rule 4, per task
+TRM_COMPARISON = ("TRM's two states at matched core applications", "trm", "ds_fixed", "better", "worse")
 
 
-def _arm(results: pd.DataFrame) -> pd.Series:
+def arm_of(results: pd.DataFrame) -> pd.Series:
     """The arm of each run: its variant (the config's name after the task, plus any grid override)."""
     return results["variant"].astype(str)
 
 
 def _values(results: pd.DataFrame, arm: str, metric: str) -> pd.Series:
     """``metric`` of the arm's runs, indexed by seed, NaN dropped."""
-    runs = results[_arm(results) == arm]
+    runs = results[arm_of(results) == arm]
     if metric not in runs.columns:
         return pd.Series(dtype=float)
     values = pd.Series(numeric(runs, metric).to_numpy(), index=runs["run.seed"].to_numpy())
@@ -161,221 +164,3 @@ def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[st
             )
         )
     return tables, notes + decision_lines(ours.results)
-
-
-# ----------------------------------------------------------------------------- the committed results page
-
-STUDY = "recursive-small"
-#: runs chosen after reading the study's (docs/results/recursive-small/exploratory-*.toml)
-EXPLORATORY = "recursive-small-exploratory"
-#: the confirmatory study of the head's gradient (docs/results/recursive-confirm/PROTOCOL.md)
-CONFIRM = "recursive-confirm"
-RUNS_FILE, HALTING_FILE = "runs.csv", "halting.csv"
-#: the per-seed columns of runs.csv: its name → the results.parquet column
-RUN_COLUMNS = {
-    "policy_id": "policy_id",
-    "policy_ood": "policy_ood",
-    "oracle_id": "oracle_id",
-    "oracle_ood": "oracle_ood",
-    "gap": "gap",
-    "policy_depth_mean": "exits.policy.mean_depth",
-    "on_id": "halting_inference.on_id",
-    "off_id": "halting_inference.off_id",
-    "on_ood": "halting_inference.on_ood",
-    "off_ood": "halting_inference.off_ood",
-    "on_id_depth": "halting_inference.on_id_depth",
-    "on_ood_depth": "halting_inference.on_ood_depth",
-    "on_seconds": "halting_inference.on_seconds",
-    "off_seconds": "halting_inference.off_seconds",
-    "train_loops_per_row": "training_cost.row_loops_mean",
-    "train_block_evals": "training_cost.block_evals",
-    "wall_s": "wall_s",
-}
-#: runs.csv columns only an arm with a halting head has
-HEAD_COLUMNS = ("on_id", "off_id", "on_ood", "off_ood", "on_id_depth", "on_ood_depth", "on_seconds", "off_seconds")
-ARM_ORDER = ("fixed", "ds_fixed", "act_bce", "act_bce_detached", "q_halt", "q_halt_detached", "rl_halting", "pondernet")
-
-
-@register_collector(CONFIRM)
-@register_collector(EXPLORATORY)
-@register_collector(STUDY)
-def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
-    """The sweeps' per-seed rows as ``out/runs.csv`` (one per run) and ``out/halting.csv`` (one per run and
-    size: Oracle and Policy, and halting on / off where the arm has a head), for the committed page."""
-    from looplab.report.runs import read_results
-
-    results = pd.concat([read_results(Path(d)).assign(sweep_dir=str(d)) for d in sweep_dirs], ignore_index=True)
-    runs = pd.DataFrame(
-        {
-            "arm": _arm(results),
-            "seed": results["run.seed"].astype(int),
-            "run_id": results["run_id"],
-            **{name: numeric(results, column) if column in results else np.nan for name, column in RUN_COLUMNS.items()},
-        }
-    )
-    sizes = []
-    for (_, run), arm in zip(results.iterrows(), runs["arm"]):
-        lengths = sorted({int(c.split(".")[1]) for c in results.columns if c.startswith("per_length.")})
-        halting_csv = Path(run["sweep_dir"]) / "runs" / run["run_id"] / "eval" / HALTING_FILE
-        halting = pd.read_csv(halting_csv).set_index("length") if halting_csv.is_file() else None
-        for n in lengths:
-            row = {
-                "arm": arm,
-                "seed": int(run["run.seed"]),
-                "length": n,
-                "split": run.get(f"per_length.{n}.split"),
-                "oracle": run.get(f"per_length.{n}.oracle"),
-                "policy": run.get(f"per_length.{n}.policy"),
-                "policy_depth": run.get(f"per_length.{n}.policy_depth"),
-            }
-            if halting is not None and n in halting.index:
-                found = halting.loc[n]
-                row.update(
-                    {
-                        f"{side}_{what}": found[f"{side}_{what}"]
-                        for side in ("on", "off")
-                        for what in ("accuracy", "seconds")
-                    }
-                )
-                row["on_depth"] = found["on_depth_mean"]
-            sizes.append(row)
-    runs = runs.sort_values(["arm", "seed"], key=lambda c: c.map(_arm_rank) if c.name == "arm" else c)
-    runs = runs.reset_index(drop=True)
-    out.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(out / RUNS_FILE, index=False)
-    pd.DataFrame(sizes).to_csv(out / HALTING_FILE, index=False)
-    return runs
-
-
-def _arm_rank(arm: str) -> tuple[int, str]:
-    """Sort key: the protocol's arms in its order, then any other arm by name."""
-    stem = variant_stem(arm)
-    return (ARM_ORDER.index(stem) if stem in ARM_ORDER else len(ARM_ORDER), arm)
-
-
-def _arms(runs: pd.DataFrame) -> list[str]:
-    return sorted(set(runs.arm), key=_arm_rank)
-
-
-def arms_table(results_dir: Path, study: str) -> str:
-    """Per arm of the study's runs.csv: Policy and Oracle, halting on / off, depth and training cost
-    (mean ± std [t-interval])."""
-    runs = pd.read_csv(results_dir / study / RUNS_FILE)
-    columns = [
-        ("Policy ID (%)", "policy_id", 100, 1),
-        ("Oracle ID (%)", "oracle_id", 100, 1),
-        ("Policy OOD (%)", "policy_ood", 100, 1),
-        ("halting on, ID (%)", "on_id", 100, 1),
-        ("halting off, ID (%)", "off_id", 100, 1),
-        ("depth on, ID (loops)", "on_id_depth", 1, 2),
-        ("training loops / row", "train_loops_per_row", 1, 2),
-    ]
-    body = []
-    for arm in _arms(runs):
-        part = runs[runs.arm == arm]
-        cells = [
-            "n/a (no head)"
-            if c in HEAD_COLUMNS and part[c].isna().all()
-            else seed_cell(part[c], scale, d, (0.0, 1.0) if scale == 100 else (0.0, np.inf))
-            for _, c, scale, d in columns
-        ]
-        body.append([arm, str(len(part)), *cells])
-    return markdown_table(["arm", "seeds", *(title for title, *_ in columns)], body)
-
-
-@register_block(f"{STUDY}/decisions")
-def decisions_block(results_dir: Path) -> str:
-    """The protocol's decisions, one line each, from runs.csv."""
-    return "\n".join(f"- {line}" for line in decision_lines(_decision_frame(results_dir / STUDY)))
-
-
-@register_block(f"{CONFIRM}/decisions")
-def confirm_decisions_block(results_dir: Path) -> str:
-    """The confirmatory protocol's decisions, one line each, from its runs.csv."""
-    frame = _decision_frame(results_dir / CONFIRM)
-    lines = decision_lines(frame, CONFIRM_COMPARISONS, CONFIRM_PAIRED, CONFIRM_MATCHES)
-    return "\n".join(f"- {line}" for line in lines)
-
-
-def _decision_frame(folder: Path) -> pd.DataFrame:
-    """runs.csv in the columns :func:`decision_lines` reads."""
-    runs = pd.read_csv(folder / RUNS_FILE)
-    return pd.DataFrame(
-        {
-            "variant": runs["arm"],
-            "run.seed": runs["seed"],
-            PRIMARY: runs["policy_id"],
-            **{
-                f"halting_inference.{c}": runs[c]
-                for c in ("on_id", "off_id", "on_id_depth", "on_seconds", "off_seconds")
-            },
-        }
-    )
-
-
-@register_block(f"{STUDY}/by-size")
-def by_size_block(results_dir: Path) -> str:
-    """Per arm and size: Oracle, Policy and (with a head) halting on / off accuracy and depth, seed means."""
-    sizes = pd.read_csv(results_dir / STUDY / HALTING_FILE)
-    body = []
-    for arm in _arms(sizes):
-        for n, part in sizes[sizes.arm == arm].groupby("length"):
-            has_head = "on_accuracy" in part and part["on_accuracy"].notna().any()
-            body.append(
-                [
-                    arm,
-                    str(n),
-                    str(part["split"].iloc[0]),
-                    f"{100 * part.oracle.mean():.1f}",
-                    f"{100 * part.policy.mean():.1f}",
-                    f"{part.policy_depth.mean():.2f}",
-                    f"{100 * part.on_accuracy.mean():.1f}" if has_head else "n/a (no head)",
-                    f"{100 * part.off_accuracy.mean():.1f}" if has_head else "n/a (no head)",
-                    f"{part.on_depth.mean():.2f}" if has_head else "n/a (no head)",
-                ]
-            )
-    header = ["arm", "n (blanks)", "split", "Oracle (%)", "Policy (%)", "policy depth", "on (%)", "off (%)", "on depth"]
-    return markdown_table(header, body)
-
-
-def halting_table(results_dir: Path, study: str) -> str:
-    """Per arm of the study's runs.csv with a head: halting on against off in distribution (accuracy,
-    depth, wall time), seed means."""
-    runs = pd.read_csv(results_dir / study / RUNS_FILE)
-    body = []
-    for arm in _arms(runs):
-        part = runs[runs.arm == arm].dropna(subset=["on_id", "off_id"])
-        if part.empty:
-            continue
-        body.append(
-            [
-                arm,
-                str(len(part)),
-                seed_cell(part.on_id),
-                seed_cell(part.off_id),
-                seed_cell(part.on_id - part.off_id, bounds=(-1.0, 1.0)),
-                seed_cell(part.on_id_depth, 1, 2, (0.0, np.inf)),
-                f"{part.on_seconds.sum() / len(part):.2f}",
-                f"{part.off_seconds.sum() / len(part):.2f}",
-                f"{part.off_seconds.sum() / part.on_seconds.sum():.2f}x",
-            ]
-        )
-    header = [
-        "arm",
-        "seeds",
-        "on, ID (%)",
-        "off, ID (%)",
-        "on − off (pp)",
-        "depth on, ID",
-        "on (s / run)",
-        "off (s / run)",
-        "off / on time",
-    ]
-    return markdown_table(header, body)
-
-
-#: the tables each study's page shows (its blocks "<study>/arms", "<study>/halting")
-STUDY_TABLES = {STUDY: (arms_table, halting_table), EXPLORATORY: (arms_table,), CONFIRM: (arms_table, halting_table)}
-for _study, _tables in STUDY_TABLES.items():
-    for _table in _tables:
-        register_block(f"{_study}/{_table.__name__.removesuffix('_table')}")(partial(_table, study=_study))

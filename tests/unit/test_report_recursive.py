@@ -1,10 +1,12 @@
-"""The recursive-reasoner report's decision rules (looplab/report/recursive.py)."""
+"""The recursive-reasoner report's decision rules (looplab/report/recursive.py) and its pages' collector and
+blocks (looplab/report/recursive_pages.py)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from looplab.report.recursive import decision_lines
+from looplab.report.recursive_pages import collect, maze_decisions_block
 
 
 def _runs(policy: dict[str, list[float]], on_off: dict[str, tuple[list[float], list[float]]] | None = None):
@@ -80,3 +82,40 @@ def test_confirmatory_detached_head_against_no_head_reads_matches_inside_the_mar
     assert _line(lines, "a detached head against no head: act_bce_detached − ds_fixed").endswith(verdict)
     assert _line(lines, "detaching the head: act_bce_detached − act_bce").endswith("helps")
     assert "q_halt_detached vs q_halt: n/a (0 and 0 seeds" in _line(lines, "detaching the head: q_halt_detached")
+
+
+def test_the_maze_decisions_read_each_task_apart_and_take_sudokus_ds_fixed_from_recursive_small(tmp_path):
+    """TRM on mazes is compared with the maze ds_fixed rows only; on 4×4 Sudoku with recursive-small's."""
+    columns = ["on_id", "off_id", "on_id_depth", "on_seconds", "off_seconds"]
+
+    def rows(task, arm, values):
+        return [{"task": task, "arm": arm, "seed": 200 + i, "policy_id": v, **dict.fromkeys(columns)} for i, v in
+                enumerate(values)]  # fmt: skip
+
+    maze = rows("maze", "ds_fixed", [0.40, 0.41, 0.42, 0.40, 0.41]) + rows("maze", "trm", [0.6, 0.61, 0.62, 0.6, 0.6])
+    maze += rows("sudoku4", "trm", [0.30, 0.31, 0.30, 0.32, 0.30])
+    small = [{k: v for k, v in row.items() if k != "task"} for row in rows("sudoku4", "ds_fixed", [0.7] * 4 + [0.71])]
+    for study, frame in (("recursive-maze", maze), ("recursive-small", small)):
+        (tmp_path / study).mkdir()
+        pd.DataFrame(frame).to_csv(tmp_path / study / "runs.csv", index=False)
+    lines = maze_decisions_block(tmp_path).splitlines()
+    assert _line(lines, "- mazes, TRM's two states").endswith("better")
+    assert _line(lines, "- 4×4 Sudoku, TRM's two states").endswith("worse")
+    assert "n/a" in _line(lines, "- mazes, deep supervision")  # no maze fixed arm here: undefined, not 0
+
+
+def test_collect_keeps_each_runs_own_sizes_when_tasks_in_one_sweep_differ(tmp_path):
+    """A maze run (sides 3, 8) and a Sudoku run (blanks 2, 4) in one sweep: no run gains the other's sizes."""
+    sizes = {"maze": {3: "id", 8: "ood"}, "sudoku4": {2: "id", 4: "id"}}
+    rows = []
+    for i, (task, lengths) in enumerate(sizes.items()):
+        row = {"run_id": f"r{i}", "run_dir": f"runs/r{i}", "variant": "trm", "task.name": task, "run.seed": 200}
+        for n, split in lengths.items():
+            row.update({f"per_length.{n}.split": split, f"per_length.{n}.oracle": 0.5, f"per_length.{n}.policy": 0.4,
+                        f"per_length.{n}.policy_depth": 4.0})  # fmt: skip
+        rows.append(row)
+    pd.DataFrame(rows).to_parquet(tmp_path / "results.parquet")
+    collect([tmp_path], tmp_path / "out")
+    found = pd.read_csv(tmp_path / "out" / "halting.csv")
+    assert {task: sorted(part.length) for task, part in found.groupby("task")} == {"maze": [3, 8], "sudoku4": [2, 4]}
+    assert found.split.notna().all()
