@@ -182,7 +182,13 @@ def stars_lm_tables(results: pd.DataFrame, sweep_dir: Path, tables_dir: Path) ->
     if "lm.scaling.id.at_depth" in results.columns:
         for variant, row in results[results["task.name"] == LM_TASK].set_index("variant").iterrows():
             shape, recipe = split_variant(variant)
-            runs.append((f"from scratch, {shape}", recipe, _summary_from_row(row)))
+            # a sweep's fine-tunes (stars-finetune) start from a pretrained run; its pretrained runs and
+            # stars-lm's runs start from scratch
+            tuned = bool(row.get("train.init_from") or "")
+            if not shape:  # a pretrained run: its variant names its shape
+                shape, recipe = str(row.get("model.placement", "")), str(variant)
+            part = f"fine-tuned from fixed 4, {shape}" if tuned else f"from scratch, {shape}"
+            runs.append((part, recipe, _summary_from_row(row)))
     runs += [("SmolLM2-135M retrofit", s["recipe"], s) for s in retrofit_runs(sweep_dir)[1]]
     return [drop_table(runs, tables_dir)] if runs else []
 

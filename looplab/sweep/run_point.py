@@ -4,7 +4,8 @@ A point is done when its ``result.json`` exists; it is written last and
 atomically, so a point killed at any moment is re-run on the next sweep and
 resumes from its latest checkpoint (training resume is exact on CPU, and the
 evaluation draws its samples from the run's seed, so the re-run gives the same
-numbers as an uninterrupted one).
+numbers as an uninterrupted one). A relative ``train.init_from`` is read from the
+sweep dir.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 RESULT_FILE = "result.json"
@@ -78,6 +79,10 @@ def run_point(job: PointJob) -> dict:
     torch.set_num_threads(1)
     run_dir = Path(job.run_dir)
     config = from_dict(tomllib.loads(job.config_toml))
+    source = config.train.init_from
+    if source and not Path(source).is_absolute():
+        # a sweep's fine-tune names its pretrained run from the sweep dir (runs/<id>), wherever workers start
+        config = replace(config, train=replace(config.train, init_from=str(run_dir.parent.parent / source)))
     began = time.perf_counter()
     # a stop signal during evaluation or analysis waits for them to finish (seconds), then the
     # sweep starts no new point; during training it checkpoints and stops (TrainingStopped)

@@ -176,6 +176,7 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
     lines = ProgressLines("sweep", len(points), len(points) - len(jobs), enabled=progress)
     watcher = StepWatcher(jobs, bar) if progress and not bar.disable else None
     failures: list[str] = []
+    failed: set[str] = set()  # run ids
     stopped: list[str] = []
     last_write = time.monotonic()
     finished = len(points) - len(jobs)  # counted here: a disabled bar (off a terminal) does not count
@@ -189,6 +190,7 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         bar.update(1)
         lines.update(finished, f"last: {Path(job.run_dir).name} ({'failed' if error else 'done'})")
         if error is not None:
+            failed.add(Path(job.run_dir).name)
             failures.append(
                 f"{Path(job.run_dir).name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
             )
@@ -196,12 +198,27 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
             write_results(out, points)  # a partial table to watch while the sweep runs
             last_write = time.monotonic()
 
+    # pretrained points first (a sweep with `pretrain`), then the fine-tunes of those that finished
+    pretrained = {p.after for p in points if p.after}
+    after = {str(out / RUNS_DIR / p.run_id): p.after for p in points}
+    phases = [
+        [j for j in jobs if Path(j.run_dir).name in pretrained],
+        [j for j in jobs if Path(j.run_dir).name not in pretrained],
+    ]
     stop_signal = None
     try:
-        if backend == "ray":
-            _run_ray(jobs, address, on_result)
-        else:
-            stop_signal = _run_local(jobs, workers, on_result)
+        for phase in phases:
+            for job in [j for j in phase if after[j.run_dir] in failed]:
+                on_result(job, None, LooplabError(f"its pretrained run {after[job.run_dir]} failed"))
+            phase = [j for j in phase if after[j.run_dir] not in failed]
+            if not phase:
+                continue
+            if backend == "ray":
+                _run_ray(phase, address, on_result)
+            else:
+                stop_signal = _run_local(phase, workers, on_result)
+            if stop_signal is not None or stopped:
+                break
     finally:
         if watcher is not None:
             watcher.stop()

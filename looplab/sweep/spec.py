@@ -14,6 +14,7 @@ A sweep file is TOML::
     mlp_ablation = true        # the analysis re-traces with each core MLP zeroed (one trace per layer)
     analyze_metrics = []       # the analysis metrics to compute (empty: all)
     analyze_plots = true       # the analysis draws its figures
+    pretrain = "pretrain.toml" # fine-tune every point from a pretrained run (below); relative to this file
 
     [grid]                     # cartesian product of overrides (optional)
     "model.placement" = ["pre", "post"]
@@ -21,6 +22,13 @@ A sweep file is TOML::
 Every point runs with one torch thread (``run.threads = 1``), and lives in
 ``runs/<id>`` where ``id`` hashes its resolved config, so the same point in two
 sweeps (or twice in one) is the same run.
+
+With ``pretrain``, every point is a fine-tune: the pretrain config, at the point's
+seed and with the point's own ``[model]`` (fine-tuning keeps the model's shape),
+is a run point of its own, trained first, and the point starts from its weights
+(``train.init_from = "runs/<its id>"``, read from the sweep dir). Points of one
+seed and model shape share one pretrained run, as a paper's arms share the
+checkpoint they fine-tune.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import tomli_w
@@ -38,6 +46,7 @@ from looplab.config import Config, load_config, read_toml, resolve_preset
 from looplab.errors import LooplabError, choice_error
 from looplab.experiment import check_config
 from looplab.params import at_least, fill, param
+from looplab.rundir import RUNS_DIR
 
 ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
 
@@ -56,7 +65,7 @@ class SweepOptions:
     analyze_plots: bool = param(ANALYSIS.plots, None, "the analysis draws its figures")
 
 
-SWEEP_KEYS = ("configs", "seeds", "set", *(f.name for f in fields(SweepOptions)))
+SWEEP_KEYS = ("configs", "seeds", "set", "pretrain", *(f.name for f in fields(SweepOptions)))
 TOP_KEYS = ("sweep", "grid")
 
 
@@ -69,11 +78,13 @@ class RunPoint:
         variant: the point's name without its seed: the config file's stem (its
             ``<task>-`` prefix dropped) plus ``+key=value`` for each grid override.
         config_toml: the resolved config, as written to the run dir.
+        after: the run id of the pretrained point this one fine-tunes (None: it starts fresh).
     """
 
     run_id: str
     variant: str
     config_toml: str
+    after: str | None = None
 
 
 @dataclass
@@ -92,13 +103,15 @@ class SweepSpec:
     mlp_ablation: bool = ANALYSIS.mlp_ablation
     analyze_metrics: list[str] = field(default_factory=list)
     analyze_plots: bool = ANALYSIS.plots
+    pretrain: Path | None = None
 
     def analysis_options(self) -> dict | None:
         """The options each point's mechanistic analysis runs with (None: the sweep analyses nothing)."""
         return analysis_options(self)
 
     def points(self) -> list[RunPoint]:
-        """Every distinct run point, in file × grid × seed order."""
+        """Every distinct run point, in file × grid × seed order; pretrained points (with ``pretrain``) first."""
+        pretrained: dict[str, RunPoint] = {}
         points: dict[str, RunPoint] = {}
         keys = list(self.grid)
         for path in self.configs:
@@ -109,10 +122,28 @@ class SweepSpec:
                     config = load_config(path, [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"])
                     check_config(config)
                     variant = "".join([path.stem.removeprefix(f"{config.task.name}-"), *labels])
+                    after = None
+                    if self.pretrain is not None:
+                        base = self._pretrain_point(config, seed)
+                        pretrained.setdefault(base.run_id, base)
+                        after = base.run_id
+                        config = replace(config, train=replace(config.train, init_from=f"{RUNS_DIR}/{after}"))
                     text = config.to_toml()
-                    point = RunPoint(toml_id(text), variant, text)
+                    point = RunPoint(toml_id(text), variant, text, after)
                     points.setdefault(point.run_id, point)
-        return list(points.values())
+        return [*pretrained.values(), *points.values()]
+
+    def _pretrain_point(self, config: Config, seed: int) -> RunPoint:
+        """The pretrain config at ``seed`` with ``config``'s model; its variant names the model keys that
+        differ from the pretrain file's own (``pretrain+model.injection=contractive``)."""
+        own = load_config(self.pretrain, [f"run.seed={seed}", "run.threads=1"])
+        base = replace(own, model=config.model)
+        check_config(base)
+        differ = [
+            f"+model.{key}={value}" for key, value in asdict(config.model).items() if getattr(own.model, key) != value
+        ]
+        text = base.to_toml()
+        return RunPoint(toml_id(text), "".join([self.pretrain.stem.removeprefix(f"{base.task.name}-"), *differ]), text)
 
 
 def analysis_options(options: SweepOptions | SweepSpec) -> dict | None:
@@ -165,12 +196,17 @@ def load_sweep(path: str | Path) -> SweepSpec:
     overrides = table.get("set", [])
     if not isinstance(overrides, list) or not all(isinstance(text, str) for text in overrides):
         raise LooplabError("[sweep] set must be a list of 'section.key=value' strings")
-    options = fill(SweepOptions, {k: v for k, v in table.items() if k not in ("configs", "seeds", "set")}, "sweep")
+    pretrain = table.get("pretrain")
+    if pretrain is not None and not (isinstance(pretrain, str) and (path.parent / pretrain).is_file()):
+        raise LooplabError(f"[sweep] pretrain must name a config file (relative to {path.parent}), got {pretrain!r}")
+    own_keys = ("configs", "seeds", "set", "pretrain")
+    options = fill(SweepOptions, {k: v for k, v in table.items() if k not in own_keys}, "sweep")
     if options.analyze:
         import looplab.analysis.mechanistic  # noqa: F401  (registers the metrics analyze_metrics names)
 
         fill(AnalysisOptions, analysis_options(options), "sweep")
     spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **asdict(options))
+    spec.pretrain = None if pretrain is None else path.parent / pretrain
     spec.points()  # resolve every config now, so a bad key fails before anything runs
     return spec
 

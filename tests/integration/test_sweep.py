@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from looplab.errors import LooplabError
 from looplab.sweep import load_sweep
@@ -75,6 +77,8 @@ def test_expansion_names_and_hashes(tmp_path):
             "sweep.analyze_metrics must be a list of str",
         ),
         ("[sweep]\nconfigs = ['tiny.toml']\nanalyze_plots = 'no'\n", "sweep.analyze_plots must be bool, got 'no'"),
+        ("[sweep]\nconfigs = ['tiny.toml']\npretrain = 'none.toml'\n", "[sweep] pretrain must name a config file"),
+        ("[sweep]\nconfigs = ['tiny.toml']\npretrain = 3\n", "[sweep] pretrain must name a config file"),
     ],
 )
 def test_bad_sweep_files_name_the_problem(tmp_path, text, message):
@@ -235,3 +239,61 @@ def test_sigterm_stops_the_workers_after_a_checkpoint_and_a_rerun_resumes_exactl
     for run in sorted((straight / "runs").iterdir()):
         final = run / "checkpoints" / "step_0000400" / "model.safetensors"
         assert final.read_bytes() == (out / "runs" / run.name / final.relative_to(run)).read_bytes(), run.name
+
+
+PRETRAIN_SWEEP = """
+[sweep]
+configs = ["tiny.toml"]
+seeds = [0, 1]
+set = ["train.steps=10"]
+pretrain = "tiny.toml"
+
+[grid]
+"model.injection" = ["add", "none"]
+"""
+
+
+def test_a_pretrain_is_shared_by_the_points_of_its_seed_and_model_shape(tmp_path):
+    points = load_sweep(write_sweep(tmp_path, PRETRAIN_SWEEP)).points()
+    pretrained, tuned = points[:4], points[4:]
+    assert all(p.after is None for p in pretrained) and all(p.after for p in tuned)
+    assert sorted(p.variant for p in pretrained) == ["tiny", "tiny", *["tiny+model.injection=none"] * 2]
+    assert len({p.after for p in tuned}) == 4  # one per (seed, injection)
+    ids = {p.run_id for p in pretrained}
+    for point in tuned:
+        assert f'init_from = "runs/{point.after}"' in point.config_toml and point.after in ids
+        base = next(p for p in pretrained if p.run_id == point.after)
+        config, its = (tomllib.loads(p.config_toml) for p in (point, base))
+        assert config["model"] == its["model"] and config["run"]["seed"] == its["run"]["seed"]
+        assert its["train"]["steps"] == 20  # the pretrain config's own, not the sweep's `set`
+
+
+def test_a_fine_tune_starts_from_its_pretrained_weights(tmp_path):
+    """With no steps of its own, a fine-tune is its pretrained model: the same weights and the same accuracy."""
+    from safetensors.torch import load_file
+
+    text = PRETRAIN_SWEEP.replace('"train.steps=10"', '"train.steps=0"').replace("seeds = [0, 1]", "seeds = [0]")
+    out = tmp_path / "out"
+    result = sweep_cli(write_sweep(tmp_path, text.replace('"add", "none"', '"add"')), out, "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_parquet(out / "results.parquet").set_index("run_id")
+    tuned = frame[frame["train.init_from"] != ""]
+    assert len(frame) == 2 and len(tuned) == 1
+    source = tuned["train.init_from"].iloc[0]
+    assert source.startswith("runs/") and (out / source / "result.json").is_file()
+
+    def weights(run: Path, step: int) -> dict:
+        return load_file(run / "checkpoints" / f"step_{step:07d}" / "model.safetensors")
+
+    mine, pretrained, halfway = (
+        weights(out / "runs" / tuned.index[0], 0),
+        weights(out / source, 20),
+        weights(out / source, 10),
+    )
+    assert mine.keys() == pretrained.keys()
+    assert all(torch.equal(mine[k], pretrained[k]) for k in mine)
+    assert not all(torch.equal(mine[k], halfway[k]) for k in mine)  # the pretrain's last weights, not any
+    accuracy = [c for c in frame.columns if c.startswith("per_length.") and c.endswith(".oracle")]
+    pd.testing.assert_series_equal(
+        frame.loc[tuned.index[0], accuracy], frame.loc[source.removeprefix("runs/"), accuracy], check_names=False
+    )
