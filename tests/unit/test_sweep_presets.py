@@ -100,7 +100,10 @@ def test_mechanistic_small_is_the_untrained_ablation():
         ) == (0.4, "sqrt_d", 1.0, "random")
 
 
-@pytest.mark.parametrize("path", sorted((PRESETS / "sweeps" / "pilot").glob("*.toml")), ids=lambda p: p.stem)
+STOPPING_PILOTS = sorted(p for p in (PRESETS / "sweeps" / "pilot").glob("*.toml") if p.stem != "stars-finetune")
+
+
+@pytest.mark.parametrize("path", STOPPING_PILOTS, ids=lambda p: p.stem)
 def test_the_stopping_pilot_cells_expand_to_what_their_names_say(path):
     configs = [tomllib.loads(p.config_toml) for p in load_sweep(path).points()]
     model = {(c["model"]["core_layers"], c["model"]["attention_window"], c["model"]["positional"]) for c in configs}
@@ -122,3 +125,21 @@ def test_recursive_paper_runs_trms_recursion_at_the_papers_depth_within_one_80_g
         assert training_bytes(config, make_task(config.task.name), training_depth(config)) < 80 * GIB
     assert tasks == {"sudoku9_hard", "maze"} and len(spec.seeds) >= 5
     assert max(load_config(p).task.eval_lengths[-1] for p in spec.configs if "maze" in p.name) == 30
+
+
+def test_the_stars_finetune_study_shares_a_pretrain_per_seed_and_shape_and_its_pilot_uses_no_study_seed():
+    study = load_sweep(PRESETS / "sweeps" / "stars-finetune.toml")
+    points = study.points()
+    pretrained = [p for p in points if p.after is None]
+    assert len(points) == 75 and len(pretrained) == 20  # 11 arms and 4 model shapes × 5 seeds
+    for point in points:
+        config = tomllib.loads(point.config_toml)
+        if point.after is None:
+            assert config["schedule"] == {**config["schedule"], "name": "fixed", "depth": 4}
+            assert config["train"]["steps"] == 800
+        else:
+            assert config["train"]["steps"] == 400 and config["eval"]["max_loops"] == 128
+    pilot = load_sweep(PRESETS / "sweeps" / "pilot" / "stars-finetune.toml")
+    assert not set(pilot.seeds) & set(study.seeds)
+    resolved = [{path.resolve() for path in (*spec.configs, spec.pretrain)} for spec in (pilot, study)]
+    assert resolved[0] <= resolved[1]
