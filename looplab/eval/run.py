@@ -5,7 +5,11 @@ schedule with a halting head: halting applied per row against every row run to T
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
@@ -130,13 +134,18 @@ def evaluate_run(
         atomic_write(stage / SAMPLES_FILE, lambda p: per_sample.to_parquet(p, index=False))
         atomic_write(stage / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     if out == run_dir / EVAL_DIR:
-        log_to_tensorboard(run_dir, config, summary)
+        log_to_tensorboard(run_dir, config, summary, frame, curve if scaling else None)
     return summary
 
 
-def log_to_tensorboard(run_dir: Path, config, summary: dict) -> None:
-    """The evaluation's headline metrics as ``eval/*`` scalars at the evaluated checkpoint's step, and the
-    run's hyper-parameters with them (TensorBoard's HParams tab)."""
+def log_to_tensorboard(
+    run_dir: Path, config, summary: dict, grid: pd.DataFrame | None = None, scaling: pd.DataFrame | None = None
+) -> None:
+    """The evaluation in TensorBoard: its headline metrics as ``eval/*`` scalars at the evaluated checkpoint's
+    step, with the run's hyper-parameters (the HParams tab); its curves as scalars whose step is the curve's
+    own x (``eval_by_loops/accuracy_<split>`` at step K, ``eval_by_length/{oracle,policy}`` at step n, the
+    scaling curve's columns as ``scaling/*`` at step K); and every figure of ``eval/`` as an image
+    (``figures/<name>``)."""
     from torch.utils.tensorboard import SummaryWriter
 
     step = int(summary["checkpoint"].split("_")[1]) if summary.get("checkpoint") else 0
@@ -146,6 +155,34 @@ def log_to_tensorboard(run_dir: Path, config, summary: dict) -> None:
         for name, value in metrics.items():
             writer.add_scalar(name, value, step)
         writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, run_name="hparams")
+        for name, x, value in curve_points(summary, grid, scaling):
+            if value is not None and math.isfinite(value):  # undefined points are left out, not drawn as 0
+                writer.add_scalar(name, value, x)
+        for figure in sorted((run_dir / EVAL_DIR).glob("*.png")):
+            writer.add_image(f"figures/{figure.stem}", read_png(figure), step, dataformats="HWC")
+
+
+def curve_points(summary: dict, grid: pd.DataFrame | None, scaling: pd.DataFrame | None):
+    """(tag, x, value) of every point of the evaluation's curves (see :func:`log_to_tensorboard`); a value may
+    be None or NaN where the point is undefined."""
+    if grid is not None:
+        for (split, loops), accuracy in grid.groupby(["split", "loops"])["accuracy"].mean().items():
+            yield f"eval_by_loops/accuracy_{split}", int(loops), float(accuracy)
+    for length, row in sorted(summary.get("per_length", {}).items(), key=lambda item: int(item[0])):
+        for key in ("oracle", "policy"):
+            yield f"eval_by_length/{key}", int(length), row[key]
+    if scaling is not None:
+        for column in scaling.columns.drop("loops"):
+            for loops, value in zip(scaling["loops"], scaling[column]):
+                yield f"scaling/{column}", int(loops), float(value)
+
+
+def read_png(path: Path) -> np.ndarray:
+    """[H, W, 3] uint8 pixels of a PNG figure (its alpha dropped)."""
+    from matplotlib.image import imread
+
+    pixels = imread(path)[..., :3]
+    return (pixels * 255).round().astype(np.uint8) if pixels.dtype != np.uint8 else pixels
 
 
 def training_cost(run_dir: Path) -> dict:

@@ -174,3 +174,29 @@ def test_train_says_what_it_starts_and_when_nothing_is_left(tmp_path):
     assert f"train: {run_dir}, " in again.stdout and "parameters, cpu, 1 threads" in again.stdout
     assert "already trained to step 4 of 4, nothing to train" in again.stdout
     assert run_cli("--version").stdout.startswith("looplab ")
+
+
+def test_eval_scaling_writes_its_curves_and_figures_to_tensorboard(trained_run, tmp_path):
+    """The curves land with their own x as the step (K or n) and equal the files; figures land as images."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, trained = trained_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+    result = run_cli("eval", str(run_dir), "--scaling")  # the run's own settings: written to RUN/eval
+    assert result.returncode == 0, result.stderr
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    curve = pd.read_csv(run_dir / "eval" / "scaling.csv")
+    logged = events.Scalars("scaling/accuracy")
+    assert [e.step for e in logged] == list(curve.loops) == list(range(1, 11))  # eval.max_loops = 10
+    assert [e.value for e in logged] == pytest.approx(list(curve.accuracy))
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    oracle = events.Scalars("eval_by_length/oracle")
+    assert [e.step for e in oracle] == sorted(int(n) for n in summary["per_length"])
+    assert {"eval_by_loops/accuracy_id", "eval_by_loops/accuracy_ood"} <= set(events.Tags()["scalars"])
+    images = events.Tags()["images"]
+    assert "figures/scaling" in images
+    picture = events.Images("figures/scaling")[0]
+    assert picture.width > 100 and picture.height > 100
