@@ -33,6 +33,7 @@ from looplab.lm.reasoning import (
     scaling_summary,
     spectral_by_loops,
 )
+from looplab.memory import check_fits, eval_bytes
 from looplab.model import LoopedTransformer
 from looplab.plotting import pyplot, save_figure
 from looplab.progress import Progress
@@ -191,6 +192,14 @@ def evaluate_lm_run(
         )
     reasoning = isinstance(exp.task, KJVWithReasoning)
     window = MIXTURE_WINDOW if reasoning else exp.config.task.train_max
+    if reasoning:  # the problems' per-sample outcomes are held for every loop before any file is written
+        lengths = exp.config.task.eval_lengths
+        check_fits(
+            f"evaluating {samples} problems x {max_loops} loops x {len(lengths)} sizes",
+            eval_bytes(exp.config, exp.task.reasoning, lengths, max_loops, samples),
+            exp.config.run.device,
+            "use fewer --lm-loops or --samples",
+        )
     if progress:
         print(f"eval: {run_dir} at {exp.checkpoint}: {samples} windows of {window} bytes, loops 1..{max_loops}")
     frame = lm_loss_by_loops(

@@ -46,7 +46,11 @@ def world(tmp_path_factory):
         (root / name).write_text(text)
     sweep_dir = root / "sweep_dir"
     assert main(["sweep", str(root / "sweep.toml"), "--out", str(sweep_dir), "--no-progress"]) == 0
-    return {"root": root, "cfg": config, "run": run_dir, "sweep_dir": sweep_dir}
+    lm_run = root / "lm_run"  # a language-modelling run with reasoning problems, one step trained
+    lm_sets = ["task.name=kjv_arithmetic", "task.train_max=4", "task.eval_lengths=[2,5]", "model.causal=true"]
+    lm_sets += ["train.steps=1", "model.max_len=64"]
+    assert main(["train", str(config), "--out", str(lm_run), "--no-progress", *(f"--set={s}" for s in lm_sets)]) == 0
+    return {"root": root, "cfg": config, "run": run_dir, "sweep_dir": sweep_dir, "lm_run": lm_run}
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -179,6 +183,7 @@ CASES = [
     ),
     ("eval {run} --lm-loops 4 --scaling", 2, "--scaling belong to the exact-match evaluation"),
     ("eval {run} --lm-loops 4 --lengths 4 --max-loops 3", 2, "--lengths, --max-loops belong to"),
+    ("eval {lm_run} --lm-loops 1000000000", 2, "x 1000000000 loops x 2 sizes needs an estimated"),
     ("sweep {root}/sweep.toml --out {new} --address 127.0.0.1:1", 2, "it needs --backend ray"),
     ("generate {run} --prompt x", 2, "whose tokens are not text"),
     ("train {cfg} --set train.init_from={root}/missing --out {new}", 2, "run dir not found"),
@@ -240,7 +245,7 @@ CASES = [
 def test_bad_input_is_one_line_and_harmless(world, tmp_path, capsys, template, code, message):
     new = tmp_path / "new"
     args = template.format(new=new, **world).split(" ")  # "--out " ends in an empty argument
-    before = {key: snapshot(world[key]) for key in ("run", "sweep_dir")}
+    before = {key: snapshot(world[key]) for key in ("run", "sweep_dir", "lm_run")}
     assert main(args) == code
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -248,7 +253,7 @@ def test_bad_input_is_one_line_and_harmless(world, tmp_path, capsys, template, c
     assert message in lines[0], lines[0]
     assert "Traceback" not in err
     assert not new.exists(), "a refused command wrote its output"
-    assert {key: snapshot(world[key]) for key in ("run", "sweep_dir")} == before
+    assert {key: snapshot(world[key]) for key in ("run", "sweep_dir", "lm_run")} == before
 
 
 def test_the_table_covers_at_least_forty_cases():
