@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    evaluate = commands.add_parser("eval", help="evaluate a run on the length x loops grid")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a run on the length x loops grid (a text run: its loss against loops)"
+    )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--lengths", type=lengths_arg, help="comma-separated instance sizes, e.g. 8,12,16")
     evaluate.add_argument("--max-loops", type=int, help="unroll depth T_eval")
@@ -105,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--lm-loops",
         type=int,
         metavar="T",
-        help="text (kjv, kjv_arithmetic) runs: validation loss (and reasoning) against loops 1..T (eval/lm_loops.csv)",
+        help="text (kjv, kjv_arithmetic) runs: validation loss (and reasoning) against loops 1..T "
+        "(eval/lm_loops.csv; default: the run's eval.max_loops)",
     )
 
     config = commands.add_parser("config", help="inspect configs")

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from looplab.config import DEFAULT_SAMPLES, PRESETS, load_config
+from looplab.config import PRESETS, load_config
 from looplab.errors import LooplabError, choice_error
 
 
@@ -25,7 +25,12 @@ def train_command(args) -> None:
 def eval_command(args) -> None:
     """``looplab eval RUN_DIR``: the length × loops grid (or, for a text run, loss against loops)."""
     from looplab.eval.run import evaluate_run, format_summary
+    from looplab.rundir import load_run_config
+    from looplab.tasks import make_task
 
+    config = load_run_config(args.run_dir)
+    if args.lm_loops is None and not make_task(config.task.name, config.task.alphabet).exact_match:
+        args.lm_loops = config.eval.max_loops  # a text run: the loss against its own eval.max_loops loops
     if args.lm_loops is not None:
         from looplab.lm.evaluate import evaluate_lm_run
 
@@ -46,13 +51,12 @@ def eval_command(args) -> None:
                 "exact-match evaluation and would be ignored: drop them"
             )
         summary = evaluate_lm_run(
-            args.run_dir, max_loops=args.lm_loops, samples=args.samples or DEFAULT_SAMPLES, progress=True
+            args.run_dir, max_loops=args.lm_loops, samples=args.samples or config.eval.samples, progress=True
         )
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
         return
     from looplab.eval.run import eval_dir
-    from looplab.rundir import load_run_config
 
     summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling, progress=True)
     print(format_summary(summary))

@@ -61,7 +61,7 @@ def evaluate_run(
     if not exp.task.exact_match:
         raise LooplabError(
             f"run {run_dir} trains the {config.task.name!r} language-modelling task; "
-            f"evaluate it with: looplab eval {run_dir} --lm-loops 64"
+            f"evaluate it with: looplab eval {run_dir} (its loss against loops)"
         )
     for name, value in (("max-loops", max_loops), ("samples", samples)):
         if value is not None and value < 1:

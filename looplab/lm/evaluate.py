@@ -39,7 +39,7 @@ from looplab.plotting import pyplot, save_figure
 from looplab.progress import Progress
 from looplab.schedules import DepthRule
 from looplab.seeding import derive_generator
-from looplab.tasks import IGNORE
+from looplab.tasks import IGNORE, make_task
 from looplab.tasks.reasoning import MIXTURE_WINDOW, KJVWithReasoning
 from looplab.tasks.text import KJVText
 
@@ -224,3 +224,16 @@ def evaluate_lm_run(
     plot_lm_loops(frame, out / PLOT_FILE, depth, f"{run_dir.name}: validation loss")  # PNG + PDF, atomically
     atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
+
+
+def evaluate_any_run(run_dir: str | Path, scaling: bool = False, progress: bool = False) -> dict:
+    """A run's evaluation by its task's kind, at the run's own [eval] settings: the exact-match grid (with
+    ``scaling``, the test-time scaling curve too) or, for a text task, the loss against 1..eval.max_loops
+    loops (``scaling`` is what that evaluation is)."""
+    from looplab.eval.run import evaluate_run
+    from looplab.rundir import load_run_config
+
+    config = load_run_config(run_dir)
+    if make_task(config.task.name, config.task.alphabet).exact_match:
+        return evaluate_run(run_dir, scaling=scaling, progress=progress)
+    return evaluate_lm_run(run_dir, max_loops=config.eval.max_loops, samples=config.eval.samples, progress=progress)

@@ -95,19 +95,14 @@ def _run_point(job: PointJob, run_dir: Path, config, began: float) -> dict:
     from looplab.train.trainer import TrainingDiverged, train
 
     try:
-        exp = train(config, run_dir, progress=False)
+        train(config, run_dir, progress=False)
         status = "done"
     except TrainingDiverged:
         status = "diverged"
     if status == "done" and job.evaluate:
-        if exp.task.exact_match:
-            from looplab.eval.run import evaluate_run
+        from looplab.lm.evaluate import evaluate_any_run
 
-            evaluate_run(run_dir, scaling=job.scaling)
-        else:
-            from looplab.lm.evaluate import evaluate_lm_run
-
-            evaluate_lm_run(run_dir, max_loops=config.eval.max_loops, samples=config.eval.samples)
+        evaluate_any_run(run_dir, scaling=job.scaling)
     if status == "done" and job.analyze:
         from looplab.analysis.mechanistic import analyze_mechanistic
 

@@ -87,3 +87,15 @@ def test_loss_by_loops_matches_forward_and_survives_non_finite_logits():
         model.head.bias.fill_(float("nan"))
     broken = lm_loss_by_loops(model, task, 12, 4, 2, seed=0)
     assert (broken.loss == math.inf).all() and (broken.nonfinite == 1).all() and (broken.accuracy == 0).all()
+
+
+def test_plain_eval_of_a_text_run_reads_its_loss_at_the_runs_own_loops(tmp_path):
+    """`looplab eval RUN` on a text run needs no --lm-loops: the loss against 1..eval.max_loops loops."""
+    from looplab.cli import main
+
+    run_dir = tmp_path / "lm"
+    train(load_config(None, [*TINY_LM, "eval.max_loops=5", "eval.samples=8"]), run_dir, progress=False)
+    assert main(["eval", str(run_dir)]) == 0
+    frame = pd.read_csv(run_dir / "eval" / "lm_loops.csv")
+    assert frame.loops.tolist() == list(range(1, 6))
+    assert json.loads((run_dir / "eval" / "lm_summary.json").read_text())["samples"] == 8
