@@ -77,8 +77,8 @@ def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     left.plot(frame["loops"], 100 * frame["accuracy"], color="tab:blue")
     left.set(xlabel="loops", ylabel="exact-match accuracy (%)", ylim=(-2, 102), title="accuracy")
-    right.plot(frame["loops"], frame["state_norm"], label="‖h_t‖ per token")
-    right.plot(frame["loops"], frame["step_norm"], label="‖h_t − h_{t−1}‖ per token")
+    right.plot(frame["loops"], frame["state_norm"], label=r"$\|h_t\|$ per token")
+    right.plot(frame["loops"], frame["step_norm"], label=r"$\|h_t - h_{t-1}\|$ per token")
     right.set(xlabel="loops", yscale="log", title="state and step norms")
     right.legend()
     if frame["nonfinite_fraction"].max() > 0:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from looplab.plotting import SPARE_COLORS, pyplot, save_figure
+from looplab.plotting import SCHEDULE_COLORS, pyplot, save_figure
 from looplab.report.aggregate import seed_stats
 from looplab.report.comparison import read_paper_table
 from looplab.report.tables import MISSING, Table, cell, number
@@ -35,12 +35,27 @@ PAPER_ROWS = {
     "fixed": ("Ouro-1.4B-SFT", "gsm8k_relative_drop_4_to_8_sft_pct"),
     "stars": ("Ouro-1.4B-STARS", "gsm8k_relative_drop_4_to_8_stars_pct"),
 }
-RECIPE_COLORS = {"as_is": "tab:gray", "fixed": "tab:red", "lognormal": "tab:orange", "stars": "tab:green"}
+#: one colour per recipe in every STARS figure; a recipe named after a schedule has that schedule's colour
+RECIPE_COLORS = {
+    "as_is": "black",
+    "fixed": SCHEDULE_COLORS["fixed"],
+    "fixed4": SCHEDULE_COLORS["fixed"],
+    "lognormal": SCHEDULE_COLORS["lognormal"],
+    "stars": "tab:green",
+    "fixed4_jsrr": "tab:purple",
+    "frobenius": "tab:olive",
+    "state_l2": "tab:brown",
+    "prelude_coda": "tab:pink",
+    "contractive": "tab:cyan",
+    "pretrain": "tab:red",
+}
+#: for any other recipe, by its rank among them: colours no recipe above uses
+OTHER_RECIPE_COLORS = ("tab:gray", "goldenrod", "navy", "teal", "maroon")
 PANELS = (
     ("reasoning_id", "exact match, train sizes (%)", 100),
     ("reasoning_ood", "exact match, longer chains (%)", 100),
     ("loss", "KJV validation loss (nats)", 1),
-    ("state_norm", "‖h_t‖ per token", 1),
+    ("state_norm", r"$\|h_t\|$ per token", 1),
 )
 CAPTIONS = {
     "loopscaling": "Loop scaling of the from-scratch looped LMs: exact match on chain arithmetic (train sizes, "
@@ -62,10 +77,13 @@ def scratch_curves(results: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     """Every from-scratch run's lm_loops.csv stacked with its shape, recipe and seed."""
     parts = []
     runs = results[results.get("task.name", pd.Series(dtype=str)) == LM_TASK]
-    for variant, seed, run_dir in runs[["variant", "run.seed", "run_dir"]].itertuples(index=False, name=None):
+    placements = runs.get("model.placement", pd.Series("", index=runs.index))
+    for variant, seed, run_dir, placement in zip(runs["variant"], runs["run.seed"], runs["run_dir"], placements):
         path = sweep_dir / run_dir / "eval" / LOOPS_FILE
         if path.is_file():
             shape, recipe = split_variant(variant)
+            if not shape:  # a pretrained run: its variant names its shape
+                shape, recipe = str(placement), str(variant)
             parts.append(pd.read_csv(path).assign(shape=shape, recipe=recipe, seed=seed))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -88,26 +106,35 @@ def plot_curves(curves: pd.DataFrame, path: Path, title: str) -> Path:
     """One row of panels per shape, one line (mean ± std band over seeds) per recipe."""
     plt = pyplot()
     shapes = sorted(curves["shape"].unique())
-    fig, axes = plt.subplots(len(shapes), len(PANELS), figsize=(4 * len(PANELS), 3.2 * len(shapes)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(shapes), len(PANELS), figsize=(4 * len(PANELS), 3.2 * len(shapes)), squeeze=False, layout="constrained"
+    )
     for row, shape in zip(axes, shapes):
         mine = curves[curves["shape"] == shape]
-        for rank, (recipe, runs) in enumerate(mine.groupby("recipe", sort=True)):
-            color = RECIPE_COLORS.get(recipe, SPARE_COLORS[rank % len(SPARE_COLORS)])
+        others = sorted(r for r in curves["recipe"].unique() if r not in RECIPE_COLORS)
+        for recipe, runs in mine.groupby("recipe", sort=True):
+            color = RECIPE_COLORS.get(recipe) or OTHER_RECIPE_COLORS[others.index(recipe) % len(OTHER_RECIPE_COLORS)]
             stats = runs.groupby("loops")[[c for c, _, _ in PANELS if c in runs]].agg(["mean", "std"])
             for axis, (column, ylabel, scale) in zip(row, PANELS):
                 if column not in stats or stats[column]["mean"].isna().all():
                     continue
                 # one seed has no spread: NaN draws no band rather than a zero-width one
                 mean, std = scale * stats[column]["mean"], scale * stats[column]["std"]
-                axis.plot(stats.index, mean, color=color, label=f"{recipe} ({runs['seed'].nunique()} seeds)")
+                seeds = runs["seed"].nunique()
+                axis.plot(stats.index, mean, color=color, label=f"{recipe} ({seeds} seed{'s' * (seeds != 1)})")
                 axis.fill_between(stats.index, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
                 axis.set(xscale="log", xlabel="loops", ylabel=ylabel)
         for axis, (column, _, _) in zip(row, PANELS):
             axis.axvline(PAPER_DEPTH, color="grey", linestyle="--", linewidth=0.8)
             axis.set_title(f"{shape}" if column == PANELS[0][0] else "")
-            if column == "state_norm":
+            low, high = axis.get_ylim()
+            if column == "state_norm" and low > 0 and high / low > 10:  # a log axis only where norms span decades
                 axis.set_yscale("log")
-        row[0].legend(fontsize=8)
+        handles, labels = row[0].get_legend_handles_labels()
+        # beside the row, not inside a panel: with many recipes a legend covers the curves and the labels
+        row[-1].legend(
+            handles, labels, title="bands: ±1 SD over seeds", loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8
+        )
     fig.suptitle(title)
     save_figure(fig, path)
     return path
@@ -219,7 +246,7 @@ def write_lm_outputs(out: Path, results: pd.DataFrame, sweep_dir: Path) -> tuple
     runs exist, and the curves of both parts as one table (empty when neither exists)."""
     figures, tables = [], []
     for curves, path, title in (
-        (scratch_curves(results, sweep_dir), out / f"{LM_TASK}-loopscaling.png", "looped LMs from scratch"),
+        (scratch_curves(results, sweep_dir), out / f"{LM_TASK}-loopscaling.png", "looped LMs trained here"),
         (retrofit_runs(sweep_dir)[0], out / "retrofit-retrofitscaling.png", "SmolLM2-135M retrofit"),
     ):
         if not curves.empty:

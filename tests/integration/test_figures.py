@@ -1,0 +1,154 @@
+"""Every kind of figure looplab draws, rendered through the commands that draw it and inspected: no two
+text boxes overlap (titles, axis labels, tick labels inside the view, legends), and every axes that plots
+data has x tick labels."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from looplab.cli import main
+from tests.conftest import train_tiny_run
+
+SWEEP = "[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\nset = ['train.steps=4']\n"
+LM = ["task.train_max=4", "task.eval_lengths=[2,5]", "model.causal=true", "train.steps=2", "model.max_len=64"]
+
+
+def _texts(fig: Figure) -> list[tuple[str, object]]:
+    """(name, artist) of every text box that must not collide: tick labels only inside the axis' view."""
+    found = []
+    if fig._suptitle is not None and fig._suptitle.get_text():
+        found.append(("suptitle", fig._suptitle))
+    for i, ax in enumerate(fig.axes):
+        if not ax.get_visible():
+            continue
+        for name, text in (("title", ax.title), ("xlabel", ax.xaxis.label), ("ylabel", ax.yaxis.label)):
+            if text.get_text() and text.get_visible():
+                found.append((f"ax{i}.{name}", text))
+        if ax.name == "3d":  # its projected tick labels meet at the corners by design
+            continue
+        for axis, name, coord in ((ax.xaxis, "xtick", 0), (ax.yaxis, "ytick", 1)):
+            low, high = sorted(axis.get_view_interval())
+            slack = 1e-9 * abs(high - low)
+            for text in axis.get_ticklabels():
+                inside = low - slack <= text.get_position()[coord] <= high + slack
+                if text.get_text() and text.get_visible() and inside:
+                    found.append((f"ax{i}.{name}", text))
+    for i, ax in enumerate(fig.axes):
+        if ax.get_visible() and ax.get_legend() is not None:
+            found.append((f"ax{i}.legend", ax.get_legend()))
+    return found
+
+
+def figure_problems(fig: Figure, name: str) -> list[str]:
+    """What a reader could not read in ``fig``: overlapping text, a data axes without x tick labels."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = _texts(fig)
+    problems = []
+    boxes = [(label, artist.get_window_extent(renderer)) for label, artist in found]
+    for (first, a), (second, b) in itertools.combinations(boxes, 2):
+        same_axis_ticks = first == second and first.endswith("tick")
+        if same_axis_ticks or a.width * a.height == 0 or b.width * b.height == 0:
+            continue
+        overlap = a.intersection(a, b)
+        if overlap is not None and overlap.width > 1 and overlap.height > 1:
+            problems.append(f"{name}: {first} overlaps {second}")
+    for i, ax in enumerate(fig.axes):
+        colorbar = getattr(ax, "_colorbar", None) is not None
+        plots_data = ax.lines or ax.collections or ax.images
+        if ax.get_visible() and ax.axison and plots_data and not colorbar:
+            if ax.name != "3d" and not any(label == f"ax{i}.xtick" for label, _ in found):
+                problems.append(f"{name}: ax{i} has no x tick labels")
+    return problems
+
+
+@pytest.fixture
+def inspected(monkeypatch):
+    """Inspect every figure as it is saved; returns {figure file stem: its problems}."""
+    seen: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def savefig(self, fname, *args, **kwargs):
+        stem = Path(str(fname)).stem.removeprefix(".tmp_")
+        if Path(str(fname)).suffix == ".png" or stem not in seen:
+            seen[stem] = figure_problems(self, stem)
+        return save(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def test_every_figure_of_the_commands_is_readable(tmp_path, inspected):
+    config, run_dir = train_tiny_run(tmp_path, 6, 3)
+    (tmp_path / "sweep.toml").write_text(SWEEP)
+    lm_run = tmp_path / "lm"
+    lm_sets = [f"--set={s}" for s in ["task.name=kjv_arithmetic", *LM]]
+    commands = [
+        ["eval", str(run_dir), "--scaling"],
+        ["analyze", str(run_dir), "--loops", "12", "--samples", "2"],
+        ["analyze", "spectral", str(run_dir), "--loops", "8"],
+        ["analyze", "pca", str(run_dir), "--loops", "8"],
+        ["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "sweep"), "--no-progress"],
+        ["report", str(tmp_path / "sweep"), "--paper", "stopping"],
+        ["train", str(config), "--out", str(lm_run), "--no-progress", *lm_sets],
+        ["eval", str(lm_run), "--lm-loops", "6", "--samples", "8"],
+    ]
+    for command in commands:
+        assert main(command) == 0, command
+    kinds = {
+        "scaling",
+        "convergence",
+        "cosine_matrix",
+        "attention_difference",
+        "spectral",
+        "lm_loops",
+        "lm_scaling",
+    }
+    assert kinds <= set(inspected), sorted(inspected)
+    assert any(stem.endswith("-accuracy") for stem in inspected), sorted(inspected)
+    assert [problem for problems in inspected.values() for problem in problems] == []
+
+
+def test_the_stars_curves_keep_many_long_recipes_readable_and_name_their_bands(tmp_path, inspected):
+    from looplab.report.stars_lm import plot_curves
+
+    loops = np.arange(1, 65)
+    recipes = ["fixed4", "stars", "contractive", "pretrain", "pretrain+model.injection=contractive", "other"]
+    curves = pd.concat(
+        pd.DataFrame(
+            {
+                "loops": loops,
+                "reasoning_id": np.exp(-loops / (10 + rank + seed)),
+                "reasoning_ood": np.exp(-loops / (5 + rank)),
+                "loss": 2 + np.log(loops) * rank / 4,
+                "state_norm": 8 + loops / 1000,
+                "shape": shape,
+                "recipe": recipe,
+                "seed": seed,
+            }
+        )
+        for shape in ("post_sandwich", "pre_sandwich")
+        for rank, recipe in enumerate(recipes)
+        for seed in (0, 1)
+    )
+    captured = []
+    save = Figure.savefig
+
+    def keep(self, fname, *args, **kwargs):
+        captured.append(self)
+        return save(self, fname, *args, **kwargs)
+
+    Figure.savefig = keep  # inside the fixture's patch, which monkeypatch restores
+    plot_curves(curves, tmp_path / "curves.png", "looped LMs")
+    assert inspected["curves"] == []
+    legend = next(ax.get_legend() for ax in captured[0].axes if ax.get_legend() is not None)
+    assert legend.get_title().get_text() == "bands: ±1 SD over seeds"
+    assert all("(2 seeds)" in text.get_text() for text in legend.get_texts())
+    colours = {line.get_label(): line.get_color() for line in captured[0].axes[0].lines if line.get_label()[0] != "_"}
+    assert len(set(colours.values())) == len(recipes), colours  # one colour per recipe
