@@ -19,7 +19,7 @@ from looplab.eval.halting_inference import halting_cap, halting_frame, halting_s
 from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
-from looplab.experiment import Experiment
+from looplab.experiment import Experiment, training_depth
 from looplab.io import atomic_write, flatten, staged
 from looplab.memory import check_fits, eval_bytes
 from looplab.rundir import read_log
@@ -125,7 +125,9 @@ def evaluate_run(
             curve = scaling_frame(outcomes)
             summary.update(scaling_summary(curve))
             atomic_write(stage / "scaling.csv", lambda p: curve.to_csv(p, index=False))
-            plot_scaling(curve, stage / "scaling.png", f"{run_dir.name}: test-time scaling")  # PNG + PDF
+            depth = training_depth(config)  # T_train, the schedule's deepest supervised depth
+            what = f"test-time scaling, {samples} samples at each of lengths {', '.join(map(str, lengths))}"
+            plot_scaling(curve, stage / "scaling.png", what, depth)  # PNG + PDF
         frame = grid_frame(outcomes, config.task.train_max)
         atomic_write(stage / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
         depths = policy_depth_frame(outcomes)

@@ -70,20 +70,28 @@ def scaling_summary(frame: pd.DataFrame) -> dict:
     }
 
 
-def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Accuracy (left) and state / step norms on a log scale (right) against loops."""
+def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "", depth: int | None = None) -> None:
+    """Accuracy (left) and state / step norms on a log scale (right) against loops; ``depth``, the run's
+    training depth where it has one, marked on both."""
     plt = pyplot()
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
     left.plot(frame["loops"], 100 * frame["accuracy"], color="tab:blue")
     left.set(xlabel="loops", ylabel="exact-match accuracy (%)", ylim=(-2, 102), title="accuracy")
     right.plot(frame["loops"], frame["state_norm"], label=r"$\|h_t\|$ per token")
     right.plot(frame["loops"], frame["step_norm"], label=r"$\|h_t - h_{t-1}\|$ per token")
     right.set(xlabel="loops", yscale="log", title="state and step norms")
-    right.legend()
+    from matplotlib.ticker import FormatStrFormatter
+
+    for formatter in (right.yaxis.set_major_formatter, right.yaxis.set_minor_formatter):
+        formatter(FormatStrFormatter("%g"))  # 6, not 6×10⁰
+    if depth is not None:
+        for axis in (left, right):
+            axis.axvline(depth, color="grey", linestyle="--", linewidth=0.8, label=f"training depth {depth}")
     if frame["nonfinite_fraction"].max() > 0:
         first = int(frame["loops"][frame["nonfinite_fraction"] > 0].iloc[0])
         for axis in (left, right):
             axis.axvline(first, color="tab:red", linestyle=":", label="first non-finite state")
+    right.legend()
     fig.suptitle(title)
     save_figure(fig, path)
