@@ -75,6 +75,7 @@ def _import_studies() -> None:
         published,
         recursive,
         recursive_pages,
+        stars_finetune,
         stars_stabilisers,
         stopping_confirm,
     )
