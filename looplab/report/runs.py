@@ -19,6 +19,8 @@ import pyarrow
 from looplab.errors import LooplabError
 from looplab.eval.scaling import relative_drop
 from looplab.report.aggregate import numeric
+from looplab.rundir import read_log
+from looplab.sweep.run_point import read_result
 
 RESULTS_FILE = "results.parquet"
 REQUIRED_COLUMNS = ("run_id", "run_dir", "variant", "task.name")
@@ -120,3 +122,15 @@ def add_scaling_metrics(results: pd.DataFrame, grids: pd.DataFrame) -> pd.DataFr
         lowest = window["accuracy"].min().where(covered)
         results["accuracy_min_4_to_100"] = results["run_id"].map(lowest)
     return results
+
+
+def run_status(run_dir: Path) -> str:
+    """A sweep point's recorded status ("done" or "diverged"), "unknown" while it has no readable result."""
+    result = read_result(run_dir)
+    return result["status"] if result is not None else "unknown"
+
+
+def seconds_per_step(run_dir: Path) -> float:
+    """Wall seconds per training step over the run, from its log's last timed record (NaN without one)."""
+    steps = [record for record in read_log(run_dir) if "elapsed_s" in record]
+    return steps[-1]["elapsed_s"] / steps[-1]["step"] if steps else float("nan")

@@ -19,7 +19,6 @@ A diverged run counts as em 0 and loss n/a at every depth.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ import pandas as pd
 from looplab.report.aggregate import seed_cell, t_interval
 from looplab.report.effect import comparison_line, welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector
-from looplab.rundir import read_log
+from looplab.report.runs import read_results, run_status, seconds_per_step
 
 STUDY = "stars-finetune"
 READ_LOOPS = (4, 8, 16, 32, 64, 128)
@@ -71,8 +70,6 @@ RUNS_FILE, CURVES_FILE, LM_CURVE = "runs.csv", "curves.csv", "lm_loops.csv"
 def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
     """``out/runs.csv`` (one row per run: placement, arm, seed; em, OOD em, loss, state norm and ρ at the read
     depths; seconds per training step) and ``out/curves.csv`` (the same at every loop of every run)."""
-    from looplab.report.runs import read_results
-
     rows, curves = [], []
     for sweep_dir in sweep_dirs:
         for _, run in read_results(Path(sweep_dir)).iterrows():
@@ -115,8 +112,7 @@ def arm_name(variant: str, run: pd.Series) -> str:
 
 def _run_row(run_dir: Path) -> dict:
     """One run's columns of runs.csv; a diverged run (no curve) reads em 0 at every depth."""
-    result = run_dir / "result.json"
-    status = json.loads(result.read_text())["status"] if result.is_file() else "unknown"
+    status = run_status(run_dir)
     row: dict = {"status": status}
     curve_path = run_dir / "eval" / LM_CURVE
     if curve_path.is_file():
@@ -125,8 +121,7 @@ def _run_row(run_dir: Path) -> dict:
             row.update({f"{name}_{k}": float(curve[column].get(k, np.nan)) for k in READ_LOOPS})
     elif status == "diverged":
         row.update({f"em_{k}": 0.0 for k in READ_LOOPS})
-    steps = [record for record in read_log(run_dir) if "elapsed_s" in record]
-    row["step_s"] = steps[-1]["elapsed_s"] / steps[-1]["step"] if steps else np.nan
+    row["step_s"] = seconds_per_step(run_dir)
     return row
 
 

@@ -13,7 +13,6 @@ each a Welch 95 % t-interval of the difference in means.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pandas as pd
 from looplab.report.aggregate import seed_cell
 from looplab.report.effect import comparison_line
 from looplab.report.pages import markdown_table, register_block, register_collector
-from looplab.rundir import read_log
+from looplab.report.runs import read_results, run_status, seconds_per_step
 
 STUDY = "stars-stabilisers"
 PRIMARY, METRIC = "acc_256", "accuracy at 256 loops"
@@ -46,8 +45,6 @@ def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
     """``out/runs.csv`` (one row per run: accuracy at the read depths, the minimum over loops 4–256, the
     state norm at 256 loops, seconds per training step, ρ at loops 8 and 128 where measured) and
     ``out/scaling.csv`` (accuracy and state norm at every loop of every run)."""
-    from looplab.report.runs import read_results
-
     rows, curves = [], []
     for sweep_dir in sweep_dirs:
         results = read_results(Path(sweep_dir))
@@ -74,8 +71,8 @@ def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
 
 def _run_row(run_dir: Path) -> dict:
     """One run's columns of runs.csv; a diverged run (no scaling curve) reads 0 at every depth."""
-    status = json.loads((run_dir / "result.json").read_text())["status"] if (run_dir / "result.json").is_file() else ""
-    row: dict = {"status": status or "unknown"}
+    status = run_status(run_dir)
+    row: dict = {"status": status}
     curve_path = run_dir / "eval" / SCALING_FILE
     if curve_path.is_file():
         curve = pd.read_csv(curve_path).set_index("loops")
@@ -85,8 +82,7 @@ def _run_row(run_dir: Path) -> dict:
         row["nonfinite_256"] = float(curve.nonfinite_fraction.get(256, np.nan))
     elif status == "diverged":
         row.update({f"acc_{k}": 0.0 for k in READ_LOOPS} | {"acc_min_4_256": 0.0})
-    steps = [record for record in read_log(run_dir) if "elapsed_s" in record]
-    row["step_s"] = steps[-1]["elapsed_s"] / steps[-1]["step"] if steps else np.nan
+    row["step_s"] = seconds_per_step(run_dir)
     spectral = run_dir / "analysis" / "spectral.csv"
     if spectral.is_file():
         rho = pd.read_csv(spectral).groupby("loop")["rho_power"].mean()
