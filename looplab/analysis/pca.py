@@ -33,6 +33,7 @@ def trajectory_pca(states: Tensor, components: int = 3) -> tuple[Tensor, Tensor]
 def plot_trajectories(coords: Tensor, explained: Tensor, path2d: Path, path3d: Path, title: str = "") -> None:
     """2-D and 3-D plots: one line per position, from loop 1 (circle) to the last loop (cross)."""
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
 
     coords = coords.numpy()
     labels = [f"PC{i + 1} ({100 * float(v):.0f}%)" for i, v in enumerate(explained)]
@@ -50,5 +51,8 @@ def plot_trajectories(coords: Tensor, explained: Tensor, path2d: Path, path3d: P
         axis.set_ylabel(labels[1])
         if dims == 3:
             axis.set_zlabel(labels[2])
+            axis.set_box_aspect(None, zoom=0.8)  # room inside the figure for the labels of the projected box
+            for along in (axis.xaxis, axis.yaxis, axis.zaxis):  # projected tick labels crowd: four at most
+                along.set_major_locator(MaxNLocator(4))
         axis.set_title(title)
         save_figure(fig, path)

@@ -120,8 +120,8 @@ def plot_colsum_depth(values: Tensor, labels: list[str], path: Path, title: str 
     top = float(values.max()) if values.numel() else 1.0
     axis.set_ylim(0, min(1.0, max(top * 1.15, 0.05)))
     axis.set_xlabel(
-        "effective depth (prelude, loop × core layer, coda)"
-        + (f"; a dotted line every {every} loops" if every > 1 else "; dotted: loop starts")
+        "effective depth (prelude, loop × core layer, coda)\n"
+        + (f"a dotted line every {every} loops" if every > 1 else "dotted: loop starts")
     )
     axis.set_ylabel("ColSum concentration")
     axis.set_title(title or "attention-sink stages over effective depth")

@@ -16,6 +16,7 @@ from looplab.cli.runs import config_command, demo_command, eval_command, generat
 from looplab.cli.studies import report_command, reproduce_command, results_command, sweep_command
 from looplab.config import PRESETS
 from looplab.errors import LooplabError
+from looplab.plotting import use_figure_preset
 from looplab.train.stop import Stopped
 
 __all__ = ["main", "parse", "describe_error", "build_parser", "EXAMPLES", "PRESETS", "STUDIES", "STUDY_EXTRAS"]
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         for option in ("out", "run_dir", "sweep_dir", "config", "sweep_file"):
             if isinstance(getattr(args, option, None), str) and not getattr(args, option).strip():
                 raise LooplabError(f"{option.replace('_', ' ')} must not be empty")
+        use_figure_preset(getattr(args, "figsize", None) or "screen")
         return COMMANDS[args.command](args) or 0
     except KeyboardInterrupt:
         print("looplab: interrupted", file=sys.stderr)
@@ -64,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # the one error boundary: a line, not a traceback
         if os.environ.get("LOOPLAB_DEBUG") == "1":
             raise
-        print(f"looplab: error: {describe_error(err)}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0" or not isinstance(err, LooplabError):
+            print(f"looplab: error: {describe_error(err)}", file=sys.stderr)  # a check fails alike on every rank
         return err.exit_code if isinstance(err, LooplabError) else 2
+    finally:
+        use_figure_preset("screen")  # a preset holds for one command, not for what the process does next
 
 
 def describe_error(err: Exception) -> str:

@@ -8,6 +8,7 @@ from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import PRESETS
 from looplab.generation import EXITS, POLICIES
+from looplab.plotting import FIGURE_PRESETS
 from looplab.report.paper import PAPERS
 
 ANALYSES = ("mechanistic", "spectral", "pca")
@@ -92,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train data-parallel on N local processes (torchrun's launcher; one line if a rank fails)",
+    )
 
     evaluate = commands.add_parser(
         "eval", help="evaluate a run on the length x loops grid (a text run: its loss against loops)"
@@ -173,11 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="train and evaluate a grid of configs x overrides x seeds")
     sweep.add_argument("sweep_file", help="sweep TOML file")
     report = commands.add_parser("report", help="tables, plots and report.html from a sweep dir")
-    report.add_argument("sweep_dir")
-    report.add_argument("--paper", choices=list(PAPERS), help="put this paper's numbers side by side")
     reproduce = commands.add_parser(
         "reproduce", help="run a paper's study at CPU (-small) or paper (-paper) scale, then its report"
     )
+    for sub in (evaluate, mechanistic, spectral, pca, report, reproduce):
+        sub.add_argument(
+            "--figsize",
+            choices=list(FIGURE_PRESETS),
+            default="screen",
+            help="figure size and fonts: screen (default), paper (3.25 in per column, text >= 7 pt), slide",
+        )
+    report.add_argument("sweep_dir")
+    report.add_argument("--paper", choices=list(PAPERS), help="put this paper's numbers side by side")
     reproduce.add_argument("study", choices=STUDIES)
     for sub in (sweep, reproduce):
         sub.add_argument("--out", required=True, help="sweep dir (resumed if it exists)")

@@ -11,11 +11,16 @@ from looplab.config import PRESETS, load_config
 from looplab.errors import LooplabError, choice_error
 
 
-def train_command(args) -> None:
-    """``looplab train CONFIG --out RUN_DIR``: train (or resume) a run."""
+def train_command(args) -> int | None:
+    """``looplab train CONFIG --out RUN_DIR``: train (or resume) a run; ``--nproc N``: on N processes."""
     from looplab.train.trainer import train
 
     config = load_config(args.config, args.set)
+    if args.nproc != 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
+        from looplab.train.launch import launch
+
+        argv = ["train", args.config, "--out", args.out, *(f"--set={item}" for item in args.set)]
+        return launch(config, args.nproc, argv + ["--no-progress"] * args.no_progress)
     train(config, Path(args.out), progress=not args.no_progress)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
         print(f"trained: {args.out}")

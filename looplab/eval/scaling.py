@@ -7,6 +7,7 @@ state is not finite at K counts as wrong there and is reported in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,15 @@ def scaling_summary(frame: pd.DataFrame) -> dict:
     }
 
 
+def _two_and_five(value: float, _position) -> str:
+    """A minor log tick's label in plain numbers, at 2 and 5 times a power of ten only (9 labels a decade
+    would touch)."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if any(abs(mantissa - m) < 1e-6 for m in (2, 5)) else ""
+
+
 def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "", depth: int | None = None) -> None:
     """Accuracy (left) and state / step norms on a log scale (right) against loops; ``depth``, the run's
     training depth where it has one, marked on both."""
@@ -81,10 +91,10 @@ def plot_scaling(frame: pd.DataFrame, path: Path, title: str = "", depth: int | 
     right.plot(frame["loops"], frame["state_norm"], label=r"$\|h_t\|$ per token")
     right.plot(frame["loops"], frame["step_norm"], label=r"$\|h_t - h_{t-1}\|$ per token")
     right.set(xlabel="loops", yscale="log", title="state and step norms")
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, FuncFormatter
 
-    for formatter in (right.yaxis.set_major_formatter, right.yaxis.set_minor_formatter):
-        formatter(FormatStrFormatter("%g"))  # 6, not 6×10⁰
+    right.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # 1, not 10⁰
+    right.yaxis.set_minor_formatter(FuncFormatter(_two_and_five))
     if depth is not None:
         for axis in (left, right):
             axis.axvline(depth, color="grey", linestyle="--", linewidth=0.8, label=f"training depth {depth}")

@@ -23,6 +23,7 @@ from looplab.report.tables import (
     cell,
     decimals,
     group_key,
+    interval_cell,
     key_cells,
     metric_stats,
     seeds_cell,
@@ -30,6 +31,10 @@ from looplab.report.tables import (
     std_cell,
 )
 
+CELL_NOTE = (
+    "Each cell: ours / the paper's → where the paper's value lies against our interval; ours is the mean and"
+    " its 95 % t-interval (a std: the std and its bootstrap interval)."
+)
 PAPER_TABLES_DIR = Path(looplab.__file__).resolve().parent / "data" / "paper_tables"
 
 
@@ -52,9 +57,9 @@ class Pair:
     """A paper column and our statistic it compares with; ``metric`` None shows the paper's column alone,
     ``paper`` None our statistic alone (a measurement the paper does not report).
 
-    ``stat`` "mean" shows our full cell (mean ± std [t-interval]); "std" our std with its bootstrap
-    interval (the paper's Std). ``place`` adds a column saying where the paper's value lies against
-    our interval: "inside", "above" or "below".
+    ``stat`` "mean" shows our mean and its t-interval beside a paper value (mean ± std [t-interval]
+    alone); "std" our std with its bootstrap interval (the paper's Std). ``place`` ends the cell with
+    where the paper's value lies against our interval: "inside", "above" or "below".
     """
 
     header: str
@@ -108,7 +113,8 @@ def side_by_side(
     judge: Callable[[dict], str] | None = None,
     describe: Callable[[pd.DataFrame], str] | None = None,
 ) -> Table | None:
-    """One row per group of ``ours`` with a paper row: per pair, our statistic then the paper's value.
+    """One row per group of ``ours`` with a paper row, one compact cell per pair:
+    "ours [interval] / paper → where the paper's value lies against our interval".
 
     ``key`` maps a group (column → value) to the paper columns that identify its row, or None
     when the paper has no counterpart. ``judge``, given a row's numbers (``ours.<column>`` and
@@ -136,23 +142,29 @@ def side_by_side(
             for column, value in group.items():
                 members = members[members[column].astype(str) == str(value)]
             shown["Ours"] = describe(members)
-        shown.update({"Seeds": seeds_cell(runs), "Paper row": " / ".join(map(str, wanted.values()))})
+        named = [str(v) for v in wanted.values() if str(v) not in map(str, group.values())]  # not shown already
+        shown.update({"Seeds": seeds_cell(runs), "Paper row": " / ".join(named or [str(list(wanted.values())[-1])])})
         values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}
         for pair in pairs:
             column = pair.paper or pair.metric
-            if pair.metric is not None:
-                s, digits = metric_stats(found, pair.metric), decimals(pair.metric)
-                ours_header = f"{pair.header} ours" if pair.paper else pair.header
-                bounds = ("ci_lo", "ci_hi") if pair.stat == "mean" else ("std_lo", "std_hi")
-                shown[ours_header] = cell(s, digits) if pair.stat == "mean" else std_cell(s, digits)
-                values[f"ours.{column}"] = s[pair.stat]
-                values.update({f"ours.{column}.{b}": s[b] for b in bounds})
-            if pair.paper:
-                shown[f"{pair.header} paper"] = published[pair.paper] or MISSING
+            if pair.metric is None:  # the paper's column alone
+                shown[pair.header] = published[pair.paper] or MISSING
                 values[f"paper.{pair.paper}"] = paper_value(published[pair.paper])
-            if pair.place and pair.paper and pair.metric is not None:
+                continue
+            s, digits = metric_stats(found, pair.metric), decimals(pair.metric)
+            bounds = ("ci_lo", "ci_hi") if pair.stat == "mean" else ("std_lo", "std_hi")
+            values[f"ours.{column}"] = s[pair.stat]
+            values.update({f"ours.{column}.{b}": s[b] for b in bounds})
+            if not pair.paper:  # ours alone: the full cell
+                shown[pair.header] = cell(s, digits) if pair.stat == "mean" else std_cell(s, digits)
+                continue
+            values[f"paper.{pair.paper}"] = paper_value(published[pair.paper])
+            ours_text = interval_cell(s, digits) if pair.stat == "mean" else std_cell(s, digits)
+            shown[pair.header] = f"{ours_text} / {published[pair.paper] or MISSING}"
+            if pair.place:
                 where = place(values[f"paper.{pair.paper}"], *(float(s[b]) for b in bounds))
-                shown[f"{pair.header}: paper vs ours"] = values[f"place.{column}"] = where
+                values[f"place.{column}"] = where
+                shown[pair.header] += f" → {where}"
         if judge is not None:
             shown["Reproduced"] = values["reproduced"] = judge(values)
         display.append(shown)
@@ -192,7 +204,12 @@ def compare_table(
         paper,
         key,
         pairs,
-        " ".join(filter(None, [f"paper numbers from {file}.", note])),
+        " ".join(
+            filter(
+                None,
+                [f"paper numbers from {file}.", CELL_NOTE if any(p.paper and p.metric for p in pairs) else "", note],
+            )
+        ),
         f"paper_{Path(file).stem}",
         judge,
         describe,

@@ -2,8 +2,9 @@
 
 A summary first (the conclusions), then how to read the numbers, then each
 table followed by its figures, each figure captioned with what it plots and
-what its bands are. Tables wrap their cells and scroll inside their own box
-when still too wide, so nothing runs off the page at any width. No scripts,
+what its bands are. Table cells wrap only between the parts of a cell
+(:func:`looplab.report.render.html_cell`), and a table scrolls inside its own
+box when still too wide, so nothing runs off the page at any width. No scripts,
 stylesheets, fonts or links to fetch: every figure is a base64 ``data:`` URI,
 and the file can be mailed or archived and still shows everything.
 """
@@ -25,7 +26,6 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; } h3 { font-siz
 .scroll { overflow-x: auto; max-width: 100%; margin: 0.5em 0 1em; }
 table { border-collapse: collapse; font-size: 0.8em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.45em; text-align: left; vertical-align: top; }
-td { white-space: nowrap; }
 th { background: #f3f3f3; }
 tbody tr:nth-child(even) { background: #fafafa; }
 figure { margin: 1em 0 2em; }

@@ -39,7 +39,6 @@ from looplab.report.halting import halting_table
 from looplab.report.recursive import recursive_tables
 from looplab.report.stars_lm import stars_lm_tables
 from looplab.report.stopping import (
-    PLACE_RULE,
     best_k_table,
     paper_cost_ratio,
     paper_front_ratio,
@@ -169,7 +168,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
             Pair("Std (pp)", "std_pp", "oracle_ood", "std", place=True),
             Pair("Gap (pp)", "gap_pp", "gap", place=True),
         ],
-        note=" ".join([*protocol_lines(ours.results, protocol), PLACE_RULE]),
+        note=" ".join(protocol_lines(ours.results, protocol)),
         describe=schedule_label,
         derive=lambda paper: paper_front_ratio(paper, protocol),
     )

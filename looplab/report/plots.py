@@ -1,8 +1,9 @@
 """Figures of a sweep, one PNG (and a PDF beside it) per (task, kind), in looplab's one figure style.
 
 Every figure is over seeds: a line is the mean over a variant's runs, a band
-mean ± std (sample std; no band for one seed). Each variant keeps its
-schedule's colour in every figure. Inputs are the stacked per-run frames of
+mean ± std (sample std; no band for one seed), and the legend says so and how
+many seeds each line has. Each variant keeps its schedule's colour in every
+figure; ID and OOD lengths are neutral greys. Inputs are the stacked per-run frames of
 :mod:`looplab.report.runs`; a figure whose input is empty is skipped.
 ``train_depths`` (variant → the largest depth it trains at) marks the training
 depth where the x axis is loops. :data:`CAPTIONS` says what each figure shows.
@@ -21,6 +22,11 @@ from looplab.report.runs import scaling_curves
 
 DPI = 100
 PANEL_COLUMNS = 4
+BAND_LABEL = "bands: ±1 SD over seeds"
+#: training (ID) and longer (OOD) lengths in neutral tones, never a schedule's colour
+SPLIT_COLORS = {"id": "0.35", "ood": "0.7", "all": "0.5"}
+#: at most this many evaluated lengths get a tick each
+MAX_LENGTH_TICKS = 16
 
 
 def _save(fig, path: Path) -> None:
@@ -34,10 +40,10 @@ CAPTIONS = {
     "oracle": "Oracle(n) = max over K of acc(n, K) against the length n, per variant: the line is the mean over "
     "seeds, the band mean ± one sample std over seeds. Dotted grey line: the train | OOD boundary.",
     "flips": "Flip rate: the share of OOD samples whose answer after K + 1 loops differs from after K, mean over "
-    "seeds with a mean ± std band, on a symmetric-log axis (the first loops flip far more than the rest). "
-    "Dashed lines: each variant's training depth.",
-    "depths": "The schedule's own test-time depth: share of samples at each depth, training (ID) and longer (OOD) "
-    "lengths apart, summed over seeds; one panel per variant, on shared axes.",
+    "seeds with a mean ± std band. Dashed lines: each variant's training depth.",
+    "depths": "The schedule's own test-time depth: share of samples at each depth, training (ID, dark grey) and "
+    "longer (OOD, light grey) lengths apart, summed over seeds; one panel per variant, on shared axes. "
+    "Dashed line: the variant's training depth.",
     "scaling": "Test-time scaling: accuracy pooled over the evaluated lengths against the loops the runs were "
     "evaluated at, mean ± std over seeds. Dashed lines: each variant's training depth.",
 }
@@ -65,15 +71,23 @@ def _panels(count: int, title: str, width: float = 3.6, height: float = 3.0, sha
 
 
 def _seed_band(axis, frame: pd.DataFrame, x: str, y: str, label: str, color: str) -> None:
-    """Mean of ``y`` over runs against ``x`` in percent, with a mean ± std band."""
+    """Mean of ``y`` over runs against ``x`` in percent, with a mean ± std band; the legend names n."""
     stats = frame.groupby(x)[y].agg(["mean", "std"]).sort_index()
     mean, std = 100 * stats["mean"], 100 * stats["std"]
+    runs = frame["run_id"].nunique() if "run_id" in frame else None
+    if runs is not None:
+        label = f"{label} ({runs} seed{'s' * (runs != 1)})"
     axis.plot(stats.index, mean, color=color, label=label, marker="o", markersize=2.5)
     _integer_ticks(axis)
     if std.notna().any():
         axis.fill_between(
             stats.index, (mean - std).clip(lower=0), (mean + std).clip(upper=100), color=color, alpha=0.2, linewidth=0
         )
+
+
+def _legend(axis, **kwargs) -> None:
+    """The axes' legend, titled with what its bands are."""
+    axis.legend(title=BAND_LABEL, fontsize="small", title_fontsize="small", **kwargs)
 
 
 def _integer_ticks(axis) -> None:
@@ -156,8 +170,11 @@ def plot_oracle_by_length(per_length: pd.DataFrame, path: Path, title: str) -> b
     boundary = _split_boundary(per_length)
     if boundary is not None:
         axis.axvline(boundary, color="grey", linestyle=":", label="train | OOD")
+    lengths = sorted(per_length["length"].unique())
+    if len(lengths) <= MAX_LENGTH_TICKS:  # a tick at every evaluated length
+        axis.set_xticks(lengths)
     axis.set(xlabel="length n", ylabel="Oracle(n) (%)", ylim=(-2, 102))
-    axis.legend(fontsize="small")
+    _legend(axis)
     _save(fig, path)
     return True
 
@@ -177,15 +194,18 @@ def plot_flip_curves(grids: pd.DataFrame, path: Path, title: str, train_depths: 
     for variant, part in per_run.groupby("variant"):
         _seed_band(axis, part, "loops", "flip_rate", variant, colors[variant])
     _mark_depths(axis, train_depths or {}, colors, colors)
-    axis.set_yscale("symlog", linthresh=0.1)
-    axis.set(xlabel="loops K", ylabel="flip rate K → K+1 (%), symlog")
-    axis.legend(fontsize="small")
+    axis.set_ylim(bottom=0)
+    axis.set(xlabel="loops K", ylabel="flip rate K → K+1 (%)")
+    _legend(axis)
     _save(fig, path)
     return True
 
 
-def plot_depth_histograms(depths: pd.DataFrame, splits: pd.DataFrame, path: Path, title: str) -> bool:
-    """Test-time policy depth, fraction of samples per depth, ID and OOD lengths apart, one panel per variant.
+def plot_depth_histograms(
+    depths: pd.DataFrame, splits: pd.DataFrame, path: Path, title: str, train_depths: dict | None = None
+) -> bool:
+    """Test-time policy depth, fraction of samples per depth, ID and OOD lengths apart, one panel per variant
+    (titled with its seeds), its training depth dashed.
 
     ``splits``: run_id, length, split — which lengths were in the training range.
     """
@@ -205,9 +225,13 @@ def plot_depth_histograms(depths: pd.DataFrame, splits: pd.DataFrame, path: Path
                 share.index + (i - (len(names) - 1) / 2) * width,
                 100 * share.to_numpy(),
                 width=width,
+                color=SPLIT_COLORS.get(name, SPLIT_COLORS["all"]),
                 label=name.upper() if name != "all" else name,
             )
-        axis.set(title=variant, xlabel="policy depth", ylabel="samples (%)", xlim=(low - 1, high + 1), ylim=(0, 105))
+        runs = depths.loc[depths["variant"] == variant, "run_id"].nunique()
+        axis.set(xlabel="policy depth", ylabel="samples (%)", xlim=(low - 1, high + 1), ylim=(0, 105))
+        axis.set_title(f"{variant} ({runs} seed{'s' * (runs != 1)})")
+        _mark_depths(axis, train_depths or {}, [variant], {variant: "black"})
         _integer_ticks(axis)
         axis.legend(fontsize="small", loc="upper left", framealpha=0.8)
     _save(fig, path)
@@ -228,7 +252,7 @@ def plot_scaling_curves(grids: pd.DataFrame, path: Path, title: str, train_depth
     if curves["loops"].max() > 64:
         axis.set_xscale("log", base=2)
     axis.set(xlabel="loops", ylabel="accuracy, mean over lengths (%)", ylim=(-2, 102))
-    axis.legend(fontsize="small")
+    _legend(axis)
     _save(fig, path)
     return True
 
@@ -255,7 +279,7 @@ def write_task_plots(
         ("accuracy", lambda p: plot_accuracy_heatmaps(grids, p, f"{task}: acc(n, K), mean over seeds", train_depths)),
         ("oracle", lambda p: plot_oracle_by_length(per_length, p, f"{task}: Oracle(n) over seeds")),
         ("flips", lambda p: plot_flip_curves(grids, p, f"{task}: flip rate against depth", train_depths)),
-        ("depths", lambda p: plot_depth_histograms(depths, splits, p, f"{task}: test-time policy depth")),
+        ("depths", lambda p: plot_depth_histograms(depths, splits, p, f"{task}: test-time policy depth", train_depths)),
         ("scaling", lambda p: plot_scaling_curves(grids, p, f"{task}: test-time scaling", train_depths)),
     ]
     written = []

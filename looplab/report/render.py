@@ -56,8 +56,12 @@ def to_markdown(tables: list[Table], title: str, notes: list[str]) -> str:
 
 
 def to_latex(tables: list[Table]) -> str:
-    """One ``table`` float per table (booktabs rules), ready to \\input into a paper."""
-    lines = [r"% looplab report tables; needs \usepackage{booktabs}"]
+    """One ``table`` float per table (booktabs rules), ready to \\input into a paper.
+
+    Each tabular sits in an ``adjustbox`` of at most the line width: a table wider than
+    the text column is scaled down to fit it, a narrower one is left as it is.
+    """
+    lines = [r"% looplab report tables; needs \usepackage{booktabs} and \usepackage{adjustbox}"]
     for table in tables:
         frame = table.display
         lines += [
@@ -65,6 +69,7 @@ def to_latex(tables: list[Table]) -> str:
             r"\centering",
             r"\small",
             rf"\caption{{{latex_escape(table.title)}}}",
+            r"\begin{adjustbox}{max width=\linewidth}",
             rf"\begin{{tabular}}{{{'l' * len(frame.columns)}}}",
             r"\toprule",
             " & ".join(latex_escape(str(c)) for c in frame.columns) + r" \\",
@@ -73,8 +78,20 @@ def to_latex(tables: list[Table]) -> str:
         lines += [
             " & ".join(latex_escape(str(c)) for c in row) + r" \\" for row in frame.itertuples(index=False, name=None)
         ]
-        lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+        lines += [r"\bottomrule", r"\end{tabular}", r"\end{adjustbox}", r"\end{table}", ""]
     return "\n".join(lines)
+
+
+# where a cell may wrap: around " / " and before " → " (ours / paper → verdict), and after a comma that
+# ends a phrase ("RL-Halting, T_max = 20"); every other space holds its neighbours together, so
+# "36.0 [21.1, 50.9]" or "3 (few)" never breaks
+_BREAK = re.compile(r" (?=/ |→ )|(?<= /) |(?<=,) (?=[^\d\s−+-])")
+
+
+def html_cell(text: str) -> str:
+    """``text`` escaped for HTML, its spaces non-breaking except where :data:`_BREAK` allows a line break."""
+    parts = _BREAK.split(str(text))
+    return " ".join(html.escape(part).replace(" ", "&nbsp;") for part in parts)
 
 
 def to_html_table(table: Table) -> str:
@@ -82,7 +99,7 @@ def to_html_table(table: Table) -> str:
     frame = table.display
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
     body = "\n".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+        "<tr>" + "".join(f"<td>{html_cell(c)}</td>" for c in row) + "</tr>"
         for row in frame.itertuples(index=False, name=None)
     )
     note = f'<p class="note">{html.escape(table.note)}</p>\n' if table.note else ""

@@ -27,10 +27,6 @@ from looplab.schedules import resolve_schedule
 from looplab.tasks import make_task
 
 SCALE_FREE = ("front90_rel", "block_evals_rel")
-PLACE_RULE = (
-    "Paper vs ours: where the paper's value lies against our 95% interval (the t-interval of the mean, "
-    "the bootstrap interval of the std)."
-)
 
 
 def _row_schedule(row: pd.Series) -> tuple[type, object]:

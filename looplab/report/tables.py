@@ -144,6 +144,18 @@ def cell(stats: Mapping, digits: int, runs: int | None = None) -> str:
     return text
 
 
+def interval_cell(stats: Mapping, digits: int) -> str:
+    """ "mean [lo, hi]": :func:`cell` without the std, for a cell that holds a paper value beside it."""
+    if stats["n"] == 0:
+        return UNDEFINED
+    text = number(stats["mean"], digits)
+    if stats["n"] > 1 and stats["std"] == 0:
+        return text + f" (all {stats['n']} seeds equal)"
+    if stats["n"] > 1:
+        text += f" [{number(stats['ci_lo'], digits)}, {number(stats['ci_hi'], digits)}]"
+    return text
+
+
 def std_cell(stats: Mapping, digits: int) -> str:
     """ "std [lo, hi]": the sample std and its bootstrap interval (display units)."""
     if not math.isfinite(stats["std"]):

@@ -35,6 +35,15 @@ from looplab.errors import LooplabError
 from looplab.parallel import Parallel
 
 
+def check_world_size(batch_size: int, world_size: int) -> None:
+    """Raise a one-line :class:`LooplabError` unless ``batch_size`` splits evenly over ``world_size`` ranks."""
+    if batch_size % world_size:
+        raise LooplabError(
+            f"train.batch_size {batch_size} does not split evenly over {world_size} processes "
+            f"(world size); use a multiple of {world_size}"
+        )
+
+
 @contextmanager
 def data_parallel(config: Config) -> Iterator[Parallel]:
     """This process's :class:`Parallel`, inside the torchrun process group when there is one.
@@ -47,12 +56,7 @@ def data_parallel(config: Config) -> Iterator[Parallel]:
     if world_size <= 1:
         yield Parallel(device=config.run.device)
         return
-    batch_size = config.train.batch_size
-    if batch_size % world_size:
-        raise LooplabError(
-            f"train.batch_size {batch_size} does not split evenly over {world_size} processes "
-            f"(world size); use a multiple of {world_size}"
-        )
+    check_world_size(config.train.batch_size, world_size)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     cuda = config.run.device.startswith("cuda")
     device = f"cuda:{local_rank}" if cuda else "cpu"

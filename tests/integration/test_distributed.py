@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -46,9 +50,10 @@ def test_two_processes_train_like_one_and_resume(tiny_config, tmp_path):
         torch.testing.assert_close(trained[name], expected[name], atol=1e-4, rtol=1e-3, msg=name)
     assert _losses(parallel) == pytest.approx(_losses(single), rel=1e-5)
 
-    # Resume under torchrun: every rank reloads step 10 and ends where the uninterrupted run did.
+    # Resume with `looplab train --nproc 2` (torchrun's launcher, started by looplab): every rank
+    # reloads step 10 and ends where the uninterrupted run did.
     shutil.rmtree(parallel / "checkpoints" / "step_0000020")
-    result = torchrun(*args, "--out", str(parallel))
+    result = run_cli(*args, "--out", str(parallel), "--nproc", "2")
     assert result.returncode == 0, result.stderr
     for name, tensor in _weights(parallel).items():
         assert torch.equal(tensor, trained[name]), name
@@ -66,3 +71,39 @@ def test_batch_size_must_split_over_the_ranks(tiny_config, tmp_path, monkeypatch
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "batch_size 15" in lines[0] and "2 processes" in lines[0], result.stderr
     assert not run_dir.exists()
+
+
+def test_the_launcher_checks_before_starting_and_fails_in_one_line(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    config = str(tiny_config())
+    refused = run_cli("train", config, "--out", str(run_dir), "--nproc", "2", "--set", "train.batch_size=15")
+    assert refused.returncode == 2 and not run_dir.exists()
+    assert refused.stderr.strip().splitlines() == [
+        "looplab: error: train.batch_size 15 does not split evenly over 2 processes (world size); use a multiple of 2"
+    ]
+    (tmp_path / "file").write_text("")
+    failed = run_cli("train", config, "--out", str(tmp_path / "file"), "--nproc", "2", "--no-progress")
+    lines = failed.stderr.strip().splitlines()
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert lines[0] == f"looplab: error: --out {tmp_path / 'file'} is a file, not a run dir"  # rank 0 alone
+    assert len(lines) == 2 and lines[1].startswith("looplab: error: training failed on rank ")
+
+
+def test_sigterm_to_the_launcher_checkpoints_every_rank(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "looplab", "train", str(tiny_config(steps=100000, checkpoint_every=100000))]
+    launcher = subprocess.Popen(
+        [*command, "--out", str(run_dir), "--nproc", "2", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "log.jsonl").is_file() and time.monotonic() < deadline:  # training has begun
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("looplab: stopped by SIGTERM after step "), stderr
+    assert len(list((run_dir / "checkpoints").iterdir())) == 1

@@ -11,8 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+from PIL import Image
 
 from looplab.cli import main
+from looplab.plotting import DPI, figure_preset
 from tests.conftest import train_tiny_run
 
 SWEEP = "[sweep]\nconfigs = ['tiny.toml']\nseeds = [0, 1]\nset = ['train.steps=4']\n"
@@ -46,11 +49,26 @@ def _texts(fig: Figure) -> list[tuple[str, object]]:
 
 
 def figure_problems(fig: Figure, name: str) -> list[str]:
-    """What a reader could not read in ``fig``: overlapping text, a data axes without x tick labels."""
+    """What a reader could not read in ``fig``: overlapping text, a data axes without x tick labels, and
+    under a preset with fonts, text below its smallest size."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     found = _texts(fig)
     problems = []
+    preset = figure_preset()
+    if preset.widths is not None:  # saved at its own size: small text, or text past the edge, is lost
+        canvas = fig.bbox
+        drawn = [artist for _, artist in found if isinstance(artist, Text)] + list(fig.texts)
+        drawn += [text for ax in fig.axes for text in ax.texts]
+        drawn += [text for ax in fig.axes if ax.get_legend() for text in ax.get_legend().get_texts()]
+        for text in drawn:
+            if not (text.get_visible() and text.get_text()):
+                continue
+            if text.get_fontsize() < preset.fonts["font.size"] - 1e-9:
+                problems.append(f"{name}: {text.get_text()!r} at {text.get_fontsize():.1f} pt")
+            box = text.get_window_extent(renderer)
+            if box.x0 < canvas.x0 - 1 or box.x1 > canvas.x1 + 1 or box.y0 < canvas.y0 - 1 or box.y1 > canvas.y1 + 1:
+                problems.append(f"{name}: {text.get_text()!r} runs off the figure")
     boxes = [(label, artist.get_window_extent(renderer)) for label, artist in found]
     for (first, a), (second, b) in itertools.combinations(boxes, 2):
         same_axis_ticks = first == second and first.endswith("tick")
@@ -84,20 +102,22 @@ def inspected(monkeypatch):
     return seen
 
 
-def test_every_figure_of_the_commands_is_readable(tmp_path, inspected):
+@pytest.mark.parametrize("figsize", ["screen", "paper"])
+def test_every_figure_of_the_commands_is_readable(tmp_path, inspected, figsize):
     config, run_dir = train_tiny_run(tmp_path, 6, 3)
     (tmp_path / "sweep.toml").write_text(SWEEP)
     lm_run = tmp_path / "lm"
     lm_sets = [f"--set={s}" for s in ["task.name=kjv_arithmetic", *LM]]
+    size = ["--figsize", figsize]
     commands = [
-        ["eval", str(run_dir), "--scaling"],
-        ["analyze", str(run_dir), "--loops", "12", "--samples", "2"],
-        ["analyze", "spectral", str(run_dir), "--loops", "8"],
-        ["analyze", "pca", str(run_dir), "--loops", "8"],
+        ["eval", str(run_dir), "--scaling", *size],
+        ["analyze", str(run_dir), "--loops", "12", "--samples", "2", *size],
+        ["analyze", "spectral", str(run_dir), "--loops", "8", *size],
+        ["analyze", "pca", str(run_dir), "--loops", "8", *size],
         ["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "sweep"), "--no-progress"],
-        ["report", str(tmp_path / "sweep"), "--paper", "stopping"],
+        ["report", str(tmp_path / "sweep"), "--paper", "stopping", *size],
         ["train", str(config), "--out", str(lm_run), "--no-progress", *lm_sets],
-        ["eval", str(lm_run), "--lm-loops", "6", "--samples", "8"],
+        ["eval", str(lm_run), "--lm-loops", "6", "--samples", "8", *size],
     ]
     for command in commands:
         assert main(command) == 0, command
@@ -113,6 +133,13 @@ def test_every_figure_of_the_commands_is_readable(tmp_path, inspected):
     assert kinds <= set(inspected), sorted(inspected)
     assert any(stem.endswith("-accuracy") for stem in inspected), sorted(inspected)
     assert [problem for problems in inspected.values() for problem in problems] == []
+    if figsize == "paper":  # saved at one or two paper columns, so a figure is included unscaled
+        drawn = [*run_dir.glob("eval/*.png"), *run_dir.glob("analysis/**/*.png"), *lm_run.glob("eval/*.png")]
+        drawn += [*(tmp_path / "sweep" / "report-stopping").glob("*.png")]
+        assert len(drawn) >= 10
+        for png in drawn:
+            width = Image.open(png).size[0]
+            assert any(abs(width - DPI * inches) <= 2 for inches in (3.25, 6.75)), (png.name, width)
 
 
 def test_the_stars_curves_keep_many_long_recipes_readable_and_name_their_bands(tmp_path, inspected):

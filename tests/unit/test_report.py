@@ -233,14 +233,11 @@ def test_html_is_self_contained_and_embeds_every_png(sweep):
 
 def test_stopping_paper_numbers_side_by_side(sweep):
     _, report, _ = sweep
-    for text in ((report / "table.md").read_text(), (report / "report.html").read_text()):
+    for text in ((report / "table.md").read_text(), (report / "report.html").read_text().replace("&nbsp;", " ")):
         for column in (
-            "Oracle OOD (%) ours",
-            "Oracle OOD (%) paper",
-            "Oracle OOD (%): paper vs ours",
-            "Front@90 / train max paper",
-            "Std (pp) paper",
-            "Gap (pp) paper",
+            "Front@90 / train max",
+            "36.0 [21.1, 50.9] / 34.2 → inside",  # ours [t-interval] / paper → where the paper lies
+            "Each cell: ours / the paper",
             "fixed K = 20",
             "RL-Halting, T_max = 20, λ_ent = 0.001",
             "Protocol, binary_addition — ours: train n ∈ [?, 8], evaluated to n = 16 (2.0× the longest",
@@ -248,6 +245,11 @@ def test_stopping_paper_numbers_side_by_side(sweep):
             "Conclusion, binary_addition, against fixed (reproduced when Gap(fixed) − Gap(other)",
         ):
             assert column in text, column
+    header = "| Paper row | Oracle OOD (%) | Front@90 / train max | Std (pp) | Gap (pp) |"
+    assert header in (report / "table.md").read_text()  # one compact cell per metric
+    latex = (report / "table.tex").read_text()
+    assert r"\begin{tabular}{lllllllll}" in latex  # the same nine columns in the paper's table
+    assert latex.count(r"\begin{adjustbox}{max width=\linewidth}") == latex.count(r"\begin{tabular}") > 1
     side = pd.read_csv(report / "paper_stopping_main.csv")
     assert set(side["variant"]) == {"fixed", "rl_halting"} and set(side["task.name"]) == {"binary_addition"}
     fixed = side[side["variant"] == "fixed"].iloc[0]
@@ -419,3 +421,19 @@ def test_a_zero_spread_is_said_not_shown_as_an_interval():
     assert cell(same, 2) == "8.00 (all 5 seeds equal)"
     spread = {**same, "std": 0.5, "ci_lo": 7.4, "ci_hi": 8.6}
     assert cell(spread, 2) == "8.00 ± 0.50 [7.40, 8.60]"
+
+
+@pytest.mark.parametrize(
+    "text, html_text",
+    [
+        ("36.0 [21.1, 50.9] / 34.2 → inside", "36.0&nbsp;[21.1,&nbsp;50.9] / 34.2 →&nbsp;inside"),
+        ("RL-Halting, T_max = 20, λ_ent = 0.001", "RL-Halting, T_max&nbsp;=&nbsp;20, λ_ent&nbsp;=&nbsp;0.001"),
+        ("3 (few)", "3&nbsp;(few)"),
+        ("−1.6 [−20.8, +6.6]", "−1.6&nbsp;[−20.8,&nbsp;+6.6]"),
+        ("a < b", "a&nbsp;&lt;&nbsp;b"),
+    ],
+)
+def test_html_cells_wrap_only_between_their_parts(text, html_text):
+    from looplab.report.render import html_cell
+
+    assert html_cell(text) == html_text
