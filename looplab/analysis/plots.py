@@ -27,6 +27,12 @@ def _integer_axis(axis, which: str = "both") -> None:
         getattr(axis, f"{name}axis").set_major_locator(MaxNLocator(integer=True))
 
 
+def _layer_ticks(axis, layers: int, which: str = "y") -> None:
+    """A tick at every layer while they are few (an integer locator over one layer's ±0.5 gives tenths)."""
+    if layers <= 16:
+        getattr(axis, f"set_{which}ticks")(range(layers))
+
+
 def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
     """Heatmap of log10 Δ_{ℓ,t} for delta [layers, loops − 1] (loops 2..r on the x axis)."""
     plt = pyplot()
@@ -41,6 +47,7 @@ def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
     )
     fig.colorbar(image, ax=axis, label=r"$\log_{10}\,\Delta_{\ell,t}$")
     _integer_axis(axis)
+    _layer_ticks(axis, values.shape[0])
     axis.set_xlabel("loop $t$")
     axis.set_ylabel(r"core layer $\ell$")
     axis.set_title(title or r"convergence $\Delta_{\ell,t} = \|X_{\ell,t} - X_{\ell,t-1}\| \,/\, \|X_{\ell,t}\|$")
@@ -51,18 +58,26 @@ def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
     """1 − cos between the core layers' states at the last loop, matrix [layers, layers], on a log scale.
 
     Near a shared fixed point every cosine is 0.99…; 1 − cos on a log scale shows which layers
-    agree to 1e-2 and which to 1e-8, where a linear cos scale shows one dark square.
+    agree to 1e-2 and which to 1e-8, where a linear cos scale shows one dark square. Cells print
+    the same 1 − cos (a cos would read "1.0000" in every cell). One core layer has no pair: the
+    figure says so.
     """
     from matplotlib.colors import LogNorm
 
     plt = pyplot()
+    fig, axis = plt.subplots(figsize=(4.8, 4.2), layout="constrained")
+    axis.set_title(title or "fixed points: cos between layers (last loop)", wrap=True)
+    if matrix.shape[0] < 2:
+        axis.set_axis_off()
+        axis.text(0.5, 0.5, "one core layer: no pair of layers to compare", ha="center", va="center")
+        save_figure(fig, path)
+        return
     gap = (1 - matrix.double()).clamp_min(1e-16).numpy()
     diagonal = np.eye(len(gap), dtype=bool)
     off = gap[~diagonal]
-    low, high = (float(off.min()), float(off.max())) if off.size else (1e-12, 1e-11)
+    low, high = float(off.min()), float(off.max())
     shown = np.ma.masked_array(gap, mask=diagonal)  # a layer against itself says nothing
     cmap = plt.get_cmap("viridis_r").with_extremes(bad="#dddddd")
-    fig, axis = plt.subplots(figsize=(4.8, 4.2), layout="constrained")
     image = axis.imshow(shown, norm=LogNorm(vmin=low / 3, vmax=max(high * 3, low * 10)), cmap=cmap)
     if matrix.shape[0] <= 12:
         for i in range(matrix.shape[0]):
@@ -71,27 +86,35 @@ def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
                     axis.text(
                         j,
                         i,
-                        f"{float(matrix[i, j]):.4f}",
+                        f"{gap[i, j]:.0e}",
                         ha="center",
                         va="center",
                         fontsize=6,
                         color="black",
                         bbox={"facecolor": "white", "alpha": 0.6, "linewidth": 0, "pad": 1},
                     )
-    fig.colorbar(image, ax=axis, label=r"$1 - \cos$ (log scale; cells print $\cos$)")
+    fig.colorbar(image, ax=axis, label=r"$1 - \cos$ (log scale, printed in the cells)")
     _integer_axis(axis)
+    _layer_ticks(axis, matrix.shape[0], "x")
+    _layer_ticks(axis, matrix.shape[0], "y")
     axis.set_xlabel(r"core layer $\ell'$")
     axis.set_ylabel(r"core layer $\ell$")
-    axis.set_title(title or "fixed points: cos between layers (last loop)", wrap=True)
     save_figure(fig, path)
 
 
 def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_layers: int = ATTENTION_PANELS) -> None:
-    """‖A_{ℓ,t} − A_{ℓ,t′}‖_F heatmaps for diff [layers, loops, loops], one panel per layer."""
+    """‖A_{ℓ,t} − A_{ℓ,t′}‖_F heatmaps for diff [layers, loops, loops], one panel per layer.
+
+    The colour scale spans the pairs of loops 2 and later: loop 1's attention differs from every
+    other loop's by far the most, and on a scale that includes it the structure among the later
+    loops (the band along the diagonal) would be one dark square. Loop 1's row and column show
+    above the scale (the colour bar's arrow).
+    """
     plt = pyplot()
     shown = min(diff.shape[0], max_layers)
     fig, axes = plt.subplots(1, shown, figsize=(3.4 * shown + 1, 3.6), squeeze=False, layout="constrained")
-    top = float(diff.max()) or 1.0
+    later = diff[:shown, 1:, 1:]
+    top = float(later.max() if later.numel() and float(later.max()) > 0 else diff.max()) or 1.0
     extent = (0.5, diff.shape[1] + 0.5, diff.shape[1] + 0.5, 0.5)
     for layer, axis in enumerate(axes[0]):
         image = axis.imshow(diff[layer].numpy(), vmin=0, vmax=top, cmap="magma", extent=extent)
@@ -99,7 +122,13 @@ def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_lay
         axis.set_xlabel("loop $t'$")
         axis.set_ylabel("loop $t$")
         _integer_axis(axis)
-    fig.colorbar(image, ax=list(axes[0]), label=r"$\|A_{\ell,t} - A_{\ell,t'}\|_F$")
+    above = bool((diff[:shown] > top).any())
+    fig.colorbar(
+        image,
+        ax=list(axes[0]),
+        extend="max" if above else "neither",
+        label=r"$\|A_{\ell,t} - A_{\ell,t'}\|_F$" + (" (loop 1 above)" if above else ""),
+    )
     fig.suptitle(title or "attention difference across loops")
     save_figure(fig, path)
 

@@ -33,7 +33,7 @@ def _texts(fig: Figure) -> list[tuple[str, object]]:
         for name, text in (("title", ax.title), ("xlabel", ax.xaxis.label), ("ylabel", ax.yaxis.label)):
             if text.get_text() and text.get_visible():
                 found.append((f"ax{i}.{name}", text))
-        if ax.name == "3d":  # its projected tick labels meet at the corners by design
+        if ax.name == "3d" or not ax.axison:  # projected tick labels meet at the corners; no axis, no ticks
             continue
         for axis, name, coord in ((ax.xaxis, "xtick", 0), (ax.yaxis, "ytick", 1)):
             low, high = sorted(axis.get_view_interval())
@@ -179,3 +179,23 @@ def test_the_stars_curves_keep_many_long_recipes_readable_and_name_their_bands(t
     assert all("(2 seeds)" in text.get_text() for text in legend.get_texts())
     colours = {line.get_label(): line.get_color() for line in captured[0].axes[0].lines if line.get_label()[0] != "_"}
     assert len(set(colours.values())) == len(recipes), colours  # one colour per recipe
+
+
+def test_the_analysis_heatmaps_print_and_scale_what_they_colour(tmp_path, monkeypatch):
+    import torch
+
+    from looplab.analysis.plots import plot_attention_difference, plot_cosine_matrix
+
+    captured = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (captured.append(self), save(self, *a, **k))[1])
+    cos = torch.tensor([[1.0, 1 - 3e-9, 0.9], [1 - 3e-9, 1.0, 0.9], [0.9, 0.9, 1.0]], dtype=torch.float64)
+    plot_cosine_matrix(cos, tmp_path / "cos.png")
+    cells = sorted(text.get_text() for text in captured[0].axes[0].texts)
+    assert cells == ["1e-01"] * 4 + ["3e-09"] * 2  # 1 − cos, as coloured; a cos would print 1.0000
+    loops = torch.arange(1, 7, dtype=torch.float64)
+    diff = (loops[:, None] - loops[None, :]).abs()[None] / 100
+    diff[0, 0, 1:] = diff[0, 1:, 0] = 5.0  # loop 1 far from every other loop
+    plot_attention_difference(diff, tmp_path / "attention.png")
+    image = captured[-1].axes[0].images[0]  # each figure is saved twice (PNG, PDF)
+    assert image.norm.vmax == pytest.approx(0.04)  # the later loops' range, not loop 1's 5.0
