@@ -19,6 +19,7 @@ per token and ρ(∂Φ/∂h at h_t) by power iteration.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,6 +147,8 @@ def fine_tune_recipe(
     seed: int,
     text_rows: int = 0,
     text_tokens: int = 48,
+    probe: Callable[[int], None] | None = None,
+    probe_every: int = 0,
 ) -> pd.DataFrame:
     """Fine-tune ``loop`` in place; one row per step: step, loops, loss (CE), jsrr (NaN for ``fixed``).
 
@@ -155,6 +158,10 @@ def fine_tune_recipe(
     mean cross-entropy. AdamW with a cosine decay to 10 % of ``lr``; gradients clipped to
     norm 1. Data, depths and directions come from generators derived from ``seed``, so
     both recipes see the same batches in the same order.
+
+    ``probe(step)`` is called, with the model in eval mode, before the first step and
+    after every ``probe_every``-th (a learning curve); it draws nothing from the
+    fine-tune's generators, so probing does not change the run.
     """
     if steps < 1 or per_length < 1 or not lengths:
         raise LooplabError("fine-tuning needs steps >= 1, per_length >= 1 and at least one problem size")
@@ -166,8 +173,16 @@ def fine_tune_recipe(
     schedule = recipe.schedule()
     data, depths, directions = (derive_generator(seed, "retrofit", part) for part in ("data", "depth", "jsrr"))
     rows = []
+
+    def probe_at(step: int) -> None:
+        if probe is not None and probe_every > 0 and step % probe_every == 0:
+            loop.eval()
+            probe(step)
+            loop.train()
+
     loop.train()
     try:
+        probe_at(0)
         for step in range(1, steps + 1):
             batch = problem_batch(tokenizer, lengths, per_length, data)
             if text_rows:
@@ -189,6 +204,7 @@ def fine_tune_recipe(
             optimizer.step()
             decay.step()
             rows.append({"step": step, "loops": loops, "loss": float(ce.detach()), "jsrr": penalty})
+            probe_at(step)
     finally:
         loop.eval()
     return pd.DataFrame(rows)

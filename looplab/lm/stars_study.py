@@ -9,6 +9,9 @@ Each (recipe, seed) writes ``OUT/retrofit/<recipe>-seed<seed>/``:
                           spectral_radius
     reasoning_loops.csv   per (length, loops): exact match
     summary.json          the loop-scaling summary (:func:`looplab.lm.reasoning.scaling_summary`), wall time
+    curve.csv             with ``curve_every`` > 0: the learning curve, every ``curve_every`` steps (and
+                          before the first): step, elapsed_s, exact match at the training depth on
+                          ``curve_samples`` held-out problems of each training size, KJV validation loss there
 
 ``as_is`` is the retrofit before any fine-tuning (the paper's base model). A
 finished (recipe, seed) — its ``summary.json`` exists — is not run again, so an
@@ -29,13 +32,23 @@ import torch
 from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
 from looplab.lm.reasoning import REASONING_FILE, scaling_summary
-from looplab.lm.retrofit_stars import RECIPES, RetrofitRecipe, fine_tune_recipe, retrofit_by_loops, text_batch
+from looplab.lm.retrofit_stars import (
+    RECIPES,
+    RetrofitRecipe,
+    exact_match_by_loops,
+    fine_tune_recipe,
+    kjv_loss_by_loops,
+    problem_batch,
+    retrofit_by_loops,
+    text_batch,
+)
 from looplab.seeding import derive_generator
 
 RETROFIT_DIR = "retrofit"
 AS_IS = "as_is"
 LOOPS_FILE = "loops.csv"
 SUMMARY_FILE = "summary.json"
+CURVE_FILE = "curve.csv"
 
 
 @dataclass(frozen=True)
@@ -61,12 +74,24 @@ class RetrofitStudy:
     kjv_passages: int = 8
     kjv_tokens: int = 48
     threads: int = 2
+    curve_every: int = 0
+    curve_samples: int = 16
 
     def __post_init__(self):
         for recipe in self.recipes:
             if recipe not in (AS_IS, *RECIPES):
                 raise choice_error("retrofit recipe", recipe, (AS_IS, *RECIPES))
-        numbers = ("steps", "depth", "per_length", "samples", "max_loops", "spectral_iters", "core", "threads")
+        numbers = (
+            "steps",
+            "depth",
+            "per_length",
+            "samples",
+            "max_loops",
+            "spectral_iters",
+            "core",
+            "threads",
+            "curve_samples",
+        )
         for name in numbers:
             if getattr(self, name) < 1:
                 raise LooplabError(f"retrofit.{name} must be >= 1, got {getattr(self, name)}")
@@ -74,6 +99,8 @@ class RetrofitStudy:
             raise LooplabError("retrofit needs train and eval lengths, and max_loops >= 2 x depth")
         if not self.lr > 0:
             raise LooplabError(f"retrofit.lr must be > 0, got {self.lr}")
+        if self.curve_every < 0:
+            raise LooplabError(f"retrofit.curve_every must be >= 0 (0: no learning curve), got {self.curve_every}")
 
     @property
     def train_max(self) -> int:
@@ -93,6 +120,37 @@ def load_study(path: str | Path) -> RetrofitStudy:
     return RetrofitStudy(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
 
 
+def curve_probe(study: RetrofitStudy, loop, tokenizer, kjv_batch, seed: int, began: float, out: Path):
+    """``probe(step)``: append one learning-curve row and rewrite ``out/curve.csv`` with the rows so far
+    (so a long fine-tune can be watched, and a killed one read).
+
+    Its problems (``curve_samples`` per training size, drawn once from
+    ``derive_generator(seed, "retrofit-curve", n)``) are neither the fine-tune's nor the
+    final reading's, and it reads them at the training depth only.
+    """
+    problems = [
+        problem_batch(tokenizer, [n], study.curve_samples, derive_generator(seed, "retrofit-curve", n))
+        for n in study.train_lengths
+    ]
+    rows: list[dict] = []
+
+    def probe(step: int) -> None:
+        correct = torch.cat([exact_match_by_loops(loop, batch, study.depth)[0][:, -1] for batch in problems])
+        rows.append(
+            {
+                "step": step,
+                "elapsed_s": round(time.perf_counter() - began, 1),
+                "accuracy": float(correct.double().mean()),
+                "problems": len(correct),
+                "kjv_loss": float(kjv_loss_by_loops(loop, kjv_batch, study.depth)[-1]),
+            }
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / CURVE_FILE, lambda p: pd.DataFrame(rows).to_csv(p, index=False))
+
+    return probe
+
+
 def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out: Path) -> dict:
     """Retrofit, fine-tune (unless ``as_is``) and measure one (recipe, seed); write its folder."""
     from looplab.lm.retrofit import RetrofittedLoop
@@ -100,6 +158,8 @@ def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out:
     began = time.perf_counter()
     torch.manual_seed(seed)
     loop = RetrofittedLoop(model, study.prelude, study.core, study.coda, inject_init=study.inject)
+    kjv = text_batch(tokenizer, "val", study.kjv_passages, study.kjv_tokens, derive_generator(seed, "retrofit-kjv"))
+    probe = curve_probe(study, loop, tokenizer, kjv, seed, began, out)
     if recipe != AS_IS:
         log = fine_tune_recipe(
             loop,
@@ -112,13 +172,15 @@ def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out:
             seed,
             study.text_rows,
             study.kjv_tokens,
+            probe=probe,
+            probe_every=study.curve_every,
         )
     else:
         log = pd.DataFrame(columns=["step", "loops", "loss", "jsrr"])
     frame, grid = retrofit_by_loops(
         loop,
         tokenizer,
-        text_batch(tokenizer, "val", study.kjv_passages, study.kjv_tokens, derive_generator(seed, "retrofit-kjv")),
+        kjv,
         list(study.eval_lengths),
         study.train_max,
         study.samples,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -115,3 +117,53 @@ def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
     for column in ("loss", "reasoning_id", "reasoning_ood", "state_norm", "spectral_radius"):
         assert frame[column].map(math.isfinite).all(), column
     assert sorted(grid.length.unique()) == [1, 2, 3] and set(grid.split) == {"id", "ood"}
+
+
+def test_a_learning_curve_probe_reads_the_model_without_changing_the_fine_tune():
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from looplab.lm.retrofit import RetrofittedLoop
+    from looplab.lm.retrofit_stars import fine_tune_recipe
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=130,
+        max_position_embeddings=128,
+    )
+    config._attn_implementation = "eager"
+    runs = []
+    for probe_every in (0, 2):
+        torch.manual_seed(0)
+        loop = RetrofittedLoop(LlamaForCausalLM(config), 1, 2, 1, inject_init="mix")
+        seen = []
+
+        def probe(step, loop=loop, seen=seen):
+            seen.append((step, loop.training, float(next(loop.parameters()).detach().sum())))
+
+        log = fine_tune_recipe(
+            loop, ByteTokenizer(), RetrofitRecipe("stars"), 5, [1, 2], 2, 1e-3, 0, probe=probe, probe_every=probe_every
+        )
+        runs.append((log, [p.detach().clone() for p in loop.parameters()], seen))
+    (plain, plain_weights, none), (probed, probed_weights, seen) = runs
+    assert none == [] and [step for step, _, _ in seen] == [0, 2, 4]
+    assert not any(training for _, training, _ in seen)  # read in eval mode
+    assert seen[0][2] != seen[1][2]  # after two steps the weights have moved
+    pd.testing.assert_frame_equal(plain, probed)  # the same steps, depths and losses
+    assert all(torch.equal(a, b) for a, b in zip(plain_weights, probed_weights))
+
+
+def test_study_settings_check_the_learning_curve_keys(tmp_path):
+    path = tmp_path / "retrofit.toml"
+    path.write_text("[retrofit]\ncurve_every = -1\n")
+    with pytest.raises(LooplabError, match="curve_every must be >= 0"):
+        load_study(path)
+    path.write_text("[retrofit]\ncurve_every = 25\ncurve_samples = 0\n")
+    with pytest.raises(LooplabError, match="curve_samples must be >= 1"):
+        load_study(path)
+    for preset in sorted((Path(__file__).parents[2] / "looplab" / "configs" / "stars-lm").glob("retrofit*.toml")):
+        assert load_study(preset).steps >= 1, preset
