@@ -43,6 +43,7 @@ from looplab.report.stopping import (
     paper_cost_ratio,
     paper_front_ratio,
     protocol_lines,
+    protocol_table,
     schedule_label,
     stopping_conclusions,
     with_scale_free_metrics,
@@ -168,10 +169,11 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
             Pair("Std (pp)", "std_pp", "oracle_ood", "std", place=True),
             Pair("Gap (pp)", "gap_pp", "gap", place=True),
         ],
-        note=" ".join(protocol_lines(ours.results, protocol)),
+        note=" ".join([*protocol_lines(ours.results, protocol), "The protocol table below sets them side by side."]),
         describe=schedule_label,
         derive=lambda paper: paper_front_ratio(paper, protocol),
     )
+    protocols = protocol_table(ours.results, protocol) if main[0] else None  # beside a comparison only
     ablation = compare_table(
         f"Ours vs paper: stopping ablations ({STOPPING_ABLATION_TASK})",
         f"stopping_ablation_{STOPPING_ABLATION_TASK}.csv",
@@ -206,7 +208,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
     notes = main[1] + ablation[1] + cost[1] + protocol_notes + stopping_conclusions(ours)
     notes += effect_tests(ours.results)
     extra = [table for table in (best_k_table(ours.results), halting_table(ours.results)) if table is not None]
-    return main[0] + ablation[0] + cost[0] + extra, notes
+    return main[0] + ([protocols] if protocols is not None else []) + ablation[0] + cost[0] + extra, notes
 
 
 def stars_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -148,6 +149,79 @@ def protocol_lines(results: pd.DataFrame, protocol: pd.DataFrame | None) -> list
             )
         lines.append(line + ".")
     return lines
+
+
+#: (setting, our result column or how to read it, the paper protocol's column)
+PROTOCOL_SETTINGS = (
+    ("train lengths", "train_lengths", "train_lengths"),
+    ("longest evaluated length", "longest_length", "ood_max"),
+    ("training depth", "training_depth", "train_depth"),
+    ("test depth (loops unrolled)", "eval.max_loops", "test_depth"),
+    ("training steps", "train.steps", "steps"),
+    ("batch size", "train.batch_size", "batch_size"),
+    ("learning rate", "train.lr", "lr"),
+    ("seeds per variant", "seeds", "seeds"),
+    ("width (d_model)", "model.d_model", "width"),
+    ("core layers", "model.core_layers", "core_layers"),
+    ("attention window", "model.attention_window", None),
+    ("injection", "model.injection", "injection"),
+    ("positions", "model.positional", None),
+    ("causal", "model.causal", None),
+)
+COMPARABILITY = (
+    "Where the protocols differ in steps, lengths or width, absolute accuracies are not comparable between "
+    "the two sides: what carries the comparison is the scale-free columns (Front@90 over the longest "
+    "training length, block evaluations over the training depth) and each variant's verdict against fixed."
+)
+
+
+def protocol_table(results: pd.DataFrame, protocol: pd.DataFrame | None) -> Table | None:
+    """Every setting of each task's protocol, ours beside the paper's, and whether they agree."""
+    rows = []
+    for task, runs in results.groupby("task.name", sort=True):
+        paper = None if protocol is None else protocol[protocol["task"] == task]
+        published = paper.iloc[0] if paper is not None and not paper.empty else None
+        for setting, ours_column, paper_column in PROTOCOL_SETTINGS:
+            ours = _our_setting(runs, ours_column)
+            theirs = _paper_setting(published, paper_column)
+            rows.append({"Task": task, "Setting": setting, "Ours": ours, "Paper": theirs, "Same": _same(ours, theirs)})
+    if not rows:
+        return None
+    frame = pd.DataFrame(rows)
+    return Table("Protocol: ours vs paper", frame, frame, COMPARABILITY, "protocol")
+
+
+def _our_setting(runs: pd.DataFrame, column: str) -> str:
+    if column == "train_lengths":
+        return f"[{_values(runs, 'task.train_min')}, {_values(runs, 'task.train_max')}]"
+    if column == "longest_length":
+        if "task.eval_lengths" not in runs:
+            return "?"
+        return str(max(max(json.loads(v)) for v in runs["task.eval_lengths"]))
+    if column == "training_depth":
+        depths = sorted({f"{d:g}" for d in runs.apply(training_depth, axis=1) if np.isfinite(d)})
+        return " / ".join(depths) or "?"
+    if column == "seeds":
+        return _span(runs.groupby("variant").size())
+    return _values(runs, column)
+
+
+def _paper_setting(published: pd.Series | None, column: str | None) -> str:
+    if published is None or column is None:
+        return "–"
+    if column == "train_lengths":
+        return f"[{published['train_min']}, {published['train_max']}]"
+    return str(published.get(column, "–"))
+
+
+def _same(ours: str, theirs: str) -> str:
+    """ "yes" / "no" when both sides state a value ("–" otherwise); numbers compare as numbers."""
+    if theirs in ("–", "not stated") or "?" in ours:
+        return "–"
+    try:
+        return "yes" if float(ours) == float(theirs) else "no"
+    except ValueError:
+        return "yes" if ours == theirs else "no"
 
 
 def _values(rows: pd.DataFrame, column: str) -> str:

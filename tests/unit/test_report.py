@@ -245,6 +245,10 @@ def test_stopping_paper_numbers_side_by_side(sweep):
             "Conclusion, binary_addition, against fixed (reproduced when Gap(fixed) − Gap(other)",
         ):
             assert column in text, column
+    protocols = (report / "table.md").read_text().split("## Protocol: ours vs paper")[1]
+    assert "| binary_addition | longest evaluated length | 16 | 60 | no |" in protocols
+    assert "| binary_addition | training steps | ? | 100000 | – |" in protocols  # not recorded: not compared
+    assert "absolute accuracies are not comparable" in protocols
     header = "| Paper row | Oracle OOD (%) | Front@90 / train max | Std (pp) | Gap (pp) |"
     assert header in (report / "table.md").read_text()  # one compact cell per metric
     latex = (report / "table.tex").read_text()
