@@ -49,7 +49,7 @@ from looplab.analysis.registry import AnalysisInput, AnalysisOptions, MetricResu
 from looplab.analysis.text import start_line
 from looplab.analysis.trace import Trace, trace
 from looplab.config import Config
-from looplab.experiment import Experiment
+from looplab.experiment import Experiment, training_depth
 from looplab.memory import check_fits, trace_bytes
 from looplab.params import fill
 from looplab.seeding import derive_generator
@@ -192,7 +192,7 @@ def convergence_metric(inputs: AnalysisInput) -> MetricResult:
         tables={"convergence.csv": (["layer", "loop", "delta"], rows)},
         plots={
             "convergence.png": lambda path: plot_convergence(
-                delta, path, rf"{inputs.label}: convergence $\Delta_{{\ell,t}}$"
+                delta, path, rf"{inputs.label}: convergence $\Delta_{{\ell,t}}$", training_depth(inputs.exp.config)
             )
         },
     )
@@ -229,7 +229,10 @@ def attention_metric(inputs: AnalysisInput) -> MetricResult:
         tables={"attention.csv": (["layer", "loop", "attn_diff_prev", "lipschitz_ratio_max", "bound_holds"], rows)},
         plots={
             "attention_difference.png": lambda path: plot_attention_difference(
-                diff, path, rf"{inputs.label}: $\|A_{{\ell,t}} - A_{{\ell,t'}}\|_F$"
+                diff,
+                path,
+                rf"{inputs.label}: $\|A_{{\ell,t}} - A_{{\ell,t'}}\|_F$",
+                training_depth=training_depth(inputs.exp.config),
             )
         },
     )

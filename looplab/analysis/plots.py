@@ -33,8 +33,18 @@ def _layer_ticks(axis, layers: int, which: str = "y") -> None:
         getattr(axis, f"set_{which}ticks")(range(layers))
 
 
-def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
-    """Heatmap of log10 Δ_{ℓ,t} for delta [layers, loops − 1] (loops 2..r on the x axis)."""
+def _mark_training_depth(axis, depth: int | None, last: int, both: bool = False) -> None:
+    """A white dashed line at the training depth on a loops axis (and the other axis too, ``both``)."""
+    if depth is None or not 1 <= depth <= last:
+        return
+    axis.axvline(depth, color="white", linestyle="--", linewidth=1)
+    if both:
+        axis.axhline(depth, color="white", linestyle="--", linewidth=1)
+
+
+def plot_convergence(delta: Tensor, path: Path, title: str = "", training_depth: int | None = None) -> None:
+    """Heatmap of log10 Δ_{ℓ,t} for delta [layers, loops − 1] (loops 2..r on the x axis), the training depth
+    dashed."""
     plt = pyplot()
     values = delta.double().clamp_min(1e-16).log10().numpy()
     fig, axis = plt.subplots(figsize=(7, 1.4 + 0.4 * values.shape[0]), layout="constrained")
@@ -48,7 +58,8 @@ def plot_convergence(delta: Tensor, path: Path, title: str = "") -> None:
     fig.colorbar(image, ax=axis, label=r"$\log_{10}\,\Delta_{\ell,t}$")
     _integer_axis(axis)
     _layer_ticks(axis, values.shape[0])
-    axis.set_xlabel("loop $t$")
+    _mark_training_depth(axis, training_depth, values.shape[1] + 1)
+    axis.set_xlabel("loop $t$" + ("" if training_depth is None else f"; dashed: training depth {training_depth}"))
     axis.set_ylabel(r"core layer $\ell$")
     axis.set_title(title or r"convergence $\Delta_{\ell,t} = \|X_{\ell,t} - X_{\ell,t-1}\| \,/\, \|X_{\ell,t}\|$")
     save_figure(fig, path)
@@ -102,7 +113,9 @@ def plot_cosine_matrix(matrix: Tensor, path: Path, title: str = "") -> None:
     save_figure(fig, path)
 
 
-def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_layers: int = ATTENTION_PANELS) -> None:
+def plot_attention_difference(
+    diff: Tensor, path: Path, title: str = "", max_layers: int = ATTENTION_PANELS, training_depth: int | None = None
+) -> None:
     """‖A_{ℓ,t} − A_{ℓ,t′}‖_F heatmaps for diff [layers, loops, loops], one panel per layer.
 
     The colour scale spans the pairs of loops 2 and later: loop 1's attention differs from every
@@ -119,6 +132,7 @@ def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_lay
     for layer, axis in enumerate(axes[0]):
         image = axis.imshow(diff[layer].numpy(), vmin=0, vmax=top, cmap="magma", extent=extent)
         axis.set_title(rf"core layer $\ell = {layer}$")
+        _mark_training_depth(axis, training_depth, diff.shape[1], both=True)
         axis.set_xlabel("loop $t'$")
         axis.set_ylabel("loop $t$")
         _integer_axis(axis)
@@ -129,18 +143,25 @@ def plot_attention_difference(diff: Tensor, path: Path, title: str = "", max_lay
         extend="max" if above else "neither",
         label=r"$\|A_{\ell,t} - A_{\ell,t'}\|_F$" + (" (loop 1 above)" if above else ""),
     )
-    fig.suptitle(title or "attention difference across loops")
+    fig.suptitle(
+        (title or "attention difference across loops")
+        + ("" if training_depth is None else f" (dashed: training depth {training_depth})")
+    )
     save_figure(fig, path)
 
 
-def plot_colsum_depth(values: Tensor, labels: list[str], path: Path, title: str = "") -> None:
-    """ColSum concentration [depth, H] over effective depth; a line per head, loop boundaries dotted
-    (every k-th loop when there are many, so the curves stay visible)."""
+def plot_colsum_depth(
+    values: Tensor, labels: list[str], path: Path, title: str = "", xlabel: str | None = None
+) -> None:
+    """ColSum concentration [depth, H] over effective depth: each head a thin grey line, their mean in black,
+    loop boundaries dotted (every k-th loop when there are many, so the curves stay visible). A
+    feed-forward model (no ``.core0`` in ``labels``) has no boundaries; ``xlabel`` names its axis."""
     plt = pyplot()
     fig, axis = plt.subplots(figsize=(8, 3.2), layout="constrained")
     depth = range(values.shape[0])
     for head in range(values.shape[1]):
-        axis.plot(depth, values[:, head].numpy(), linewidth=0.8, label=f"head {head}")
+        label = "each head" if head == 0 else None
+        axis.plot(depth, values[:, head].numpy(), color="0.6", linewidth=0.7, alpha=0.7, label=label)
     axis.plot(depth, values.mean(1).numpy(), color="black", linewidth=1.4, label="mean over heads")
     starts = [i for i, name in enumerate(labels) if name.endswith(".core0")]
     every = max(1, -(-len(starts) // MAX_SEPARATORS))
@@ -148,11 +169,12 @@ def plot_colsum_depth(values: Tensor, labels: list[str], path: Path, title: str 
         axis.axvline(start - 0.5, color="grey", linestyle=":", linewidth=0.6)
     top = float(values.max()) if values.numel() else 1.0
     axis.set_ylim(0, min(1.0, max(top * 1.15, 0.05)))
-    axis.set_xlabel(
-        "effective depth (prelude, loop × core layer, coda)\n"
-        + (f"a dotted line every {every} loops" if every > 1 else "dotted: loop starts")
-    )
+    if xlabel is None:
+        xlabel = "effective depth (prelude, loop × core layer, coda)\n" + (
+            f"a dotted line every {every} loops" if every > 1 else "dotted: loop starts"
+        )
+    axis.set_xlabel(xlabel)
     axis.set_ylabel("ColSum concentration")
     axis.set_title(title or "attention-sink stages over effective depth")
-    axis.legend(fontsize=7, loc="upper right", ncols=2)
+    axis.legend(loc="upper right")
     save_figure(fig, path)

@@ -11,7 +11,7 @@ import torch
 from looplab.analysis.pca import plot_trajectories, trajectory_pca
 from looplab.analysis.text import start_line
 from looplab.errors import LooplabError
-from looplab.experiment import Experiment
+from looplab.experiment import Experiment, training_depth
 from looplab.progress import Progress
 from looplab.seeding import derive_generator
 from looplab.stability.spectral import EXACT_MAX_DIM, default_exact_loops, plot_spectral, spectral_trajectory
@@ -72,7 +72,12 @@ def analyze_spectral(
     with Progress("spectral", loops, unit="loop", enabled=progress) as bar:
         frame = spectral_trajectory(exp.model, batch, loops, iters, set(exact_loops), generator, bar)
     frame.to_csv(out / "spectral.csv", index=False)
-    plot_spectral(frame, out / "spectral.png", f"{Path(run_dir).name}: loop Jacobian, n = {batch.lengths[0]}")
+    plot_spectral(
+        frame,
+        out / "spectral.png",
+        f"{Path(run_dir).name}: loop Jacobian, n = {batch.lengths[0]}",
+        training_depth(exp.config),
+    )
     per_loop = frame.groupby("loop")["rho_power"].mean()
     summary = {
         "length": int(batch.lengths[0]),

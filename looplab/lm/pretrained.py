@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from looplab.analysis.colsum import colsum_concentration
 from looplab.analysis.massive import massive_ratio
+from looplab.analysis.plots import plot_colsum_depth
 from looplab.errors import LooplabError
 from looplab.plotting import pyplot, save_figure
 
@@ -211,17 +212,14 @@ def plot_feedforward_stages(stages: FeedForwardStages, out_dir: Path, title: str
     out_dir.mkdir(parents=True, exist_ok=True)
     layers = range(stages.colsum.shape[0])
 
-    fig, axis = plt.subplots(figsize=(7, 3.2))
-    for head in range(stages.colsum_heads.shape[1]):
-        axis.plot(layers, stages.colsum_heads[:, head].numpy(), linewidth=0.7, alpha=0.7, label=f"head {head}")
-    axis.plot(layers, stages.colsum.numpy(), color="black", linewidth=1.6, label="mean")
-    axis.set_ylim(-0.02, 1.02)
-    axis.set_xlabel("layer")
-    axis.set_ylabel("ColSum concentration")
-    axis.set_title(f"{title}: attention-sink stages (feed-forward)")
-    axis.legend(fontsize=6, loc="upper right", ncol=2)
     colsum_path = out_dir / "colsum_vs_layer.png"
-    save_figure(fig, colsum_path)
+    plot_colsum_depth(
+        stages.colsum_heads,
+        [f"layer{i}" for i in layers],
+        colsum_path,
+        f"{title}: attention-sink stages (feed-forward)",
+        xlabel="layer",
+    )
 
     fig, axis = plt.subplots(figsize=(7, 3.2))
     axis.plot(range(-1, stages.massive.shape[0] - 1), stages.massive.numpy(), marker="o", markersize=3)

@@ -103,8 +103,8 @@ def warm_spectral_radii(
     return warm_radii(loop_map(model, e, batch.valid), h, batch.valid, loops, iters, generator)
 
 
-def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Mean ρ per loop (power iteration, and exact when present) with the ρ = 1 line."""
+def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "", training_depth: int | None = None) -> None:
+    """Mean ρ per loop (power iteration, and exact when present) with the ρ = 1 line and the training depth."""
     plt = pyplot()
 
     per_loop = frame.groupby("loop").mean(numeric_only=True)
@@ -114,6 +114,9 @@ def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     if exact is not None and len(exact):
         axis.plot(exact.index, exact, linestyle="none", marker="o", label="exact eigenvalues")
     axis.axhline(1.0, color="grey", linewidth=0.8)
-    axis.set(xlabel="loop t", ylabel="ρ(∂Φ/∂h at h_t)", title=title)
+    if training_depth is not None and training_depth <= per_loop.index.max():
+        label = f"training depth {training_depth}"
+        axis.axvline(training_depth, color="grey", linestyle="--", linewidth=0.8, label=label)
+    axis.set(xlabel="loop $t$", ylabel=r"$\rho(\partial\Phi/\partial h)$ at $h_t$", title=title)
     axis.legend()
     save_figure(fig, path)

@@ -199,3 +199,21 @@ def test_the_analysis_heatmaps_print_and_scale_what_they_colour(tmp_path, monkey
     plot_attention_difference(diff, tmp_path / "attention.png")
     image = captured[-1].axes[0].images[0]  # each figure is saved twice (PNG, PDF)
     assert image.norm.vmax == pytest.approx(0.04)  # the later loops' range, not loop 1's 5.0
+
+
+def test_both_colsum_figures_draw_one_legend(tmp_path, monkeypatch):
+    import torch
+
+    from looplab.analysis.plots import plot_colsum_depth
+    from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages
+
+    captured = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (captured.append(self), save(self, *a, **k))[1])
+    heads = torch.rand(6, 9, generator=torch.Generator().manual_seed(0))
+    stages = FeedForwardStages(colsum_heads=heads, colsum=heads.mean(-1), massive=torch.ones(7), tokens=10)
+    plot_feedforward_stages(stages, tmp_path / "ff")
+    labels = ["prelude0", *(f"loop{t}.core{i}" for t in (1, 2) for i in (0, 1)), "coda0"]
+    plot_colsum_depth(heads, labels, tmp_path / "looped.png")
+    legends = [[t.get_text() for t in fig.axes[0].get_legend().get_texts()] for fig in (captured[0], captured[-1])]
+    assert legends == [["each head", "mean over heads"]] * 2  # nine heads, one legend entry for them
