@@ -54,9 +54,9 @@ def test_cached_logits_match_recomputation_in_float64(positional, window):
     result = generate(model, PROMPTS[:2], 5, ExitRule("fixed", 4), "per_loop", Sampling(temperature=1.5, seed=3))
     replay = generate(model, PROMPTS[:2], 5, ExitRule("fixed", 4), "none", Sampling(temperature=1.5, seed=3))
     assert result.tokens == replay.tokens
-    from looplab.generation.decode import _Decoder
+    from looplab.generation.decoder import Decoder
 
-    decoder = _Decoder(model, [PROMPTS[0]], 1, ExitRule("fixed", 4), "per_loop", Sampling(), None)
+    decoder = Decoder(model, [PROMPTS[0]], 1, ExitRule("fixed", 4), "per_loop", Sampling(), None)
     rows = torch.arange(1)
     logits, _ = decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     assert torch.allclose(logits[0], reference_logits(model, PROMPTS[0], 4), atol=1e-10)
@@ -96,12 +96,12 @@ def test_exit_depths_equal_a_reference_loop():
 def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     """The prompt's keys and values at every loop up to the cap are what a fixed-cap prefill writes,
     even when the exit stops every prompt's last token at loop 1."""
-    from looplab.generation.decode import _Decoder
+    from looplab.generation.decoder import Decoder
 
     model = causal_model()
     caches = []
     for rule in (ExitRule("fixed", 6), ExitRule("confidence", 6, threshold=1e-9)):
-        decoder = _Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
+        decoder = Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
         decoder.lazy_prompt = False  # per_loop's lazy prompt is checked against this below
         _, depths = decoder.forward(
             decoder.tokens, torch.arange(len(PROMPTS)), slice(0, decoder.width), decoder.lengths - 1, prefill=True
@@ -117,7 +117,7 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     """per_loop with an adaptive exit runs the prompt only as deep as its tokens need and deepens it on
     demand: the same tokens, depths and log-probabilities as a prompt run to the cap first, with fewer
     loops run when no token goes to the cap."""
-    from looplab.generation import decode as decode_module
+    from looplab.generation import decoder as decoder_module
 
     model = causal_model(placement="pre", injection="add", prelude_layers=1)
     rule = ExitRule("halting", 12, halts=linear_halts(7, every=2))  # first tokens stop at 2, later ones at 12
@@ -125,14 +125,14 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     runs = {}
     for lazy in (True, False):
         calls = []
-        original = decode_module._Decoder.deepen_prompt
+        original = decoder_module.Decoder.deepen_prompt
 
         def counted(self, rows, loop, original=original, calls=calls):
             calls.append(loop)
             return original(self, rows, loop)
 
-        monkeypatch.setattr(decode_module._Decoder, "deepen_prompt", counted)
-        decoder = decode_module._Decoder(model, prompts, 6, rule, "per_loop", Sampling(), None)
+        monkeypatch.setattr(decoder_module.Decoder, "deepen_prompt", counted)
+        decoder = decoder_module.Decoder(model, prompts, 6, rule, "per_loop", Sampling(), None)
         decoder.lazy_prompt = lazy
         runs[lazy] = (decoder.run(), calls)
     (lazy_run, deepened), (eager_run, never) = runs[True], runs[False]
@@ -194,12 +194,12 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
     """At fixed depth T with m kept loops, a new token at loop t reads earlier tokens at loop
     max(t, T − m + 1): the same as recomputing with those tokens' keys and values, checked here
     against an explicit per_loop cache whose early loops are overwritten with loop T − m + 1."""
-    from looplab.generation.decode import _Decoder
+    from looplab.generation.decoder import Decoder
 
     model = causal_model(placement="pre", injection="add")
     keep, loops = 2, 5
     window = generate(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "last_m", keep_loops=keep)
-    decoder = _Decoder(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "per_loop", Sampling(), None)
+    decoder = Decoder(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "per_loop", Sampling(), None)
     rows = torch.arange(1)
     decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     for (site, loop, index), layer in decoder.cache.layers.items():
