@@ -83,13 +83,9 @@ class ByteTokenizer:
         }
 
 
-@pytest.mark.parametrize("recipe", ["fixed", "stars"])
-def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
-    pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from looplab.lm.retrofit import RetrofittedLoop
-    from looplab.lm.retrofit_stars import fine_tune_recipe, retrofit_by_loops, text_batch
+def tiny_llama_config():
+    """A four-layer Llama small enough to fine-tune in a test, with eager attention (the retrofit reads it)."""
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         hidden_size=32,
@@ -101,6 +97,18 @@ def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
         max_position_embeddings=128,
     )
     config._attn_implementation = "eager"
+    return config
+
+
+@pytest.mark.parametrize("recipe", ["fixed", "stars"])
+def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
+    pytest.importorskip("transformers")
+    from transformers import LlamaForCausalLM
+
+    from looplab.lm.retrofit import RetrofittedLoop
+    from looplab.lm.retrofit_stars import fine_tune_recipe, retrofit_by_loops, text_batch
+
+    config = tiny_llama_config()
     torch.manual_seed(0)
     loop = RetrofittedLoop(LlamaForCausalLM(config), 1, 2, 1, inject_init="mix")
     before = [p.detach().clone() for p in loop.parameters()]
@@ -121,21 +129,12 @@ def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
 
 def test_a_learning_curve_probe_reads_the_model_without_changing_the_fine_tune():
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from looplab.lm.retrofit import RetrofittedLoop
     from looplab.lm.retrofit_stars import fine_tune_recipe
 
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=130,
-        max_position_embeddings=128,
-    )
-    config._attn_implementation = "eager"
+    config = tiny_llama_config()
     runs = []
     for probe_every in (0, 2):
         torch.manual_seed(0)
