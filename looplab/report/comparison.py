@@ -195,6 +195,7 @@ def compare_table(
         return [], notes
     if derive is not None:
         paper = derive(paper)
+    cells = CELL_NOTE if any(p.paper and p.metric for p in pairs) else ""  # when a cell holds both sides
     lacking = [p.paper for p in pairs if p.paper and p.paper not in paper.columns]
     if lacking:
         return [], [f"paper table {file} lacks column(s) {', '.join(lacking)}: left out of this report"]
@@ -204,12 +205,7 @@ def compare_table(
         paper,
         key,
         pairs,
-        " ".join(
-            filter(
-                None,
-                [f"paper numbers from {file}.", CELL_NOTE if any(p.paper and p.metric for p in pairs) else "", note],
-            )
-        ),
+        " ".join(filter(None, [f"paper numbers from {file}.", cells, note])),
         f"paper_{Path(file).stem}",
         judge,
         describe,
