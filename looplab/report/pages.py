@@ -77,6 +77,7 @@ def _import_studies() -> None:
         recursive,
         recursive_pages,
         stars_finetune,
+        stars_retrofit,
         stars_stabilisers,
         stopping_confirm,
     )
