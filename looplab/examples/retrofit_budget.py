@@ -31,15 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from looplab.lm.stars_study import CURVE_FILE, LOOPS_FILE, RETROFIT_DIR, load_study, run_study
-
-
-def first_learned(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:
-    """(step, elapsed seconds) of the first curve row with accuracy >= ``threshold``; NaNs if none."""
-    reached = curve[curve.accuracy >= threshold]
-    if reached.empty:
-        return math.nan, math.nan
-    return float(reached.step.iloc[0]), float(reached.elapsed_s.iloc[0])
+from looplab.lm.stars_study import CURVE_FILE, LOOPS_FILE, RETROFIT_DIR, first_reaching, load_study, run_study
 
 
 def budget_rows(out: Path, files: list[Path], threshold: float) -> pd.DataFrame:
@@ -52,7 +44,7 @@ def budget_rows(out: Path, files: list[Path], threshold: float) -> pd.DataFrame:
                 folder = out / file.stem / RETROFIT_DIR / f"{recipe}-seed{seed}"
                 loops = pd.read_csv(folder / LOOPS_FILE).set_index("loops")
                 curve = pd.read_csv(folder / CURVE_FILE) if (folder / CURVE_FILE).is_file() else None
-                step, seconds = first_learned(curve, threshold) if curve is not None else (math.nan, math.nan)
+                step, seconds = first_reaching(curve, threshold) if curve is not None else (math.nan, math.nan)
                 rows.append(
                     {
                         "file": file.stem,

@@ -120,6 +120,14 @@ def load_study(path: str | Path) -> RetrofitStudy:
     return RetrofitStudy(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
 
 
+def first_reaching(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:
+    """(step, elapsed seconds) of the first ``curve.csv`` row whose accuracy is >= ``threshold``; NaNs if none."""
+    reached = curve[curve.accuracy >= threshold]
+    if reached.empty:
+        return float("nan"), float("nan")
+    return float(reached.step.iloc[0]), float(reached.elapsed_s.iloc[0])
+
+
 def curve_probe(study: RetrofitStudy, loop, tokenizer, kjv_batch, seed: int, began: float, out: Path):
     """``probe(step)``: append one learning-curve row and rewrite ``out/curve.csv`` with the rows so far
     (so a long fine-tune can be watched, and a killed one read).

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from looplab.eval.scaling import relative_drop
+from looplab.lm.stars_study import CURVE_FILE, LOOPS_FILE, first_reaching
 from looplab.report.aggregate import FEW_SEEDS, seed_cell
 from looplab.report.effect import welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector
@@ -43,10 +45,10 @@ def collect(study_dirs: list[Path], out: Path) -> pd.DataFrame:
                 continue
             summary = json.loads(summary_path.read_text())
             row = {"part": study_dir.name, "recipe": summary["recipe"], "seed": int(summary["seed"])}
-            row.update(_run_row(folder, summary))
+            curve = pd.read_csv(folder / CURVE_FILE) if (folder / CURVE_FILE).is_file() else None
+            row.update(_run_row(folder, summary, curve))
             rows.append(row)
-            if (folder / "curve.csv").is_file():
-                curve = pd.read_csv(folder / "curve.csv")
+            if curve is not None:
                 curves.append(curve.assign(part=row["part"], recipe=row["recipe"], seed=row["seed"]))
     runs = pd.DataFrame(rows).sort_values(["part", "recipe", "seed"]).reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,30 +60,21 @@ def collect(study_dirs: list[Path], out: Path) -> pd.DataFrame:
     return runs
 
 
-def _run_row(folder: Path, summary: dict) -> dict:
-    loops = pd.read_csv(folder / "loops.csv").set_index("loops")
+def _run_row(folder: Path, summary: dict, curve: pd.DataFrame | None) -> dict:
+    loops = pd.read_csv(folder / LOOPS_FILE).set_index("loops")
     row: dict = {"steps": summary["study"]["steps"], "lr": summary["study"]["lr"]}
     for k in READ_LOOPS:
         row[f"em_{k}"] = float(loops.reasoning_id.get(k, np.nan))
         row[f"em_ood_{k}"] = float(loops.reasoning_ood.get(k, np.nan))
-    row["drop_4_8"] = relative_drop(row["em_4"], row["em_8"])
+    drop = relative_drop(row["em_4"], row["em_8"])
+    row["drop_4_8"] = math.nan if drop is None else drop
     row["best_loops"] = int(loops.reasoning_id.idxmax())
     row["best_em"] = float(loops.reasoning_id.max())
     row["kjv_4"] = float(loops.loss[DEPTH])
     row["rho_4"] = float(loops.spectral_radius[DEPTH])
-    curve_path = folder / "curve.csv"
-    row["learned_step"] = math.nan
-    if curve_path.is_file():
-        curve = pd.read_csv(curve_path)
-        reached = curve[curve.accuracy >= LEARNED]
-        row["learned_step"] = float(reached.step.iloc[0]) if not reached.empty else math.nan
+    row["learned_step"] = first_reaching(curve, LEARNED)[0] if curve is not None else math.nan
     row["wall_s"] = float(summary["wall_s"])
     return row
-
-
-def relative_drop(at_depth: float, deeper: float) -> float:
-    """(acc(4) − acc(8)) / acc(4), the paper's relative drop; NaN when acc(4) is 0 (nothing to drop from)."""
-    return (at_depth - deeper) / at_depth if at_depth > 0 else math.nan
 
 
 def decision_line(runs: pd.DataFrame) -> str:
