@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from looplab.config import Config
-from looplab.errors import choice_error
+from looplab.errors import LooplabError, choice_error
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
 from looplab.parallel import Parallel
@@ -179,6 +179,8 @@ class JacobianPenalty(Regulariser):
 
     def penalty(self, model, probe, generator):
         rows = self.params.rows
+        if rows and probe.ctx is not None:  # a wrapped model's context (masks, positions) is per batch
+            raise LooplabError("stability.jsrr.rows needs a looplab model; on a wrapped pretrained model set rows = 0")
         if 0 < rows < len(probe.h):
             chosen = torch.randperm(len(probe.h), generator=generator)[:rows].to(probe.h.device)
             probe = LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen])

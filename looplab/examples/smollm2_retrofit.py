@@ -34,7 +34,7 @@ import torch
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
 from looplab.analysis.plots import plot_colsum_depth
-from looplab.lm.finetune import fine_tune, next_token_loss
+from looplab.lm.finetune import cycled, fine_tune, next_token_batch, next_token_loss, token_mean_loss
 from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
@@ -119,8 +119,8 @@ def main() -> None:
         batch = tokenizer(texts, return_tensors="pt", truncation=True, max_length=args.tokens, padding=True)
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
-    pairs = [
-        (b["input_ids"], b["attention_mask"])
+    batches = [
+        next_token_batch(b["input_ids"], b["attention_mask"])
         for b in (encode(text_chunks("train", 4, 400, args.seed + i)) for i in range(args.steps))
     ]
     val_batch = encode(text_chunks("val", 8, 400, args.seed))
@@ -130,7 +130,8 @@ def main() -> None:
         looped = RetrofittedLoop(model, prelude=4, core=6, coda=4, inject_init=inject)
         before = measure(looped, val_batch, args.loops, out, f"{inject}-as_is")
         began = time.perf_counter()
-        losses = fine_tune(looped, pairs, args.steps, lr=1e-4, loops=args.train_loops)
+        log = fine_tune(looped, cycled(batches), args.steps, 1e-4, args.train_loops, loss=token_mean_loss)
+        losses = log.loss.tolist()
         tuned = measure(looped, val_batch, args.loops, out, f"{inject}-fine_tuned")
         summary[inject] = {
             "as_is": before,

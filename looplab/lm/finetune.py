@@ -1,72 +1,133 @@
-"""A short next-token fine-tune of a retrofitted loop (``retrofit.py``)."""
+"""Fine-tuning a retrofitted loop (``retrofit.py``): the one loop behind every fine-tune of a wrapped model.
+
+A step draws a batch (``input_ids``, ``attention_mask``, ``labels`` [B, T], labels the
+token each position predicts, IGNORE where unscored), runs the model ``depth_at(step)``
+loops through the looped-model protocol (``start`` / ``step`` / ``readout`` at the
+scored positions only), takes the task loss there, adds the regularisers of
+:mod:`looplab.regularisers` at the final state exactly as looplab's own trainer does
+((1 − Σ w)·loss + Σ w·penalty), clips and steps AdamW. The plain next-token
+fine-tune and the STARS recipes (``retrofit_stars.py``) are two callers of it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
 from looplab.lm.retrofit import RetrofittedLoop
+from looplab.model.looped import LoopProbe
+from looplab.regularisers import Regulariser, regularised_loss
+from looplab.schedules.objectives import scored_row_loss
+from looplab.tasks import IGNORE
+
+#: the loss of one step: logits [N, V] at the scored positions and labels [B, T] → a scalar
+StepLoss = Callable[[Tensor, Tensor], Tensor]
 
 
 def next_token_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-    """Mean cross-entropy of predicting token i+1 from position i over valid targets."""
+    """Mean cross-entropy of predicting token i+1 from position i over valid targets; logits [B, T, V]."""
     targets = input_ids[:, 1:]
     if attention_mask is not None:
         targets = targets.masked_fill(~attention_mask[:, 1:].bool(), -100)
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-def _as_batch(batch) -> tuple[Tensor, Tensor | None]:
-    if isinstance(batch, Tensor):
-        return batch, None
-    if isinstance(batch, dict):
-        return batch["input_ids"], batch.get("attention_mask")
-    ids, mask = batch
-    return ids, mask
+def next_token_batch(input_ids: Tensor, attention_mask: Tensor | None = None) -> dict[str, Tensor]:
+    """A batch whose every valid next token is scored: labels[:, i] = input_ids[:, i + 1]."""
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    labels = torch.full_like(input_ids, IGNORE)
+    labels[:, :-1] = input_ids[:, 1:].masked_fill(~mask[:, 1:].bool(), IGNORE)
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def token_mean_loss(logits_at: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy over every scored token of the batch (a long passage weighs more)."""
+    return F.cross_entropy(logits_at.float(), labels[labels != IGNORE])
+
+
+def row_mean_loss(logits_at: Tensor, labels: Tensor) -> Tensor:
+    """Mean over rows of each row's mean cross-entropy (:func:`looplab.schedules.objectives.scored_row_loss`),
+    so a problem's two answer tokens weigh as much as a passage's many; rows with nothing scored are left out."""
+    return scored_row_loss(logits_at, labels)[(labels != IGNORE).any(1)].mean()
+
+
+def cycled(batches: Iterable[dict[str, Tensor]]) -> Callable[[int], dict[str, Tensor]]:
+    """Step s (from 1) → the ((s − 1) mod n)-th of ``batches``."""
+    cached = list(batches)
+    if not cached:
+        raise LooplabError("fine-tuning needs at least one batch")
+    return lambda step: cached[(step - 1) % len(cached)]
 
 
 def fine_tune(
-    loop_model: RetrofittedLoop,
-    batches: Iterable,
+    loop: RetrofittedLoop,
+    batch_at: Callable[[int], dict[str, Tensor]],
     steps: int,
-    lr: float = 1e-4,
-    loops: int = 4,
+    lr: float,
+    depth_at: Callable[[int], int] | int,
     *,
+    loss: StepLoss = row_mean_loss,
+    regularisers: Sequence[tuple[Regulariser, torch.Generator]] = (),
+    lr_factor: Callable[[int], float] | None = None,
     weight_decay: float = 0.0,
     clip: float = 1.0,
     trainable: Iterable[nn.Parameter] | None = None,
-) -> list[float]:
-    """Short next-token fine-tune with AdamW at ``loops`` loops; returns the loss of every step.
+    probe: Callable[[int], None] | None = None,
+    probe_every: int = 0,
+) -> pd.DataFrame:
+    """Fine-tune ``loop`` in place; one row per step: step, loops, loss (the task loss), and each applied
+    regulariser's mean penalty under its name.
 
-    ``batches`` yields input_ids [B, T], (input_ids, attention_mask) pairs or tokenizer
-    dicts; it is cycled when shorter than ``steps``. All parameters are trained unless
-    ``trainable`` names a subset (e.g. only the injection and the core). Gradients are
-    clipped to norm ``clip``. The model is left in eval mode.
+    Args:
+        batch_at: step s = 1..steps → its batch (``input_ids``, ``attention_mask``, ``labels`` [B, T]).
+        depth_at: step → loops, or one depth for every step.
+        loss: the task loss from the logits at the scored positions (default :func:`row_mean_loss`).
+        regularisers: each with the generator its penalties draw from, applied on every step.
+        lr_factor: the learning rate at optimiser step k (from 0) is ``lr · lr_factor(k)``; constant if None.
+        clip: gradient-norm clip (0: none). ``trainable``: a subset of the parameters (default all).
+        probe: called as ``probe(step)``, the model in eval mode, before the first step and after every
+            ``probe_every``-th (a learning curve); it must not draw from the fine-tune's generators.
+
+    The model is left in eval mode.
     """
-    params = [p for p in (loop_model.parameters() if trainable is None else trainable) if p.requires_grad]
+    if steps < 1:
+        raise LooplabError(f"fine-tuning needs steps >= 1, got {steps}")
+    params = [p for p in (loop.parameters() if trainable is None else trainable) if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    cached = list(batches)
-    if not cached:
-        raise LooplabError("fine_tune needs at least one batch")
-    device = next(loop_model.parameters()).device
-    losses: list[float] = []
-    loop_model.train()
+    decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor or (lambda _: 1.0))
+    device = next(loop.parameters()).device
+    rows = []
+
+    def probe_at(step: int) -> None:
+        if probe is not None and probe_every > 0 and step % probe_every == 0:
+            loop.eval()
+            probe(step)
+            loop.train()
+
+    loop.train()
     try:
-        for step in range(steps):
-            ids, mask = _as_batch(cached[step % len(cached)])
-            ids = ids.to(device)
-            mask = None if mask is None else mask.to(device)
-            loss = next_token_loss(loop_model(ids, mask, loops), ids, mask)
+        probe_at(0)
+        for step in range(1, steps + 1):
+            batch = {key: value.to(device) for key, value in batch_at(step).items()}
+            loops = depth_at if isinstance(depth_at, int) else depth_at(step)
+            h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
+            for _ in range(loops):
+                h = loop.step(h, e, ctx)
+            task_loss = loss(loop.readout(h, ctx, at=batch["labels"] != IGNORE), batch["labels"])
+            total, stats = regularised_loss(task_loss, {}, loop, LoopProbe(h, e, ctx.valid, ctx), list(regularisers))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            total.backward()
             if clip:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             optimizer.step()
-            losses.append(float(loss.detach()))
+            decay.step()
+            rows.append({"step": step, "loops": loops, "loss": float(task_loss.detach()), **stats})
+            probe_at(step)
     finally:
-        loop_model.eval()
-    return losses
+        loop.eval()
+    return pd.DataFrame(rows)

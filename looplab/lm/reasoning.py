@@ -46,7 +46,9 @@ def spectral_by_loops(
     was_training = model.training
     model.eval()
     try:
-        radii = warm_spectral_radii(model, batch, max_loops, SPECTRAL_ITERS, derive_generator(seed, "lm-power"))
+        radii = warm_spectral_radii(
+            model, batch.tokens, batch.valid, max_loops, SPECTRAL_ITERS, derive_generator(seed, "lm-power")
+        )
     finally:
         model.train(was_training)
     return radii.mean(1).cpu().numpy()

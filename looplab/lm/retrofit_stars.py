@@ -30,11 +30,12 @@ from torch import Tensor
 
 from looplab.config.schema import ScheduleConfig
 from looplab.errors import LooplabError, choice_error
-from looplab.lm.retrofit import RetrofitContext, RetrofittedLoop
+from looplab.lm.finetune import fine_tune, next_token_batch
+from looplab.lm.retrofit import RetrofittedLoop
+from looplab.regularisers import JacobianPenalty, Regulariser
 from looplab.schedules import make_schedule
 from looplab.seeding import derive_generator
-from looplab.stability.jacobian import jacobian_vector, random_direction
-from looplab.stability.spectral import warm_radii
+from looplab.stability.spectral import warm_spectral_radii
 from looplab.tasks import IGNORE
 from looplab.tasks.reasoning import draw_problems
 
@@ -57,12 +58,23 @@ class RetrofitRecipe:
         if self.name not in RECIPES:
             raise choice_error("recipe", self.name, RECIPES)
 
+    @property
+    def stars(self) -> bool:
+        return self.name == "stars"
+
     def schedule(self):
-        if self.name == "fixed":
+        """The depth of each step: ``depth`` (fixed), or the clipped log-normal draw (STARS)."""
+        if not self.stars:
             return make_schedule(ScheduleConfig(name="fixed", depth=self.depth))
         return make_schedule(
             ScheduleConfig(name="lognormal", mu=self.mu, sigma=self.sigma, lo=self.lo, hi=self.hi, depth=self.depth)
         )
+
+    def regularisers(self) -> list[Regulariser]:
+        """STARS' JSRR term, λ·‖J v‖² from one random unit direction (looplab's ``jsrr``, estimator jvp)."""
+        if not self.stars:
+            return []
+        return [JacobianPenalty(weight=self.jsrr_weight, estimator="jvp", power_iters=0)]
 
 
 def encode_problems(tokenizer, problems: list[tuple[str, str]]) -> dict[str, Tensor]:
@@ -103,10 +115,7 @@ def text_batch(tokenizer, split: str, count: int, tokens: int, generator: torch.
     chars = 8 * tokens  # comfortably more characters than tokens
     starts = torch.randint(0, len(text) - chars, (count,), generator=generator).tolist()
     batch = tokenizer([text[s : s + chars] for s in starts], truncation=True, max_length=tokens, padding=True)
-    input_ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"])
-    labels = torch.full_like(input_ids, IGNORE)
-    labels[:, :-1] = input_ids[:, 1:].masked_fill(~mask[:, 1:].bool(), IGNORE)
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+    return next_token_batch(torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"]))
 
 
 def join_batches(first: dict[str, Tensor], second: dict[str, Tensor], pad: int) -> dict[str, Tensor]:
@@ -117,23 +126,6 @@ def join_batches(first: dict[str, Tensor], second: dict[str, Tensor], pad: int) 
         key: torch.cat([F.pad(part[key], (0, width - part[key].shape[1]), value=fill[key]) for part in (first, second)])
         for key in fill
     }
-
-
-def per_row_loss(logits: Tensor, labels: Tensor, scored: Tensor) -> Tensor:
-    """Mean over rows of each row's mean cross-entropy: logits [N, V] at the ``scored`` [B, T] positions,
-    so a problem's two answer tokens weigh as much as a passage's many."""
-    token_loss = F.cross_entropy(logits.float(), labels[scored], reduction="none")
-    rows = scored.nonzero()[:, 0]
-    totals = torch.zeros(len(labels), dtype=token_loss.dtype).index_add_(0, rows, token_loss)
-    counts = scored.sum(1)
-    return (totals[counts > 0] / counts[counts > 0]).mean()
-
-
-def jsrr_penalty(loop: RetrofittedLoop, h: Tensor, e: Tensor, ctx: RetrofitContext, generator) -> Tensor:
-    """Mean over rows of ‖J v‖², J = ∂ step(·, e)/∂h at h, v a random unit direction per row."""
-    v = random_direction(ctx.valid, h.shape[-1], generator, dtype=h.dtype)
-    jv = jacobian_vector(lambda x: loop.step(x, e, ctx), h, v) * ctx.valid[..., None]
-    return jv.flatten(1).pow(2).sum(1).mean()
 
 
 def fine_tune_recipe(
@@ -150,7 +142,8 @@ def fine_tune_recipe(
     probe: Callable[[int], None] | None = None,
     probe_every: int = 0,
 ) -> pd.DataFrame:
-    """Fine-tune ``loop`` in place; one row per step: step, loops, loss (CE), jsrr (NaN for ``fixed``).
+    """Fine-tune ``loop`` in place (:func:`looplab.lm.finetune.fine_tune`); one row per step: step, loops,
+    loss (CE), jsrr (NaN for ``fixed``).
 
     Each batch holds ``per_length`` problems of every size in ``lengths`` and ``text_rows``
     KJV training passages of ``text_tokens`` tokens (text keeps the retrofit a language
@@ -165,49 +158,28 @@ def fine_tune_recipe(
     """
     if steps < 1 or per_length < 1 or not lengths:
         raise LooplabError("fine-tuning needs steps >= 1, per_length >= 1 and at least one problem size")
-    params = [p for p in loop.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    decay = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
     schedule = recipe.schedule()
     data, depths, directions = (derive_generator(seed, "retrofit", part) for part in ("data", "depth", "jsrr"))
-    rows = []
 
-    def probe_at(step: int) -> None:
-        if probe is not None and probe_every > 0 and step % probe_every == 0:
-            loop.eval()
-            probe(step)
-            loop.train()
+    def batch_at(_step: int) -> dict[str, Tensor]:
+        batch = problem_batch(tokenizer, lengths, per_length, data)
+        if text_rows:
+            text = text_batch(tokenizer, "train", text_rows, text_tokens, data)
+            batch = join_batches(batch, text, tokenizer.pad_token_id or 0)
+        return batch
 
-    loop.train()
-    try:
-        probe_at(0)
-        for step in range(1, steps + 1):
-            batch = problem_batch(tokenizer, lengths, per_length, data)
-            if text_rows:
-                text = text_batch(tokenizer, "train", text_rows, text_tokens, data)
-                batch = join_batches(batch, text, tokenizer.pad_token_id or 0)
-            loops = int(schedule.train_depths(torch.tensor([1]), depths)[0])
-            h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
-            for _ in range(loops):
-                h = loop.step(h, e, ctx)
-            scored = batch["labels"] != IGNORE
-            ce = per_row_loss(loop.readout(h, ctx, at=scored), batch["labels"], scored)
-            loss, penalty = ce, float("nan")
-            if recipe.name == "stars":
-                jsrr = jsrr_penalty(loop, h, e, ctx, directions)
-                loss, penalty = (1 - recipe.jsrr_weight) * ce + recipe.jsrr_weight * jsrr, float(jsrr.detach())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            decay.step()
-            rows.append({"step": step, "loops": loops, "loss": float(ce.detach()), "jsrr": penalty})
-            probe_at(step)
-    finally:
-        loop.eval()
-    return pd.DataFrame(rows)
+    log = fine_tune(
+        loop,
+        batch_at,
+        steps,
+        lr,
+        lambda _step: int(schedule.train_depths(torch.tensor([1]), depths)[0]),
+        regularisers=[(regulariser, directions) for regulariser in recipe.regularisers()],
+        lr_factor=lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)),
+        probe=probe,
+        probe_every=probe_every,
+    )
+    return log.reindex(columns=["step", "loops", "loss", JacobianPenalty.name])
 
 
 @torch.no_grad()
@@ -241,18 +213,6 @@ def kjv_loss_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops
     return np.array(losses)
 
 
-@torch.no_grad()
-def spectral_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int, iters: int, seed: int):
-    """[T] mean ρ(∂ step/∂h at h_t) over the batch's rows (:func:`looplab.stability.spectral.warm_radii`)."""
-    _, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
-
-    def phi(x: Tensor) -> Tensor:  # one loop, the input held fixed
-        return loop.step(x, e, ctx)
-
-    radii = warm_radii(phi, e, ctx.valid, max_loops, iters, derive_generator(seed, "retrofit-power"))
-    return radii.mean(1).numpy()
-
-
 def retrofit_by_loops(
     loop: RetrofittedLoop,
     tokenizer,
@@ -279,6 +239,14 @@ def retrofit_by_loops(
         for t, acc in enumerate(correct.double().mean(0).tolist(), start=1):
             grid.append({"length": n, "loops": t, "split": "id" if n <= train_max else "ood", "accuracy": acc})
     probe = problem_batch(tokenizer, [train_max], 4, derive_generator(seed, "retrofit-spectral"))
+    radii = warm_spectral_radii(
+        loop,
+        probe["input_ids"],
+        probe["attention_mask"],
+        max_loops,
+        spectral_iters,
+        derive_generator(seed, "retrofit-power"),
+    )
     frame = pd.DataFrame(
         {
             "loops": np.arange(1, max_loops + 1),
@@ -288,7 +256,7 @@ def retrofit_by_loops(
                 for split, parts in pooled.items()
             },
             "state_norm": torch.cat(norms).mean(0).numpy(),
-            "spectral_radius": spectral_by_loops(loop, probe, max_loops, spectral_iters, seed),
+            "spectral_radius": radii.mean(1).numpy(),
         }
     )
     return frame, pd.DataFrame(grid)

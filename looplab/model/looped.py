@@ -43,6 +43,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -306,12 +307,15 @@ class LoopProbe:
     """Where a one-loop regulariser looks: each row's state at its (last) supervised depth.
 
     Attributes:
-        h: [B, L, d] the states, with gradient; e: [B, L, d] the injected input; valid: [B, L].
+        h: [B, L, d] the states, with gradient; e: [B, L, d] the injected input; valid: [B, L];
+        ctx: the model's context for ``step`` (masks, positions) when the model is not a
+            :class:`LoopedTransformer`, which builds its own from ``valid``.
     """
 
     h: Tensor
     e: Tensor
     valid: Tensor
+    ctx: Any = None
 
 
 def injection_module(injection: str, d: int) -> nn.Module | None:

@@ -21,7 +21,30 @@ def per_row_loss(logits: Tensor, labels: Tensor) -> Tensor:
     token_loss = F.cross_entropy(
         logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE, reduction="none"
     ).view(labels.shape)
-    answer = (labels != IGNORE).to(token_loss.dtype)
+    return answer_mean(token_loss, labels != IGNORE)
+
+
+def scored_row_loss(logits_at: Tensor, labels: Tensor) -> Tensor:
+    """:func:`per_row_loss` from logits computed at the answer positions only.
+
+    A pretrained model's output head is its costliest matmul, so its readout can be
+    asked for the answer positions alone (``readout(h, ctx, at=labels != IGNORE)``).
+
+    Args:
+        logits_at: [N, V] at the positions where ``labels`` [B, L] is not IGNORE, in row-major order.
+
+    Returns:
+        [B] loss per row (0 for a row without answer positions).
+    """
+    answer = labels != IGNORE
+    token_loss = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+    token_loss[answer] = F.cross_entropy(logits_at.float(), labels[answer], reduction="none")
+    return answer_mean(token_loss, answer)
+
+
+def answer_mean(token_loss: Tensor, answer: Tensor) -> Tensor:
+    """[...] the mean of ``token_loss`` [..., L] over each row's ``answer`` [..., L] positions (0 where none)."""
+    answer = answer.to(token_loss.dtype)
     return (token_loss * answer).sum(-1) / answer.sum(-1).clamp_min(1)
 
 

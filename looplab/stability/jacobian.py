@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ from torch.func import jvp
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext
 from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopedModel
 from looplab.model.tangent import Tangent, linearise_step
 
 #: the JSRR estimators of :func:`jsrr_per_sample` (``none`` turns the regulariser off)
@@ -51,9 +53,31 @@ class ModelLoop:
         return linearise_step(self.model, h, self.e, self.ctx)
 
 
-def loop_map(model: LoopedTransformer, e: Tensor, valid: Tensor) -> ModelLoop:
-    """Φ for ``model`` at the injected input e [B, L, d] and validity mask [B, L]."""
-    return ModelLoop(model, e, model.context(valid, use_math=True))
+@dataclass
+class StepLoop:
+    """Φ of any model of the looped-model protocol (``looplab.model.protocol``), such as a wrapped
+    pretrained model: ``model.step(h, e, ctx)`` in the context ``start`` returned; J v by forward-mode AD."""
+
+    model: LoopedModel
+    e: Tensor
+    ctx: Any
+
+    def __call__(self, h: Tensor) -> Tensor:
+        return self.model.step(h, self.e, self.ctx)
+
+
+def loop_map(model: LoopedModel, e: Tensor, valid: Tensor, ctx: Any = None) -> ModelLoop | StepLoop:
+    """Φ for ``model`` at the injected input e [B, L, d] and validity mask [B, L].
+
+    A :class:`LoopedTransformer` builds its context from ``valid`` (on the math attention path,
+    which its linearisation needs); another protocol model runs in ``ctx``, the context its
+    ``start`` returned.
+    """
+    if isinstance(model, LoopedTransformer):
+        return ModelLoop(model, e, model.context(valid, use_math=True))
+    if ctx is None:
+        raise ValueError(f"a {type(model).__name__} loops in the context its start() returned: pass ctx")
+    return StepLoop(model, e, ctx)
 
 
 def _per_sample_norm(x: Tensor) -> Tensor:
@@ -115,7 +139,7 @@ def power_iterate(apply: Tangent, v: Tensor, valid: Tensor, iters: int) -> Tenso
 
 
 def jsrr_per_sample(
-    model: LoopedTransformer,
+    model: LoopedModel,
     probe: LoopProbe,
     estimator: str,
     power_iters: int = 0,
@@ -131,7 +155,7 @@ def jsrr_per_sample(
         direction: [B, L, d] the v to start from (unit norm per sample, zero on padding, as
             :func:`random_direction` draws it) or the g of ``frobenius``; drawn when None.
     """
-    phi = loop_map(model, probe.e, probe.valid)
+    phi = loop_map(model, probe.e, probe.valid, probe.ctx)
     mask = probe.valid.unsqueeze(-1).to(probe.h.dtype)
     d_model = probe.h.shape[-1]
     if estimator == "frobenius":

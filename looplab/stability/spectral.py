@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from looplab.model import LoopedTransformer
+from looplab.model.protocol import LoopedModel
 from looplab.plotting import pyplot, save_figure
 from looplab.progress import Progress
 from looplab.stability.jacobian import (
@@ -96,11 +97,13 @@ def warm_radii(phi: LoopMap, h: Tensor, valid: Tensor, loops: int, iters: int, g
 
 @torch.no_grad()
 def warm_spectral_radii(
-    model: LoopedTransformer, batch: TaskBatch, loops: int, iters: int, generator: torch.Generator
+    model: LoopedModel, tokens: Tensor, valid: Tensor, loops: int, iters: int, generator: torch.Generator
 ) -> Tensor:
-    """[loops, B] :func:`warm_radii` of a looped model's core on ``batch``."""
-    h, e, _ = model.start(batch.tokens, batch.valid)
-    return warm_radii(loop_map(model, e, batch.valid), h, batch.valid, loops, iters, generator)
+    """[loops, B] :func:`warm_radii` of a looped model's core on ``tokens`` [B, L] with ``valid`` [B, L]:
+    a looplab model or any other of the protocol (a retrofitted pretrained model, its ``valid`` the
+    attention mask)."""
+    h, e, ctx = model.start(tokens, valid)
+    return warm_radii(loop_map(model, e, valid.bool(), ctx), h, valid.bool(), loops, iters, generator)
 
 
 def plot_spectral(frame: pd.DataFrame, path: Path, title: str = "", training_depth: int | None = None) -> None:

@@ -13,7 +13,7 @@ from looplab.analysis.colsum import colsum_concentration, colsum_depth, colsum_t
 from looplab.analysis.fixed_points import convergence, layer_cosines  # noqa: E402
 from looplab.analysis.massive import massive_ratio  # noqa: E402
 from looplab.errors import LooplabError  # noqa: E402
-from looplab.lm.finetune import fine_tune  # noqa: E402
+from looplab.lm.finetune import cycled, fine_tune, next_token_batch, token_mean_loss  # noqa: E402
 from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages, trace_pretrained  # noqa: E402
 from looplab.lm.retrofit import RetrofittedLoop  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_more_loops_change_logits_and_original_stays_intact(tiny, batch):
     assert not torch.allclose(one, three, atol=1e-3)
     states = list(loop.unroll(ids, mask, 3))
     assert len(states) == 3 and states[-1].shape == (2, 9, 32)
-    fine_tune(loop, [(ids, mask)], steps=1, lr=1e-2, loops=2)
+    fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-2, 2, loss=token_mean_loss)
     assert all(torch.equal(a, b) for a, b in zip(before, tiny.parameters()))  # the retrofit works on a copy
 
 
@@ -151,9 +151,24 @@ def test_fine_tune_lowers_the_loss(tiny, batch):
     ids, mask = batch
     torch.manual_seed(0)
     loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1)
-    losses = fine_tune(loop, [(ids, mask)], steps=3, lr=1e-2, loops=2)
+    losses = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 3, 1e-2, 2, loss=token_mean_loss).loss.tolist()
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert not loop.training
+
+
+def test_fine_tune_applies_registered_regularisers_as_the_trainer_does(tiny, batch):
+    from looplab.regularisers import JacobianPenalty, StateL2
+
+    ids, mask = batch
+    torch.manual_seed(0)
+    loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1, inject_init="mix")
+    penalties = [(StateL2(weight=0.2), None), (JacobianPenalty(weight=0.1, estimator="jvp"), torch.Generator())]
+    log = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 2, 1e-3, lambda step: step + 1, regularisers=penalties)
+    assert log.loops.tolist() == [2, 3] and set(log.columns) == {"step", "loops", "loss", "state_l2", "jsrr"}
+    assert (log.state_l2 > 0).all() and (log.jsrr > 0).all()
+    subset = [(JacobianPenalty(weight=0.1, estimator="jvp", rows=1), torch.Generator())]
+    with pytest.raises(LooplabError, match="rows = 0"):
+        fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-3, 2, regularisers=subset)
 
 
 def test_missing_gguf_package_is_a_one_line_user_error(monkeypatch):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from looplab.config import ScheduleConfig
 from looplab.errors import LooplabError
 from looplab.schedules import SCHEDULES, ScheduleContext, make_schedule
-from looplab.schedules.objectives import depth_supervised_loss, per_row_loss
+from looplab.schedules.objectives import depth_supervised_loss, per_row_loss, scored_row_loss
 from looplab.tasks import IGNORE, make_task
 
 COPY = make_task("copy")  # T(n) = n
@@ -203,6 +203,14 @@ def test_per_row_loss_weighs_rows_equally_and_handles_empty_rows():
     stacked = per_row_loss(logits[:, None].expand(-1, 2, -1, -1), labels[:, None].expand(-1, 2, -1))
     assert stacked.shape == (3, 2)
     assert torch.allclose(stacked[:, 0], got) and torch.allclose(stacked[:, 1], got)
+
+
+def test_scored_row_loss_from_the_answer_positions_equals_per_row_loss():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 5)
+    labels = torch.tensor([[IGNORE, 1, 2, 3], [IGNORE, IGNORE, IGNORE, 4], [IGNORE] * 4])
+    at = logits[labels != IGNORE]  # [N, V], as a readout at the answer positions returns them
+    assert torch.allclose(scored_row_loss(at, labels), per_row_loss(logits, labels), atol=1e-6)
 
 
 def test_depth_supervised_loss_single_depth():

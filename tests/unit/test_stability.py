@@ -191,7 +191,7 @@ def test_warm_started_power_iteration_tracks_the_exact_radius_along_a_trajectory
     from looplab.stability.spectral import warm_spectral_radii
 
     model, batch, *_ = _setup(seed=0, placement="pre", padded=False, loops=0)  # ρ falls from 1.17 to 1.04
-    warm = warm_spectral_radii(model, batch, 12, 4, torch.Generator().manual_seed(0))  # [12, B]
+    warm = warm_spectral_radii(model, batch.tokens, batch.valid, 12, 4, torch.Generator().manual_seed(0))  # [12, B]
     exact = []
     with torch.no_grad():
         h, e, ctx = model.start(batch.tokens, batch.valid)
