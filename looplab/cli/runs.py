@@ -30,17 +30,12 @@ def train_command(args) -> int | None:
 def eval_command(args) -> None:
     """``looplab eval RUN_DIR``: the length × loops grid (or, for a text run, loss against loops)."""
     from looplab.eval.run import evaluate_run, format_summary
+    from looplab.lm.evaluate import evaluate_lm_run, text_loops
     from looplab.rundir import load_run_config
-    from looplab.tasks import make_task
 
     config = load_run_config(args.run_dir)
-    if args.lm_loops is None and not make_task(config.task.name, config.task.alphabet).exact_match:
-        args.lm_loops = config.eval.max_loops  # a text run: the loss against its own eval.max_loops loops
-    if args.lm_loops is not None:
-        from looplab.lm.evaluate import evaluate_lm_run
-
-        if args.lm_loops < 1:
-            raise LooplabError(f"--lm-loops must be >= 1, got {args.lm_loops}")
+    loops = text_loops(config, args.lm_loops)
+    if loops is not None:
         ignored = [
             flag
             for flag, value in (
@@ -56,7 +51,7 @@ def eval_command(args) -> None:
                 "exact-match evaluation and would be ignored: drop them"
             )
         summary = evaluate_lm_run(
-            args.run_dir, max_loops=args.lm_loops, samples=args.samples or config.eval.samples, progress=True
+            args.run_dir, max_loops=loops, samples=args.samples or config.eval.samples, progress=True
         )
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")

@@ -226,14 +226,26 @@ def evaluate_lm_run(
     return summary
 
 
+def text_loops(config, lm_loops: int | None = None) -> int | None:
+    """The one decision of which evaluator a run gets: the loops 1..T at which the loss-against-loops
+    evaluation reads it (a text task, at ``lm_loops`` or its own eval.max_loops; or any run when
+    ``lm_loops`` asks for it), or None for the exact-match grid."""
+    if lm_loops is not None:
+        if lm_loops < 1:
+            raise LooplabError(f"--lm-loops must be >= 1, got {lm_loops}")
+        return lm_loops
+    return None if make_task(config.task.name, config.task.alphabet).exact_match else config.eval.max_loops
+
+
 def evaluate_any_run(run_dir: str | Path, scaling: bool = False, progress: bool = False) -> dict:
-    """A run's evaluation by its task's kind, at the run's own [eval] settings: the exact-match grid (with
-    ``scaling``, the test-time scaling curve too) or, for a text task, the loss against 1..eval.max_loops
-    loops (``scaling`` is what that evaluation is)."""
+    """A run's evaluation by its task's kind (:func:`text_loops`), at the run's own [eval] settings: the
+    exact-match grid (with ``scaling``, the test-time scaling curve too) or, for a text task, the loss
+    against 1..eval.max_loops loops (``scaling`` is what that evaluation is)."""
     from looplab.eval.run import evaluate_run
     from looplab.rundir import load_run_config
 
     config = load_run_config(run_dir)
-    if make_task(config.task.name, config.task.alphabet).exact_match:
+    loops = text_loops(config)
+    if loops is None:
         return evaluate_run(run_dir, scaling=scaling, progress=progress)
-    return evaluate_lm_run(run_dir, max_loops=config.eval.max_loops, samples=config.eval.samples, progress=progress)
+    return evaluate_lm_run(run_dir, max_loops=loops, samples=config.eval.samples, progress=progress)

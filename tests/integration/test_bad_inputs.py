@@ -183,6 +183,7 @@ CASES = [
     ),
     ("eval {run} --lm-loops 4 --scaling", 2, "--scaling belong to the exact-match evaluation"),
     ("eval {run} --lm-loops 4 --lengths 4 --max-loops 3", 2, "--lengths, --max-loops belong to"),
+    ("eval {run} --lm-loops 0", 2, "--lm-loops must be >= 1, got 0"),
     ("eval {lm_run} --lm-loops 1000000000", 2, "x 1000000000 loops x 2 sizes needs an estimated"),
     ("sweep {root}/sweep.toml --out {new} --address 127.0.0.1:1", 2, "it needs --backend ray"),
     ("generate {run} --prompt x", 2, "whose tokens are not text"),
