@@ -19,6 +19,7 @@ import torch
 from looplab.checkpoint import latest_checkpoint, load_weights
 from looplab.config import Config
 from looplab.errors import LooplabError, choice_error
+from looplab.exits import complete_exits
 from looplab.memory import FLOAT, check_fits, parameter_count
 from looplab.model import LoopedTransformer
 from looplab.model.placements import placement
@@ -38,7 +39,8 @@ def check_config(config: Config) -> None:
     regulariser parameter outside its domain, or contradictions between sections.
 
     Completes ``config`` in place: ``[schedule]`` holds exactly the chosen schedule's
-    parameters and ``[stability]`` every registered regulariser's table, defaults filled in,
+    parameters, ``[stability]`` every registered regulariser's table and ``[eval.exits]`` every
+    registered exit's, defaults filled in,
     so a run dir's config.toml states every value the run used.
     """
     if config.task.name not in TASKS:
@@ -56,6 +58,7 @@ def check_config(config: Config) -> None:
     schedule, params = resolve_schedule(config.schedule)
     config.schedule.params = as_dict(params)
     config.stability = complete_stability(config.stability)
+    config.eval.exits = complete_exits(config.eval.exits, config.eval.max_loops)
     segmented = config.train.segment_loops > 0
     if config.train.backprop_loops and not (issubclass(schedule, DepthRule) or segmented):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")

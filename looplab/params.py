@@ -88,8 +88,8 @@ def one_of(*choices: Any) -> Domain:
 def param(default: Any, domain: Domain | None = None, doc: str = "") -> Any:
     """A dataclass field with its default, its domain (None: any value of its type) and a one-line description."""
     metadata = {"domain": domain, "doc": doc}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 

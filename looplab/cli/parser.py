@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit", choices=list(EXITS), default="fixed", help="how deep each new token runs (default: fixed)"
     )
     generate.add_argument(
-        "--loops", type=int, help="the fixed depth, or the cap of an adaptive exit (default: eval.fixed_exit)"
+        "--loops", type=int, help="the fixed depth, or the cap of an adaptive exit (default: eval.exits.fixed.depth)"
     )
     generate.add_argument("--eps", type=float, default=1e-3, help="threshold of the convergence and kl exits")
     generate.add_argument("--threshold", type=float, default=0.9, help="max-probability of the confidence exit")

@@ -67,7 +67,7 @@ def eval_command(args) -> None:
 
 def generate_command(args) -> None:
     """``looplab generate RUN_DIR --prompt TEXT``: continue prompts with a trained text run."""
-    from looplab.config import fixed_exit_depth
+    from looplab.exits import fixed_depth
     from looplab.generation import ExitRule, Sampling
     from looplab.generation.text import generate_text, unescape
     from looplab.rundir import load_run_config
@@ -81,7 +81,7 @@ def generate_command(args) -> None:
     if not prompts:
         raise LooplabError("no prompt: give --prompt TEXT (repeatable) or --prompts-file FILE")
     config = load_run_config(args.run_dir)
-    loops = args.loops or fixed_exit_depth(config.eval.fixed_exit, config.eval.max_loops)
+    loops = args.loops or fixed_depth(config.eval)
     stops = [unescape(text) for text in args.stop]
     completions, result = generate_text(
         args.run_dir,

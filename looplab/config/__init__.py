@@ -10,11 +10,10 @@ This package depends on nothing in looplab but its errors, the parameter
 declarations (``looplab.params``) and the plugin loader (``looplab.plugins``).
 """
 
-from looplab.config.checks import fixed_exit_depth, validate
+from looplab.config.checks import validate
 from looplab.config.load import from_dict, load_config, parse_override, read_toml, resolve_preset
 from looplab.config.schema import (
     ATTENTIONS,
-    DEFAULT_FIXED_EXIT,
     DEFAULT_SAMPLES,
     INIT_SCALINGS,
     INIT_STATES,
@@ -36,7 +35,6 @@ from looplab.config.schema import (
 
 __all__ = [
     "ATTENTIONS",
-    "DEFAULT_FIXED_EXIT",
     "DEFAULT_SAMPLES",
     "INIT_SCALINGS",
     "INIT_STATES",
@@ -54,7 +52,6 @@ __all__ = [
     "ScheduleConfig",
     "TaskConfig",
     "TrainConfig",
-    "fixed_exit_depth",
     "from_dict",
     "load_config",
     "parse_override",

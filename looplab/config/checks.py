@@ -8,7 +8,7 @@ parameters) is checked by ``looplab.experiment.check_config``.
 
 from __future__ import annotations
 
-from looplab.config.schema import DEFAULT_FIXED_EXIT, PLACEMENT_ALIASES, Config
+from looplab.config.schema import PLACEMENT_ALIASES, Config
 from looplab.errors import LooplabError
 from looplab.params import check_domains
 
@@ -51,13 +51,3 @@ def validate(config: Config) -> None:
         f"eval.flip_from ({ev.flip_from}) must be <= eval.max_loops - 1 ({ev.max_loops - 1}): the flip rate "
         "averages Pr[answer at K+1 != answer at K] over K = flip_from..max_loops-1",
     )
-    _require(
-        ev.fixed_exit <= ev.max_loops,
-        f"eval.fixed_exit ({ev.fixed_exit}) must be <= eval.max_loops "
-        f"({ev.max_loops}): it is read from the unroll (0 = min({DEFAULT_FIXED_EXIT}, max_loops))",
-    )
-
-
-def fixed_exit_depth(fixed_exit: int, max_loops: int) -> int:
-    """The K of the ``fixed`` exit: ``eval.fixed_exit``, or min(20, max_loops) when it is 0 (automatic)."""
-    return fixed_exit or min(DEFAULT_FIXED_EXIT, max_loops)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 
 from looplab.config.checks import validate
-from looplab.config.schema import PRESETS, Config, ScheduleConfig
+from looplab.config.schema import LEGACY_EXIT_KEYS, PRESETS, Config, EvalConfig, ScheduleConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.params import check_type
 from looplab.plugins import load_plugins, normalise_plugins
@@ -22,6 +22,8 @@ def _fill(target: Any, values: dict[str, Any], where: str) -> None:
     the component's own declaration.
     """
     hints = get_type_hints(type(target))
+    if isinstance(target, EvalConfig):
+        values = _with_exit_tables(values)
     for key, value in values.items():
         name = f"{where}.{key}" if where else key
         if key not in hints:
@@ -32,6 +34,11 @@ def _fill(target: Any, values: dict[str, Any], where: str) -> None:
         if isinstance(target, Config) and key == "schedule":
             target.schedule = ScheduleConfig(**{"name": target.schedule.name, **value})
             check_type("schedule.name", target.schedule.name, str)
+        elif isinstance(target, EvalConfig) and key == "exits":
+            for name, table in value.items():
+                if not isinstance(table, dict):
+                    raise LooplabError(f"config section [eval.exits.{name}] must be a table, got {table!r}")
+                target.exits[name] = {**target.exits.get(name, {}), **table}
         elif isinstance(target, Config) and key == "stability":
             for regulariser, table in value.items():
                 if not isinstance(table, dict):
@@ -41,6 +48,26 @@ def _fill(target: Any, values: dict[str, Any], where: str) -> None:
             _fill(getattr(target, key), value, name)
         else:
             setattr(target, key, check_type(name, value, hints[key]))
+
+
+def _with_exit_tables(section: dict[str, Any]) -> dict[str, Any]:
+    """``[eval]`` with the keys of earlier releases (``fixed_exit``, ``convergence_eps``) moved into the
+    exit tables they now belong to, so old configs and run dirs read unchanged."""
+    if not LEGACY_EXIT_KEYS.keys() & section.keys() or not isinstance(section.get("exits", {}), dict):
+        return section  # nothing to move, or a malformed [eval.exits] that _fill reports
+    moved = {key: value for key, value in section.items() if key not in LEGACY_EXIT_KEYS}
+    exits = {
+        name: dict(table) if isinstance(table, dict) else table for name, table in section.get("exits", {}).items()
+    }
+    for key, (name, field) in LEGACY_EXIT_KEYS.items():
+        if key not in section:
+            continue
+        table = exits.setdefault(name, {})
+        if isinstance(table, dict) and field in table:
+            raise LooplabError(f"eval.{key} is the earlier name of eval.exits.{name}.{field}: set one of them")
+        if isinstance(table, dict):
+            table[field] = section[key]
+    return {**moved, "exits": exits}
 
 
 def from_dict(data: dict[str, Any]) -> Config:

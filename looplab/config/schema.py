@@ -21,7 +21,6 @@ INJECT_INITS = ("sum", "state", "input", "mix", "random")
 POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("auto", "sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
-DEFAULT_FIXED_EXIT = 20  # the paper's training depth T_train
 DEFAULT_SAMPLES = 256  # evaluation samples per length
 #: the most symbols a task's alphabet may have: each is a vocabulary entry, and the vocabulary is built as a list
 MAX_ALPHABET = 2**16
@@ -151,8 +150,10 @@ class TrainConfig:
 class EvalConfig:
     """One-unroll evaluation grid (docs/methods.md §5) and the test-time exits of docs/methods.md §4.
 
-    ``fixed_exit`` is the K of the ``fixed`` exit (0: min(20, max_loops));
-    ``convergence_eps`` the ε of the ``convergence`` exit. ``flip_from`` is the first K of the
+    ``exits`` holds one table per test-time exit (``[eval.exits.fixed] depth = 8``), each
+    declared by its exit (``looplab.exits``) and completed by ``check_config``; the keys of
+    earlier releases, ``fixed_exit`` and ``convergence_eps``, are read into ``exits.fixed.depth``
+    and ``exits.convergence.eps`` (:data:`LEGACY_EXIT_KEYS`). ``flip_from`` is the first K of the
     range [flip_from, max_loops − 1] the scalar flip rate averages over (1: every loop pair);
     runs compared on it should share it and max_loops. ``checkpoint_samples`` > 0
     evaluates that many samples per length at every checkpoint during training, for
@@ -162,10 +163,13 @@ class EvalConfig:
     max_loops: int = param(30, at_least(1))
     samples: int = param(DEFAULT_SAMPLES, at_least(1))
     batch_size: int = param(256, at_least(1))
-    fixed_exit: int = param(0, at_least(0), "0: min(20, max_loops)")
-    convergence_eps: float = param(1e-3, POSITIVE)
     flip_from: int = param(1, at_least(1))
     checkpoint_samples: int = param(0, at_least(0))
+    exits: dict[str, dict[str, Any]] = param({}, doc="[eval.exits.NAME]: each exit's own parameters")
+
+
+#: ``[eval]`` keys of earlier releases → (exit, its parameter) they now set
+LEGACY_EXIT_KEYS = {"fixed_exit": ("fixed", "depth"), "convergence_eps": ("convergence", "eps")}
 
 
 @dataclass

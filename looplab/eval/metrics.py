@@ -17,10 +17,13 @@ it (no OOD length, no loop pair in the range, no passing length) is None in summ
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from looplab.eval.exits import ExitSettings, exit_depths, halting_summary
+from looplab.eval.exits import halting_summary
 from looplab.eval.grid import LengthOutcome
+from looplab.exits import exit_depths
 
 
 def front_at(oracle_by_length: dict[int, float], train_max: int, threshold: float = 0.9) -> int | None:
@@ -73,14 +76,14 @@ def _none_if_nan(value: float) -> float | None:
     return None if np.isnan(value) else value
 
 
-def exit_summary(outcomes: list[LengthOutcome], train_max: int, settings: ExitSettings) -> dict:
+def exit_summary(outcomes: list[LengthOutcome], train_max: int, exits: dict[str, Any] | None) -> dict:
     """Per exit: accuracy at its depths (ID and OOD means over lengths; None without such lengths)
     and its mean depth.
 
     An outcome read back from eval/samples.parquet carries its exits' depths; the
     others are computed by the registered exits.
     """
-    chosen = [o.exit_depths if o.exit_depths is not None else exit_depths(o, settings) for o in outcomes]
+    chosen = [o.exit_depths if o.exit_depths is not None else exit_depths(o, exits) for o in outcomes]
     summary = {}
     for name in chosen[0]:
         per_length = {o.length: (o.accuracy_at(c[name]), float(c[name].mean())) for o, c in zip(outcomes, chosen)}
@@ -93,15 +96,14 @@ def exit_summary(outcomes: list[LengthOutcome], train_max: int, settings: ExitSe
 
 
 def summarize(
-    outcomes: list[LengthOutcome], train_max: int, settings: ExitSettings | None = None, flip_from: int = 1
+    outcomes: list[LengthOutcome], train_max: int, exits: dict[str, Any] | None = None, flip_from: int = 1
 ) -> dict:
     """The summary.json content for one evaluated run.
 
-    ``settings`` configure the exits (default ExitSettings()); ``flip_from`` is the first K of
-    the flip rate's range [flip_from, T − 1]. ``counts`` gives, per headline metric, the
-    lengths (Oracle, Policy, Gap, Front@90) or (sample, K) pairs (flip rate) behind it.
+    ``exits``: each exit's parameters (:func:`looplab.exits.exit_params`; default: their defaults).
+    ``flip_from`` is the first K of the flip rate's range [flip_from, T − 1]. ``counts`` gives, per
+    headline metric, the lengths (Oracle, Policy, Gap, Front@90) or (sample, K) pairs (flip rate) behind it.
     """
-    settings = settings or ExitSettings()
     loops = outcomes[0].correct.shape[1] if outcomes else 0
     per_length, oracle = {}, {}
     for o in outcomes:
@@ -138,7 +140,7 @@ def summarize(
             "flip_pairs": pairs,
         },
         "per_length": per_length,
-        "exits": exit_summary(outcomes, train_max, settings),
+        "exits": exit_summary(outcomes, train_max, exits),
         "halting": {str(o.length): halting_summary(o) for o in outcomes if o.hazard_logits is not None},
     }
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
-from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import draw_eval_batches, evaluate_lengths, grid_frame, policy_depth_frame
 from looplab.eval.halting_inference import halting_cap, halting_frame, halting_summary
 from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
+from looplab.exits import exit_params
 from looplab.experiment import Experiment, training_depth
 from looplab.io import atomic_write, flatten, staged
 from looplab.memory import check_fits, eval_bytes
@@ -72,10 +71,11 @@ def evaluate_run(
     lengths = sorted(set(lengths or config.task.eval_lengths))
     max_loops = max_loops or config.eval.max_loops
     samples = samples or config.eval.samples
-    if config.eval.fixed_exit > max_loops:
+    exits = exit_params(config.eval.exits)
+    if exits["fixed"].depth > max_loops:
         raise LooplabError(
-            f"eval.fixed_exit {config.eval.fixed_exit} cannot be read from --max-loops {max_loops}; "
-            f"evaluate to at least {config.eval.fixed_exit} loops"
+            f"eval.exits.fixed.depth {exits['fixed'].depth} cannot be read from --max-loops {max_loops}; "
+            f"evaluate to at least {exits['fixed'].depth} loops"
         )
     check_fits(
         f"evaluating {samples} samples x {max_loops} loops x {len(lengths)} lengths",
@@ -104,8 +104,7 @@ def evaluate_run(
         progress,
         drawn,
     )
-    settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, max_loops), config.eval.convergence_eps)
-    summary = summarize(outcomes, config.task.train_max, settings, config.eval.flip_from)
+    summary = summarize(outcomes, config.task.train_max, exits, config.eval.flip_from)
     summary["training_cost"] = training_cost(run_dir)
     summary.update(
         {
@@ -132,7 +131,7 @@ def evaluate_run(
         atomic_write(stage / "grid.parquet", lambda p: frame.to_parquet(p, index=False))
         depths = policy_depth_frame(outcomes)
         atomic_write(stage / "policy_depths.parquet", lambda p: depths.to_parquet(p, index=False))
-        per_sample = samples_frame(outcomes, settings)
+        per_sample = samples_frame(outcomes, exits)
         atomic_write(stage / SAMPLES_FILE, lambda p: per_sample.to_parquet(p, index=False))
         atomic_write(stage / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     if out == run_dir / EVAL_DIR:

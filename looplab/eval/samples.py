@@ -17,19 +17,21 @@ and ``summarize`` of them gives the metrics of summary.json again.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from looplab.eval.exits import ExitSettings, exit_depths
 from looplab.eval.grid import LengthOutcome
+from looplab.exits import exit_depths
 
 SAMPLES_FILE = "samples.parquet"
 _DEPTH = "depth_"
 
 
-def samples_frame(outcomes: list[LengthOutcome], settings: ExitSettings) -> pd.DataFrame:
-    """One row per sample of every outcome (columns in the module docstring)."""
+def samples_frame(outcomes: list[LengthOutcome], exits: dict[str, Any] | None = None) -> pd.DataFrame:
+    """One row per sample of every outcome (columns in the module docstring); ``exits``: each exit's
+    parameters (default: their defaults)."""
     parts = []
     for outcome in outcomes:
         count = len(outcome.correct)
@@ -40,7 +42,7 @@ def samples_frame(outcomes: list[LengthOutcome], settings: ExitSettings) -> pd.D
             "correct": list(outcome.correct),
             "flips": list(outcome.flips),
         }
-        chosen = outcome.exit_depths if outcome.exit_depths is not None else exit_depths(outcome, settings)
+        chosen = outcome.exit_depths if outcome.exit_depths is not None else exit_depths(outcome, exits)
         part.update({_DEPTH + name: np.asarray(depths, dtype=np.int64) for name, depths in chosen.items()})
         if outcome.hazard_logits is not None:
             part["hazard_logits"] = list(outcome.hazard_logits.astype(np.float32))

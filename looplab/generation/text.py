@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from looplab.config import fixed_exit_depth
 from looplab.errors import LooplabError
+from looplab.exits import fixed_depth
 from looplab.experiment import Experiment
 from looplab.generation.decode import GREEDY, Generation, Sampling, generate
 from looplab.generation.exits import ExitRule
@@ -92,7 +92,7 @@ def generate_text(
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with the latest checkpoint of ``run_dir``.
 
-    ``exit_rule`` defaults to the run's fixed exit (``eval.fixed_exit``, the depth it is read at); the
+    ``exit_rule`` defaults to the run's fixed exit (``eval.exits.fixed.depth``, the depth it is read at); the
     ``halting`` exit is given the run's halting head (:func:`head_halts`).
     """
     exp = Experiment.from_run(run_dir)
@@ -101,7 +101,7 @@ def generate_text(
             f"run {run_dir} trains the {exp.task.name!r} task, whose tokens are not text; "
             f"generation reads runs of: {', '.join(TEXT_TASKS)}"
         )
-    exit_rule = exit_rule or ExitRule("fixed", fixed_exit_depth(exp.config.eval.fixed_exit, exp.config.eval.max_loops))
+    exit_rule = exit_rule or ExitRule("fixed", fixed_depth(exp.config.eval))
     if exit_rule.name == "halting":
         exit_rule = replace(exit_rule, halts=head_halts(exp.schedule))
     stops = [s for s in stops if s]

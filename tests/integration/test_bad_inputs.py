@@ -89,7 +89,22 @@ CASES = [
     ("train {cfg} --set model.rope_base=0 --out {new}", 2, "model.rope_base must be in (0, inf)"),
     ("train {cfg} --set run.threads=-3 --out {new}", 2, "run.threads must be in [0, inf)"),
     ("train {cfg} --set model.noise_std=-1 --out {new}", 2, "model.noise_std must be in [0, inf)"),
-    ("train {cfg} --set eval.fixed_exit=40 --out {new}", 2, "eval.fixed_exit (40) must be <= eval.max_loops (10)"),
+    (
+        "train {cfg} --set eval.fixed_exit=40 --out {new}",
+        2,
+        "eval.exits.fixed.depth (40) must be <= eval.max_loops (10)",
+    ),
+    (
+        "train {cfg} --set eval.exits.fixed.depth=-1 --out {new}",
+        2,
+        "eval.exits.fixed.depth must be in [0, inf), got -1",
+    ),
+    ("train {cfg} --set eval.exits.nope.depth=1 --out {new}", 2, "unknown exit [eval.exits.NAME], NAME = 'nope'"),
+    (
+        "train {cfg} --set eval.fixed_exit=4 --set eval.exits.fixed.depth=5 --out {new}",
+        2,
+        "eval.fixed_exit is the earlier name",
+    ),
     ("train {cfg} --set eval.flip_from=0 --out {new}", 2, "eval.flip_from must be in [1, inf), got 0"),
     ("train {cfg} --set eval.flip_from=10 --out {new}", 2, "eval.flip_from (10) must be <= eval.max_loops - 1 (9)"),
     ("train {cfg} --set model.d_model=1000000 --set model.n_heads=2 --out {new}", 2, "needs an estimated"),

@@ -6,11 +6,10 @@ import pandas as pd
 import pytest
 import torch
 
-from looplab.config import fixed_exit_depth
-from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import eval_batches
 from looplab.eval.metrics import summarize
 from looplab.eval.samples import read_samples
+from looplab.exits import exit_params
 from looplab.rundir import load_run_config
 from looplab.tasks import make_task
 from tests.conftest import run_cli
@@ -41,7 +40,7 @@ def test_summary_is_recomputed_from_the_samples_file(tiny_config, tmp_path, sche
         "--set",
         f"schedule.name={schedule}",
         "--set",
-        "eval.fixed_exit=5",
+        "eval.exits.fixed.depth=5",
         "--no-progress",
     )
     assert trained.returncode == 0, trained.stderr
@@ -49,8 +48,10 @@ def test_summary_is_recomputed_from_the_samples_file(tiny_config, tmp_path, sche
     assert evaluated.returncode == 0, evaluated.stderr
     summary = json.loads((run / "eval" / "summary.json").read_text())
     config = load_run_config(run)
-    settings = ExitSettings(fixed_exit_depth(config.eval.fixed_exit, summary["max_loops"]), config.eval.convergence_eps)
-    again = json.loads(json.dumps(summarize(read_samples(run / "eval"), config.task.train_max, settings)))
+    assert config.eval.exits["fixed"]["depth"] == 5
+    again = json.loads(
+        json.dumps(summarize(read_samples(run / "eval"), config.task.train_max, exit_params(config.eval.exits)))
+    )
     assert {key: again[key] for key in METRICS} == {key: summary[key] for key in METRICS}
     frame = pd.read_parquet(run / "eval" / "samples.parquet")
     assert len(frame) == len(config.task.eval_lengths) * config.eval.samples

@@ -41,7 +41,7 @@ TINY = [
     "train.log_every=4",
     "eval.max_loops=6",
     "eval.samples=8",
-    "eval.fixed_exit=2",
+    "eval.exits.fixed.depth=2",
     "run.threads=1",
 ]
 

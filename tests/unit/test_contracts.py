@@ -18,8 +18,8 @@ from looplab.analysis.registry import METRICS, AnalysisInput, AnalysisOptions, M
 from looplab.analysis.trace import trace
 from looplab.config import ModelConfig, load_config
 from looplab.errors import LooplabError
-from looplab.eval.exits import EXITS, ExitSettings
 from looplab.eval.grid import LengthOutcome
+from looplab.exits import EXITS, exit_params
 from looplab.experiment import Experiment
 from looplab.generation.exits import EXITS as TOKEN_EXITS
 from looplab.generation.exits import ExitRule
@@ -105,10 +105,10 @@ def _outcome(count: int = 6, steps: int = 5) -> LengthOutcome:
 def test_exit_gives_a_depth_in_1_to_T_per_sample_or_none(name):
     with installed("exit", name):
         rule = EXITS[name]
-        full = rule(_outcome(), ExitSettings(fixed_depth=3))
+        full = rule(_outcome(), exit_params({"fixed": {"depth": 3}})[name])
         bare = rule(
             dataclasses.replace(_outcome(), confidence=None, state_norm=None, step_norm=None, hazard_logits=None),
-            ExitSettings(),
+            exit_params({})[name],
         )
     for depths in (full, bare):
         if depths is not None:
@@ -116,6 +116,15 @@ def test_exit_gives_a_depth_in_1_to_T_per_sample_or_none(name):
             assert depths.shape == (6,) and np.issubdtype(depths.dtype, np.integer)
             assert depths.min() >= 1 and depths.max() <= 5
     assert full is not None, "with every signal recorded, an exit answers"
+
+
+@pytest.mark.parametrize("name", names("exit"))
+def test_exit_declares_its_parameters_with_checked_defaults_and_a_description(name):
+    with installed("exit", name):
+        params = exit_params({})[name]  # fill checks every default against its domain
+    assert dataclasses.is_dataclass(params)
+    for declared in dataclasses.fields(params):
+        assert declared.metadata.get("doc"), f"eval.exits.{name}.{declared.name} needs a one-line description"
 
 
 # ---------------------------------------------------------------- norm placements

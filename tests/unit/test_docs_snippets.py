@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from looplab import regularisers
+from looplab import exits, regularisers
 from looplab.analysis import registry as metric_registry
 from looplab.analysis.mechanistic import analyze_experiment
 from looplab.config import ScheduleConfig, load_config
-from looplab.eval import exits
+from looplab.errors import LooplabError
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.metrics import summarize
 from looplab.experiment import Experiment, check_config
@@ -44,6 +44,7 @@ def registries(monkeypatch):
         (base, "_DECLARED"),
         (regularisers, "REGULARISERS"),
         (exits, "EXITS"),
+        (exits, "EXIT_PARAMS"),
         (metric_registry, "METRICS"),
         (tasks, "TASKS"),
         (placements, "PLACEMENTS"),
@@ -115,7 +116,10 @@ def test_the_exit_snippet(registries):
         np.array([3, 3]),
         confidence=confidence,
     )
-    assert exits.EXITS["first_confident"](outcome, exits.ExitSettings()).tolist() == [2, 3]
+    params = exits.exit_params({"first_confident": {"threshold": 0.9}})["first_confident"]
+    assert exits.EXITS["first_confident"](outcome, params).tolist() == [2, 3]
+    with pytest.raises(LooplabError, match="eval.exits.first_confident.threshold must be in"):
+        exits.exit_params({"first_confident": {"threshold": 1.5}})
     assert summarize([outcome], train_max=8)["exits"]["first_confident"]["policy_id"] == pytest.approx(1.0)
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from looplab.config import ModelConfig, ScheduleConfig
-from looplab.eval.exits import ExitSettings, exit_depths, halting_summary
+from looplab.eval.exits import halting_summary
 from looplab.eval.grid import LengthOutcome
+from looplab.exits import exit_depths, exit_params
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext
 from looplab.model.halting import (
@@ -240,7 +241,7 @@ def test_exits_pick_the_expected_depths():
         step_norm=np.array([[0.5, 0.1, 2e-4, 1e-5], [np.inf, np.nan, np.nan, np.nan]]),
         hazard_logits=np.array([[-5.0, 5.0, -5.0, 0.0], [-5.0, -5.0, -5.0, 0.0]]),
     )
-    depths = exit_depths(outcome, ExitSettings(fixed_depth=9, epsilon=1e-3))
+    depths = exit_depths(outcome, exit_params({"fixed": {"depth": 9}, "convergence": {"eps": 1e-3}}))
     assert depths["policy"].tolist() == [2, 4]
     assert depths["fixed"].tolist() == [4, 4]  # clipped to T
     assert depths["confidence"].tolist() == [2, 1]

@@ -16,7 +16,7 @@ LAYERS = [
     {"tasks", "model"},
     {"parallel", "checkpoint", "memory", "rundir"},
     {"schedules", "stability"},
-    {"regularisers"},
+    {"regularisers", "exits"},
     {"experiment"},
     {"train", "eval", "analysis", "lm", "generation"},
     {"sweep", "report"},

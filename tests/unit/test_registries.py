@@ -7,17 +7,16 @@ import pytest
 import torch
 from torch.func import jvp
 
-from looplab import regularisers
+from looplab import exits, regularisers
 from looplab.analysis import registry as metric_registry
 from looplab.analysis.mechanistic import analyze_experiment
 from looplab.analysis.registry import MetricResult, register_metric
 from looplab.analysis.trace import trace
 from looplab.config import ModelConfig, load_config
 from looplab.errors import LooplabError
-from looplab.eval import exits
-from looplab.eval.exits import ExitSettings, exit_depths, register_exit
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.metrics import summarize
+from looplab.exits import exit_depths, exit_params, register_exit
 from looplab.experiment import Experiment, check_config
 from looplab.model import LoopedTransformer
 from looplab.model.looped import LoopProbe
@@ -164,10 +163,10 @@ def _outcome(count=6, steps=5, seed=0):
 @pytest.mark.parametrize("name", sorted(exits.EXITS))
 def test_every_exit_returns_depths_in_range(name):
     outcome = _outcome()
-    depths = exits.EXITS[name](outcome, ExitSettings(fixed_depth=3, epsilon=5e-3))
+    depths = exits.EXITS[name](outcome, exit_params({"fixed": {"depth": 3}, "convergence": {"eps": 5e-3}})[name])
     assert depths.shape == (6,) and depths.min() >= 1 and depths.max() <= 5
     bare = LengthOutcome(4, outcome.correct, outcome.flips, outcome.policy_depth)
-    assert name in exit_depths(bare, ExitSettings()) or exits.EXITS[name](bare, ExitSettings()) is None
+    assert name in exit_depths(bare) or exits.EXITS[name](bare, exit_params({})[name]) is None
 
 
 def test_a_registered_exit_is_summarised(monkeypatch):

@@ -12,9 +12,9 @@ import pytest
 from scipy import stats
 
 from looplab.errors import LooplabError
-from looplab.eval.exits import ExitSettings
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
+from looplab.exits import exit_params
 from looplab.report import published
 from looplab.report.effect import effect
 from looplab.report.pages import BLOCKS, regenerate, render_page
@@ -114,7 +114,7 @@ def _fake_run(root: Path, name: str, schedule: str, seed: int) -> Path:
             LengthOutcome(16, correct, flips, np.array([10, 10])),
         ]
         (run / folder).mkdir(parents=True)
-        samples_frame(outcomes, ExitSettings(fixed_depth=10)).to_parquet(run / folder / SAMPLES_FILE)
+        samples_frame(outcomes, exit_params({"fixed": {"depth": 10}})).to_parquet(run / folder / SAMPLES_FILE)
     return run
 
 

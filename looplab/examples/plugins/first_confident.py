@@ -1,13 +1,22 @@
-"""A test-time exit plugin: the first loop whose whole answer has probability above 0.9 (else the last)."""
+"""A test-time exit plugin: the first loop whose whole answer has probability above a threshold (else the
+last), the threshold its own parameter (``[eval.exits.first_confident] threshold``)."""
+
+from dataclasses import dataclass
 
 import numpy as np
 
-from looplab.eval.exits import register_exit
+from looplab.exits import register_exit
+from looplab.params import OPEN_UNIT, param
 
 
-@register_exit("first_confident")
-def first_confident(outcome, settings):
+@dataclass
+class FirstConfident:
+    threshold: float = param(0.9, OPEN_UNIT, "the whole answer's probability to stop at")
+
+
+@register_exit("first_confident", FirstConfident)
+def first_confident(outcome, params):
     if outcome.confidence is None:
         return None
-    sure = outcome.confidence > np.log(0.9)
+    sure = outcome.confidence > np.log(params.threshold)
     return np.where(sure.any(axis=1), sure.argmax(axis=1) + 1, outcome.correct.shape[1])
