@@ -53,21 +53,19 @@ def _fill(target: Any, values: dict[str, Any], where: str) -> None:
 def _with_exit_tables(section: dict[str, Any]) -> dict[str, Any]:
     """``[eval]`` with the keys of earlier releases (``fixed_exit``, ``convergence_eps``) moved into the
     exit tables they now belong to, so old configs and run dirs read unchanged."""
-    if not LEGACY_EXIT_KEYS.keys() & section.keys() or not isinstance(section.get("exits", {}), dict):
+    legacy = {key: section[key] for key in LEGACY_EXIT_KEYS if key in section}
+    exits = section.get("exits", {})
+    if not legacy or not isinstance(exits, dict):
         return section  # nothing to move, or a malformed [eval.exits] that _fill reports
-    moved = {key: value for key, value in section.items() if key not in LEGACY_EXIT_KEYS}
-    exits = {
-        name: dict(table) if isinstance(table, dict) else table for name, table in section.get("exits", {}).items()
-    }
-    for key, (name, field) in LEGACY_EXIT_KEYS.items():
-        if key not in section:
-            continue
+    exits = {name: dict(table) if isinstance(table, dict) else table for name, table in exits.items()}
+    for key, value in legacy.items():
+        name, field = LEGACY_EXIT_KEYS[key]
         table = exits.setdefault(name, {})
         if isinstance(table, dict) and field in table:
             raise LooplabError(f"eval.{key} is the earlier name of eval.exits.{name}.{field}: set one of them")
         if isinstance(table, dict):
-            table[field] = section[key]
-    return {**moved, "exits": exits}
+            table[field] = value
+    return {**{key: value for key, value in section.items() if key not in legacy}, "exits": exits}
 
 
 def from_dict(data: dict[str, Any]) -> Config:

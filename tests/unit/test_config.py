@@ -324,3 +324,22 @@ def test_every_run_preset_loads_and_checks(path):
     config = load_config(path)
     check_config(config)
     assert tuple(config.schedule.params) == SCHEDULES[config.schedule.name].keys()
+
+
+@pytest.mark.parametrize(
+    "section, exits",
+    [
+        ({"fixed_exit": 8, "max_loops": 12}, {"fixed": {"depth": 8}, "convergence": {"eps": 1e-3}}),
+        ({"convergence_eps": 0.01}, {"fixed": {"depth": 0}, "convergence": {"eps": 0.01}}),
+        (
+            {"fixed_exit": 3, "exits": {"convergence": {"eps": 0.1}}},
+            {"fixed": {"depth": 3}, "convergence": {"eps": 0.1}},
+        ),
+        ({"exits": {"fixed": {"depth": 4}}}, {"fixed": {"depth": 4}, "convergence": {"eps": 1e-3}}),
+    ],
+)
+def test_exit_parameters_read_from_their_tables_and_from_the_earlier_keys(section, exits):
+    config = from_dict({"eval": section})
+    check_config(config)
+    assert config.eval.exits == exits
+    assert from_dict(config.to_dict()).eval.exits == exits  # a run dir's config.toml reads back the same
