@@ -5,12 +5,14 @@ token each position predicts, IGNORE where unscored), runs the model ``depth_at(
 loops through the looped-model protocol (``start`` / ``step`` / ``readout`` at the
 scored positions only), takes the task loss there, adds the regularisers of
 :mod:`looplab.regularisers` at the final state exactly as looplab's own trainer does
-((1 − Σ w)·loss + Σ w·penalty), clips and steps AdamW. The plain next-token
+((1 − Σ w)·loss + Σ w·penalty), and takes the trainer's gradient step
+(:func:`looplab.train.gradients.apply_gradients`: clip, refuse a non-finite gradient, AdamW). The plain next-token
 fine-tune and the STARS recipes (``retrofit_stars.py``) are two callers of it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 import pandas as pd
@@ -24,6 +26,7 @@ from looplab.model.looped import LoopProbe
 from looplab.regularisers import Regulariser, regularised_loss
 from looplab.schedules.objectives import scored_row_loss
 from looplab.tasks import IGNORE
+from looplab.train.gradients import apply_gradients
 
 #: the loss of one step: logits [N, V] at the scored positions and labels [B, T] → a scalar
 StepLoss = Callable[[Tensor, Tensor], Tensor]
@@ -120,11 +123,11 @@ def fine_tune(
                 h = loop.step(h, e, ctx)
             task_loss = loss(loop.readout(h, ctx, at=batch["labels"] != IGNORE), batch["labels"])
             total, stats = regularised_loss(task_loss, {}, loop, LoopProbe(h, e, ctx.valid, ctx), list(regularisers))
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(params, clip)
-            optimizer.step()
+            norms = apply_gradients(total, optimizer, {"model": params}, clip)
+            if not all(math.isfinite(norm) for norm in norms.values()):
+                raise LooplabError(
+                    f"fine-tuning: non-finite gradient norm {norms['model']} at step {step}, not applied"
+                )
             decay.step()
             rows.append({"step": step, "loops": loops, "loss": float(task_loss.detach()), **stats})
             probe_at(step)

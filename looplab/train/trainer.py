@@ -38,6 +38,7 @@ from looplab.rundir import LOG_FILE, check_run_dir_target, load_run_config, prep
 from looplab.seeding import derive_generator
 from looplab.tasks import make_task
 from looplab.train.distributed import data_parallel
+from looplab.train.gradients import apply_gradients
 from looplab.train.stop import TrainingStopped, stop_on_signals
 
 
@@ -174,19 +175,16 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     global_loss = parallel.mean(loss.detach())  # every rank agrees whether to step
     if not math.isfinite(global_loss):
         return {"loss": global_loss}
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    parallel.average_gradients(exp.modules())
-    exp.schedule.load_state_dict(parallel.average_state(exp.schedule.state_dict()))
+
+    def average_over_ranks() -> None:
+        parallel.average_gradients(exp.modules())
+        exp.schedule.load_state_dict(parallel.average_state(exp.schedule.state_dict()))
+
     # Clipped per module, so the halting head's gradients never rescale the model's.
-    norms = {
-        name: float(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.train.grad_clip))
-        for name, module in exp.modules().items()
-    }
-    if not all(math.isfinite(norm) for norm in norms.values()):  # a finite loss can still have a NaN gradient
-        optimizer.zero_grad(set_to_none=True)
+    groups = {name: module.parameters() for name, module in exp.modules().items()}
+    norms = apply_gradients(loss, optimizer, groups, cfg.train.grad_clip, average_over_ranks)
+    if not all(math.isfinite(norm) for norm in norms.values()):
         return {"loss": global_loss, "grad_norm": next(n for n in norms.values() if not math.isfinite(n))}
-    optimizer.step()
     return {"loss": global_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"], **stats}
 
 
