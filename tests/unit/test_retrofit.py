@@ -171,6 +171,15 @@ def test_fine_tune_applies_registered_regularisers_as_the_trainer_does(tiny, bat
         fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-3, 2, regularisers=subset)
 
 
+def test_fine_tune_stops_in_one_line_on_a_non_finite_gradient(tiny, batch):
+    ids, mask = batch
+    loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1)
+    before = [p.detach().clone() for p in loop.parameters()]
+    with pytest.raises(LooplabError, match="non-finite gradient norm nan at step 1, not applied"):
+        fine_tune(loop, cycled([next_token_batch(ids, mask)]), 2, 1e-3, 2, loss=lambda at, _: at.sum() * float("nan"))
+    assert all(torch.equal(a, b) for a, b in zip(before, loop.parameters())) and not loop.training
+
+
 def test_missing_gguf_package_is_a_one_line_user_error(monkeypatch):
     import looplab.lm.pretrained as pretrained
 
