@@ -13,15 +13,19 @@ from looplab.errors import LooplabError, choice_error
 
 def train_command(args) -> int | None:
     """``looplab train CONFIG --out RUN_DIR``: train (or resume) a run; ``--nproc N``: on N processes."""
+    from looplab.train.stop import stop_on_signals
     from looplab.train.trainer import train
 
-    config = load_config(args.config, args.set)
-    if args.nproc != 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
-        from looplab.train.launch import launch
+    # A stop signal is recorded from the start, so one that arrives while the command sets up is honoured
+    # (before training: nothing to save; during it: at the next step, after a checkpoint) instead of killing it.
+    with stop_on_signals() as stop:
+        config = load_config(args.config, args.set)
+        if args.nproc != 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
+            from looplab.train.launch import launch
 
-        argv = ["train", args.config, "--out", args.out, *(f"--set={item}" for item in args.set)]
-        return launch(config, args.nproc, argv + ["--no-progress"] * args.no_progress)
-    train(config, Path(args.out), progress=not args.no_progress)
+            argv = ["train", args.config, "--out", args.out, *(f"--set={item}" for item in args.set)]
+            return launch(config, args.nproc, argv + ["--no-progress"] * args.no_progress, Path(args.out), stop)
+        train(config, Path(args.out), progress=not args.no_progress)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
         print(f"trained: {args.out}")
         print(f"next: looplab eval {args.out}   (then: tensorboard --logdir {Path(args.out) / 'tensorboard'})")

@@ -34,7 +34,6 @@ from looplab.sweep.spec import SweepSpec
 from looplab.train.stop import (
     Stopped,
     TrainingStopped,
-    signal_exit_code,
     stop_on_signals,
     stop_on_signals_for_this_process,
 )
@@ -61,8 +60,9 @@ class SweepStopped(Stopped):
         super().__init__(
             f"stopped by {signal_name}: {finished} of {total} runs finished, {stopped} stopped after a checkpoint; "
             "run the same command again to resume",
+            signal_name,
         )
-        self.signal_name, self.exit_code = signal_name, signal_exit_code(signal_name)
+        self.signal_name = signal_name
 
 
 def run_sweep(

@@ -14,21 +14,26 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 
+from looplab.checkpoint import latest_checkpoint
 from looplab.config import Config
 from looplab.errors import LooplabError
 from looplab.train.distributed import check_world_size
-from looplab.train.stop import signal_exit_code
+from looplab.train.stop import Stopped, StopRequest, signal_exit_code
 
 #: exit codes of ranks that stopped on a signal after saving (see looplab.train.stop.Stopped)
 STOP_CODES = {signal_exit_code(name) for name in ("SIGTERM", "SIGINT", "SIGUSR1")}
 
 
-def launch(config: Config, nproc: int, train_argv: list[str]) -> int:
-    """Train ``config`` on ``nproc`` local processes running ``looplab train_argv``; returns the exit code.
+def launch(config: Config, nproc: int, train_argv: list[str], run_dir: Path, stop: StopRequest | None = None) -> int:
+    """Train ``config`` on ``nproc`` local processes running ``looplab train_argv`` into ``run_dir``; returns the
+    exit code.
 
     Raises:
         LooplabError: ``nproc`` < 1, a batch size that does not split over it, or failed ranks.
+        Stopped: the launcher was signalled before the ranks had saved anything: before they started (``stop``
+            records the signals that reached this process so far) or while they were still importing.
     """
     if nproc < 1:
         raise LooplabError(f"--nproc must be >= 1, got {nproc}")
@@ -48,10 +53,25 @@ def launch(config: Config, nproc: int, train_argv: list[str]) -> int:
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
+    saved = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+
+    def not_begun(signal_name: str) -> Stopped:
+        return Stopped(f"stopped by {signal_name} before training began; nothing new was saved", signal_name)
+
+    if stop is not None and stop.requested:
+        raise not_begun(stop.signal_name)
+
+    def refuse(signum: int, _frame) -> None:  # until torchrun's agent starts the ranks and takes the signals over
+        raise not_begun(signal.Signals(signum).name)
+
+    previous = {number: signal.signal(number, refuse) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         run(arguments)
     except SignalException as signalled:  # the launcher was signalled and passed it on: the ranks saved and stopped
-        return 128 + int(signalled.sigval)
+        name = signal.Signals(signalled.sigval).name
+        if (latest_checkpoint(run_dir) if run_dir.is_dir() else None) == saved:  # they had not begun: say so
+            raise Stopped(f"stopped by {name} before training began; nothing new was saved", name) from None
+        return signal_exit_code(name)
     except ChildFailedError as failed:
         codes = {failure.exitcode for failure in failed.failures.values()}
         ended = STOP_CODES | {-signal.SIGTERM}  # stopped and saved, or ended by the launcher's SIGTERM after that
@@ -64,6 +84,8 @@ def launch(config: Config, nproc: int, train_argv: list[str]) -> int:
         error.exit_code = failure.exitcode
         raise error from None
     finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
     return 0

@@ -93,6 +93,10 @@ class Stopped(LooplabError):
     """Asked to stop by a signal, with what was done saved: not a failure, and the same command resumes.
     Its exit code is the shell's for that signal."""
 
+    def __init__(self, message: str, signal_name: str = "SIGTERM"):
+        super().__init__(message)
+        self.exit_code = signal_exit_code(signal_name)
+
 
 class TrainingStopped(Stopped):
     """Training stopped on a signal after saving a checkpoint at ``step``; the same command resumes it."""
@@ -100,10 +104,10 @@ class TrainingStopped(Stopped):
     def __init__(self, signal_name: str, step: int, where: str):
         super().__init__(
             f"stopped by {signal_name} after step {step}; checkpoint saved in {where}; "
-            "run the same command again to resume"
+            "run the same command again to resume",
+            signal_name,
         )
         self.signal_name, self.step, self.where = signal_name, step, where
-        self.exit_code = signal_exit_code(signal_name)
 
     def __reduce__(self):  # raised in a sweep worker, re-raised in the sweep's process
         return type(self), (self.signal_name, self.step, self.where)

@@ -231,7 +231,9 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
         torch.set_num_threads(config.run.threads)
     check_run_dir_target(run_dir)
     source = init_checkpoint(config, run_dir)
-    with data_parallel(config) as parallel, ExitStack() as held:
+    # Signals are recorded from here on, before the ranks meet: one that arrives while a rank is still
+    # setting up stops every rank after the first step, instead of killing that rank mid-collective.
+    with stop_on_signals(), data_parallel(config) as parallel, ExitStack() as held:
         # Rank 0 locks, creates or checks the run dir while the others wait, so every rank
         # then reads the same latest checkpoint; the lock is held until training ends.
         def claim() -> None:

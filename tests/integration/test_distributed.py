@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -83,3 +87,37 @@ def test_the_launcher_checks_before_starting_and_fails_in_one_line(tiny_config, 
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
     assert lines[0] == f"looplab: error: --out {tmp_path / 'file'} is a file, not a run dir"  # rank 0 alone
     assert len(lines) == 2 and lines[1].startswith("looplab: error: training failed on rank ")
+
+
+def test_sigterm_to_the_launcher_checkpoints_every_rank(tiny_config, tmp_path):
+    # Each rank records stop signals from its command's start, before the ranks meet: a signal that reaches
+    # one rank during another's step waits for the step boundary every rank agrees on.
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "looplab", "train", str(tiny_config(steps=100000, checkpoint_every=100000))]
+    launcher = subprocess.Popen(
+        [*command, "--out", str(run_dir), "--nproc", "2", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "log.jsonl").is_file() and time.monotonic() < deadline:  # training has begun
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("looplab: stopped by SIGTERM after step "), stderr
+    assert len(list((run_dir / "checkpoints").iterdir())) == 1
+
+
+def test_a_stop_signal_before_the_launch_starts_no_rank(tiny_config, tmp_path):
+    from looplab.config import load_config
+    from looplab.train.launch import launch
+    from looplab.train.stop import Stopped, StopRequest
+
+    stop = StopRequest()
+    stop(signal.SIGTERM, None)  # as if SIGTERM arrived while the launcher read its config
+    with pytest.raises(Stopped, match="stopped by SIGTERM before training began; nothing new was saved") as raised:
+        launch(load_config(str(tiny_config()), []), 2, ["train"], tmp_path / "run", stop)
+    assert raised.value.exit_code == 128 + signal.SIGTERM and not (tmp_path / "run").exists()
