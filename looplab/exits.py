@@ -92,7 +92,7 @@ def exit_depths(outcome, params: dict[str, Any] | None = None) -> dict[str, np.n
     """Depths [N] (1-based) chosen by every registered exit available for this outcome, each exit with its
     own parameters (``params``: exit name → parameters, :func:`looplab.exits.exit_params`; default: every
     exit's defaults)."""
-    params = {**exit_params({}), **(params or {})}
+    params = params if params is not None else exit_params({})
     found = {name: rule(outcome, params[name]) for name, rule in EXITS.items()}
     return {name: depths for name, depths in found.items() if depths is not None}
 

@@ -15,7 +15,7 @@ def apply_gradients(
     groups: dict[str, Iterable[nn.Parameter]],
     clip: float,
     before_clip: Callable[[], None] | None = None,
-) -> dict[str, float] | None:
+) -> dict[str, float]:
     """Backpropagate ``loss``, clip each group's gradients to norm ``clip`` (0: no clipping) and step.
 
     Each group is clipped on its own, so one module's gradients (a halting head's) never

@@ -44,6 +44,18 @@ def launch(config: Config, nproc: int, train_argv: list[str], run_dir: Path, sto
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for its ranks, without its warning
     arguments = parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "looplab", *train_argv])
+
+    def newest() -> Path | None:
+        return latest_checkpoint(run_dir) if run_dir.is_dir() else None
+
+    saved = newest()
+
+    def not_begun(signal_name: str) -> Stopped:
+        return Stopped(f"stopped by {signal_name} before training began; nothing new was saved", signal_name)
+
+    if stop is not None and stop.requested:
+        raise not_begun(stop.signal_name)
+
     # its lines repeat what the ranks print (failures, a signal passed on); each module has its own logger
     quiet = [
         logging.getLogger(name)
@@ -53,13 +65,6 @@ def launch(config: Config, nproc: int, train_argv: list[str], run_dir: Path, sto
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
-    saved = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-
-    def not_begun(signal_name: str) -> Stopped:
-        return Stopped(f"stopped by {signal_name} before training began; nothing new was saved", signal_name)
-
-    if stop is not None and stop.requested:
-        raise not_begun(stop.signal_name)
 
     def refuse(signum: int, _frame) -> None:  # until torchrun's agent starts the ranks and takes the signals over
         raise not_begun(signal.Signals(signum).name)
@@ -69,8 +74,8 @@ def launch(config: Config, nproc: int, train_argv: list[str], run_dir: Path, sto
         run(arguments)
     except SignalException as signalled:  # the launcher was signalled and passed it on: the ranks saved and stopped
         name = signal.Signals(signalled.sigval).name
-        if (latest_checkpoint(run_dir) if run_dir.is_dir() else None) == saved:  # they had not begun: say so
-            raise Stopped(f"stopped by {name} before training began; nothing new was saved", name) from None
+        if newest() == saved:  # they had not begun: say so
+            raise not_begun(name) from None
         return signal_exit_code(name)
     except ChildFailedError as failed:
         codes = {failure.exitcode for failure in failed.failures.values()}
