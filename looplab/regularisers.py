@@ -35,9 +35,9 @@ import torch
 from torch import Tensor
 
 from looplab.config import Config
-from looplab.errors import LooplabError, choice_error
+from looplab.errors import choice_error
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.parallel import Parallel
 from looplab.params import UNIT, as_dict, at_least, fill, one_of, param
 from looplab.plugins import register_entry
@@ -179,11 +179,10 @@ class JacobianPenalty(Regulariser):
 
     def penalty(self, model, probe, generator):
         rows = self.params.rows
-        if rows and probe.ctx is not None:  # a wrapped model's context (masks, positions) is per batch
-            raise LooplabError("stability.jsrr.rows needs a looplab model; on a wrapped pretrained model set rows = 0")
         if 0 < rows < len(probe.h):
             chosen = torch.randperm(len(probe.h), generator=generator)[:rows].to(probe.h.device)
-            probe = LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen])
+            ctx = None if probe.ctx is None else probe.ctx.select(chosen)
+            probe = LoopProbe(probe.h[chosen], probe.e[chosen], probe.valid[chosen], ctx)
         return jsrr_per_sample(model, probe, self.params.estimator, self.params.power_iters, generator)
 
 

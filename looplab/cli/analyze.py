@@ -10,58 +10,71 @@ from looplab.errors import LooplabError
 
 def analyze_command(args) -> None:
     """``looplab analyze [KIND] RUN_DIR``: one analysis, written under the run (or ``--out``)."""
-    from looplab.analysis.run import analyze_pca, analyze_spectral, format_spectral
-    from looplab.analysis.text import format_mechanistic
-
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
     if args.out:
         check_analysis_out(Path(args.out))
-    if args.kind == "mechanistic":
-        from looplab.analysis.mechanistic import analyze_config, analyze_mechanistic
+    KIND_COMMANDS[args.kind](args, out)
 
-        if min(args.loops, args.samples) < 1:
-            raise LooplabError("--loops and --samples must be >= 1")
-        options = {
-            "loops": args.loops,
-            "samples": args.samples,
-            "mlp_ablation": not args.no_mlp_ablation,
-            "zero_mlp": args.zero_mlp,
-            "metrics": args.metrics,
-            "plots": not args.no_plots,
-            "progress": True,
-        }
-        if resolve_preset(args.run_dir).is_file():
-            if not args.out:
-                raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
-            summary = analyze_config(load_config(args.run_dir, args.set), args.out, **options)
-        else:
-            if args.set:
-                raise LooplabError("--set applies to a config file; a run dir's config is fixed")
-            summary = analyze_mechanistic(args.run_dir, out=args.out, **options)
-        print(format_mechanistic(summary))
-        written = "summary.json, CSVs and plots" if not args.no_plots else "summary.json and CSVs"
-        print(f"wrote {args.out or out / 'mechanistic'}: {written}")
-    elif args.kind == "spectral":
-        if args.iters < 1:
-            raise LooplabError(f"--iters must be >= 1, got {args.iters}")
-        summary = analyze_spectral(
-            args.run_dir,
-            args.length,
-            args.loops,
-            args.samples,
-            args.iters,
-            args.out,
-            exact_loops(args.exact_at, args.loops, args.run_dir),
-            progress=True,
-        )
-        print(format_spectral(summary))
-        print(f"wrote {out}/spectral.csv, spectral.json, spectral.png")
+
+def _mechanistic(args, out: Path) -> None:
+    from looplab.analysis.mechanistic import analyze_config, analyze_mechanistic
+    from looplab.analysis.text import format_mechanistic
+
+    if min(args.loops, args.samples) < 1:
+        raise LooplabError("--loops and --samples must be >= 1")
+    options = {
+        "loops": args.loops,
+        "samples": args.samples,
+        "mlp_ablation": not args.no_mlp_ablation,
+        "zero_mlp": args.zero_mlp,
+        "metrics": args.metrics,
+        "plots": not args.no_plots,
+        "progress": True,
+    }
+    if resolve_preset(args.run_dir).is_file():
+        if not args.out:
+            raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
+        summary = analyze_config(load_config(args.run_dir, args.set), args.out, **options)
     else:
-        if args.sample < 0:
-            raise LooplabError(f"--sample must be >= 0 (the index of the traced sample), got {args.sample}")
-        summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out, progress=True)
-        print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
-        print(f"wrote {out}/pca_2d.png, pca_3d.png")
+        if args.set:
+            raise LooplabError("--set applies to a config file; a run dir's config is fixed")
+        summary = analyze_mechanistic(args.run_dir, out=args.out, **options)
+    print(format_mechanistic(summary))
+    written = "summary.json, CSVs and plots" if not args.no_plots else "summary.json and CSVs"
+    print(f"wrote {args.out or out / 'mechanistic'}: {written}")
+
+
+def _spectral(args, out: Path) -> None:
+    from looplab.analysis.run import analyze_spectral, format_spectral
+
+    if args.iters < 1:
+        raise LooplabError(f"--iters must be >= 1, got {args.iters}")
+    summary = analyze_spectral(
+        args.run_dir,
+        args.length,
+        args.loops,
+        args.samples,
+        args.iters,
+        args.out,
+        exact_loops(args.exact_at, args.loops, args.run_dir),
+        progress=True,
+    )
+    print(format_spectral(summary))
+    print(f"wrote {out}/spectral.csv, spectral.json, spectral.png")
+
+
+def _pca(args, out: Path) -> None:
+    from looplab.analysis.run import analyze_pca
+
+    if args.sample < 0:
+        raise LooplabError(f"--sample must be >= 0 (the index of the traced sample), got {args.sample}")
+    summary = analyze_pca(args.run_dir, args.length, args.loops, args.sample, args.out, progress=True)
+    print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
+    print(f"wrote {out}/pca_2d.png, pca_3d.png")
+
+
+#: ``looplab analyze KIND``: each kind's command
+KIND_COMMANDS = {"mechanistic": _mechanistic, "spectral": _spectral, "pca": _pca}
 
 
 def check_analysis_out(out: Path) -> None:

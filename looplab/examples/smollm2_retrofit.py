@@ -34,7 +34,14 @@ import torch
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
 from looplab.analysis.plots import plot_colsum_depth
-from looplab.lm.finetune import cycled, fine_tune, next_token_batch, next_token_loss, token_mean_loss
+from looplab.lm.finetune import (
+    cycled,
+    fine_tune,
+    last_loop_objective,
+    next_token_batch,
+    next_token_loss,
+    token_mean_loss,
+)
 from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
@@ -130,7 +137,9 @@ def main() -> None:
         looped = RetrofittedLoop(model, prelude=4, core=6, coda=4, inject_init=inject)
         before = measure(looped, val_batch, args.loops, out, f"{inject}-as_is")
         began = time.perf_counter()
-        log = fine_tune(looped, cycled(batches), args.steps, 1e-4, args.train_loops, loss=token_mean_loss)
+        log = fine_tune(
+            looped, cycled(batches), args.steps, 1e-4, last_loop_objective(args.train_loops, token_mean_loss)
+        )
         losses = log.loss.tolist()
         tuned = measure(looped, val_batch, args.loops, out, f"{inject}-fine_tuned")
         summary[inject] = {

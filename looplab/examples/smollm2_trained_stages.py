@@ -32,7 +32,7 @@ import torch
 from looplab.analysis.massive import mlp_output_max, zero_mlp
 from looplab.examples.smollm2_retrofit import text_chunks
 from looplab.examples.smollm2_stages import SHAPE, llama_layer, retrofit_name, stage_rows
-from looplab.lm.finetune import fine_tune, next_token_batch, next_token_loss, token_mean_loss
+from looplab.lm.finetune import fine_tune, last_loop_objective, next_token_batch, next_token_loss, token_mean_loss
 from looplab.lm.pretrained import load_smollm2
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
@@ -131,8 +131,7 @@ def main() -> None:
         training_batches(tokenizer, args.seed, args.batch, args.tokens),
         args.steps,
         args.lr,
-        args.train_loops,
-        loss=token_mean_loss,
+        last_loop_objective(args.train_loops, token_mean_loss),
         probe=probe,
         probe_every=args.read_every,
     )

@@ -111,10 +111,12 @@ def _check(model: LoopedTransformer, prompts, max_new_tokens: int, exit_rule: Ex
         raise LooplabError(f"the last_m cache keeps >= 1 loops per token, got {keep_loops}")
     if forced is not None and (len(forced) != len(prompts) or any(len(row) == 0 for row in forced)):
         raise LooplabError(f"forced tokens must be given for each of the {len(prompts)} prompts, at least one each")
-    if cache == "none" and exit_rule.name != "fixed":
+    if cache == "none" and exit_rule.adaptive:
         raise LooplabError("recomputing without a cache reads every token at one depth: use the fixed exit")
-    if exit_rule.name == "halting" and exit_rule.halts is None:
-        raise LooplabError("the halting exit needs the run's halting head (a run trained with a halting schedule)")
+    if exit_rule.needs_head and exit_rule.halts is None:
+        raise LooplabError(
+            f"the {exit_rule.name} exit needs the run's halting head (a run trained with a halting schedule)"
+        )
     if exit_rule.reads_logits and cfg.coda_layers:
         raise LooplabError(
             f"the {exit_rule.name} exit reads the logits after every loop; with coda layers it is not supported"

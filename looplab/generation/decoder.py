@@ -64,7 +64,7 @@ class Decoder:
         # per_loop with an adaptive exit runs the prompt only as deep as its tokens need, and deepens it
         # when a later token first reaches a loop it has not run (its keys and values are the same
         # whenever they are computed). A coda would read the prompt's states at that depth, not the cap.
-        self.lazy_prompt = policy == "per_loop" and exit_rule.name != "fixed" and not cfg.coda_layers
+        self.lazy_prompt = policy == "per_loop" and exit_rule.adaptive and not cfg.coda_layers
         self.prompt: _Prompt | None = None
 
     def run(self) -> Generation:

@@ -16,6 +16,8 @@ returns [R] bool: stop here. Loop ``cap`` always stops.
 A rule is a registered :class:`TokenExit`: add one with ``@register_token_exit(name,
 reads_logits=..., first_loop=...)`` on a function ``(rule, t, h, h_prev, logp, logp_prev) -> [R] bool``
 (``rule`` is the :class:`ExitRule`, for its ``eps``, ``threshold`` and ``halts``), in a plugin module.
+An entry also says whether a token may stop before the cap (``adaptive``; only ``fixed`` never
+does) and whether it reads the run's halting head (``needs_head``).
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from looplab.plugins import register_entry
 
 @dataclass(frozen=True)
 class TokenExit:
-    """A registered per-token exit: whether it reads the logits, the first loop it may stop at, and its test."""
+    """A registered per-token exit: whether it reads the logits, the first loop it may stop at, its test,
+    whether a token may stop before the cap and whether the test reads the run's halting head."""
 
     name: str
     reads_logits: bool
     first_loop: int
     stops: Callable[..., Tensor]
+    adaptive: bool = True
+    needs_head: bool = False
 
     @property
     def origin(self) -> str:
@@ -47,17 +52,20 @@ class TokenExit:
 EXITS: dict[str, TokenExit] = {}
 
 
-def register_token_exit(name: str, reads_logits: bool, first_loop: int = 1):
+def register_token_exit(
+    name: str, reads_logits: bool, first_loop: int = 1, adaptive: bool = True, needs_head: bool = False
+):
     """Function decorator: make ``stops`` available as the generation exit ``name``."""
 
     def register(stops):
-        register_entry(EXITS, name, TokenExit(name, reads_logits, first_loop, stops), "generation exit")
+        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head)
+        register_entry(EXITS, name, entry, "generation exit")
         return stops
 
     return register
 
 
-@register_token_exit("fixed", reads_logits=False)
+@register_token_exit("fixed", reads_logits=False, adaptive=False)
 def _fixed(rule, t, h, h_prev, logp, logp_prev):
     return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)  # only the cap stops it
 
@@ -77,7 +85,7 @@ def _confidence(rule, t, h, h_prev, logp, logp_prev):
     return logp.max(dim=-1).values.exp() >= rule.threshold
 
 
-@register_token_exit("halting", reads_logits=False)
+@register_token_exit("halting", reads_logits=False, needs_head=True)
 def _halting(rule, t, h, h_prev, logp, logp_prev):
     if rule.halts is None:
         raise LooplabError("the halting exit needs the run's halting head (a run trained with a halting schedule)")
@@ -111,6 +119,16 @@ class ExitRule:
     @property
     def reads_logits(self) -> bool:
         return EXITS[self.name].reads_logits
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether a token may stop before the cap (every exit but ``fixed``)."""
+        return EXITS[self.name].adaptive
+
+    @property
+    def needs_head(self) -> bool:
+        """Whether the exit reads the run's halting head (``halts``)."""
+        return EXITS[self.name].needs_head
 
     def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
         """[R] bool: the rows whose token stops after loop t."""

@@ -102,7 +102,7 @@ def generate_text(
             f"generation reads runs of: {', '.join(TEXT_TASKS)}"
         )
     exit_rule = exit_rule or ExitRule("fixed", fixed_depth(exp.config.eval))
-    if exit_rule.name == "halting":
+    if exit_rule.needs_head:
         exit_rule = replace(exit_rule, halts=head_halts(exp.schedule))
     stops = [s for s in stops if s]
 

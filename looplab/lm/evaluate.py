@@ -35,6 +35,7 @@ from looplab.lm.reasoning import (
 )
 from looplab.memory import check_fits, eval_bytes
 from looplab.model import LoopedTransformer
+from looplab.model.protocol import readouts_by_loops
 from looplab.plotting import pyplot, save_figure
 from looplab.progress import Progress
 from looplab.schedules import DepthRule
@@ -83,10 +84,8 @@ def lm_loss_by_loops(
             tokens, labels = tokens.to(device), labels.to(device)
             valid = torch.ones_like(tokens, dtype=torch.bool)
             scored = labels != IGNORE  # every byte position; the start token predicts nothing
-            h, e, ctx = model.start(tokens, valid)
-            for t in range(max_loops):
-                h = model.step(h, e, ctx)
-                log_probs = model.readout(h, ctx).float().log_softmax(dim=-1)[scored]
+            for t, (_, logits) in enumerate(readouts_by_loops(model, tokens, valid, max_loops, at=scored)):
+                log_probs = logits.float().log_softmax(dim=-1)
                 target = labels[scored]
                 finite = torch.isfinite(log_probs).all(dim=-1)
                 token_nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)

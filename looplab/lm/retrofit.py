@@ -49,13 +49,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
 from looplab.analysis.trace import Trace, trace
 from looplab.errors import LooplabError
+from looplab.model.depths import ReadAtDepths
 from looplab.model.looped import injection_weight
 from looplab.model.protocol import AttentionWatch, ObservedLayers
 
@@ -82,12 +83,17 @@ class RetrofitContext:
     mask: Tensor
     valid: Tensor | None = None
 
+    def select(self, rows: Tensor | slice) -> RetrofitContext:
+        """The context restricted to some rows of the batch (an index tensor, boolean mask or slice)."""
+        return replace(self, mask=self.mask[rows], valid=None if self.valid is None else self.valid[rows])
 
-class RetrofittedLoop(ObservedLayers, nn.Module):
+
+class RetrofittedLoop(ReadAtDepths, ObservedLayers, nn.Module):
     """A pretrained causal LM split into prelude, a looped core and a coda, with concat input injection.
 
     It implements the looped-model protocol (``looplab.model.protocol``): ``start`` / ``step`` /
-    ``readout`` / ``observe`` / ``watch_attention``, so looplab's trace and analyses run on it unchanged.
+    ``readout`` / ``context`` / ``observe`` / ``watch_attention``, so looplab's trace and analyses run
+    on it unchanged, and so do the schedules' training objectives (``forward_at_depths``).
 
     Args:
         model: a transformers Llama-architecture causal LM (``model.model.layers``,
@@ -163,12 +169,18 @@ class RetrofittedLoop(ObservedLayers, nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         x = self.embed(input_ids)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-        rope = self.rotary(x, position_ids=positions)
-        ctx = RetrofitContext(rope, causal_mask(attention_mask, x.dtype), attention_mask.bool())
+        ctx = self.context(attention_mask)
         for index, layer in enumerate(self.prelude):
             x = self._call("prelude", index, layer, x, ctx)
         return x, x, ctx
+
+    def context(self, valid: Tensor) -> RetrofitContext:
+        """The context of a batch from its validity mask [B, T] (bool, or the 0/1 attention mask) alone."""
+        dtype, device = self.embed.weight.dtype, self.embed.weight.device
+        positions = torch.arange(valid.shape[1], device=device)[None]
+        # the rotary tables take their dtype and device from x, nothing else of it
+        rope = self.rotary(torch.zeros((), dtype=dtype, device=device), position_ids=positions)
+        return RetrofitContext(rope, causal_mask(valid, dtype), valid.bool())
 
     def step(self, h: Tensor, e: Tensor, ctx: RetrofitContext) -> Tensor:
         """One loop: h_t = core(W_I [e; h_{t−1}])."""

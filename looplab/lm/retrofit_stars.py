@@ -30,8 +30,9 @@ from torch import Tensor
 
 from looplab.config.schema import ScheduleConfig
 from looplab.errors import LooplabError, choice_error
-from looplab.lm.finetune import fine_tune, next_token_batch
+from looplab.lm.finetune import fine_tune, last_loop_objective, next_token_batch
 from looplab.lm.retrofit import RetrofittedLoop
+from looplab.model.protocol import readouts_by_loops
 from looplab.regularisers import JacobianPenalty, Regulariser
 from looplab.schedules import make_schedule
 from looplab.seeding import derive_generator
@@ -39,7 +40,25 @@ from looplab.stability.spectral import warm_spectral_radii
 from looplab.tasks import IGNORE
 from looplab.tasks.reasoning import draw_problems
 
-RECIPES = ("fixed", "stars")
+
+@dataclass(frozen=True)
+class RecipeKind:
+    """What a named recipe trains with, from a :class:`RetrofitRecipe`'s numbers: the schedule that draws
+    each step's depth and the regularisers added to the loss."""
+
+    schedule: Callable[[RetrofitRecipe], ScheduleConfig]
+    regularisers: Callable[[RetrofitRecipe], list[Regulariser]]
+
+
+#: the recipes: ``fixed`` trains at ``depth``; STARS at a clipped log-normal depth with its JSRR term,
+#: λ·‖J v‖² from one random unit direction (looplab's ``jsrr``, estimator jvp)
+RECIPES: dict[str, RecipeKind] = {
+    "fixed": RecipeKind(lambda r: ScheduleConfig(name="fixed", depth=r.depth), lambda r: []),
+    "stars": RecipeKind(
+        lambda r: ScheduleConfig(name="lognormal", mu=r.mu, sigma=r.sigma, lo=r.lo, hi=r.hi, depth=r.depth),
+        lambda r: [JacobianPenalty(weight=r.jsrr_weight, estimator="jvp", power_iters=0)],
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -58,23 +77,13 @@ class RetrofitRecipe:
         if self.name not in RECIPES:
             raise choice_error("recipe", self.name, RECIPES)
 
-    @property
-    def stars(self) -> bool:
-        return self.name == "stars"
-
     def schedule(self):
-        """The depth of each step: ``depth`` (fixed), or the clipped log-normal draw (STARS)."""
-        if not self.stars:
-            return make_schedule(ScheduleConfig(name="fixed", depth=self.depth))
-        return make_schedule(
-            ScheduleConfig(name="lognormal", mu=self.mu, sigma=self.sigma, lo=self.lo, hi=self.hi, depth=self.depth)
-        )
+        """The schedule that draws the depth of each step (:data:`RECIPES`)."""
+        return make_schedule(RECIPES[self.name].schedule(self))
 
     def regularisers(self) -> list[Regulariser]:
-        """STARS' JSRR term, λ·‖J v‖² from one random unit direction (looplab's ``jsrr``, estimator jvp)."""
-        if not self.stars:
-            return []
-        return [JacobianPenalty(weight=self.jsrr_weight, estimator="jvp", power_iters=0)]
+        """The regularisers added to the loss (:data:`RECIPES`)."""
+        return RECIPES[self.name].regularisers(self)
 
 
 def encode_problems(tokenizer, problems: list[tuple[str, str]]) -> dict[str, Tensor]:
@@ -173,7 +182,7 @@ def fine_tune_recipe(
         batch_at,
         steps,
         lr,
-        lambda _step: int(schedule.train_depths(torch.tensor([1]), depths)[0]),
+        last_loop_objective(lambda _step: int(schedule.train_depths(torch.tensor([1]), depths)[0])),
         regularisers=[(regulariser, directions) for regulariser in recipe.regularisers()],
         lr_factor=lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)),
         probe=probe,
@@ -185,14 +194,12 @@ def fine_tune_recipe(
 @torch.no_grad()
 def exact_match_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int) -> tuple[Tensor, Tensor]:
     """correct [B, T] (every answer token's argmax right after t loops) and ‖h_t‖ per token [B, T]."""
-    h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
-    valid = ctx.valid
+    valid = batch["attention_mask"].bool()
     answer = batch["labels"] != IGNORE
     tokens = valid.sum(1).clamp_min(1).double().sqrt()
     correct, norms = [], []
-    for _ in range(max_loops):
-        h = loop.step(h, e, ctx)
-        logits = loop.readout(h, ctx, at=answer).float()  # [N, V], the answer positions only
+    for h, logits in readouts_by_loops(loop, batch["input_ids"], batch["attention_mask"], max_loops, at=answer):
+        logits = logits.float()  # [N, V], the answer positions only
         right = torch.ones_like(answer)
         right[answer] = (logits.argmax(-1) == batch["labels"][answer]) & torch.isfinite(logits).all(-1)
         correct.append(right.all(1))
@@ -203,14 +210,9 @@ def exact_match_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_lo
 @torch.no_grad()
 def kjv_loss_by_loops(loop: RetrofittedLoop, batch: dict[str, Tensor], max_loops: int) -> np.ndarray:
     """[T] mean next-token loss on a :func:`text_batch` after t = 1..T loops."""
-    h, e, ctx = loop.start(batch["input_ids"], batch["attention_mask"])
     scored = batch["labels"] != IGNORE
-    losses = []
-    for _ in range(max_loops):
-        h = loop.step(h, e, ctx)
-        logits = loop.readout(h, ctx, at=scored).float()
-        losses.append(float(F.cross_entropy(logits, batch["labels"][scored])))
-    return np.array(losses)
+    unroll = readouts_by_loops(loop, batch["input_ids"], batch["attention_mask"], max_loops, at=scored)
+    return np.array([float(F.cross_entropy(logits.float(), batch["labels"][scored])) for _, logits in unroll])
 
 
 def retrofit_by_loops(

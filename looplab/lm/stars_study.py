@@ -55,7 +55,7 @@ CURVE_FILE = "curve.csv"
 class RetrofitStudy:
     """What the pretrained half of the study runs (see ``configs/stars-lm/retrofit.toml``)."""
 
-    recipes: tuple[str, ...] = RECIPES
+    recipes: tuple[str, ...] = tuple(RECIPES)
     seeds: tuple[int, ...] = (0,)
     steps: int = 60
     lr: float = 1e-4

@@ -29,9 +29,8 @@ W_I with a small gain keeps it bounded.
 Notable:
 - :meth:`unroll` yields every h_t, so all depths cost one unroll.
 - :meth:`forward_at_depths` honours a separate depth per row with active-set
-  compaction: rows are sorted by depth, the rows still running are a prefix of
-  the batch, and a row leaves as soon as its last requested depth is reached.
-  Work is proportional to Σᵢ τᵢ instead of batch × max τ.
+  compaction (:mod:`looplab.model.depths`, shared with every protocol model):
+  work is proportional to Σᵢ τᵢ instead of batch × max τ.
 - :meth:`observe` installs a hook around every layer call (prelude, core, coda)
   of every forward path; the analysis trace records through it, so what it
   records is what the model computes.
@@ -42,8 +41,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -52,12 +49,15 @@ from looplab.config import ModelConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.model.attention import AttentionContext, prefers_math, rope_tables
 from looplab.model.contractive import ContractiveInjection
+from looplab.model.depths import ReadAtDepths
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
-from looplab.model.protocol import AttentionWatch, ObservedLayers
+from looplab.model.protocol import AttentionWatch, LoopProbe, ObservedLayers
+
+__all__ = ["LoopedTransformer", "LoopProbe", "injection_module", "injection_weight"]
 
 
-class LoopedTransformer(ObservedLayers, nn.Module):
+class LoopedTransformer(ReadAtDepths, ObservedLayers, nn.Module):
     """The looped transformer; implements the looped-model protocol (``looplab.model.protocol``)."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
@@ -176,12 +176,14 @@ class LoopedTransformer(ObservedLayers, nn.Module):
             x = self.core_out_norm(x)
         return x
 
-    def readout(self, h: Tensor, ctx: AttentionContext) -> Tensor:
-        """State h [B, L, d] (TRM: [B, L, 2d], of which y is read) → logits [B, L, V]."""
+    def readout(self, h: Tensor, ctx: AttentionContext, at: Tensor | None = None) -> Tensor:
+        """State h [B, L, d] (TRM: [B, L, 2d], of which y is read) → logits [B, L, V]; with ``at`` [B, L]
+        bool, [N, V] at those positions (the head is small here: computed everywhere, then selected)."""
         h = self.answer_state(h)
         for index, layer in enumerate(self.coda):
             h = self._call("coda", index, layer, h, ctx)
-        return self.head(self.final_norm(h))
+        logits = self.head(self.final_norm(h))
+        return logits if at is None else logits[at]
 
     def start(
         self, tokens: Tensor, valid: Tensor, generator: torch.Generator | None = None
@@ -206,116 +208,6 @@ class LoopedTransformer(ObservedLayers, nn.Module):
         for _ in range(loops):
             h = self.step(h, e, ctx)
         return self.readout(h, ctx)
-
-    def forward_at_depths(
-        self,
-        tokens: Tensor,
-        valid: Tensor,
-        depths: Tensor,
-        generator: torch.Generator | None = None,
-        backprop_loops: int = 0,
-    ) -> Tensor:
-        """Logits read at each row's own depths, by active-set compaction.
-
-        Args:
-            tokens, valid: [B, L].
-            depths: [B] or [B, J] long; entry (i, j) asks for row i read out after
-                depths[i, j] loops. Entries <= 0 are unused slots (their logits are 0).
-            backprop_loops: if k > 0, gradients flow through each row's last k loops only
-                (truncated backprop: the state is detached k loops before the row's last depth).
-
-        Returns:
-            logits [B, L, V] for [B] depths, [B, J, L, V] for [B, J] depths.
-        """
-        return self._at_depths(tokens, valid, depths, generator, backprop_loops, probe=False)[0]
-
-    def probe_at_depths(
-        self,
-        tokens: Tensor,
-        valid: Tensor,
-        depths: Tensor,
-        generator: torch.Generator | None = None,
-        backprop_loops: int = 0,
-    ) -> tuple[Tensor, LoopProbe]:
-        """:meth:`forward_at_depths`'s logits, and a :class:`LoopProbe` of each row's state at its last depth
-        (with gradient), for a regulariser of the loop at the states training supervises."""
-        logits, probe = self._at_depths(tokens, valid, depths, generator, backprop_loops, probe=True)
-        return logits, probe
-
-    def _at_depths(self, tokens, valid, depths, generator, backprop_loops, probe: bool):
-        """(logits, the probe or None): the compacted unroll behind both public methods."""
-        single = depths.dim() == 1
-        depths = depths.view(depths.shape[0], -1).to(tokens.device)
-        batch, slots = depths.shape
-        last = depths.max(dim=1).values
-        h, e_rows, sorted_ctx = self.start(tokens, valid, generator)
-        order = torch.argsort(last, descending=True, stable=True)
-        e = e_rows
-        if not _is_identity(order):  # rows already in depth order (a fixed depth) need no gathers
-            e, h, depths, last = e_rows[order], h[order], depths[order], last[order]
-            sorted_ctx = self.context(valid[order])
-        loops = torch.arange(1, int(last[0]) + 1, device=last.device)
-        remaining = (last[None, :] >= loops[:, None]).sum(1).tolist()  # active rows at each loop
-        states, where, finals, final_rows = [], [], [], []
-        for t, active in enumerate(remaining, start=1):
-            h, e, ctx = h[:active], e[:active], sorted_ctx.select(slice(None, active))
-            if backprop_loops > 0:
-                cut = (last[:active] - (t - 1)) == backprop_loops
-                h = torch.where(cut[:, None, None], h.detach(), h)
-            h = self.step(h, e, ctx)
-            rows, cols = (depths[:active] == t).nonzero(as_tuple=True)
-            if len(rows):
-                states.append(_select_rows(h, rows))
-                where.append(order[rows] * slots + cols)
-            if probe:
-                done = (last[:active] == t).nonzero(as_tuple=True)[0]
-                finals.append(_select_rows(h, done))
-                final_rows.append(order[done])
-        # One readout over every requested (row, slot); the logits then go back
-        # to their original positions (unless already there), and unused slots stay zero.
-        where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=tokens.device)
-        chosen = _concat(states) if states else h.new_zeros((0, *h.shape[1:]))
-        in_place = len(where) == batch * slots and _is_identity(where)
-        readout_ctx = sorted_ctx if in_place and slots == 1 else self.context(valid[where // slots])
-        flat = self.readout(chosen, readout_ctx)
-        if not in_place:
-            flat = flat.new_zeros((batch * slots, *flat.shape[1:])).index_copy(0, where, flat)
-        flat = flat.view(batch, slots, *flat.shape[1:])
-        logits = flat[:, 0] if single else flat
-        if not probe:
-            return logits, None
-        return logits, LoopProbe(_select_rows(_concat(finals), torch.argsort(_concat(final_rows))), e_rows, valid)
-
-
-def _is_identity(index: Tensor) -> bool:
-    """Whether a [N] long index is 0, 1, ..., N − 1."""
-    return bool((index == torch.arange(len(index), device=index.device)).all())
-
-
-def _select_rows(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] along the batch; x itself when that is every row in order (no copy, no scatter in backward)."""
-    return x if len(index) == len(x) and _is_identity(index) else x[index]
-
-
-def _concat(tensors: list[Tensor]) -> Tensor:
-    """torch.cat along the batch; a lone tensor as it is."""
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-
-
-@dataclass
-class LoopProbe:
-    """Where a one-loop regulariser looks: each row's state at its (last) supervised depth.
-
-    Attributes:
-        h: [B, L, d] the states, with gradient; e: [B, L, d] the injected input; valid: [B, L];
-        ctx: the model's context for ``step`` (masks, positions) when the model is not a
-            :class:`LoopedTransformer`, which builds its own from ``valid``.
-    """
-
-    h: Tensor
-    e: Tensor
-    valid: Tensor
-    ctx: Any = None
 
 
 def injection_module(injection: str, d: int) -> nn.Module | None:

@@ -6,14 +6,19 @@ a loop (:class:`looplab.lm.retrofit.RetrofittedLoop`) provide:
     start(tokens, valid, generator=None) -> (h_0, e, ctx)   the initial state, the injected input [B, L, d]
                                                               and the model's context (masks, positions)
     step(h, e, ctx) -> h                                     one loop
-    readout(h, ctx) -> logits [B, L, V]                      everything after the loop
+    readout(h, ctx, at=None) -> logits [B, L, V]             everything after the loop; with ``at``
+                                                              [B, L] bool, [N, V] at those positions
+    context(valid) -> ctx                                    the context of a batch from its validity
+                                                              mask [B, L] alone; ``ctx.select(rows)``
+                                                              restricts it to some rows
     observe(hook)                                            a block in which every layer call goes
                                                               through hook(site, index, layer, x, run)
     watch_attention(layer)                                   a block that records the layer's attention
                                                               input and probabilities
     prelude, core, coda                                      the layers, as sequences
 
-so one trace (``looplab.analysis.trace``) records either, with the same names.
+so one trace (``looplab.analysis.trace``) records either, with the same names, and the
+schedules' training objectives (``looplab.model.depths``) train either.
 """
 
 from __future__ import annotations
@@ -53,11 +58,40 @@ class LoopedModel(Protocol):
 
     def step(self, h: Tensor, e: Tensor, ctx: Any) -> Tensor: ...
 
-    def readout(self, h: Tensor, ctx: Any) -> Tensor: ...
+    def readout(self, h: Tensor, ctx: Any, at: Tensor | None = None) -> Tensor: ...
+
+    def context(self, valid: Tensor) -> Any: ...
 
     def observe(self, hook: LayerHook): ...
 
     def watch_attention(self, layer: nn.Module): ...
+
+
+@dataclass
+class LoopProbe:
+    """Where a one-loop regulariser looks: each row's state at its (last) supervised depth.
+
+    Attributes:
+        h: [B, L, d] the states, with gradient; e: [B, L, d] the injected input; valid: [B, L];
+        ctx: the model's context for ``step`` (masks, positions) when the regulariser must run the
+            loop in the context ``start`` returned; None: the context is built from ``valid``.
+    """
+
+    h: Tensor
+    e: Tensor
+    valid: Tensor
+    ctx: Any = None
+
+
+def readouts_by_loops(
+    model: LoopedModel, tokens: Tensor, valid: Tensor, loops: int, at: Tensor | None = None
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """(h_t, logits) after each loop t = 1..loops of one unroll: logits [B, L, V], or [N, V] at the
+    positions ``at`` [B, L] selects (row-major), which lets a pretrained model apply its head there alone."""
+    h, e, ctx = model.start(tokens, valid)
+    for _ in range(loops):
+        h = model.step(h, e, ctx)
+        yield h, model.readout(h, ctx, at=at)
 
 
 class ObservedLayers:

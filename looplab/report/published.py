@@ -157,6 +157,10 @@ for _cell_name, _file in {
         return aggregate_table(frame, KEYS, PROTOCOL_METRICS[1:], "oracle_ood_pct")
 
 
+#: the stopping pilots' control arm, against which every other schedule's effect is read
+PILOT_REFERENCE = "fixed"
+
+
 @register_block("stopping-study/pilot-C-T15")
 def _pilot_c_t15(results_dir: Path) -> str:
     """Cell C read at 15 loops, from its per-seed rows: the table and the full effect test against fixed."""
@@ -175,9 +179,9 @@ def _pilot_c_t15(results_dir: Path) -> str:
         ["schedule", "seeds", "Oracle OOD (%)", "Policy OOD (%)", "Std (pp) [χ²]", "Gap (pp)", "policy depth (OOD)"],
         body,
     )
-    fixed = seeds[seeds["schedule"] == "fixed"]
+    fixed = seeds[seeds["schedule"] == PILOT_REFERENCE]
     lines = []
-    for other in [s for s in seeds["schedule"].unique() if s != "fixed"]:
+    for other in [s for s in seeds["schedule"].unique() if s != PILOT_REFERENCE]:
         part = seeds[seeds["schedule"] == other]
         result = effect(fixed["oracle_ood"], part["oracle_ood"], 100 * fixed["gap"], 100 * part["gap"])
         lines.append(f"- fixed vs {other}: {describe(result)}.")

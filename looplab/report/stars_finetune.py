@@ -258,13 +258,17 @@ def rho_block(results_dir: Path) -> str:
     return _depth_table(_read(results_dir), "rho", 1, 3, (0.0, np.inf), None)
 
 
+#: the unregularised arm every arm's seconds per step are read against
+COST_REFERENCE = "lognormal"
+
+
 @register_block(f"{STUDY}/cost")
 def cost_block(results_dir: Path) -> str:
     """Per post-sandwich arm: seconds per training step against lognormal's, the state norm at 128 loops and
     the seeds with ρ < 1 at each read depth."""
     runs = _read(results_dir)
     post = runs[runs.placement == POST]
-    base = post.loc[post.arm == "lognormal", "step_s"].mean()
+    base = post.loc[post.arm == COST_REFERENCE, "step_s"].mean()
     body = []
     for arm in _arms(post):
         part = post[post.arm == arm]

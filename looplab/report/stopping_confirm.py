@@ -39,6 +39,8 @@ LABELS = {
     "rl_halting": "RL-Halting",
     "pondernet": "PonderNet",
 }
+#: the protocol's comparisons (reference, arm): every arm against fixed, and window against matched
+COMPARISONS = [*(("fixed", arm) for arm in ARMS[1:]), ("matched", "window")]
 CLAIM_ARMS = ("window", "rl_halting")
 RUNS_FILE, CURVES_FILE = "runs.csv", "flip_curves.csv"
 
@@ -251,9 +253,7 @@ EFFECT_HEADER = [
 def effects_table(rows: pd.DataFrame) -> str:
     """Every arm against fixed, and window against matched, by the protocol's rule."""
     present = set(rows["arm"])
-    pairs = [("fixed", arm) for arm in ARMS if arm != "fixed" and arm in present]
-    if {"matched", "window"} <= present:
-        pairs.append(("matched", "window"))
+    pairs = [(ref, other) for ref, other in COMPARISONS if {ref, other} <= present]
     body = [[f"{LABELS[other]} vs {LABELS[ref]}", *_effect_cells(arm_effect(rows, ref, other))] for ref, other in pairs]
     return markdown_table(EFFECT_HEADER, body)
 

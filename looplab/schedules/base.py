@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from looplab.config import ScheduleConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.parallel import SINGLE, Parallel
 from looplab.params import at_least, domain_of, fill, param
 from looplab.plugins import check_complete, register_entry

@@ -43,7 +43,7 @@ from looplab.model.halting import (
     log_halting_distribution,
     policy_depth,
 )
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.params import FRACTION, NON_NEGATIVE, OPEN_UNIT, POSITIVE, at_least, one_of, param
 from looplab.schedules.base import Schedule, StepOutput, register_schedule
 from looplab.schedules.objectives import per_row_loss

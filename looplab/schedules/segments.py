@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.schedules.objectives import per_row_loss
 from looplab.tasks import IGNORE, TaskBatch
 

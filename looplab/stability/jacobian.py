@@ -26,8 +26,7 @@ from torch.func import jvp
 
 from looplab.model import LoopedTransformer
 from looplab.model.attention import AttentionContext
-from looplab.model.looped import LoopProbe
-from looplab.model.protocol import LoopedModel
+from looplab.model.protocol import LoopedModel, LoopProbe
 from looplab.model.tangent import Tangent, linearise_step
 
 #: the JSRR estimators of :func:`jsrr_per_sample` (``none`` turns the regulariser off)
@@ -70,14 +69,12 @@ def loop_map(model: LoopedModel, e: Tensor, valid: Tensor, ctx: Any = None) -> M
     """Φ for ``model`` at the injected input e [B, L, d] and validity mask [B, L].
 
     A :class:`LoopedTransformer` builds its context from ``valid`` (on the math attention path,
-    which its linearisation needs); another protocol model runs in ``ctx``, the context its
-    ``start`` returned.
+    which its linearisation needs); another protocol model runs in ``ctx`` (the context its
+    ``start`` returned) or, without one, in ``model.context(valid)``.
     """
     if isinstance(model, LoopedTransformer):
         return ModelLoop(model, e, model.context(valid, use_math=True))
-    if ctx is None:
-        raise ValueError(f"a {type(model).__name__} loops in the context its start() returned: pass ctx")
-    return StepLoop(model, e, ctx)
+    return StepLoop(model, e, model.context(valid) if ctx is None else ctx)
 
 
 def _per_sample_norm(x: Tensor) -> Tensor:

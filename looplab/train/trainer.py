@@ -33,12 +33,12 @@ from looplab.io import atomic_write, exclusive_lock
 from looplab.memory import check_fits, training_bytes
 from looplab.parallel import SINGLE, Parallel
 from looplab.progress import ProgressLines
-from looplab.regularisers import complete_stability, regularised_loss
+from looplab.regularisers import complete_stability
 from looplab.rundir import LOG_FILE, check_run_dir_target, load_run_config, prepare_run_dir, read_log
 from looplab.seeding import derive_generator
 from looplab.tasks import make_task
 from looplab.train.distributed import data_parallel
-from looplab.train.gradients import apply_gradients
+from looplab.train.gradients import optimisation_step
 from looplab.train.stop import TrainingStopped, stop_on_signals
 
 
@@ -171,10 +171,6 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
     ]
     with autocast(cfg):
         out = exp.schedule.training_loss(exp.model, batch, generator, probe=bool(active))
-    loss, stats = regularised_loss(out.loss, out.stats, exp.model, out.probe, active)
-    global_loss = parallel.mean(loss.detach())  # every rank agrees whether to step
-    if not math.isfinite(global_loss):
-        return {"loss": global_loss}
 
     def average_over_ranks() -> None:
         parallel.average_gradients(exp.modules())
@@ -182,10 +178,16 @@ def train_step(exp: Experiment, optimizer: torch.optim.Optimizer, step: int, par
 
     # Clipped per module, so the halting head's gradients never rescale the model's.
     groups = {name: module.parameters() for name, module in exp.modules().items()}
-    norms = apply_gradients(loss, optimizer, groups, cfg.train.grad_clip, average_over_ranks)
-    if not all(math.isfinite(norm) for norm in norms.values()):
-        return {"loss": global_loss, "grad_norm": next(n for n in norms.values() if not math.isfinite(n))}
-    return {"loss": global_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norms["model"], **stats}
+    step_taken = optimisation_step(
+        out, exp.model, active, optimizer, groups, cfg.train.grad_clip, parallel, average_over_ranks
+    )
+    if step_taken.grad_norms is None:
+        return {"loss": step_taken.loss}
+    if not step_taken.applied:
+        bad = next(n for n in step_taken.grad_norms.values() if not math.isfinite(n))
+        return {"loss": step_taken.loss, "grad_norm": bad}
+    lr = optimizer.param_groups[0]["lr"]
+    return {"loss": step_taken.loss, "lr": lr, "grad_norm": step_taken.grad_norms["model"], **step_taken.stats}
 
 
 def checkpoint_metrics(exp: Experiment) -> dict[str, float]:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from looplab.config import ModelConfig
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.stability.jacobian import jsrr_per_sample
 from looplab.tasks import make_task
 from tests.conftest import run_cli, torchrun

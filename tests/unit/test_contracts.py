@@ -24,8 +24,8 @@ from looplab.experiment import Experiment
 from looplab.generation.exits import EXITS as TOKEN_EXITS
 from looplab.generation.exits import ExitRule
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
 from looplab.model.norms import Residual
+from looplab.model.protocol import LoopProbe
 from looplab.model.tangent import linearise_residual
 from looplab.params import domain_of
 from looplab.regularisers import REGULARISERS
@@ -212,4 +212,9 @@ def test_token_exit_answers_per_row_and_the_cap_always_stops(name):
     for t in (1, 2, 3):
         stop = rule.stop(t, h, h_prev, logp if rule.reads_logits else None, logp_prev if rule.reads_logits else None)
         assert stop.shape == (5,) and stop.dtype == torch.bool
+        assert rule.adaptive or not stop.any()  # an exit that says it never stops early does not
     assert bool(rule.stop(4, h, h_prev, logp, logp_prev).all())
+    without_head = ExitRule(name, loops=4)
+    if rule.needs_head:  # it says so: a call without the head is refused, not answered
+        with pytest.raises(LooplabError, match="halting head"):
+            without_head.stop(1, h, h_prev, logp, logp_prev)

@@ -19,7 +19,7 @@ from looplab.eval.metrics import summarize
 from looplab.exits import exit_depths, exit_params, register_exit
 from looplab.experiment import Experiment, check_config
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.parallel import SINGLE
 from looplab.regularisers import JacobianPenalty, Regulariser, build_regularisers, regularised_loss
 from looplab.stability.jacobian import jsrr_per_sample, loop_map, random_direction
@@ -254,3 +254,10 @@ def test_layer_hook_sees_every_layer_once_per_call(tiny_experiment):
     with pytest.raises(RuntimeError, match="already installed"):
         with model.observe(hook), model.observe(hook):
             pass
+
+
+def test_every_analysis_kind_of_the_parser_has_its_command():
+    from looplab.cli.analyze import KIND_COMMANDS
+    from looplab.cli.parser import ANALYSES
+
+    assert list(KIND_COMMANDS) == list(ANALYSES)

@@ -13,7 +13,14 @@ from looplab.analysis.colsum import colsum_concentration, colsum_depth, colsum_t
 from looplab.analysis.fixed_points import convergence, layer_cosines  # noqa: E402
 from looplab.analysis.massive import massive_ratio  # noqa: E402
 from looplab.errors import LooplabError  # noqa: E402
-from looplab.lm.finetune import cycled, fine_tune, next_token_batch, token_mean_loss  # noqa: E402
+from looplab.lm.finetune import (  # noqa: E402
+    cycled,
+    fine_tune,
+    last_loop_objective,
+    next_token_batch,
+    schedule_objective,
+    token_mean_loss,
+)
 from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages, trace_pretrained  # noqa: E402
 from looplab.lm.retrofit import RetrofittedLoop  # noqa: E402
 
@@ -88,7 +95,7 @@ def test_more_loops_change_logits_and_original_stays_intact(tiny, batch):
     assert not torch.allclose(one, three, atol=1e-3)
     states = list(loop.unroll(ids, mask, 3))
     assert len(states) == 3 and states[-1].shape == (2, 9, 32)
-    fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-2, 2, loss=token_mean_loss)
+    fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-2, last_loop_objective(2, token_mean_loss))
     assert all(torch.equal(a, b) for a, b in zip(before, tiny.parameters()))  # the retrofit works on a copy
 
 
@@ -151,7 +158,8 @@ def test_fine_tune_lowers_the_loss(tiny, batch):
     ids, mask = batch
     torch.manual_seed(0)
     loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1)
-    losses = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 3, 1e-2, 2, loss=token_mean_loss).loss.tolist()
+    batches = cycled([next_token_batch(ids, mask)])
+    losses = fine_tune(loop, batches, 3, 1e-2, last_loop_objective(2, token_mean_loss)).loss.tolist()
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert not loop.training
 
@@ -163,20 +171,52 @@ def test_fine_tune_applies_registered_regularisers_as_the_trainer_does(tiny, bat
     torch.manual_seed(0)
     loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1, inject_init="mix")
     penalties = [(StateL2(weight=0.2), None), (JacobianPenalty(weight=0.1, estimator="jvp"), torch.Generator())]
-    log = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 2, 1e-3, lambda step: step + 1, regularisers=penalties)
+    depth = last_loop_objective(lambda step: step + 1)
+    log = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 2, 1e-3, depth, regularisers=penalties)
     assert log.loops.tolist() == [2, 3] and set(log.columns) == {"step", "loops", "loss", "state_l2", "jsrr"}
     assert (log.state_l2 > 0).all() and (log.jsrr > 0).all()
     subset = [(JacobianPenalty(weight=0.1, estimator="jvp", rows=1), torch.Generator())]
-    with pytest.raises(LooplabError, match="rows = 0"):
-        fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-3, 2, regularisers=subset)
+    log = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 1, 1e-3, 2, regularisers=subset)
+    assert log.jsrr.gt(0).all()  # one row's penalty, in that row's own context
+
+
+def test_rows_read_at_their_own_depths_match_their_own_unrolls(tiny, batch):
+    ids, mask = batch
+    loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1, inject_init="mix").eval()
+    depths = torch.tensor([[2, 0], [3, 1]])  # the padded row runs longer: the rows are reordered
+    with torch.no_grad():
+        logits = loop.forward_at_depths(ids, mask, depths)
+        for row, slot in [(0, 0), (1, 0), (1, 1)]:
+            alone = loop(ids[row : row + 1], mask[row : row + 1], int(depths[row, slot]))[0]
+            valid = mask[row].bool()
+            assert torch.allclose(logits[row, slot][valid], alone[valid], atol=1e-5)
+        assert float(logits[0, 1].abs().max()) == 0.0  # an unused slot
+
+
+def test_a_retrofit_fine_tunes_under_a_looplab_schedule(tiny, batch):
+    from looplab.config import ScheduleConfig
+    from looplab.regularisers import JacobianPenalty
+    from looplab.schedules import make_schedule
+
+    ids, mask = batch
+    torch.manual_seed(0)
+    loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1, inject_init="mix")
+    schedule = make_schedule(ScheduleConfig(name="lognormal", mu=1.0, sigma=0.5, t_max=6))
+    objective = schedule_objective(schedule, torch.Generator().manual_seed(3))
+    jsrr = [(JacobianPenalty(weight=0.1, estimator="jvp"), torch.Generator())]
+    log = fine_tune(loop, cycled([next_token_batch(ids, mask)]), 4, 1e-2, objective, regularisers=jsrr)
+    assert {"loops", "block_evals", "row_loops_mean", "jsrr"} <= set(log.columns)
+    assert log.loops.between(1, 6).all() and log.loops.nunique() > 1  # depths drawn per row and step
+    assert log.jsrr.gt(0).all() and log.loss.iloc[-1] < log.loss.iloc[0]
 
 
 def test_fine_tune_stops_in_one_line_on_a_non_finite_gradient(tiny, batch):
     ids, mask = batch
     loop = RetrofittedLoop(tiny, prelude=1, core=2, coda=1)
     before = [p.detach().clone() for p in loop.parameters()]
-    with pytest.raises(LooplabError, match="non-finite gradient norm nan at step 1, not applied"):
-        fine_tune(loop, cycled([next_token_batch(ids, mask)]), 2, 1e-3, 2, loss=lambda at, _: at.sum() * float("nan"))
+    nan_loss = last_loop_objective(2, lambda at, _: at.sum() * float("nan"))
+    with pytest.raises(LooplabError, match="non-finite loss nan at step 1, not applied"):
+        fine_tune(loop, cycled([next_token_batch(ids, mask)]), 2, 1e-3, nan_loss)
     assert all(torch.equal(a, b) for a, b in zip(before, loop.parameters())) and not loop.training
 
 

@@ -9,7 +9,7 @@ import torch
 
 from looplab.config import ModelConfig, ScheduleConfig
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.schedules import ScheduleContext, make_schedule
 from looplab.stability.jacobian import (
     jacobian_vector,

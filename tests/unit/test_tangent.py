@@ -10,7 +10,7 @@ from torch.func import jvp
 
 from looplab.config import ModelConfig
 from looplab.model import LoopedTransformer
-from looplab.model.looped import LoopProbe
+from looplab.model.protocol import LoopProbe
 from looplab.stability.jacobian import jsrr_per_sample, loop_map, random_direction
 from looplab.tasks import make_task
 
