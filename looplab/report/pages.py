@@ -71,6 +71,7 @@ def collector(study: str) -> Collector:
 def _import_studies() -> None:
     from looplab.report import (  # noqa: F401  (they register on import)
         mechanistic_grid,
+        mechanistic_retrofit,
         mechanistic_traces,
         mechanistic_trained,
         published,
