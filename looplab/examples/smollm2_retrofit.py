@@ -52,8 +52,12 @@ TEST_LOOPS = (1, 2, 4, 8, 16, 32)
 
 def text_chunks(split: str, count: int, chars: int, seed: int) -> list[str]:
     """``count`` random passages of ``chars`` characters from a corpus split."""
-    text = load_corpus().text(split)
-    starts = torch.randint(0, len(text) - chars, (count,), generator=derive_generator(seed, "smollm2", split))
+    return passages(load_corpus().text(split), count, chars, derive_generator(seed, "smollm2", split))
+
+
+def passages(text: str, count: int, chars: int, generator: torch.Generator) -> list[str]:
+    """``count`` passages of ``chars`` characters of ``text``, their starts drawn from ``generator``."""
+    starts = torch.randint(0, len(text) - chars, (count,), generator=generator)
     return [text[s : s + chars] for s in starts.tolist()]
 
 

@@ -61,6 +61,16 @@ def retrofit_name(layer: int, shape: tuple[int, int, int], n_layers: int) -> str
 
 
 @torch.no_grad()
+def ablation_rows(looped, ids, mask, loops: int, label: str, conditions, n_layers: int) -> list[dict]:
+    """:func:`stage_rows` of a (p, k, c) = ``SHAPE`` retrofit under each (condition, Llama layer whose MLP is
+    zeroed, or None for none)."""
+    rows = []
+    for condition, layer in conditions:
+        with zero_mlp(looped, retrofit_name(layer, SHAPE, n_layers)) if layer is not None else nullcontext():
+            rows += stage_rows(looped, ids, mask, loops, label, condition, layer)
+    return rows
+
+
 def stage_rows(model, ids, mask, loops: int, label: str, condition: str, zeroed: int | None) -> list[dict]:
     """ColSum and sink mass per (loop, core layer) of one traced pass."""
     valid = mask.bool()
@@ -121,9 +131,7 @@ def main() -> None:
         own = mlp_output_max(looped, partial(looped, ids, mask, loops=LOOPS), mask.bool())
         control = llama_layer(min(own, key=own.get), SHAPE, n_layers)
         conditions = (("base", None), ("zero_massive", kept), ("zero_layer2", PAPER_LAYER), ("zero_control", control))
-        for condition, layer in conditions:
-            with zero_mlp(looped, retrofit_name(layer, SHAPE, n_layers)) if layer is not None else nullcontext():
-                rows += stage_rows(looped, ids, mask, LOOPS, f"retrofit-{inject}", condition, layer)
+        rows += ablation_rows(looped, ids, mask, LOOPS, f"retrofit-{inject}", conditions, n_layers)
     top = sorted(largest, key=largest.get, reverse=True)[:5]
     print("largest MLP outputs (layer: max |out|): " + ", ".join(f"{layer}: {largest[layer]:.1f}" for layer in top))
     print(f"zeroed: layer {massive} in the feed-forward model, layer {kept} in the retrofit, and layer {PAPER_LAYER}")

@@ -22,23 +22,21 @@ from __future__ import annotations
 
 import argparse
 import time
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from looplab.analysis.massive import mlp_output_max, zero_mlp
-from looplab.examples.smollm2_retrofit import text_chunks
-from looplab.examples.smollm2_stages import SHAPE, llama_layer, retrofit_name, stage_rows
+from looplab.analysis.massive import mlp_output_max
+from looplab.examples.smollm2_retrofit import passages, text_chunks
+from looplab.examples.smollm2_stages import PAPER_LAYER, SHAPE, ablation_rows, llama_layer
 from looplab.lm.finetune import fine_tune, last_loop_objective, next_token_batch, next_token_loss, token_mean_loss
 from looplab.lm.pretrained import load_smollm2
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
 from looplab.tasks.corpus import load_corpus
 
-PAPER_LAYER = 2
 LOSS_LOOPS = (1, 4, 8, 16)
 PASSAGE_CHARS = 400
 
@@ -48,11 +46,8 @@ def training_batches(tokenizer, seed: int, size: int, tokens: int):
     text = load_corpus().text("train")
 
     def batch_at(step: int) -> dict:
-        starts = torch.randint(
-            0, len(text) - PASSAGE_CHARS, (size,), generator=derive_generator(seed, "trained-retrofit", step)
-        )
         encoded = tokenizer(
-            [text[s : s + PASSAGE_CHARS] for s in starts.tolist()],
+            passages(text, size, PASSAGE_CHARS, derive_generator(seed, "trained-retrofit", step)),
             return_tensors="pt",
             truncation=True,
             max_length=tokens,
@@ -75,16 +70,9 @@ def read(looped: RetrofittedLoop, ids, mask, loops: int, n_layers: int, step: in
     inside = {name: v for name, v in largest.items() if not name.startswith("coda")}
     massive = llama_layer(max(inside, key=inside.get), SHAPE, n_layers)
     control = llama_layer(min(largest, key=largest.get), SHAPE, n_layers)
-    stages = []
-    for condition, layer in (
-        ("base", None),
-        ("zero_massive", massive),
-        ("zero_layer2", PAPER_LAYER),
-        ("zero_control", control),
-    ):
-        with zero_mlp(looped, retrofit_name(layer, SHAPE, n_layers)) if layer is not None else nullcontext():
-            rows = stage_rows(looped, ids, mask, loops, "retrofit-mix-trained", condition, layer)
-        stages += [{"step": step, **row} for row in rows]
+    conditions = (("base", None), ("zero_massive", massive), ("zero_layer2", PAPER_LAYER), ("zero_control", control))
+    rows = ablation_rows(looped, ids, mask, loops, "retrofit-mix-trained", conditions, n_layers)
+    stages = [{"step": step, **row} for row in rows]
     losses = [
         {"step": step, "loops": r, "val_loss": round(float(next_token_loss(looped(ids, mask, loops=r), ids, mask)), 5)}
         for r in LOSS_LOOPS

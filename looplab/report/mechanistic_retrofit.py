@@ -31,6 +31,7 @@ from looplab.report.mechanistic_trained import (
     _few,
     _num,
     _verdict,
+    colsum_curves,
     mean_cell,
 )
 from looplab.report.pages import markdown_table, register_block
@@ -57,24 +58,22 @@ def _reference(results_dir: Path) -> torch.Tensor:
     return torch.tensor(base.colsum.to_numpy(), dtype=torch.float64)
 
 
-def stage_measures(results_dir: Path, core_layers: range | None = None) -> pd.DataFrame:
+def stage_measures(results_dir: Path) -> pd.DataFrame:
     """Per (seed, step, condition): the zeroed layer, stage alignment (mean over loops of each loop's
-    correlation with the reference; NaN where a curve is constant), amplitude and max sink mass.
-
-    ``core_layers``: hold each loop against SmolLM2's own curve over those layers instead (the layers the
-    core was cut from; exploratory, not the protocol's reference)."""
+    correlation with the reference; NaN where a curve is constant), amplitude and max sink mass; and
+    ``core_alignment``, the same against SmolLM2's own curve over :data:`CORE_LAYERS`, the layers the
+    core was cut from (exploratory, not the protocol's reference)."""
     from looplab.analysis.stages import stage_alignment, stage_amplitude
 
     stages = _seed_files(results_dir, "stages.csv")
     if stages.empty:
-        return pd.DataFrame(columns=["seed", "step", "condition", "zeroed_layer", "alignment", "amplitude", "sink"])
+        columns = ["seed", "step", "condition", "zeroed_layer", "alignment", "core_alignment", "amplitude", "sink"]
+        return pd.DataFrame(columns=columns)
     reference = _reference(results_dir)
-    if core_layers is not None:
-        reference = reference[core_layers.start : core_layers.stop]
+    own = reference[CORE_LAYERS.start : CORE_LAYERS.stop]
     rows = []
     for (seed, step, condition), part in stages.groupby(["seed", "step", "condition"], sort=False):
-        table = part.pivot(index="loop", columns="layer", values="colsum").sort_index()
-        curves = torch.tensor(table.to_numpy(), dtype=torch.float64)
+        curves = colsum_curves(part)
         zeroed = part.zeroed_layer.iloc[0]
         rows.append(
             {
@@ -83,6 +82,7 @@ def stage_measures(results_dir: Path, core_layers: range | None = None) -> pd.Da
                 "condition": condition,
                 "zeroed_layer": None if pd.isna(zeroed) else int(zeroed),
                 "alignment": float(np.nanmean(stage_alignment(curves, reference).numpy())),
+                "core_alignment": float(np.nanmean(stage_alignment(curves, own).numpy())),
                 "amplitude": float(stage_amplitude(curves).mean()),
                 "sink": float(part.sink_mass.max()),
             }
@@ -166,8 +166,8 @@ def retrofit_trained_decisions_block(results_dir: Path) -> str:
         f"{'every' if lowered else 'not every'} seed: **{verdict}**. Beside it, layer 2 zeroed: "
         f"{mean_cell(ratios['zero_layer2'])}; the smallest MLP zeroed (control): {mean_cell(ratios['zero_control'])}."
     )
-    own = stage_measures(results_dir, CORE_LAYERS)
-    own = own[(own.condition == "base") & own.seed.isin(seeds)].set_index(["step", "seed"]).alignment
+    own = measures[(measures.condition == "base") & measures.seed.isin(seeds)].set_index(["step", "seed"])
+    own = own.core_alignment
     lines.append(
         f"- Exploratory (chosen after seeing the data, deciding nothing): each loop against SmolLM2's own "
         f"layers {CORE_LAYERS.start}–{CORE_LAYERS.stop - 1}, the ones the core was cut from: alignment "

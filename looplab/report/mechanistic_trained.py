@@ -93,11 +93,13 @@ def stage_table(layers: pd.DataFrame, condition: str = "base") -> pd.DataFrame:
 
 def _curves(part: pd.DataFrame) -> dict[int, torch.Tensor]:
     """seed → its ColSum curves [loops, layers] (float64)."""
-    out = {}
-    for seed, run in part.groupby("seed"):
-        table = run.pivot(index="loop", columns="layer", values="colsum").sort_index()
-        out[int(seed)] = torch.tensor(table.to_numpy(), dtype=torch.float64)
-    return out
+    return {int(seed): colsum_curves(run) for seed, run in part.groupby("seed")}
+
+
+def colsum_curves(rows: pd.DataFrame) -> torch.Tensor:
+    """The ColSum curves [loops, layers] (float64) of one traced pass's rows (loop, layer, colsum)."""
+    table = rows.pivot(index="loop", columns="layer", values="colsum").sort_index()
+    return torch.tensor(table.to_numpy(), dtype=torch.float64)
 
 
 def mean_cell(values, digits: int = 3, bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
@@ -303,9 +305,7 @@ def retrofit_block(results_dir: Path) -> str:
     looped_layers = int(rows.loc[rows.model != "feedforward", "layer"].max()) + 1
     body = []
     for (model, condition), part in rows.groupby(["model", "condition"], sort=False):
-        curves = torch.tensor(
-            part.pivot(index="loop", columns="layer", values="colsum").sort_index().to_numpy(), dtype=torch.float64
-        )
+        curves = colsum_curves(part)
         if model == "feedforward":
             curves = block_means(curves, looped_layers)
         zeroed = part.zeroed_layer.iloc[0]
