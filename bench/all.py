@@ -31,6 +31,7 @@ BENCHMARKS = (
     "halting",
     "halting_inference",
     "stabilisers",
+    "cli_start",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 

@@ -44,8 +44,9 @@ from timing import machine_line, print_measure, print_table, print_verdict, setu
 
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment
-from looplab.generation import ExitRule, generate, score
+from looplab.generation import GenerationExit, generate, score
 from looplab.generation.reasoning import decode_answers
+from looplab.params import as_dict
 from looplab.seeding import derive_generator
 from looplab.tasks.corpus import load_corpus
 from looplab.tasks.reasoning import ChainTrace
@@ -56,9 +57,9 @@ PRESET = "generation/kjv_trace"
 CAP = 16
 FIXED_DEPTHS = (1, 2, 4, 8)
 ADAPTIVE = (
-    ExitRule("kl", CAP, eps=0.01),
-    ExitRule("convergence", CAP, eps=0.05),
-    ExitRule("confidence", CAP, threshold=0.9),
+    GenerationExit("kl", CAP, {"eps": 0.01}),
+    GenerationExit("convergence", CAP, {"eps": 0.05}),
+    GenerationExit("confidence", CAP, {"threshold": 0.9}),
 )
 CACHES = ("per_loop", "last_m", "shared")
 KEEP_LOOPS = 2
@@ -80,11 +81,11 @@ def timed(model, prompts, tokens, rule, cache, repeats: int = 3):
     return result, sum(len(row) for row in result.tokens) / statistics.median(seconds)
 
 
-def label(rule: ExitRule) -> str:
-    if rule.name == "fixed":
-        return f"fixed {rule.loops}"
-    setting = f"threshold {rule.threshold}" if rule.name == "confidence" else f"eps {rule.eps}"
-    return f"{rule.name}, {setting}, cap {rule.loops}"
+def label(rule: GenerationExit) -> str:
+    if not rule.adaptive:
+        return f"{rule.name} {rule.loops}"
+    settings = "".join(f"{key} {value}, " for key, value in as_dict(rule.params).items())
+    return f"{rule.name}, {settings}cap {rule.loops}"
 
 
 def reasoning(model, problems, rule, cache, repeats: int = 3):
@@ -119,7 +120,7 @@ def main() -> None:
     model = exp.model
     prompts = kjv_prompts(exp, 8, 32)
 
-    fixed = ExitRule("fixed", 4)
+    fixed = GenerationExit("fixed", 4)
     rows, ratios = [], {}
     for length in (32, 128):
         window = kjv_prompts(exp, 8, length)
@@ -135,7 +136,7 @@ def main() -> None:
 
     generator = derive_generator(0, "bench-generate", "trace")
     problems = [p for n in range(1, 5) for p in ChainTrace().draw(n, args.problems, generator)]
-    rules = [ExitRule("fixed", k) for k in FIXED_DEPTHS] + list(ADAPTIVE)
+    rules = [GenerationExit("fixed", k) for k in FIXED_DEPTHS] + list(ADAPTIVE)
     reasoning(model, problems, rules[0], "per_loop", repeats=1)  # warm-up
     rows, found = [], {}
     for rule in rules:
@@ -160,14 +161,14 @@ def main() -> None:
             (
                 k
                 for k in FIXED_DEPTHS
-                if found[(ExitRule("fixed", k), "per_loop")][0].exact_match >= answers.exact_match
+                if found[(GenerationExit("fixed", k), "per_loop")][0].exact_match >= answers.exact_match
             ),
             None,
         )
         if cheapest is None:
             matched.append([label(rule), f"{answers.mean_depth:.2f}", f"{rate:.0f}", "none of " + str(FIXED_DEPTHS)])
             continue
-        fixed_rate = found[(ExitRule("fixed", cheapest), "per_loop")][1]
+        fixed_rate = found[(GenerationExit("fixed", cheapest), "per_loop")][1]
         matched.append([label(rule), f"{answers.mean_depth:.2f}", f"{rate:.0f}", f"fixed {cheapest}",
                         f"{fixed_rate:.0f}", f"{rate / fixed_rate:.2f}"])  # fmt: skip
     print_table(
@@ -212,7 +213,7 @@ def memory_rows(model, prompts, new_tokens: int, digits: int) -> list[list]:
     """Per depth 4, 16, 64: the MiB of keys and values each cache policy holds after generating ``new_tokens``."""
     rows = []
     for loops in (4, 16, 64):
-        rule = ExitRule("fixed", loops)
+        rule = GenerationExit("fixed", loops)
         sizes = [
             generate(model, prompts, new_tokens, rule, c, keep_loops=KEEP_LOOPS).cache_bytes / 2**20 for c in CACHES
         ]
@@ -235,15 +236,15 @@ def retrofit_section() -> float | None:
     starts = range(0, 4 * 4000, 4000)
     passages = [tokenizer(text[start : start + 400])["input_ids"][:48] for start in starts]
     prompts = [p[:32] for p in passages]
-    cached, cached_rate = timed(retrofit, prompts, 16, ExitRule("fixed", 4), "per_loop", repeats=1)
-    uncached, uncached_rate = timed(retrofit, prompts, 16, ExitRule("fixed", 4), "none", repeats=1)
+    cached, cached_rate = timed(retrofit, prompts, 16, GenerationExit("fixed", 4), "per_loop", repeats=1)
+    uncached, uncached_rate = timed(retrofit, prompts, 16, GenerationExit("fixed", 4), "none", repeats=1)
     assert cached.tokens == uncached.tokens, "the per_loop cache must reproduce recomputation"
     print("5. SmolLM2-135M retrofitted (4, 6⊗r, 4), not fine-tuned: 4 KJV passages of 32 tokens")
     print_table(
         ["fixed 4 loops, + 16 tokens", "per_loop cache", "no cache (recompute)", "ratio"],
         [["tokens/s", f"{cached_rate:.1f}", f"{uncached_rate:.1f}", f"{cached_rate / uncached_rate:.2f}"]],
     )
-    rules = (ExitRule("fixed", 1), ExitRule("fixed", 4), ExitRule("convergence", CAP, eps=0.05))
+    rules = (GenerationExit("fixed", 1), GenerationExit("fixed", 4), GenerationExit("convergence", CAP, {"eps": 0.05}))
     print("   KJV passages of 48 tokens, teacher-forced, each token at its exit's depth")
     print_table(["exit", "cache", "loss (nats / token)", "loops per token"], loss_rows(retrofit, passages, rules))
     print("   keys and values held, MiB (batch 4, 32 + 1 tokens)")

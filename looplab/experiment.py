@@ -3,20 +3,23 @@
 :func:`check_config` checks what the config schema alone cannot (registered
 task and schedule names, the parameters the schedule and each regulariser
 declare) and completes the config with those components' defaults; every
-entry point calls it before writing anything. :meth:`Experiment.build` makes the task,
-model, schedule and regularisers; :meth:`Experiment.from_run` also loads a
-run's latest checkpoint.
+entry point calls it before writing anything, once: a checked config carries the mark of
+its check, and :func:`checked` checks only a config without it (or one changed since), so
+a command checks its config once and passes it down. :meth:`Experiment.build` makes the
+task, model, schedule and regularisers; :meth:`Experiment.from_run` also loads a run's
+latest checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import torch
 
-from looplab.checkpoint import latest_checkpoint, load_weights
+from looplab.checkpoint import latest_checkpoint, load_weights, read_state
 from looplab.config import Config
 from looplab.errors import LooplabError, choice_error
 from looplab.exits import complete_exits
@@ -30,39 +33,84 @@ from looplab.rundir import load_run_config
 from looplab.schedules import SCHEDULES, DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
 from looplab.tasks.pool import PooledTask, check_pool_task, pool_header
+from looplab.token_exits import check_token_exits
 
-__all__ = ["Experiment", "check_config", "check_device", "all_finite", "training_depth"]
+__all__ = [
+    "Experiment",
+    "check_config",
+    "checked",
+    "is_checked",
+    "on_device",
+    "check_sizes",
+    "check_device",
+    "all_finite",
+    "training_depth",
+]
+
+#: the attribute of a checked config holding what it held when it was checked (``Config.to_dict``)
+_CHECKED = "_checked_as"
 
 
-def check_config(config: Config) -> None:
+def is_checked(config: Config) -> bool:
+    """Whether ``config`` passed :func:`check_config` and holds what it held then."""
+    return getattr(config, _CHECKED, None) == config.to_dict()
+
+
+def checked(config: Config) -> Config:
+    """``config``, checked by :func:`check_config` unless it already is (:func:`is_checked`): the one
+    check a command makes, wherever the config is passed down."""
+    return config if is_checked(config) else check_config(config)
+
+
+def on_device(config: Config, device: str) -> Config:
+    """A copy of ``config`` that runs on ``device`` (a rank's own ``cuda:N``), still checked if ``config`` is:
+    the device itself is checked where the experiment is built (:func:`check_device`)."""
+    moved = dataclasses.replace(config, run=dataclasses.replace(config.run, device=device))
+    if is_checked(config):
+        setattr(moved, _CHECKED, moved.to_dict())
+    return moved
+
+
+def check_sizes(task: Task | type[Task], what: str, sizes: list[int], training: bool = False) -> None:
+    """A one-line error when a size in ``sizes`` lies outside what ``task`` draws (with ``training``: trains on),
+    naming the valid range."""
+    high = (task.max_train_size or task.max_size) if training else task.max_size
+    span = f"{task.min_size}..{high if high is not None else 'any'}"
+    if high is not None and max(sizes) > high:
+        raise LooplabError(f"{what} must be <= {high} for task {task.name!r}, got {max(sizes)} (valid: {span})")
+    if min(sizes) < task.min_size:
+        raise LooplabError(
+            f"{what} must be >= {task.min_size} for task {task.name!r}, got {min(sizes)} (valid: {span})"
+        )
+
+
+def check_config(config: Config) -> Config:
     """One-line errors for an unknown task or schedule, a size the task cannot draw, a schedule or
     regulariser parameter outside its domain, or contradictions between sections.
 
     Completes ``config`` in place: ``[schedule]`` holds exactly the chosen schedule's
     parameters, ``[stability]`` every registered regulariser's table and ``[eval.exits]`` every
-    registered exit's, defaults filled in,
-    so a run dir's config.toml states every value the run used.
+    registered exit's, defaults filled in (``[generate.exits]`` is checked, not completed),
+    so a run dir's config.toml states every value the run used. Returns ``config``, marked checked
+    (:func:`is_checked`).
     """
     if config.task.name not in TASKS:
         raise choice_error("value for task.name:", config.task.name, TASKS)
     task = TASKS[config.task.name]
-    for what, sizes, bound in (
-        ("task.train_max", [config.task.train_max], task.max_train_size or task.max_size),
-        ("task.eval_lengths", config.task.eval_lengths, task.max_size),
-    ):
-        if bound is not None and sizes and max(sizes) > bound:
-            raise LooplabError(f"{what} must be <= {bound} for task {task.name!r}, got {max(sizes)}")
-    for what, sizes in (("task.train_min", [config.task.train_min]), ("task.eval_lengths", config.task.eval_lengths)):
-        if min(sizes) < task.min_size:
-            raise LooplabError(f"{what} must be >= {task.min_size} for task {task.name!r}, got {min(sizes)}")
+    check_sizes(task, "task.train_min", [config.task.train_min], training=True)
+    check_sizes(task, "task.train_max", [config.task.train_max], training=True)
+    check_sizes(task, "task.eval_lengths", config.task.eval_lengths)
     schedule, params = resolve_schedule(config.schedule)
     config.schedule.params = as_dict(params)
     config.stability = complete_stability(config.stability)
     config.eval.exits = complete_exits(config.eval.exits, config.eval.max_loops)
+    config.generate.exits = check_token_exits(config.generate.exits)
     segmented = config.train.segment_loops > 0
     if config.train.backprop_loops and not (issubclass(schedule, DepthRule) or segmented):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
-    check_deep_supervision(schedule, params, config)
+    instance = make_task(task.name, config.task.alphabet)
+    deepest = int(instance.steps(torch.tensor([config.task.train_max])))
+    check_deep_supervision(schedule, params, config, deepest)
     placement(config.model.placement)
     if config.model.recurrence == "trm" and config.model.injection != "add":
         raise LooplabError(
@@ -80,10 +128,9 @@ def check_config(config: Config) -> None:
             f"the {config.schedule.name} schedule reads answers at up to {bound} loops, beyond eval.max_loops = "
             f"{config.eval.max_loops}: raise eval.max_loops to at least {bound}"
         )
-    instance = make_task(task.name, config.task.alphabet)
     if config.task.pool:
         check_pool(config)
-    schedule.check_task(params, int(instance.steps(torch.tensor([config.task.train_max]))))
+    schedule.check_task(params, deepest)
     if config.model.positional == "learned":
         longest = max([config.task.train_max, *config.task.eval_lengths])
         width = instance.seq_len(longest)
@@ -92,6 +139,8 @@ def check_config(config: Config) -> None:
                 f"learned positions reach model.max_len = {config.model.max_len}, but a size-{longest} instance "
                 f"of {task.name!r} is {width} tokens long: raise max_len to at least {width}"
             )
+    setattr(config, _CHECKED, config.to_dict())
+    return config
 
 
 def check_pool(config: Config) -> None:
@@ -106,8 +155,10 @@ def check_pool(config: Config) -> None:
         )
 
 
-def check_deep_supervision(schedule: type[Schedule], params, config: Config) -> None:
-    """A one-line error when ``train.segment_loops`` and the schedule do not go together."""
+def check_deep_supervision(schedule: type[Schedule], params, config: Config, deepest: int) -> None:
+    """A one-line error when ``train.segment_loops`` and the schedule do not go together: deep supervision cuts
+    the deepest training unroll (T_train, from ``deepest`` = T(train_max)) into whole segments of k loops, for a
+    rule schedule's depth as for a segment-halting schedule's ``t_max``."""
     k, name, mode = config.train.segment_loops, config.schedule.name, schedule.deep_supervision
     if k > 0 and mode == "refused":
         takers = sorted(n for n, cls in SCHEDULES.items() if cls.deep_supervision != "refused")
@@ -121,6 +172,18 @@ def check_deep_supervision(schedule: type[Schedule], params, config: Config) -> 
         raise LooplabError(
             f"the {name} schedule's schedule.t_max = {params.t_max} must be a whole number of segments "
             f"of train.segment_loops = {k}"
+        )
+    depth = schedule.training_depth(params, deepest)
+    if mode == "optional" and k > depth:
+        raise LooplabError(
+            f"train.segment_loops = {k} is longer than the {name} schedule's deepest training depth {depth}: "
+            f"one segment would hold the whole unroll; use train.segment_loops in 1..{depth}"
+        )
+    if mode == "optional" and k > 0 and depth % k:
+        raise LooplabError(
+            f"the {name} schedule's deepest training depth {depth} must be a whole number of segments "
+            f"of train.segment_loops = {k}: use a depth of {depth - depth % k} or {depth - depth % k + k}, "
+            f"or segments that divide {depth}"
         )
     if k > 0 and config.train.backprop_loops > k:
         raise LooplabError(
@@ -175,8 +238,10 @@ class Experiment:
 
     @staticmethod
     def build(config: Config, parallel: Parallel = SINGLE) -> Experiment:
-        """Fresh objects, the model initialised from ``run.seed``; ``parallel`` is this process's rank."""
-        check_config(config)
+        """Fresh objects, the model initialised from ``run.seed``; ``parallel`` is this process's rank.
+
+        ``config`` is checked unless it already is (:func:`checked`)."""
+        checked(config)
         check_device(config.run.device)
         torch.manual_seed(config.run.seed)
         task = make_task(config.task.name, config.task.alphabet)
@@ -202,6 +267,7 @@ class Experiment:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
             raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")
+        read_state(checkpoint)  # a checkpoint whose state train would refuse is refused here too
         exp = Experiment.build(config)
         load_weights(checkpoint, exp.modules())
         if not all_finite(exp.modules()):

@@ -17,10 +17,21 @@ from looplab.config import Config
 from looplab.errors import LooplabError
 from looplab.tasks import Task
 
-__all__ = ["parameter_count", "training_bytes", "eval_bytes", "trace_bytes", "device_bytes", "check_fits"]
+__all__ = [
+    "parameter_count",
+    "training_bytes",
+    "eval_bytes",
+    "trace_bytes",
+    "probe_bytes",
+    "lm_eval_bytes",
+    "device_bytes",
+    "check_fits",
+]
 
 FLOAT = 4
 GIB = 1024**3
+#: what one row of a per-loop table costs before it becomes a DataFrame (a dict of a few Python floats)
+ROW_BYTES = 512
 
 
 def parameter_count(config: Config, vocab_size: int) -> int:
@@ -74,6 +85,24 @@ def trace_bytes(config: Config, task: Task, samples: int, loops: int, attention:
     per_call = rows * m.d_model * (2 if attention else 1) + (samples * m.n_heads * length * length if attention else 0)
     state = rows * m.d_model * (2 if m.recurrence == "trm" else 1)
     return FLOAT * ((loops + 1) * (m.core_layers * per_call + state) + parameter_count(config, task.vocab_size))
+
+
+def probe_bytes(config: Config, task: Task, length: int, samples: int, loops: int, kept: int, rows: int) -> int:
+    """A probe of ``samples`` instances of size ``length`` over ``loops`` loops (``looplab analyze spectral`` and
+    ``pca``): one loop's layer applications with their tangents, ``kept`` floats kept per loop (a state) and
+    ``rows`` table rows per loop."""
+    m = config.model
+    width = task.seq_len(length)
+    one_loop = 2 * samples * width * (m.core_layers + 1) * _per_token(config, width)  # forward and tangent
+    return FLOAT * (parameter_count(config, task.vocab_size) + one_loop + loops * kept) + ROW_BYTES * rows * loops
+
+
+def lm_eval_bytes(config: Config, task: Task, window: int, samples: int, max_loops: int, batch_size: int) -> int:
+    """A loss-against-loops evaluation: one batch of ``window``-byte windows read out at a loop, and a row per loop."""
+    width = task.seq_len(window)
+    batch = min(batch_size, samples)
+    unroll = batch * width * (_per_token(config, width) + task.vocab_size)
+    return FLOAT * (parameter_count(config, task.vocab_size) + unroll) + ROW_BYTES * max_loops
 
 
 def device_bytes(device: str) -> int:

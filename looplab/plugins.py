@@ -80,6 +80,10 @@ def _import_file(name: str) -> ModuleType:
     path = Path(name).expanduser().resolve()
     if not path.is_file():
         raise LooplabError(f"plugin file not found: {name} (run.plugins takes module names or paths to .py files)")
+    try:
+        path.read_bytes().decode("utf-8")  # as configs and prompt files are; Python would skip bad bytes in comments
+    except UnicodeDecodeError as err:
+        raise LooplabError(f"plugin file {path} is not UTF-8 text (byte {err.start})") from None
     module_name = f"looplab_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     if module_name in sys.modules:
         return sys.modules[module_name]
@@ -95,11 +99,18 @@ def _import_file(name: str) -> ModuleType:
 
 
 def _guarded(name: str, load):
-    """``load()``, with anything but a :class:`LooplabError` turned into one line naming the plugin and the place."""
+    """``load()``, with anything but a :class:`LooplabError` turned into one line naming the plugin and the place:
+    an exception, and a ``sys.exit()`` too (it would end the command silently, with its code, mid-way)."""
     try:
         return load()
     except LooplabError:
         raise
+    except SystemExit as err:
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        raise LooplabError(
+            f"plugin {name} called sys.exit({err.code!r}) on import ({where.filename}:{where.lineno}); "
+            "a plugin module only defines and registers its entries"
+        ) from None
     except Exception as err:
         where = traceback.extract_tb(err.__traceback__)[-1]
         raise LooplabError(
@@ -118,10 +129,10 @@ def register_entry(registry: dict, name: str, entry, family: str) -> None:
     """Add ``entry`` to a family's ``registry`` under ``name``; a name another entry holds, or a class that
     leaves part of its contract unimplemented, is a ValueError (registering the same entry again, as a
     re-imported module does, is not)."""
-    check_complete(entry, name, family)
     taken = registry.get(name)
     if taken is not None and _origin(taken) != _origin(entry):
         raise ValueError(f"{family} name {name!r} is taken by {_origin(taken)}")
+    check_complete(entry, name, family)
     registry[name] = entry
 
 

@@ -39,9 +39,17 @@ def load_run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise LooplabError(f"{run_dir} is not a run dir (no {CONFIG_FILE})")
     try:
-        return from_dict(tomllib.loads(path.read_text()))
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise LooplabError(f"{path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise LooplabError(f"{path} is not UTF-8 text") from None
+    except OSError as err:
+        raise LooplabError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        return from_dict(data)
+    except LooplabError as err:  # a value the run's config may not hold: say which file holds it
+        raise LooplabError(f"{path}: {err}") from None
 
 
 def read_log(run_dir: str | Path) -> list[dict]:

@@ -12,7 +12,7 @@ import contextlib
 import importlib
 import os
 
-from looplab import regularisers
+from looplab import regularisers, token_exits
 from looplab.analysis import registry as metrics
 from looplab.eval import exits
 from looplab.examples.plugins import MODULES
@@ -28,6 +28,7 @@ REGISTRIES = {
     "metric": metrics.METRICS,
     "task": tasks.TASKS,
     "placement": placements.PLACEMENTS,
+    "token_exit": token_exits.EXITS,
 }
 
 

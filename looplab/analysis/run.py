@@ -11,7 +11,8 @@ import torch
 from looplab.analysis.pca import plot_trajectories, trajectory_pca
 from looplab.analysis.text import start_line
 from looplab.errors import LooplabError
-from looplab.experiment import Experiment, training_depth
+from looplab.experiment import Experiment, check_sizes, training_depth
+from looplab.memory import check_fits, probe_bytes
 from looplab.progress import Progress
 from looplab.seeding import derive_generator
 from looplab.stability.spectral import EXACT_MAX_DIM, default_exact_loops, plot_spectral, spectral_trajectory
@@ -19,16 +20,32 @@ from looplab.tasks import TaskBatch
 
 
 def _prepare(
-    run_dir: str | Path, out: str | Path | None, length: int | None, loops: int | None, samples: int
+    run_dir: str | Path,
+    out: str | Path | None,
+    length: int | None,
+    loops: int | None,
+    samples: int,
+    kind: str,
 ) -> tuple[Experiment, TaskBatch, int, Path]:
     """Load the run, draw ``samples`` instances of ``length`` (default: the longest training length); the
-    output folder is named, not created (callers create it once their arguments are checked)."""
+    output folder is named, not created (callers create it once their arguments are checked). The size, loops
+    and samples are checked first: against the task's sizes, and against memory for the ``kind`` of probe
+    (``spectral``: a table row per sample and loop; ``pca``: one sample's state per loop)."""
     exp = Experiment.from_run(run_dir)
     cfg = exp.config
     length = cfg.task.train_max if length is None else length
     loops = cfg.eval.max_loops if loops is None else loops
     if min(length, loops, samples) < 1:
         raise LooplabError("--length, --loops and --samples must be >= 1")
+    check_sizes(exp.task, "--length", [length])
+    state = exp.task.seq_len(length) * cfg.model.d_model
+    kept, rows = (0, samples) if kind == "spectral" else (state, 0)
+    check_fits(
+        f"a {kind} analysis of {samples} sample(s) of size {length} x {loops} loops",
+        probe_bytes(cfg, exp.task, length, samples, loops, kept, rows),
+        cfg.run.device,
+        "use a smaller --length, fewer --loops or " + ("--samples" if kind == "spectral" else "a lower --sample"),
+    )
     device = next(exp.model.parameters()).device
     batch = exp.task.sample(length, samples, derive_generator(cfg.run.seed, "analysis", length)).to(device)
     return exp, batch, loops, Path(out) if out else Path(run_dir) / "analysis"
@@ -53,7 +70,7 @@ def analyze_spectral(
     ``exact_loops``: where to compute the exact spectrum as well (default: the first, middle and
     last loop; only for states of at most ``EXACT_MAX_DIM`` numbers, L·d).
     """
-    exp, batch, loops, out = _prepare(run_dir, out, length, loops, samples)
+    exp, batch, loops, out = _prepare(run_dir, out, length, loops, samples, "spectral")
     small = batch.tokens.shape[1] * exp.config.model.d_model <= EXACT_MAX_DIM
     if exact_loops is None:
         exact_loops = default_exact_loops(loops) if small else ()
@@ -113,7 +130,7 @@ def format_spectral(summary: dict) -> str:
 
 def analyze_pca(run_dir, length=None, loops=None, sample=0, out=None, progress: bool = False) -> dict:
     """PCA of one sample's per-position trajectory → pca_2d.png, pca_3d.png; returns explained variance."""
-    exp, batch, loops, out = _prepare(run_dir, out, length, loops, sample + 1)
+    exp, batch, loops, out = _prepare(run_dir, out, length, loops, sample + 1, "pca")
     out.mkdir(parents=True, exist_ok=True)
     if progress:
         _start_line("pca", run_dir, exp, batch, loops)

@@ -11,7 +11,7 @@ import os
 import sys
 
 from looplab.cli.analyze import analyze_command
-from looplab.cli.parser import ANALYSES, EXAMPLES, STUDIES, STUDY_EXTRAS, build_parser
+from looplab.cli.parser import ANALYSES, EXAMPLES, STUDIES, build_parser
 from looplab.cli.runs import config_command, demo_command, eval_command, generate_command, pool_command, train_command
 from looplab.cli.studies import report_command, reproduce_command, results_command, sweep_command
 from looplab.config import PRESETS
@@ -19,7 +19,7 @@ from looplab.errors import LooplabError
 from looplab.plotting import use_figure_preset
 from looplab.train.stop import Stopped
 
-__all__ = ["main", "parse", "describe_error", "build_parser", "EXAMPLES", "PRESETS", "STUDIES", "STUDY_EXTRAS"]
+__all__ = ["main", "parse", "describe_error", "build_parser", "EXAMPLES", "PRESETS", "STUDIES"]
 
 #: command → its handler (``results`` returns the exit code; the others return None for 0)
 COMMANDS = {

@@ -7,16 +7,16 @@ import argparse
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import PRESETS
-from looplab.generation import EXITS, POLICIES
+from looplab.generation import EXITS, MAX_LOOPS, POLICIES
 from looplab.plotting import FIGURE_PRESETS
-from looplab.report.paper import PAPERS
 
 ANALYSES = ("mechanistic", "spectral", "pca")
 ANALYSIS = AnalysisOptions()  # the mechanistic analysis's defaults
 #: the reproduction sweeps: configs/sweeps/<paper>-<scale>.toml, each named after a registered paper
 STUDIES = tuple(sorted(path.stem for path in (PRESETS / "sweeps").glob("*.toml")))
-#: studies with a part that is not a sweep of configs: its settings file, run after the sweep
-STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}
+#: the papers' names as the reproduction sweeps give them, for help texts; ``report`` checks ``--paper``
+#: against the registry itself, once the studies are loaded (a test keeps the two equal)
+PAPER_NAMES = tuple(sorted({study.split("-")[0] for study in STUDIES}))
 
 
 def lengths_arg(text: str) -> list[int]:
@@ -64,6 +64,7 @@ EXAMPLES = {
     "generate": [
         "looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
         "looplab generate runs/lm --prompts-file prompts.txt --temperature 0.8 --top-k 20 --seed 1",
+        "looplab generate runs/lm --prompt 'And God said' --exit kl --exit-param eps=0.01 --loops 16",
     ],
 }
 
@@ -192,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
             help="figure size and fonts: screen (default), paper (3.25 in per column, text >= 7 pt), slide",
         )
     report.add_argument("sweep_dir")
-    report.add_argument("--paper", choices=list(PAPERS), help="put this paper's numbers side by side")
+    report.add_argument(
+        "--paper", metavar="PAPER", help=f"put this paper's numbers side by side ({', '.join(PAPER_NAMES)})"
+    )
     reproduce.add_argument("study", choices=STUDIES)
     for sub in (sweep, reproduce):
         sub.add_argument("--out", required=True, help="sweep dir (resumed if it exists)")
@@ -230,13 +233,25 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     generate.add_argument(
-        "--exit", choices=list(EXITS), default="fixed", help="how deep each new token runs (default: fixed)"
+        "--exit",
+        default="fixed",
+        metavar="NAME",
+        help=f"how deep each new token runs: {', '.join(EXITS)} or a plugin's (default: fixed)",
     )
     generate.add_argument(
-        "--loops", type=int, help="the fixed depth, or the cap of an adaptive exit (default: eval.exits.fixed.depth)"
+        "--loops",
+        type=int,
+        help=f"the fixed depth, or the cap of an adaptive exit, 1..{MAX_LOOPS} (default: eval.exits.fixed.depth)",
     )
-    generate.add_argument("--eps", type=float, default=1e-3, help="threshold of the convergence and kl exits")
-    generate.add_argument("--threshold", type=float, default=0.9, help="max-probability of the confidence exit")
+    generate.add_argument(
+        "--exit-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of the chosen exit, e.g. eps=0.01 (repeatable; default: the run's [generate.exits.NAME])",
+    )
+    generate.add_argument("--eps", type=float, help="the earlier spelling of --exit-param eps=E (convergence, kl)")
+    generate.add_argument("--threshold", type=float, help="the earlier spelling of --exit-param threshold=P")
     generate.add_argument(
         "--cache", choices=(*POLICIES, "none"), default="per_loop", help="KV cache across loops (default per_loop)"
     )

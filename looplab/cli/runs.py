@@ -47,55 +47,58 @@ def eval_command(args) -> None:
                 ("--lengths", args.lengths),
                 ("--max-loops", args.max_loops),
             )
-            if value
+            if value is not None and value is not False  # given, even as 0
         ]
         if ignored:
             raise LooplabError(
                 f"--lm-loops reads the validation loss at 1..T loops; {', '.join(ignored)} belong to the "
                 "exact-match evaluation and would be ignored: drop them"
             )
+        if args.samples is not None and args.samples < 1:
+            raise LooplabError(f"--samples must be >= 1, got {args.samples}")
         summary = evaluate_lm_run(
             args.run_dir, max_loops=loops, samples=args.samples or config.eval.samples, progress=True
         )
         print(json.dumps(summary, indent=2))
         print(f"\nwrote {Path(args.run_dir) / 'eval'}/lm_loops.csv, lm_loops.png and lm_summary.json")
         return
-    from looplab.eval.run import eval_dir
-
-    summary = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling, progress=True)
-    print(format_summary(summary))
-    written = eval_dir(Path(args.run_dir), load_run_config(args.run_dir), args.lengths, args.max_loops, args.samples)
-    print(f"\nwrote {written}: grid.parquet, samples.parquet, policy_depths.parquet and summary.json")
+    evaluation = evaluate_run(args.run_dir, args.lengths, args.max_loops, args.samples, args.scaling, progress=True)
+    print(format_summary(evaluation))
+    print(f"\nwrote {evaluation.folder}: grid.parquet, samples.parquet, policy_depths.parquet and summary.json")
     print(f"next: looplab analyze {args.run_dir}   (fixed points, attention across loops, ColSum stages)")
 
 
 def generate_command(args) -> None:
     """``looplab generate RUN_DIR --prompt TEXT``: continue prompts with a trained text run."""
     from looplab.exits import fixed_depth
-    from looplab.generation import ExitRule, Sampling
+    from looplab.generation import GenerationExit, Sampling, token_exit_params
     from looplab.generation.text import generate_text, unescape
     from looplab.rundir import load_run_config
 
     prompts = list(args.prompt)
+    sources = [f"--prompt {index + 1}" for index in range(len(prompts))]
     if args.prompts_file:
-        try:
-            prompts += Path(args.prompts_file).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as err:
-            raise LooplabError(f"cannot read prompts file {args.prompts_file}: {err}") from None
+        lines = _read_prompts(args.prompts_file)
+        prompts += lines
+        sources += [f"--prompts-file {args.prompts_file} line {number + 1}" for number in range(len(lines))]
     if not prompts:
         raise LooplabError("no prompt: give --prompt TEXT (repeatable) or --prompts-file FILE")
-    config = load_run_config(args.run_dir)
-    loops = args.loops or fixed_depth(config.eval)
     stops = [unescape(text) for text in args.stop]
+    if "" in stops:
+        raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
+    config = load_run_config(args.run_dir)  # imports the run's plugins: their exits are known from here on
+    loops = args.loops if args.loops is not None else fixed_depth(config.eval)
+    params = token_exit_params(args.exit, config.generate.exits, **_exit_params(args))
     completions, result = generate_text(
         args.run_dir,
         prompts,
         args.max_new_tokens,
-        ExitRule(args.exit, loops, args.eps, args.threshold),
+        GenerationExit(args.exit, loops, params),
         args.cache,
         Sampling(args.temperature, args.top_k, args.seed),
         stops,
         args.keep_loops,
+        sources,
     )
     for completion in completions:
         print(f"{completion.prompt!r} -> {completion.text!r}")
@@ -106,6 +109,44 @@ def generate_command(args) -> None:
         f"generate: {len(depths)} tokens, {args.exit} exit (loops {loops}), mean depth {result.mean_depth:.2f} "
         f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
     )
+
+
+def _read_prompts(path: str) -> list[str]:
+    """The lines of a prompts file, one prompt each; one-line errors naming the file."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise LooplabError(f"prompts file {path} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise LooplabError(f"cannot read prompts file {path}: {err.strerror or err}") from None
+    if not lines:
+        raise LooplabError(f"prompts file {path} is empty: it holds one prompt per line")
+    return lines
+
+
+def _exit_params(args) -> dict:
+    """The exit parameters ``--exit-param KEY=VALUE`` sets (values read as TOML, else as text), with the
+    earlier flags ``--eps`` and ``--threshold`` read as the keys they name."""
+    import tomllib
+
+    found = {}
+    for text in args.exit_param:
+        key, equals, raw = (part.strip() for part in text.partition("="))
+        if not equals or not key:
+            raise LooplabError(f"--exit-param {text!r} must look like KEY=VALUE, e.g. eps=0.01")
+        if key in found:
+            raise LooplabError(f"--exit-param {key} is given twice: give it once")
+        try:
+            found[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            found[key] = raw
+    for key in ("eps", "threshold"):
+        value = getattr(args, key)
+        if value is not None:
+            if key in found:
+                raise LooplabError(f"--{key} is the earlier spelling of --exit-param {key}=VALUE: give one of them")
+            found[key] = value
+    return found
 
 
 def config_command(args) -> None:

@@ -1,4 +1,8 @@
-"""The commands on many runs: ``sweep``, ``report``, ``reproduce`` and ``results``."""
+"""The commands on many runs: ``sweep``, ``report``, ``reproduce`` and ``results``.
+
+The studies (:mod:`looplab.studies`) are imported by ``report``, ``reproduce`` and ``results`` only,
+so that every other command starts without the report chain.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from looplab.cli.parser import STUDY_EXTRAS
+from looplab.cli.parser import PAPER_NAMES
 from looplab.config import PRESETS, resolve_preset
 from looplab.errors import LooplabError
-from looplab.report.paper import PAPERS
 
 
 def sweep_command(args) -> None:
@@ -36,7 +39,7 @@ def run_sweep_file(args, sweep_file: Path) -> None:
             f"sweep: {frame.attrs.get('ran', len(frame))} runs finished in {time.perf_counter() - began:.0f} s "
             f"({len(frame)} in all); results in {results}"
         )
-    print(f"next: looplab report {args.out}   (add --paper {'|'.join(PAPERS)} for the paper's numbers)")
+    print(f"next: looplab report {args.out}   (add --paper {'|'.join(PAPER_NAMES)} for the paper's numbers)")
 
 
 def report_command(args) -> None:
@@ -47,6 +50,9 @@ def report_command(args) -> None:
 def write_sweep_report(sweep_dir: str, paper: str | None) -> None:
     """Write ``sweep_dir``'s report (beside ``paper``'s numbers when given) and print its table."""
     from looplab.report import write_report
+    from looplab.studies import load_studies
+
+    load_studies()
 
     out = write_report(Path(sweep_dir), paper)
     print((out / "table.md").read_text())
@@ -55,16 +61,18 @@ def write_sweep_report(sweep_dir: str, paper: str | None) -> None:
 
 def reproduce_command(args) -> None:
     """``looplab reproduce STUDY --out DIR``: a bundled study's sweep (and its extra part), then its report."""
+    from looplab.studies import STUDY_EXTRAS
+
     extra = STUDY_EXTRAS.get(args.study)
     if extra is not None:  # validated, and the pretrained model found, before anything runs
         from looplab.lm.pretrained import require_smollm2
-        from looplab.lm.stars_study import load_study
+        from looplab.studies.stars.study import load_study
 
         study = load_study(PRESETS / extra)
         require_smollm2()
     run_sweep_file(args, PRESETS / "sweeps" / f"{args.study}.toml")
     if extra is not None:
-        from looplab.lm.stars_study import run_study
+        from looplab.studies.stars.study import run_study
 
         began = time.perf_counter()
         run_study(study, args.out, progress=not args.no_progress)
@@ -75,15 +83,24 @@ def reproduce_command(args) -> None:
 def results_command(args) -> int:
     """``looplab results``: the committed pages from their CSVs; returns the exit code."""
     from looplab.report.pages import regenerate
+    from looplab.studies import load_studies
 
+    load_studies()
     if args.collect:
-        from looplab.report.pages import collector
+        from looplab.report.pages import collect
 
-        frame = collector(args.study)([Path(d) for d in args.collect], Path(args.dir) / args.study)
+        frame = collect(args.study, [Path(d) for d in args.collect], Path(args.dir))
         print(f"results: {len(frame)} rows -> {Path(args.dir) / args.study}")
     changed = regenerate(args.dir, check=args.check)
-    if args.check and changed:
-        print(f"results: out of date: {', '.join(map(str, changed))} (run: looplab results)", file=sys.stderr)
-        return 1
+    if args.check:
+        from looplab.report.pages import check_protocols
+
+        missing = check_protocols(Path(args.dir))
+        for line in missing:
+            print(f"results: {line}", file=sys.stderr)
+        if changed:
+            print(f"results: out of date: {', '.join(map(str, changed))} (run: looplab results)", file=sys.stderr)
+        if changed or missing:
+            return 1
     print(f"results: {len(changed)} page(s) {'to rewrite' if args.check else 'rewritten'} in {args.dir}")
     return 0

@@ -1,10 +1,11 @@
 """Run configuration: typed dataclasses, TOML load/save, ``section.key=value`` overrides.
 
 A config file has the sections ``[task]``, ``[model]``, ``[schedule]``,
-``[train]``, ``[eval]``, ``[stability]`` and ``[run]``; every key is optional
-and defaults to the value declared beside it: in ``schema.py`` for the fixed
-sections, by the chosen schedule for ``[schedule]`` and by each regulariser for
-``[stability.NAME]``. Unknown sections or keys, wrongly typed values and values
+``[train]``, ``[eval]``, ``[generate]``, ``[stability]`` and ``[run]``; every key
+is optional and defaults to the value declared beside it: in ``schema.py`` for the
+fixed sections, by the chosen schedule for ``[schedule]``, by each regulariser for
+``[stability.NAME]`` and by each exit for ``[eval.exits.NAME]`` and
+``[generate.exits.NAME]``. Unknown sections or keys, wrongly typed values and values
 outside a key's domain raise :class:`LooplabError` naming the valid options.
 This package depends on nothing in looplab but its errors, the parameter
 declarations (``looplab.params``) and the plugin loader (``looplab.plugins``).
@@ -26,6 +27,7 @@ from looplab.config.schema import (
     PRESETS,
     Config,
     EvalConfig,
+    GenerateConfig,
     ModelConfig,
     RunConfig,
     ScheduleConfig,
@@ -47,6 +49,7 @@ __all__ = [
     "PRESETS",
     "Config",
     "EvalConfig",
+    "GenerateConfig",
     "ModelConfig",
     "RunConfig",
     "ScheduleConfig",

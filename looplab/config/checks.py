@@ -12,7 +12,7 @@ from looplab.config.schema import PLACEMENT_ALIASES, Config
 from looplab.errors import LooplabError
 from looplab.params import check_domains
 
-SECTIONS = ("task", "model", "train", "eval", "run")  # the sections the schema declares key by key
+SECTIONS = ("task", "model", "train", "eval", "generate", "run")  # the sections the schema declares key by key
 
 
 def _require(condition: bool, message: str) -> None:

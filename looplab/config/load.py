@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 
 from looplab.config.checks import validate
-from looplab.config.schema import LEGACY_EXIT_KEYS, PRESETS, Config, EvalConfig, ScheduleConfig
+from looplab.config.schema import LEGACY_EXIT_KEYS, PRESETS, Config, EvalConfig, GenerateConfig, ScheduleConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.params import check_type
 from looplab.plugins import load_plugins, normalise_plugins
@@ -18,8 +18,8 @@ def _fill(target: Any, values: dict[str, Any], where: str) -> None:
     """Set the fields of dataclass ``target`` from ``values``, recursing into sub-tables.
 
     The tables whose keys belong to components (``[schedule]``'s parameters, each
-    ``[stability.NAME]``) are kept as they are, for ``check_config`` to check against
-    the component's own declaration.
+    ``[stability.NAME]``, ``[eval.exits.NAME]`` and ``[generate.exits.NAME]``) are kept as they
+    are, for ``check_config`` to check against the component's own declaration.
     """
     hints = get_type_hints(type(target))
     if isinstance(target, EvalConfig):
@@ -34,10 +34,10 @@ def _fill(target: Any, values: dict[str, Any], where: str) -> None:
         if isinstance(target, Config) and key == "schedule":
             target.schedule = ScheduleConfig(**{"name": target.schedule.name, **value})
             check_type("schedule.name", target.schedule.name, str)
-        elif isinstance(target, EvalConfig) and key == "exits":
+        elif isinstance(target, (EvalConfig, GenerateConfig)) and key == "exits":
             for name, table in value.items():
                 if not isinstance(table, dict):
-                    raise LooplabError(f"config section [eval.exits.{name}] must be a table, got {table!r}")
+                    raise LooplabError(f"config section [{where}.exits.{name}] must be a table, got {table!r}")
                 target.exits[name] = {**target.exits.get(name, {}), **table}
         elif isinstance(target, Config) and key == "stability":
             for regulariser, table in value.items():

@@ -173,6 +173,17 @@ LEGACY_EXIT_KEYS = {"fixed_exit": ("fixed", "depth"), "convergence_eps": ("conve
 
 
 @dataclass
+class GenerateConfig:
+    """``looplab generate``'s settings a run keeps: ``exits`` holds one table per generation exit
+    (``[generate.exits.kl] eps = 0.01``), each declared by its exit (``looplab.token_exits``) and checked
+    by ``check_config``, as ``[eval.exits]`` is for the test-time exits, but holding only the keys set (the
+    run never reads them; ``looplab generate`` fills the rest from the declaration when it runs);
+    ``--exit-param KEY=VALUE`` overrides a key for one command."""
+
+    exits: dict[str, dict[str, Any]] = param({}, doc="[generate.exits.NAME]: each generation exit's own parameters")
+
+
+@dataclass
 class RunConfig:
     """Seed, device, precision and plugins. ``bf16`` autocasts the forward pass (meant for CUDA).
 
@@ -201,6 +212,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
     stability: dict[str, dict[str, Any]] = field(default_factory=dict)
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -209,6 +221,8 @@ class Config:
         plain = {section: dataclasses.asdict(getattr(self, section)) for section in ("task", "model")}
         plain["schedule"] = self.schedule.to_dict()
         plain.update({section: dataclasses.asdict(getattr(self, section)) for section in ("train", "eval")})
+        if self.generate.exits:  # written only when set: configs from before [generate] keep their text and id
+            plain["generate"] = dataclasses.asdict(self.generate)
         plain["stability"] = {name: dict(table) for name, table in self.stability.items()}
         plain["run"] = dataclasses.asdict(self.run)
         return plain

@@ -18,12 +18,21 @@ from looplab.eval.metrics import headline_metrics, summarize
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.eval.scaling import plot_scaling, scaling_frame, scaling_summary
 from looplab.exits import exit_params
-from looplab.experiment import Experiment, training_depth
+from looplab.experiment import Experiment, check_sizes, training_depth
 from looplab.io import atomic_write, flatten, staged
 from looplab.memory import check_fits, eval_bytes
 from looplab.rundir import read_log
 
 EVAL_DIR = "eval"
+
+
+class Evaluation(dict):
+    """What :func:`evaluate_run` returns: the summary (the dict ``summary.json`` holds), and in ``folder`` the
+    folder the evaluation was written to."""
+
+    def __init__(self, summary: dict, folder: Path):
+        super().__init__(summary)
+        self.folder = folder
 
 
 def eval_dir(run_dir: Path, config, lengths: list[int] | None, max_loops: int | None, samples: int | None) -> Path:
@@ -47,12 +56,12 @@ def evaluate_run(
     samples: int | None = None,
     scaling: bool = False,
     progress: bool = False,
-) -> dict:
+) -> Evaluation:
     """Evaluate the latest checkpoint of ``run_dir``; options override the run's [eval] config.
 
-    Written to :func:`eval_dir` (``RUN_DIR/eval`` unless an option differs from the run's config).
-    With ``scaling``, also write the test-time scaling curve (``scaling.csv`` and
-    ``scaling.png``) and add its summary keys.
+    Written to :func:`eval_dir` (``RUN_DIR/eval`` unless an option differs from the run's config),
+    which the returned :class:`Evaluation` names beside the summary. With ``scaling``, also write
+    the test-time scaling curve (``scaling.csv`` and ``scaling.png``) and add its summary keys.
     """
     run_dir = Path(run_dir)
     exp = Experiment.from_run(run_dir)
@@ -67,6 +76,8 @@ def evaluate_run(
             raise LooplabError(f"--{name} must be >= 1, got {value}")
     if lengths is not None and (not lengths or min(lengths) < 1):
         raise LooplabError("--lengths must be a non-empty list of integers >= 1")
+    if lengths is not None:  # the sizes the task draws, before any estimate made from them
+        check_sizes(exp.task, "--lengths", lengths)
     out = eval_dir(run_dir, config, lengths, max_loops, samples)
     lengths = sorted(set(lengths or config.task.eval_lengths))
     max_loops = max_loops or config.eval.max_loops
@@ -136,7 +147,7 @@ def evaluate_run(
         atomic_write(stage / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     if out == run_dir / EVAL_DIR:
         log_to_tensorboard(run_dir, config, summary, frame, curve if scaling else None)
-    return summary
+    return Evaluation(summary, out)
 
 
 def log_to_tensorboard(

@@ -2,6 +2,17 @@
 
 from looplab.generation.cache import POLICIES, KVCache
 from looplab.generation.decode import Generation, Sampling, generate, score
-from looplab.generation.exits import EXITS, ExitRule
+from looplab.generation.exits import EXITS, MAX_LOOPS, GenerationExit, token_exit_params
 
-__all__ = ["EXITS", "POLICIES", "ExitRule", "Generation", "KVCache", "Sampling", "generate", "score"]
+__all__ = [
+    "EXITS",
+    "MAX_LOOPS",
+    "POLICIES",
+    "GenerationExit",
+    "Generation",
+    "KVCache",
+    "Sampling",
+    "generate",
+    "score",
+    "token_exit_params",
+]

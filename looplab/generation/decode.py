@@ -20,9 +20,10 @@ from collections.abc import Callable
 import torch
 
 from looplab.errors import LooplabError
+from looplab.generation.budget import check_budget
 from looplab.generation.cache import POLICIES
 from looplab.generation.decoder import Decoder
-from looplab.generation.exits import ExitRule
+from looplab.generation.exits import MAX_LOOPS, GenerationExit
 from looplab.generation.retrofit import decodable
 from looplab.generation.sampling import Generation, Sampling, choose, ended
 from looplab.lm.retrofit import RetrofittedLoop
@@ -34,7 +35,7 @@ __all__ = ["Generation", "Sampling", "generate", "score", "GREEDY", "FIXED_EXIT"
 
 #: the defaults of :func:`generate`: greedy decoding at a fixed 4 loops
 GREEDY = Sampling()
-FIXED_EXIT = ExitRule()
+FIXED_EXIT = GenerationExit()
 
 
 @torch.no_grad()
@@ -42,12 +43,13 @@ def generate(
     model: LoopedTransformer | RetrofittedLoop,
     prompts: list[list[int]],
     max_new_tokens: int,
-    exit_rule: ExitRule = FIXED_EXIT,
+    exit_rule: GenerationExit = FIXED_EXIT,
     cache: str = "per_loop",
     sampling: Sampling = GREEDY,
     finished: Callable[[list[int]], bool] | None = None,
     keep_loops: int = 2,
     forced: list[list[int]] | None = None,
+    sources: list[str] | None = None,
 ) -> Generation:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -60,9 +62,11 @@ def generate(
         finished: called with a row's generated ids after each token; True ends that row.
         forced: the tokens each row takes instead of picking one (teacher forcing, for
             :func:`score`); a row ends with its forced tokens.
+        sources: where each prompt came from (``prompts.txt line 3``), for the error that refuses one
+            too long to continue (:mod:`looplab.generation.budget`; default: its index).
     """
     model = decodable(model)
-    _check(model, prompts, max_new_tokens, exit_rule, cache, keep_loops, forced)
+    _check(model, prompts, max_new_tokens, exit_rule, cache, keep_loops, forced, sources)
     was_training = model.training
     model.eval()
     try:
@@ -77,7 +81,7 @@ def generate(
 def score(
     model: LoopedTransformer | RetrofittedLoop,
     sequences: list[list[int]],
-    exit_rule: ExitRule = FIXED_EXIT,
+    exit_rule: GenerationExit = FIXED_EXIT,
     cache: str = "per_loop",
     context: int = 1,
     keep_loops: int = 2,
@@ -92,7 +96,16 @@ def score(
     return generate(model, prompts, max(map(len, forced)), exit_rule, cache, keep_loops=keep_loops, forced=forced)
 
 
-def _check(model: LoopedTransformer, prompts, max_new_tokens: int, exit_rule: ExitRule, cache: str, keep_loops, forced):
+def _check(
+    model: LoopedTransformer,
+    prompts,
+    max_new_tokens,
+    exit_rule: GenerationExit,
+    cache: str,
+    keep_loops,
+    forced,
+    sources,
+):
     cfg = model.cfg
     if not cfg.causal:
         raise LooplabError(
@@ -107,8 +120,8 @@ def _check(model: LoopedTransformer, prompts, max_new_tokens: int, exit_rule: Ex
         raise LooplabError("generation does not support init_state = 'noise' (each token would need its own draw)")
     if cache not in (*POLICIES, "none"):
         raise LooplabError(f"unknown KV cache policy {cache!r}; valid choices: {', '.join((*POLICIES, 'none'))}")
-    if cache == "last_m" and keep_loops < 1:
-        raise LooplabError(f"the last_m cache keeps >= 1 loops per token, got {keep_loops}")
+    if cache == "last_m" and not 1 <= keep_loops <= MAX_LOOPS:
+        raise LooplabError(f"the last_m cache keeps 1..{MAX_LOOPS} loops per token, got {keep_loops}")
     if forced is not None and (len(forced) != len(prompts) or any(len(row) == 0 for row in forced)):
         raise LooplabError(f"forced tokens must be given for each of the {len(prompts)} prompts, at least one each")
     if cache == "none" and exit_rule.adaptive:
@@ -123,14 +136,10 @@ def _check(model: LoopedTransformer, prompts, max_new_tokens: int, exit_rule: Ex
         )
     if not prompts or any(len(p) == 0 for p in prompts):
         raise LooplabError("every prompt needs at least one token")
-    if max_new_tokens < 1:
-        raise LooplabError(f"max new tokens must be >= 1, got {max_new_tokens}")
     vocab = model.head.out_features
     if any(not 0 <= token < vocab for row in (*prompts, *(forced or [])) for token in row):
         raise LooplabError(f"token ids must be in 0..{vocab - 1} (the model's vocabulary)")
-    longest = max(len(p) for p in prompts) + max_new_tokens
-    if cfg.positional == "learned" and longest > cfg.max_len:
-        raise LooplabError(f"prompt plus new tokens ({longest}) exceed model.max_len {cfg.max_len} (learned positions)")
+    check_budget(model, [len(p) for p in prompts], max_new_tokens, exit_rule.loops, cache, keep_loops, sources)
 
 
 def _generate_uncached(model, prompts, max_new_tokens, loops, sampling, finished, forced) -> Generation:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from looplab.generation.decode import Sampling, generate
-from looplab.generation.exits import ExitRule
+from looplab.generation.exits import GenerationExit
 from looplab.generation.text import cut_at_stop, decode, encode
 from looplab.tasks.reasoning import ANSWER_END
 
@@ -59,7 +59,7 @@ class DecodedAnswers:
 
 
 def decode_answers(
-    model, problems: list[tuple[str, str]], exit_rule: ExitRule, cache: str = "per_loop", keep_loops: int = 2
+    model, problems: list[tuple[str, str]], exit_rule: GenerationExit, cache: str = "per_loop", keep_loops: int = 2
 ) -> DecodedAnswers:
     """Greedy answers to ``problems`` ((question, answer) texts), each token at its exit's depth."""
     longest = max(len(answer) for _, answer in problems)

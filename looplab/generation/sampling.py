@@ -7,24 +7,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from looplab.errors import LooplabError
+from looplab.params import NON_NEGATIVE, Domain, at_least, check_domains, param
 
 
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is picked: greedy when ``temperature`` is 0, else sampled from
     softmax(logits / temperature) over the ``top_k`` most likely tokens (0: all), drawn from a
-    generator seeded with ``seed``."""
+    generator seeded with ``seed``. Each field is checked against its domain (finite, in range)."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    seed: int = 0
+    temperature: float = param(0.0, NON_NEGATIVE, "0: greedy")
+    top_k: int = param(0, at_least(0), "0: every token")
+    seed: int = param(0, Domain(-(2**63), 2**64 - 1), "the seed of the sampling generator (torch's range)")
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise LooplabError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise LooplabError(f"top-k must be >= 0 (0 = every token), got {self.top_k}")
+        check_domains(self, "sampling")
 
 
 @dataclass
@@ -54,7 +51,9 @@ def pick(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> Tens
     """[R] next tokens from logits [R, V]."""
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / sampling.temperature
+    logits = logits.float()
+    # shifted so the likeliest logit is 0: a tiny temperature sharpens towards greedy instead of overflowing
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / sampling.temperature
     if 0 < sampling.top_k < logits.shape[-1]:
         kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

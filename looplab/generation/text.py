@@ -19,14 +19,10 @@ from looplab.errors import LooplabError
 from looplab.exits import fixed_depth
 from looplab.experiment import Experiment
 from looplab.generation.decode import GREEDY, Generation, Sampling, generate
-from looplab.generation.exits import ExitRule
+from looplab.generation.exits import GenerationExit
 from looplab.schedules import Schedule
-from looplab.tasks.base import START
-from looplab.tasks.reasoning import ChainArithmetic
-from looplab.tasks.text import BYTE_OFFSET, KJVText
-
-#: the byte-level tasks whose runs can be prompted with text (and any task built on them)
-TEXT_TASKS = ("kjv", "kjv_arithmetic", "kjv_trace", "chain_arithmetic", "chain_trace")
+from looplab.tasks.base import START, TASKS
+from looplab.tasks.text import BYTE_OFFSET
 
 
 def encode(text: str) -> list[int]:
@@ -84,33 +80,41 @@ def generate_text(
     run_dir: str | Path,
     prompts: list[str],
     max_new_tokens: int = 64,
-    exit_rule: ExitRule | None = None,
+    exit_rule: GenerationExit | None = None,
     cache: str = "per_loop",
     sampling: Sampling = GREEDY,
     stops: list[str] = (),
     keep_loops: int = 2,
+    sources: list[str] | None = None,
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with the latest checkpoint of ``run_dir``.
 
     ``exit_rule`` defaults to the run's fixed exit (``eval.exits.fixed.depth``, the depth it is read at); the
-    ``halting`` exit is given the run's halting head (:func:`head_halts`).
+    ``halting`` exit is given the run's halting head (:func:`head_halts`). ``sources`` name the prompts in
+    errors (``prompts.txt line 3``); an empty stop string is refused (every text holds it).
     """
+    for stop in stops:
+        if not isinstance(stop, str) or not stop:
+            raise LooplabError(f"a stop string must be non-empty text (every text holds the empty one), got {stop!r}")
     exp = Experiment.from_run(run_dir)
-    if not isinstance(exp.task, (KJVText, ChainArithmetic)):
+    if not exp.task.is_text:
+        text_tasks = sorted(name for name, task in TASKS.items() if task.is_text)
         raise LooplabError(
             f"run {run_dir} trains the {exp.task.name!r} task, whose tokens are not text; "
-            f"generation reads runs of: {', '.join(TEXT_TASKS)}"
+            f"generation reads runs of: {', '.join(text_tasks)}"
         )
-    exit_rule = exit_rule or ExitRule("fixed", fixed_depth(exp.config.eval))
+    exit_rule = exit_rule or GenerationExit("fixed", fixed_depth(exp.config.eval))
     if exit_rule.needs_head:
         exit_rule = replace(exit_rule, halts=head_halts(exp.schedule))
-    stops = [s for s in stops if s]
+    stops = list(stops)
 
     def finished(ids: list[int]) -> bool:
         return bool(stops) and cut_at_stop(decode(ids), stops) is not None
 
     prompts_ids = [encode(p) for p in prompts]
-    result = generate(exp.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops)
+    result = generate(
+        exp.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, sources=sources
+    )
     completions = []
     for prompt, ids, depths in zip(prompts, result.tokens, result.depths):
         text = decode(ids)

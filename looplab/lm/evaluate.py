@@ -33,15 +33,15 @@ from looplab.lm.reasoning import (
     scaling_summary,
     spectral_by_loops,
 )
-from looplab.memory import check_fits, eval_bytes
+from looplab.memory import check_fits, eval_bytes, lm_eval_bytes
 from looplab.model import LoopedTransformer
 from looplab.model.protocol import readouts_by_loops
 from looplab.plotting import pyplot, save_figure
 from looplab.progress import Progress
 from looplab.schedules import DepthRule
 from looplab.seeding import derive_generator
-from looplab.tasks import IGNORE, make_task
-from looplab.tasks.reasoning import MIXTURE_WINDOW, KJVWithReasoning
+from looplab.tasks import IGNORE, TASKS, make_task
+from looplab.tasks.reasoning import MIXTURE_WINDOW
 from looplab.tasks.text import KJVText
 
 EVAL_DIR = "eval"
@@ -185,20 +185,21 @@ def evaluate_lm_run(
     """
     run_dir = Path(run_dir)
     exp = Experiment.from_run(run_dir)
-    if not isinstance(exp.task, KJVText):
+    if exp.task.exact_match:
+        corpora = sorted(name for name, task in TASKS.items() if not task.exact_match)
         raise LooplabError(
-            f"{run_dir} trains task {exp.config.task.name!r}; LM evaluation needs 'kjv' or 'kjv_arithmetic'"
+            f"{run_dir} trains task {exp.config.task.name!r}; LM evaluation needs a language-modelling task: "
+            f"{', '.join(corpora)}"
         )
-    reasoning = isinstance(exp.task, KJVWithReasoning)
+    reasoning = exp.task.problems is not None
     window = MIXTURE_WINDOW if reasoning else exp.config.task.train_max
+    what = f"evaluating {samples} windows x {max_loops} loops"
+    needed = lm_eval_bytes(exp.config, exp.task, window, samples, max_loops, batch_size)
     if reasoning:  # the problems' per-sample outcomes are held for every loop before any file is written
         lengths = exp.config.task.eval_lengths
-        check_fits(
-            f"evaluating {samples} problems x {max_loops} loops x {len(lengths)} sizes",
-            eval_bytes(exp.config, exp.task.reasoning, lengths, max_loops, samples),
-            exp.config.run.device,
-            "use fewer --lm-loops or --samples",
-        )
+        what = f"evaluating {samples} problems x {max_loops} loops x {len(lengths)} sizes"
+        needed += eval_bytes(exp.config, exp.task.reasoning, lengths, max_loops, samples)
+    check_fits(what, needed, exp.config.run.device, "use fewer --lm-loops or --samples")
     if progress:
         print(f"eval: {run_dir} at {exp.checkpoint}: {samples} windows of {window} bytes, loops 1..{max_loops}")
     frame = lm_loss_by_loops(

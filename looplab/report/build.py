@@ -3,9 +3,12 @@
     table.csv          every metric's n, mean, std, ci_lo, ci_hi per (task, variant), display units
     table.md, .tex     the same as "mean ± std [lo, hi]" cells, plus any paper comparison
     paper_<name>.csv   each paper comparison's numbers, ours and the paper's side by side
-    lm_curves.csv      looped-LM runs (stars-lm): each per-loop measure, mean and std over seeds
     <task>-<kind>.png  accuracy heatmaps, Oracle(n), flip rates, policy depths, test-time scaling
     report.html        all of it in one file, figures embedded as data: URIs
+
+plus what a registered paper draws of its own runs wherever the sweep holds them (its ``figures``
+hook: the STARS study's looped-LM curves and ``lm_curves.csv``, for one). The engine names no
+study; the studies register their papers when :mod:`looplab.studies` is imported.
 
 Everything is recomputed from results.parquet and the runs' eval files; a
 figure or file that this run did not write (stale, from an earlier report) is removed.
@@ -38,14 +41,12 @@ from looplab.report.aggregate import (
 )
 from looplab.report.comparison import PAPER_TABLES_DIR, Ours
 from looplab.report.html import Section, to_html
-from looplab.report.paper import check_paper, compare
+from looplab.report.paper import PAPERS, check_paper, compare
 from looplab.report.plots import CAPTIONS, write_task_plots
 from looplab.report.render import to_latex, to_markdown
 from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
-from looplab.report.stars_lm import CAPTIONS as LM_CAPTIONS
-from looplab.report.stars_lm import LM_TABLE_TITLE, write_lm_outputs
-from looplab.report.stopping import training_depth
 from looplab.report.tables import UNDEFINED, Table, seed_table
+from looplab.report.variants import training_depth
 
 REPORT_DIR = "report"
 BY = ["task.name", "variant"]
@@ -160,22 +161,25 @@ def train_depths(results: pd.DataFrame) -> dict[str, dict[str, float]]:
 FIGURES_AFTER = {
     "Results": ("accuracy", "oracle", "flips", "depths"),
     "Test-time scaling": ("scaling",),
-    LM_TABLE_TITLE: ("loopscaling", "retrofitscaling"),
 }
-FIGURE_CAPTIONS = {**CAPTIONS, **LM_CAPTIONS}
 
 
 def sections(tables: list[Table], figures: list[Path]) -> list[Section]:
-    """Each table followed by its figures (FIGURES_AFTER); figures whose table is absent follow the first table."""
+    """Each table followed by its figures (FIGURES_AFTER and each paper's own); figures whose table is absent
+    follow the first table."""
+    after, captions = dict(FIGURES_AFTER), dict(CAPTIONS)
+    for paper in PAPERS.values():
+        after.update(paper.figures_after)
+        captions.update(paper.captions)
     kind = {path: path.stem.rsplit("-", 1)[-1] for path in figures}
     placed: set[Path] = set()
     found = []
     for table in tables:
-        kinds = FIGURES_AFTER.get(table.title, ())
+        kinds = after.get(table.title, ())
         mine = [p for p in figures if kind[p] in kinds]
         placed.update(mine)
-        found.append(Section(table, [(p, FIGURE_CAPTIONS.get(kind[p], "")) for p in mine]))
-    rest = [(p, FIGURE_CAPTIONS.get(kind[p], "")) for p in figures if p not in placed]
+        found.append(Section(table, [(p, captions.get(kind[p], "")) for p in mine]))
+    rest = [(p, captions.get(kind[p], "")) for p in figures if p not in placed]
     if found:
         found[0].figures.extend(rest)
     elif rest:
@@ -241,16 +245,19 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
         for task in sorted(results["task.name"].dropna().unique())
         for path in write_task_plots(out, task, per_length, grids, depths, depths_trained.get(task, {}))
     ]
-    lm_figures, lm_curves = write_lm_outputs(out, results, sweep_dir)
-    figures += lm_figures
-    if not lm_curves.empty:
-        written.append(_write_csv(out / "lm_curves.csv", lm_curves))
+    own_files = []
+    for registered_paper in PAPERS.values():
+        if registered_paper.figures is not None:
+            own_figures, own_tables = registered_paper.figures(out, results, sweep_dir)
+            figures += own_figures
+            written += [_write_csv(out / name, frame) for name, frame in own_tables.items()]
+        own_files += [out / name for name in registered_paper.files]
     written += figures + [path.with_suffix(".pdf") for path in figures]
     summary = [line for line in notes if line.startswith("Conclusion,")]
     reading = [line for line in notes if not line.startswith("Conclusion,")]
     html_page = to_html(title, [sweep_line(results), *summary], reading, sections(tables, figures))
     written.append(_write_text(out / "report.html", html_page))
-    for stale in [*out.glob("*.png"), *out.glob("*.pdf"), *out.glob("paper_*.csv"), *out.glob("lm_curves.csv")]:
-        if stale not in written:
+    for stale in [*out.glob("*.png"), *out.glob("*.pdf"), *out.glob("paper_*.csv"), *own_files]:
+        if stale.exists() and stale not in written:
             stale.unlink()
     return out

@@ -25,11 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 from scipy import stats as scipy_stats
 
-from looplab.report.aggregate import BOOTSTRAP_SEED, FEW_SEEDS, LEVEL, RESAMPLES, numeric
-from looplab.report.comparison import variant_stem
+from looplab.report.aggregate import BOOTSTRAP_SEED, FEW_SEEDS, LEVEL, RESAMPLES
 
 EFFECT_RULE = (
     "reproduced when Gap(fixed) − Gap(other) > 0 by both the Welch t- and the bootstrap 95% interval, and "
@@ -175,31 +173,6 @@ def describe(result: Effect) -> str:
         f"(F [{result.ratio_f[0]:.2f}, {result.ratio_f[1]:.2f}], bootstrap [{result.ratio_bootstrap[0]:.2f}, "
         f"{result.ratio_bootstrap[1]:.2f}], Brown–Forsythe p = {result.brown_forsythe_p:.3f}): {result.verdict}"
     )
-
-
-def effect_tests(results: pd.DataFrame, reference: str = "fixed", others=("window", "rl_halting")) -> list[str]:
-    """Per task and other variant, the stopping paper's effect by EFFECT_RULE (needs ≥ 2 seeds on each side)."""
-    lines = []
-    if not {"task.name", "variant", "oracle_ood", "gap"} <= set(results.columns):
-        return lines
-    stems = results["variant"].map(variant_stem)
-    for task in sorted(results["task.name"].unique()):
-        base = results[(results["task.name"] == task) & (stems == reference)]
-        for other in others:
-            rows = results[(results["task.name"] == task) & (stems == other)]
-            if len(base) < 2 or len(rows) < 2:
-                continue
-            result = effect(
-                numeric(base, "oracle_ood"),
-                numeric(rows, "oracle_ood"),
-                100 * numeric(base, "gap"),
-                100 * numeric(rows, "gap"),
-            )
-            lines.append(
-                f"Effect test, {task}, {reference} vs {other} ({len(base)} and {len(rows)} seeds; {EFFECT_RULE}): "
-                f"{describe(result)}."
-            )
-    return lines
 
 
 def comparison_line(question, arm, other, a, b, metric, above, below, margin_pp=None) -> str:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_type_hints
 
 import torch
 from torch import Tensor, nn
@@ -298,9 +298,13 @@ def register_schedule(cls: type[Schedule]) -> type[Schedule]:
     contract unimplemented, or when a key is declared unlike another schedule's declaration of it
     (type, default or domain).
     """
+    taken = SCHEDULES.get(cls.name)  # the name first: a clash is the problem, whatever else the class lacks
+    if taken is not None and _qualified(taken) != _qualified(cls):
+        raise ValueError(f"schedule name {cls.name!r} is taken by {_qualified(taken)}")
     check_complete(cls, cls.name, "schedule")
+    types = get_type_hints(cls.Params)  # resolved, whether the module postpones annotations or not
     for declared in dataclasses.fields(cls.Params):
-        shape = (declared.type, declared.default, domain_of(declared))
+        shape = (types[declared.name], declared.default, domain_of(declared))
         first = _DECLARED.setdefault(declared.name, (shape, cls.name))
         if first[0] != shape and first[1] != cls.name:
             raise ValueError(
@@ -309,6 +313,10 @@ def register_schedule(cls: type[Schedule]) -> type[Schedule]:
             )
     register_entry(SCHEDULES, cls.name, cls, "schedule")
     return cls
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def schedule_params(cls: type[Schedule], cfg: ScheduleConfig) -> Any:

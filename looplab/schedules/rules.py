@@ -119,8 +119,9 @@ class MultiDepth(Matched):
     name = "multi_depth"
     label = "all of T(n) ± {window}"
     Params = DepthWindow
-    check_task = Window.check_task
-    training_depth = Window.training_depth
+    # Window's rules, bound to this class (Window.check_task would be bound to Window, and name it)
+    check_task = classmethod(Window.check_task.__func__)
+    training_depth = classmethod(Window.training_depth.__func__)
 
     def train_depths(self, lengths, generator):
         w = self.params.window

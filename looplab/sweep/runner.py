@@ -158,8 +158,8 @@ def _run_points(spec: SweepSpec, out: Path, workers: int, backend: str, address:
         PointJob(
             str(out / RUNS_DIR / p.run_id),
             p.config_toml,
-            spec.scaling,
-            spec.evaluate,
+            spec.options.scaling,
+            spec.options.evaluate,
             spec.analysis_options(),
         )
         for p in points

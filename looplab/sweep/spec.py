@@ -89,25 +89,19 @@ class RunPoint:
 
 @dataclass
 class SweepSpec:
-    """A parsed sweep file; see the module docstring for its keys."""
+    """A parsed sweep file; see the module docstring for its keys. ``options`` holds what the sweep does
+    with each point besides training it."""
 
     configs: list[Path]
     seeds: list[int]
     overrides: list[str] = field(default_factory=list)
     grid: dict[str, list] = field(default_factory=dict)
-    scaling: bool = False
-    analyze: bool = False
-    analyze_loops: int = ANALYSIS.loops
-    evaluate: bool = True
-    analyze_samples: int = ANALYSIS.samples
-    mlp_ablation: bool = ANALYSIS.mlp_ablation
-    analyze_metrics: list[str] = field(default_factory=list)
-    analyze_plots: bool = ANALYSIS.plots
+    options: SweepOptions = field(default_factory=SweepOptions)
     pretrain: Path | None = None
 
     def analysis_options(self) -> dict | None:
         """The options each point's mechanistic analysis runs with (None: the sweep analyses nothing)."""
-        return analysis_options(self)
+        return analysis_options(self.options)
 
     def points(self) -> list[RunPoint]:
         """Every distinct run point, in file × grid × seed order; pretrained points (with ``pretrain``) first."""
@@ -146,7 +140,7 @@ class SweepSpec:
         return RunPoint(toml_id(text), "".join([self.pretrain.stem.removeprefix(f"{base.task.name}-"), *differ]), text)
 
 
-def analysis_options(options: SweepOptions | SweepSpec) -> dict | None:
+def analysis_options(options: SweepOptions) -> dict | None:
     """The :class:`AnalysisOptions` fields a sweep's ``analyze*`` keys set (None when it does not analyse)."""
     if not options.analyze:
         return None
@@ -205,8 +199,14 @@ def load_sweep(path: str | Path) -> SweepSpec:
         import looplab.analysis.mechanistic  # noqa: F401  (registers the metrics analyze_metrics names)
 
         fill(AnalysisOptions, analysis_options(options), "sweep")
-    spec = SweepSpec(_config_paths(path, table.get("configs")), sorted(set(seeds)), overrides, grid, **asdict(options))
-    spec.pretrain = None if pretrain is None else path.parent / pretrain
+    spec = SweepSpec(
+        _config_paths(path, table.get("configs")),
+        sorted(set(seeds)),
+        overrides,
+        grid,
+        options,
+        None if pretrain is None else path.parent / pretrain,
+    )
     spec.points()  # resolve every config now, so a bad key fails before anything runs
     return spec
 

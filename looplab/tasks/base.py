@@ -72,6 +72,8 @@ class Task(ABC):
     exact_match: bool = True
     #: whether the task is next-token prediction, which a model may only read causally
     needs_causal: bool = False
+    #: whether the task's tokens are the bytes of text, so that a model of it reads and writes text (generation)
+    is_text: bool = False
     #: the smallest and largest instance size the task can draw (None: no bound), and the largest it trains on
     min_size: int = 1
     max_size: int | None = None

@@ -116,6 +116,7 @@ class ChainArithmetic(Task):
     name = "chain_arithmetic"
     max_size = MAX_STEPS
     needs_causal = True
+    is_text = True
     #: the answer is the value after every step (:class:`ChainTrace`), not only the last
     trace = False
 

@@ -40,6 +40,9 @@ class KJVText(Task):
     name = "kjv"
     exact_match = False
     needs_causal = True
+    is_text = True
+    #: the task whose problems are mixed into the text, row by row (None: text alone)
+    problems: type[Task] | None = None
 
     def symbols(self) -> list[str]:
         return [byte_symbol(b) for b in range(256)]

@@ -12,7 +12,6 @@ clipping, and rank 0 alone writes the run directory.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import threading
@@ -25,12 +24,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from looplab.checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from looplab.checkpoint import latest_checkpoint, load_checkpoint, load_weights, read_state, save_checkpoint
 from looplab.config import Config
 from looplab.errors import LooplabError
-from looplab.experiment import Experiment, all_finite, check_config, check_device, training_depth
+from looplab.experiment import Experiment, all_finite, check_device, checked, on_device, training_depth
 from looplab.io import atomic_write, exclusive_lock
-from looplab.memory import check_fits, training_bytes
+from looplab.memory import check_fits, eval_bytes, training_bytes
 from looplab.parallel import SINGLE, Parallel
 from looplab.progress import ProgressLines
 from looplab.regularisers import complete_stability
@@ -218,17 +217,28 @@ def _window_mean(window: list[dict]) -> dict:
 def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experiment:
     """Train (or resume) the run in ``run_dir``; returns the trained experiment.
 
-    Under torchrun every rank calls this; each returns the same trained weights.
+    Under torchrun every rank calls this; each returns the same trained weights. ``config`` is checked
+    (before anything is written) unless it already is (``looplab.experiment.checked``), and passed down checked.
     """
     run_dir = Path(run_dir)
-    check_config(config)  # before anything is written
+    config = checked(config)
     check_device(config.run.device)
+    task = make_task(config.task.name, config.task.alphabet)
     check_fits(
         "training",
-        training_bytes(config, make_task(config.task.name, config.task.alphabet), training_depth(config)),
+        training_bytes(config, task, training_depth(config)),
         config.run.device,
         "use a smaller model.d_model, train.batch_size or training depth",
     )
+    ev = config.eval
+    if ev.checkpoint_samples > 0:  # the evaluation at every checkpoint, estimated before the first step
+        check_fits(
+            f"the checkpoint evaluations ({ev.checkpoint_samples} samples x {ev.max_loops} loops x "
+            f"{len(config.task.eval_lengths)} lengths)",
+            eval_bytes(config, task, config.task.eval_lengths, ev.max_loops, ev.checkpoint_samples),
+            config.run.device,
+            "use a smaller eval.max_loops or eval.checkpoint_samples",
+        )
     if config.run.threads > 0:
         torch.set_num_threads(config.run.threads)
     check_run_dir_target(run_dir)
@@ -243,9 +253,7 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
             prepare_run_dir(run_dir, config, with_every_regulariser)
 
         parallel.on_main(claim)
-        exp = Experiment.build(
-            dataclasses.replace(config, run=dataclasses.replace(config.run, device=parallel.device)), parallel
-        )
+        exp = Experiment.build(on_device(config, parallel.device), parallel)
         optimizer = make_optimizer(exp)
         start = 0
         checkpoint = latest_checkpoint(run_dir)
@@ -287,6 +295,7 @@ def init_checkpoint(config: Config, run_dir: Path) -> Path | None:
     checkpoint = latest_checkpoint(source)
     if checkpoint is None:
         raise LooplabError(f"train.init_from {source} holds no checkpoint yet")
+    read_state(checkpoint)
     differ = [key for key, value in asdict(config.model).items() if asdict(theirs.model).get(key) != value]
     if differ:
         raise LooplabError(

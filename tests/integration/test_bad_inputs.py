@@ -35,8 +35,13 @@ def world(tmp_path_factory):
     (root / "broken.toml").write_text("[task\nname = 1\n")
     (root / "a_file").write_text("not a directory")
     (root / "bom.toml").write_bytes(b"\xef\xbb\xbf[task]\nname = 'copy'\n")
+    (root / "exits.py").write_text("import sys\n\nsys.exit(0)\n")  # a plugin that ends the command on import
+    (root / "latin1.py").write_bytes(b"# caf\xe9\nX = 1\n")  # Python imports it: the bad byte is in a comment
     no_config = root / "no_config"
     no_config.mkdir()
+    for name, text in {"not_utf8_run": b"\xff\xfe[task]\n", "bad_value_run": b"[model]\nd_model = 'wide'\n"}.items():
+        (root / name).mkdir()
+        (root / name / "config.toml").write_bytes(text)
     for name, text in {
         "sweep.toml": SWEEP,
         "other_sweep.toml": SWEEP.replace("seeds = [0]", "seeds = [1]"),
@@ -50,7 +55,16 @@ def world(tmp_path_factory):
     lm_sets = ["task.name=kjv_arithmetic", "task.train_max=4", "task.eval_lengths=[2,5]", "model.causal=true"]
     lm_sets += ["train.steps=1", "model.max_len=64"]
     assert main(["train", str(config), "--out", str(lm_run), "--no-progress", *(f"--set={s}" for s in lm_sets)]) == 0
-    return {"root": root, "cfg": config, "run": run_dir, "sweep_dir": sweep_dir, "lm_run": lm_run}
+    maze_run = root / "maze_run"  # a task whose sizes are bounded (grids of side 2..32), one step trained
+    maze_sets = ["task.name=maze", "task.train_min=2", "task.train_max=3", "task.eval_lengths=[3]", "train.steps=1"]
+    assert (
+        main(["train", str(config), "--out", str(maze_run), "--no-progress", *(f"--set={s}" for s in maze_sets)]) == 0
+    )
+    return {"root": root, "cfg": config, "run": run_dir, "sweep_dir": sweep_dir, "lm_run": lm_run, "maze_run": maze_run}
+
+
+#: the world's dirs no refused command may touch
+WORLD_RUNS = ("run", "sweep_dir", "lm_run", "maze_run")
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -100,6 +114,13 @@ CASES = [
         "eval.exits.fixed.depth must be in [0, inf), got -1",
     ),
     ("train {cfg} --set eval.exits.nope.depth=1 --out {new}", 2, "unknown exit [eval.exits.NAME], NAME = 'nope'"),
+    ("train {cfg} --set generate.exits.kl.eps=0 --out {new}", 2, "generate.exits.kl.eps must be in (0, inf), got 0"),
+    (
+        "train {cfg} --set generate.exits.kl.epsilon=1 --out {new}",
+        2,
+        "unknown key in [generate.exits.kl] 'epsilon'; valid choices: eps",
+    ),
+    ("train {cfg} --set generate.exits.nope.x=1 --out {new}", 2, "unknown generation exit [generate.exits.NAME]"),
     (
         "train {cfg} --set eval.fixed_exit=4 --set eval.exits.fixed.depth=5 --out {new}",
         2,
@@ -153,6 +174,8 @@ CASES = [
         "valid choices: post, post_sandwich, pre, pre_sandwich",
     ),
     ("train {cfg} --set run.plugins=['no_such_plugin'] --out {new}", 2, "plugin module 'no_such_plugin' not found"),
+    ("train {cfg} --set run.plugins=['{root}/exits.py'] --out {new}", 2, "exits.py called sys.exit(0) on import"),
+    ("train {cfg} --set run.plugins=['{root}/latin1.py'] --out {new}", 2, "latin1.py is not UTF-8 text (byte 5)"),
     (
         "train {cfg} --set schedule.name=multi_depth --set schedule.t_max=3 --out {new}",
         2,
@@ -177,6 +200,27 @@ CASES = [
         "train {cfg} --set schedule.name=q_halt --set schedule.t_max=10 --set train.segment_loops=3 --out {new}",
         2,
         "the q_halt schedule's schedule.t_max = 10 must be a whole number of segments of train.segment_loops = 3",
+    ),
+    (
+        "train recursive-small/maze-ds_fixed --set schedule.depth=7 --out {new}",
+        2,
+        "the fixed schedule's deepest training depth 7 must be a whole number of segments of train.segment_loops = 2",
+    ),
+    (
+        "train recursive-small/maze-ds_fixed --set schedule.depth=4 --set train.segment_loops=8 --out {new}",
+        2,
+        "train.segment_loops = 8 is longer than the fixed schedule's deepest training depth 4: "
+        "one segment would hold the whole unroll; use train.segment_loops in 1..4",
+    ),
+    (
+        "train {cfg} --set train.segment_loops=2 --set schedule.t_max=9 --set schedule.window=2 --out {new}",
+        2,
+        "the window schedule's deepest training depth 9 must be a whole number of segments",
+    ),
+    (
+        "train {cfg} --set eval.checkpoint_samples=8 --set eval.max_loops=1000000000 --out {new}",
+        2,
+        "the checkpoint evaluations (8 samples x 1000000000 loops x 3 lengths) needs an estimated",
     ),
     ("train {cfg} --set task.name=kjv --out {new}", 2, "it needs model.causal = true"),
     ("pool sudoku4 --sizes 30 --count 1 --out {new}", 2, "--sizes must be 1..11 for sudoku4, got [30]"),
@@ -226,6 +270,11 @@ CASES = [
     ("eval {run} --samples 1000000000", 2, "needs an estimated"),
     ("eval {run} --lengths 4,x", 2, "expected comma-separated integers"),
     ("eval {run} --lengths 0", 2, "--lengths must be a non-empty list of integers >= 1"),
+    ("eval {maze_run} --lengths 500", 2, "--lengths must be <= 32 for task 'maze', got 500 (valid: 2..32)"),
+    ("eval {maze_run} --lengths 1,3", 2, "--lengths must be >= 2 for task 'maze', got 1 (valid: 2..32)"),
+    ("eval {root}/not_utf8_run", 2, "not_utf8_run/config.toml is not UTF-8 text"),
+    ("eval {root}/bad_value_run", 2, "bad_value_run/config.toml: model.d_model must be int, got 'wide'"),
+    ("eval {run} --lm-loops 4 --samples 0", 2, "--samples must be >= 1"),
     ("eval {run} --colour", 2, "unrecognized arguments: --colour"),
     ("eval", 2, "the following arguments are required: run_dir"),
     # ---- analysis
@@ -239,6 +288,13 @@ CASES = [
     ("analyze spectral {run} --iters 0", 2, "--iters must be >= 1"),
     ("analyze pca {run} --sample -1", 2, "--sample must be >= 0"),
     ("analyze spectral {run} --length 0", 2, "--length, --loops and --samples must be >= 1"),
+    ("analyze spectral {maze_run} --length 500", 2, "--length must be <= 32 for task 'maze', got 500 (valid: 2..32)"),
+    ("analyze pca {maze_run} --length 1", 2, "--length must be >= 2 for task 'maze', got 1 (valid: 2..32)"),
+    ("analyze spectral {run} --length 1000000", 2, "a spectral analysis of 4 sample(s) of size 1000000 x 10 loops"),
+    ("analyze spectral {run} --loops 1000000000000", 2, "x 1000000000000 loops needs an estimated"),
+    ("analyze spectral {run} --samples 1000000000", 2, "a spectral analysis of 1000000000 sample(s)"),
+    ("analyze pca {run} --loops 1000000000000", 2, "a pca analysis of 1 sample(s) of size 6 x 1000000000000 loops"),
+    ("analyze pca {run} --sample 1000000000", 2, "a pca analysis of 1000000001 sample(s)"),
     # ---- sweeps, reports, reproductions
     ("sweep {root}/missing.toml --out {new}", 2, "sweep file not found"),
     ("sweep {root}/sweep_bool.toml --out {new}", 2, "sweep.scaling must be bool, got 'no'"),
@@ -249,7 +305,7 @@ CASES = [
     ("sweep {root}/sweep.toml --out {root}/a_file", 2, "is a file, not a sweep dir"),
     ("sweep {root}/sweep.toml --out {new} --backend ray --address 127.0.0.1:1", 2, "cannot reach the Ray cluster"),
     ("report {root}/missing", 2, "no results.parquet"),
-    ("report {sweep_dir} --paper physics", 2, "invalid choice: 'physics'"),
+    ("report {sweep_dir} --paper physics", 2, "unknown paper 'physics'; valid choices: mechanistic, recursive"),
     ("reproduce physics-small --out {new}", 2, "invalid choice: 'physics-small'"),
     ("results --dir {root}/missing", 2, "results folder not found: "),
     ("results --dir {new} --collect {root}/no_config", 2, "no run dirs under runs/"),
@@ -261,7 +317,7 @@ CASES = [
 def test_bad_input_is_one_line_and_harmless(world, tmp_path, capsys, template, code, message):
     new = tmp_path / "new"
     args = template.format(new=new, **world).split(" ")  # "--out " ends in an empty argument
-    before = {key: snapshot(world[key]) for key in ("run", "sweep_dir", "lm_run")}
+    before = {key: snapshot(world[key]) for key in WORLD_RUNS}
     assert main(args) == code
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -269,7 +325,7 @@ def test_bad_input_is_one_line_and_harmless(world, tmp_path, capsys, template, c
     assert message in lines[0], lines[0]
     assert "Traceback" not in err
     assert not new.exists(), "a refused command wrote its output"
-    assert {key: snapshot(world[key]) for key in ("run", "sweep_dir", "lm_run")} == before
+    assert {key: snapshot(world[key]) for key in WORLD_RUNS} == before
 
 
 def test_the_table_covers_at_least_forty_cases():
@@ -281,6 +337,27 @@ def test_corrupt_checkpoint_state_is_one_line(tmp_path, capsys):
     (run_dir / "checkpoints" / "step_0000002" / "state.json").write_text("{}")
     assert main(["train", str(tmp_path / "tiny.toml"), "--out", str(run_dir), "--no-progress"]) == 2
     assert "has no integer 'step'" in capsys.readouterr().err
+
+
+def test_a_checkpoint_train_refuses_is_refused_alike_by_every_command_that_loads_it(world, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    state = run / "checkpoints" / "step_0000004" / "state.json"
+    state.write_text("garbage{")
+    before = snapshot(run)
+    expected = f"looplab: error: checkpoint state {state} is unreadable: Expecting value: line 1 column 1 (char 0)"
+    for command in (
+        ["train", str(world["cfg"]), "--out", str(run), "--no-progress"],
+        ["train", str(world["cfg"]), "--set", f"train.init_from={run}", "--out", str(tmp_path / "new")],
+        ["eval", str(run)],
+        ["eval", str(run), "--lm-loops", "2"],
+        ["analyze", str(run), "--loops", "2"],
+        ["analyze", "spectral", str(run)],
+        ["analyze", "pca", str(run)],
+    ):
+        assert main(command) == 2, command
+        assert capsys.readouterr().err.strip().splitlines() == [expected], command
+    assert snapshot(run) == before and not (tmp_path / "new").exists()
 
 
 def test_a_checkpoint_whose_step_contradicts_its_folder_is_refused_and_kept(tmp_path, capsys):

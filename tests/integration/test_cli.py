@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -200,3 +201,33 @@ def test_eval_scaling_writes_its_curves_and_figures_to_tensorboard(trained_run, 
     assert "figures/scaling" in images
     picture = events.Images("figures/scaling")[0]
     assert picture.width > 100 and picture.height > 100
+
+
+def test_train_checks_its_config_once(tiny_config, tmp_path, monkeypatch):
+    """One ``looplab train`` checks its config once, the schema's checks and the registries' alike, and passes
+    the checked config down (to the trainer, the experiment it builds); a resume too (it reads the run dir's
+    saved config to compare it, which is that file's own check)."""
+    import looplab.config.load as load
+    import looplab.experiment as experiment
+    from looplab.cli import main
+
+    calls = Counter()
+
+    def counting(name, original):
+        def counted(*args):
+            calls[name] += 1
+            return original(*args)
+
+        return counted
+
+    # counted inside the checks (looked up at each call), whatever name a caller imported them by
+    monkeypatch.setattr(load, "validate", counting("validate", load.validate))
+    monkeypatch.setattr(
+        experiment, "check_deep_supervision", counting("check_config", experiment.check_deep_supervision)
+    )
+    config, run_dir = tiny_config(steps=2, checkpoint_every=2), tmp_path / "run"
+    assert main(["train", str(config), "--out", str(run_dir), "--no-progress"]) == 0
+    assert calls == {"validate": 1, "check_config": 1}
+    calls.clear()
+    assert main(["train", str(config), "--out", str(run_dir), "--no-progress"]) == 0
+    assert calls == {"validate": 2, "check_config": 1}

@@ -143,7 +143,7 @@ def test_every_figure_of_the_commands_is_readable(tmp_path, inspected, figsize):
 
 
 def test_the_stars_curves_keep_many_long_recipes_readable_and_name_their_bands(tmp_path, inspected):
-    from looplab.report.stars_lm import plot_curves
+    from looplab.studies.stars.lm import plot_curves
 
     loops = np.arange(1, 65)
     recipes = ["fixed4", "stars", "contractive", "pretrain", "pretrain+model.injection=contractive", "other"]

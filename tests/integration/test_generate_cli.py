@@ -6,7 +6,7 @@ import pytest
 
 from looplab.config import load_config
 from looplab.experiment import Experiment
-from looplab.generation import ExitRule, generate
+from looplab.generation import GenerationExit, generate
 from looplab.generation.text import encode, generate_text, head_halts
 from looplab.train.trainer import train
 from tests.conftest import run_cli, train_tiny_run
@@ -54,11 +54,11 @@ def test_the_halting_exit_reads_the_runs_own_head(tmp_path):
     run_dir = tmp_path / "lm-halting"
     overrides = [o for o in TINY_LM if not o.startswith("schedule.")]
     train(load_config(None, [*overrides, "schedule.name=rl_halting", "schedule.t_max=6"]), run_dir, progress=False)
-    completions, result = generate_text(run_dir, ["k=3;q=k+1;q?", "In"], 4, ExitRule("halting", 6))
+    completions, result = generate_text(run_dir, ["k=3;q=k+1;q?", "In"], 4, GenerationExit("halting", 6))
     assert [len(c.depths) for c in completions] == [4, 4]
     assert all(1 <= d <= 6 for c in completions for d in c.depths)
     exp = Experiment.from_run(run_dir)
-    reference = generate(exp.model, [encode("In")], 4, ExitRule("halting", 6, halts=head_halts(exp.schedule)))
+    reference = generate(exp.model, [encode("In")], 4, GenerationExit("halting", 6, halts=head_halts(exp.schedule)))
     assert reference.depths[0] == completions[1].depths
 
 
@@ -71,23 +71,97 @@ def test_a_stop_string_ends_the_row_where_it_first_appears(lm_run):
         assert len(stopped[0].depths) < 30 or completion.text.index(stop) == len(completion.text) - 1
 
 
+@pytest.fixture(scope="module")
+def prompt_files(tmp_path_factory):
+    """Prompts files of every bad kind."""
+    root = tmp_path_factory.mktemp("prompts")
+    (root / "long.txt").write_text("In the beginning\n" + "a" * 200_000 + "\n", encoding="utf-8")
+    (root / "empty.txt").write_text("", encoding="utf-8")
+    (root / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    return root
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         ([], "no prompt: give --prompt TEXT"),
         (["--prompt", "x", "--cache", "none", "--exit", "kl"], "use the fixed exit"),
-        (["--prompt", "x", "--max-new-tokens", "0"], "max new tokens must be >= 1"),
-        (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
-        (["--prompt", "x", "--loops", "-2"], "must be >= 1"),
-        (["--prompts-file", "/nonexistent/prompts.txt"], "cannot read prompts file"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "max new tokens must be in 1.."),
+        (["--prompt", "x", "--max-new-tokens", "-5"], "max new tokens must be in 1.."),
+        (["--prompt", "And", "--max-new-tokens", "1000000000"], "max new tokens must be in 1.."),
+        (["--prompt", "And", "--max-new-tokens", "1000000000", "--cache", "none"], "max new tokens must be in 1.."),
+        (["--prompt", "x", "--temperature", "-1"], "sampling.temperature must be in [0, inf)"),
+        (["--prompt", "x", "--temperature", "inf"], "sampling.temperature must be in [0, inf), got inf"),
+        (["--prompt", "x", "--temperature", "nan"], "sampling.temperature must be in [0, inf), got nan"),
+        (["--prompt", "x", "--top-k", "-1"], "sampling.top_k must be in [0, inf), got -1"),
+        (["--prompt", "x", "--seed", str(2**64)], "sampling.seed must be in"),
+        (
+            ["--prompt", "x", "--loops", "-2"],
+            "loops (the fixed exit's depth, an adaptive exit's cap) must be in 1..4096",
+        ),
+        (["--prompt", "x", "--loops", "0"], "must be in 1..4096, got 0"),
+        (["--prompt", "x", "--loops", "10000000"], "must be in 1..4096, got 10000000"),
+        (["--prompt", "x", "--stop", ""], "--stop '' is empty"),
+        (["--prompts-file", "/nonexistent/prompts.txt"], "cannot read prompts file /nonexistent/prompts.txt"),
+        (["--prompts-file", "{files}/long.txt"], "--prompts-file {files}/long.txt line 2: its 200001 tokens leave"),
+        (["--prompts-file", "{files}/empty.txt"], "prompts file {files}/empty.txt is empty"),
+        (["--prompts-file", "{files}/latin1.txt"], "prompts file {files}/latin1.txt is not UTF-8 text"),
         (["--prompt", "x", "--exit", "halting"], "needs a halting head; this run's 'fixed' schedule has none"),
-        (["--prompt", "x", "--cache", "last_m", "--keep-loops", "0"], "keeps >= 1 loops per token"),
+        (["--prompt", "x", "--exit", "nope"], "unknown generation exit 'nope'; valid choices: confidence, convergence"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps"], "--exit-param 'eps' must look like KEY=VALUE"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=inf"], "generate.exits.kl.eps must be in (0, inf)"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=nan"], "generate.exits.kl.eps must be in (0, inf)"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=small"], "generate.exits.kl.eps must be float"),
+        (
+            ["--prompt", "x", "--exit", "kl", "--exit-param", "epsilon=1"],
+            "[generate.exits.kl] 'epsilon'; valid choices: eps",
+        ),
+        (["--prompt", "x", "--exit", "confidence", "--threshold", "1.5"], "confidence.threshold must be in (0, 1]"),
+        (["--prompt", "x", "--eps", "0.1"], "unknown key in [generate.exits.fixed] 'eps'; valid choices: (none"),
+        (["--prompt", "x", "--exit", "kl", "--eps", "0.1", "--exit-param", "eps=0.2"], "--eps is the earlier spelling"),
+        (["--prompt", "x", "--cache", "last_m", "--keep-loops", "0"], "keeps 1..4096 loops per token, got 0"),
+        (["--prompt", "x", "--cache", "last_m", "--keep-loops", "100000"], "keeps 1..4096 loops per token"),
     ],
 )
-def test_bad_generate_arguments_are_one_line_exit_2(lm_run, extra, message):
-    result = run_cli("generate", str(lm_run), *extra)
+def test_bad_generate_arguments_are_one_line_exit_2(lm_run, prompt_files, extra, message):
+    result = run_cli("generate", str(lm_run), *(arg.format(files=prompt_files) for arg in extra))
     assert result.returncode == 2, result.stdout
-    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert message.format(files=prompt_files) in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_earlier_eps_flag_sets_the_chosen_exits_eps(lm_run):
+    """``--eps E`` is ``--exit-param eps=E``: a KL bound no step misses stops every token at loop 2."""
+    outputs = []
+    for flags in (["--eps", "1e9"], ["--exit-param", "eps=1e9"]):
+        result = run_cli("generate", str(lm_run), "--prompt", "In", "--exit", "kl", "--loops", "6", *flags)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    assert outputs[0] == outputs[1] and "mean depth 2.00 (min 2, max 2)" in outputs[0]
+
+
+def test_a_plugin_generation_exit_reads_its_parameter_from_the_run_and_the_command_line(tmp_path):
+    """A run naming the top_margin plugin: ``--exit top_margin`` is known once the run's plugins are read, its
+    margin comes from the run's [generate.exits.top_margin] table, and ``--exit-param`` overrides it."""
+    run_dir, config = tmp_path / "lm-plugin", tmp_path / "empty.toml"
+    config.write_text("")
+    sets = [*TINY_LM, 'run.plugins=["looplab.examples.plugins.top_margin"]', "generate.exits.top_margin.margin=1e9"]
+    trained = run_cli("train", str(config), "--out", str(run_dir), "--no-progress", *(f"--set={s}" for s in sets))
+    assert trained.returncode == 0, trained.stderr
+    assert "[generate.exits.top_margin]\nmargin = 1000000000.0" in (run_dir / "config.toml").read_text()
+    common = ["generate", str(run_dir), "--prompt", "In", "--max-new-tokens", "3", "--exit", "top_margin"]
+    never = run_cli(*common, "--loops", "5")  # no margin of 10⁹ nats: every token runs to the cap
+    assert never.returncode == 0, never.stderr
+    assert never.stdout.splitlines()[-1].startswith("generate: 3 tokens, top_margin exit (loops 5), mean depth 5.00")
+    always = run_cli(*common, "--loops", "5", "--exit-param", "margin=1e-12")  # ties aside, loop 1 always
+    assert always.returncode == 0, always.stderr
+    assert "mean depth 1.00" in always.stdout
+    refused = run_cli(*common, "--exit-param", "margin=-1")
+    assert (
+        refused.returncode == 2 and "generate.exits.top_margin.margin must be in (0, inf), got -1.0" in refused.stderr
+    )
+    elsewhere = run_cli("generate", str(tmp_path / "lm-plugin"), "--prompt", "In", "--exit", "top_margin2")
+    assert "valid choices: confidence, convergence, fixed, halting, kl, top_margin" in elsewhere.stderr
 
 
 def test_a_run_of_a_non_text_task_is_refused(tmp_path):

@@ -105,6 +105,11 @@ def test_a_plugin_file_path_is_found_again_from_the_run_dir(tmp_path):
         ("['missing/plugin.py']", "missing/plugin.py (run.plugins takes module names or paths to .py files)"),
         ("['broken.py']", "broken.py failed to import: ZeroDivisionError: division by zero"),
         ("['clash.py']", "schedule name 'fixed' is taken by looplab.schedules.rules.Fixed"),
+        ("['bare_clash.py']", "schedule name 'fixed' is taken by looplab.schedules.rules.Fixed"),
+        ("['task_clash.py']", "task name 'binary_addition' is taken by looplab.tasks."),
+        ("['exits.py']", "exits.py called sys.exit(0) on import ("),
+        ("['exits_code.py']", "exits_code.py called sys.exit(3) on import ("),
+        ("['latin1.py']", "latin1.py is not UTF-8 text (byte 5)"),
     ],
 )
 def test_a_plugin_that_cannot_be_imported_is_refused_in_one_line(tmp_path, plugins, message):
@@ -116,6 +121,21 @@ def test_a_plugin_that_cannot_be_imported_is_refused_in_one_line(tmp_path, plugi
         "class Fixed(Matched):\n"
         '    name = "fixed"\n'
     )
+    (tmp_path / "bare_clash.py").write_text(  # the name is the problem, not the methods it leaves out
+        "from looplab.schedules import DepthRule, register_schedule\n\n\n"
+        "@register_schedule\n"
+        "class Fixed(DepthRule):\n"
+        '    name = "fixed"\n'
+    )
+    (tmp_path / "task_clash.py").write_text(  # every family names the clash before the missing methods
+        "from looplab.tasks.base import Task, register_task\n\n\n"
+        "@register_task\n"
+        "class Addition(Task):\n"
+        '    name = "binary_addition"\n'
+    )
+    (tmp_path / "exits.py").write_text("import sys\n\nsys.exit(0)\n")  # would end train silently, with 0
+    (tmp_path / "exits_code.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "latin1.py").write_bytes(b"# caf\xe9: Latin-1, which Python skips in a comment\nX = 1\n")
     result = run_cli("train", "demo", "--out", str(tmp_path / "run"), *_sets(f"run.plugins={plugins}"), cwd=tmp_path)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -16,8 +16,11 @@ from looplab.experiment import Experiment
 from looplab.lm.evaluate import evaluate_lm_run
 from looplab.lm.reasoning import relative_drop, scaling_summary
 from looplab.report import write_report
+from looplab.studies import load_studies
 from looplab.sweep import load_sweep, run_sweep
 from looplab.train.trainer import train
+
+load_studies()  # the papers, page blocks and collectors these tests read are registered by the studies
 
 TINY = [
     "task.name=kjv_arithmetic",
@@ -133,7 +136,7 @@ def test_report_puts_the_drop_table_beside_the_paper(tmp_path):
     sweep_file.write_text('[sweep]\nconfigs = ["configs/*.toml"]\nseeds = 2\n')
     out = tmp_path / "sweep"
     run_sweep(load_sweep(sweep_file), out, workers=1, progress=False)
-    # a retrofit result as looplab.lm.stars_study writes it (that part needs SmolLM2; see tests/slow)
+    # a retrofit result as looplab.studies.stars.study writes it (that part needs SmolLM2; see tests/slow)
     loops = pd.DataFrame(
         {
             "loops": range(1, 9),

@@ -343,3 +343,21 @@ def test_exit_parameters_read_from_their_tables_and_from_the_earlier_keys(sectio
     check_config(config)
     assert config.eval.exits == exits
     assert from_dict(config.to_dict()).eval.exits == exits  # a run dir's config.toml reads back the same
+
+
+# ----------------------------------------------------------------------------- checked once
+def test_a_checked_config_is_not_checked_again_unless_it_changed(monkeypatch):
+    import looplab.experiment as experiment
+
+    config = load_config(None, ["schedule.name=fixed", "schedule.depth=4"])
+    assert not experiment.is_checked(config)
+    calls = []
+    original = experiment.check_config
+    monkeypatch.setattr(experiment, "check_config", lambda c: calls.append(c) or original(c))
+    assert experiment.checked(config) is config and experiment.is_checked(config)
+    experiment.Experiment.build(experiment.on_device(config, "cpu"))  # a rank's copy keeps the mark
+    assert len(calls) == 1
+    config.schedule.params["depth"] = 0  # changed after its check: checked again, and refused
+    with pytest.raises(LooplabError, match=r"schedule.depth must be in \[1, inf\) for the fixed schedule, got 0"):
+        experiment.Experiment.build(config)
+    assert len(calls) == 2

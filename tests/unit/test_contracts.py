@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from typing import get_type_hints
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from looplab.eval.grid import LengthOutcome
 from looplab.exits import EXITS, exit_params
 from looplab.experiment import Experiment
 from looplab.generation.exits import EXITS as TOKEN_EXITS
-from looplab.generation.exits import ExitRule
+from looplab.generation.exits import GenerationExit, check_token_exits, token_exit_params
 from looplab.model import LoopedTransformer
 from looplab.model.norms import Residual
 from looplab.model.protocol import LoopProbe
@@ -202,19 +203,36 @@ def test_analysis_options_are_declared_and_checked(options, message, tmp_path):
 # ---------------------------------------------------------------- generation exits
 
 
-@pytest.mark.parametrize("name", sorted(TOKEN_EXITS))
+@pytest.mark.parametrize("name", names("token_exit"))
 def test_token_exit_answers_per_row_and_the_cap_always_stops(name):
     generator = torch.Generator().manual_seed(0)
     h, h_prev = torch.randn(5, 8, generator=generator), torch.randn(5, 8, generator=generator)
     logp = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
     logp_prev = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
-    rule = ExitRule(name, loops=4, eps=0.5, threshold=0.3, halts=lambda h, t: h[:, 0] > 0)
-    for t in (1, 2, 3):
-        stop = rule.stop(t, h, h_prev, logp if rule.reads_logits else None, logp_prev if rule.reads_logits else None)
-        assert stop.shape == (5,) and stop.dtype == torch.bool
-        assert rule.adaptive or not stop.any()  # an exit that says it never stops early does not
-    assert bool(rule.stop(4, h, h_prev, logp, logp_prev).all())
-    without_head = ExitRule(name, loops=4)
-    if rule.needs_head:  # it says so: a call without the head is refused, not answered
-        with pytest.raises(LooplabError, match="halting head"):
-            without_head.stop(1, h, h_prev, logp, logp_prev)
+    with installed("token_exit", name):
+        rule = GenerationExit(name, loops=4, halts=lambda h, t: h[:, 0] > 0)
+        for t in (1, 2, 3):
+            stop = rule.stop(t, h, h_prev, *((logp, logp_prev) if rule.reads_logits else (None, None)))
+            assert stop.shape == (5,) and stop.dtype == torch.bool
+            assert rule.adaptive or not stop.any()  # an exit that says it never stops early does not
+        assert bool(rule.stop(4, h, h_prev, logp, logp_prev).all())
+        without_head = GenerationExit(name, loops=4)
+        if rule.needs_head:  # it says so: a call without the head is refused, not answered
+            with pytest.raises(LooplabError, match="halting head"):
+                without_head.stop(1, h, h_prev, logp, logp_prev)
+
+
+@pytest.mark.parametrize("name", names("token_exit"))
+def test_token_exit_declares_its_parameters_and_its_config_table_round_trips(name):
+    with installed("token_exit", name):
+        declared = TOKEN_EXITS[name].params
+        types = get_type_hints(declared)
+        for field in dataclasses.fields(declared):
+            assert domain_of(field) is not None or types[field.name] is bool, field.name
+        defaults = dataclasses.asdict(token_exit_params(name))
+        assert check_token_exits({name: defaults}) == {name: defaults}  # a table of every key round-trips
+        assert check_token_exits({name: {}}) == {name: {}}  # and holds only what it sets
+        assert token_exit_params(name, {name: defaults}) == token_exit_params(name)
+        assert GenerationExit(name, 4, defaults) == GenerationExit(name, 4)
+        with pytest.raises(LooplabError, match=rf"unknown key in \[generate.exits.{name}\] 'no_such_key'"):
+            token_exit_params(name, no_such_key=1)

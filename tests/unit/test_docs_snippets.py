@@ -34,7 +34,7 @@ def _snippets() -> list[str]:
 @pytest.fixture
 def registries(monkeypatch):
     """Run the snippets against copies of the registries, so nothing leaks into other tests."""
-    from looplab.generation import exits as token_exits
+    from looplab import token_exits
     from looplab.model import placements
     from looplab.schedules import base
     from looplab.tasks import base as tasks
@@ -64,15 +64,19 @@ def test_there_is_one_snippet_per_family():
 
 
 def test_the_generation_exit_snippet(registries):
-    from looplab.generation import ExitRule, generate
+    from looplab.generation import GenerationExit, generate
+    from looplab.token_exits import check_token_exits
     from tests.unit.model_helpers import make_model
 
     model = make_model(causal=True, core_layers=1)
     prompts = [[3, 4, 5], [3, 6]]
-    loose = generate(model, prompts, 3, ExitRule("entropy", 5, eps=10.0))  # below 10 nats from loop 1
-    strict = generate(model, prompts, 3, ExitRule("entropy", 5, eps=1e-6))  # never: the cap
+    loose = generate(model, prompts, 3, GenerationExit("entropy", 5, {"eps": 10.0}))  # below 10 nats from loop 1
+    strict = generate(model, prompts, 3, GenerationExit("entropy", 5, {"eps": 1e-6}))  # never: the cap
     assert {d for row in loose.depths for d in row} == {1}
     assert {d for row in strict.depths for d in row} == {5}
+    assert check_token_exits({"entropy": {"eps": 1}}) == {"entropy": {"eps": 1.0}}
+    with pytest.raises(LooplabError, match=r"generate.exits.entropy.eps must be in \(0, inf\)"):
+        GenerationExit("entropy", 5, {"eps": 0.0})
 
 
 def test_the_task_snippet(registries):

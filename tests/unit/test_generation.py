@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from looplab.errors import LooplabError
-from looplab.generation import ExitRule, Sampling, generate, score
+from looplab.generation import GenerationExit, Sampling, generate, score
 from looplab.generation.text import cut_at_stop, decode, encode, unescape
 from tests.unit.model_helpers import make_model
 
@@ -37,8 +37,8 @@ def reference_logits(model, sequence: list[int], loops: int) -> torch.Tensor:
 @pytest.mark.parametrize("structure", STRUCTURES, ids=lambda s: f"{s['placement']}-{s['injection']}")
 def test_per_loop_cache_equals_recomputation_token_for_token(structure):
     model = causal_model(**structure, prelude_layers=1, coda_layers=1)
-    cached = generate(model, PROMPTS, 6, ExitRule("fixed", 3), "per_loop")
-    uncached = generate(model, PROMPTS, 6, ExitRule("fixed", 3), "none")
+    cached = generate(model, PROMPTS, 6, GenerationExit("fixed", 3), "per_loop")
+    uncached = generate(model, PROMPTS, 6, GenerationExit("fixed", 3), "none")
     assert cached.tokens == uncached.tokens
     for prompt, new in zip(PROMPTS, cached.tokens):
         assert len(new) == 6
@@ -51,12 +51,12 @@ def test_per_loop_cache_equals_recomputation_token_for_token(structure):
 def test_cached_logits_match_recomputation_in_float64(positional, window):
     model = causal_model(positional=positional, attention_window=window, init_state="zeros", injection="add")
     # a sampled path visits tokens greedy decoding would not; compare each step's logits exactly
-    result = generate(model, PROMPTS[:2], 5, ExitRule("fixed", 4), "per_loop", Sampling(temperature=1.5, seed=3))
-    replay = generate(model, PROMPTS[:2], 5, ExitRule("fixed", 4), "none", Sampling(temperature=1.5, seed=3))
+    result = generate(model, PROMPTS[:2], 5, GenerationExit("fixed", 4), "per_loop", Sampling(temperature=1.5, seed=3))
+    replay = generate(model, PROMPTS[:2], 5, GenerationExit("fixed", 4), "none", Sampling(temperature=1.5, seed=3))
     assert result.tokens == replay.tokens
     from looplab.generation.decoder import Decoder
 
-    decoder = Decoder(model, [PROMPTS[0]], 1, ExitRule("fixed", 4), "per_loop", Sampling(), None)
+    decoder = Decoder(model, [PROMPTS[0]], 1, GenerationExit("fixed", 4), "per_loop", Sampling(), None)
     rows = torch.arange(1)
     logits, _ = decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     assert torch.allclose(logits[0], reference_logits(model, PROMPTS[0], 4), atol=1e-10)
@@ -66,7 +66,7 @@ def test_cached_logits_match_recomputation_in_float64(positional, window):
 @pytest.mark.parametrize("exit_name", ["fixed", "convergence", "confidence"])
 def test_a_batch_of_mixed_lengths_equals_each_prompt_alone(cache, exit_name):
     model = causal_model(placement="post_sandwich", norm="rmsnorm")
-    rule = ExitRule(exit_name, 8, eps=0.05, threshold=0.2)
+    rule = GenerationExit(exit_name, 8, {"convergence": {"eps": 0.05}, "confidence": {"threshold": 0.2}}.get(exit_name))
     together = generate(model, PROMPTS, 5, rule, cache)
     for row, prompt in enumerate(PROMPTS):
         alone = generate(model, [prompt], 5, rule, cache)
@@ -78,7 +78,7 @@ def test_exit_depths_equal_a_reference_loop():
     """Convergence exit with the per-loop cache: each token's depth is the first loop at which its
     relative step falls below eps, computed here by recomputing the whole sequence loop by loop."""
     model = causal_model(placement="pre", injection="add")
-    rule = ExitRule("convergence", 30, eps=0.1)
+    rule = GenerationExit("convergence", 30, {"eps": 0.1})
     result = generate(model, [PROMPTS[0]], 6, rule, "per_loop")
     depths = result.depths[0]
     assert max(depths) < 30 and len(set(depths)) > 1, depths
@@ -87,7 +87,9 @@ def test_exit_depths_equal_a_reference_loop():
     valid = torch.ones_like(tokens, dtype=torch.bool)
     states = [h[0, -1] for h, _ in model.unroll(tokens, valid, 30)]
     expected = next(
-        t for t in range(2, 31) if (states[t - 1] - states[t - 2]).norm() < rule.eps * states[t - 1].norm() or t == 30
+        t
+        for t in range(2, 31)
+        if (states[t - 1] - states[t - 2]).norm() < rule.params.eps * states[t - 1].norm() or t == 30
     )
     assert depths[0] == expected
 
@@ -100,7 +102,7 @@ def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
 
     model = causal_model()
     caches = []
-    for rule in (ExitRule("fixed", 6), ExitRule("confidence", 6, threshold=1e-9)):
+    for rule in (GenerationExit("fixed", 6), GenerationExit("confidence", 6, {"threshold": 1e-9})):
         decoder = Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
         decoder.lazy_prompt = False  # per_loop's lazy prompt is checked against this below
         _, depths = decoder.forward(
@@ -120,7 +122,7 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     from looplab.generation import decoder as decoder_module
 
     model = causal_model(placement="pre", injection="add", prelude_layers=1)
-    rule = ExitRule("halting", 12, halts=linear_halts(7, every=2))  # first tokens stop at 2, later ones at 12
+    rule = GenerationExit("halting", 12, halts=linear_halts(7, every=2))  # first tokens stop at 2, later ones at 12
     prompts = PROMPTS[:2]
     runs = {}
     for lazy in (True, False):
@@ -145,25 +147,25 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
 
 def test_one_token_prompts_are_prefilled_to_the_cap():
     model = causal_model()
-    cached = generate(model, ONE_TOKEN_PROMPTS, 4, ExitRule("fixed", 3), "per_loop")
-    assert cached.tokens == generate(model, ONE_TOKEN_PROMPTS, 4, ExitRule("fixed", 3), "none").tokens
-    adaptive = generate(model, ONE_TOKEN_PROMPTS, 4, ExitRule("confidence", 5, threshold=1e-9), "per_loop")
+    cached = generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("fixed", 3), "per_loop")
+    assert cached.tokens == generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("fixed", 3), "none").tokens
+    adaptive = generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("confidence", 5, {"threshold": 1e-9}), "per_loop")
     assert [row[0] for row in adaptive.depths] == [1, 1]
 
 
 def test_adaptive_exit_with_a_cap_of_one_is_the_fixed_depth():
     model = causal_model()
-    fixed = generate(model, PROMPTS, 4, ExitRule("fixed", 1), "per_loop")
+    fixed = generate(model, PROMPTS, 4, GenerationExit("fixed", 1), "per_loop")
     for name in ("convergence", "kl", "confidence"):
-        adaptive = generate(model, PROMPTS, 4, ExitRule(name, 1), "per_loop")
+        adaptive = generate(model, PROMPTS, 4, GenerationExit(name, 1), "per_loop")
         assert adaptive.tokens == fixed.tokens and {d for row in adaptive.depths for d in row} == {1}
 
 
 def test_shared_cache_at_one_loop_equals_per_loop():
     """With one loop there is one loop's keys and values: the policies coincide."""
     model = causal_model(placement="pre_sandwich")
-    a = generate(model, PROMPTS, 5, ExitRule("fixed", 1), "per_loop")
-    b = generate(model, PROMPTS, 5, ExitRule("fixed", 1), "shared")
+    a = generate(model, PROMPTS, 5, GenerationExit("fixed", 1), "per_loop")
+    b = generate(model, PROMPTS, 5, GenerationExit("fixed", 1), "shared")
     assert a.tokens == b.tokens
 
 
@@ -178,7 +180,7 @@ def test_last_m_spans_shared_to_per_loop(adaptive):
     """Keeping one loop per token is the shared cache; keeping as many as the cap is per_loop (whose
     lending of an early exit's entries the window's clamp reproduces)."""
     model = causal_model(placement="pre", injection="add", prelude_layers=1)
-    rule = ExitRule("halting", 6, halts=linear_halts(1)) if adaptive else ExitRule("fixed", 6)
+    rule = GenerationExit("halting", 6, halts=linear_halts(1)) if adaptive else GenerationExit("fixed", 6)
     for keep, policy in ((1, "shared"), (6, "per_loop"), (9, "per_loop")):
         window = generate(model, PROMPTS, 6, rule, "last_m", keep_loops=keep)
         other = generate(model, PROMPTS, 6, rule, policy)
@@ -198,8 +200,8 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
 
     model = causal_model(placement="pre", injection="add")
     keep, loops = 2, 5
-    window = generate(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "last_m", keep_loops=keep)
-    decoder = Decoder(model, [PROMPTS[2]], 1, ExitRule("fixed", loops), "per_loop", Sampling(), None)
+    window = generate(model, [PROMPTS[2]], 1, GenerationExit("fixed", loops), "last_m", keep_loops=keep)
+    decoder = Decoder(model, [PROMPTS[2]], 1, GenerationExit("fixed", loops), "per_loop", Sampling(), None)
     rows = torch.arange(1)
     decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     for (site, loop, index), layer in decoder.cache.layers.items():
@@ -208,7 +210,7 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
             layer.k.copy_(kept.k)
             layer.v.copy_(kept.v)
     # the prompt's own logits are read at the cap either way; the second token is where the window shows
-    second = generate(model, [PROMPTS[2]], 2, ExitRule("fixed", loops), "last_m", keep_loops=keep)
+    second = generate(model, [PROMPTS[2]], 2, GenerationExit("fixed", loops), "last_m", keep_loops=keep)
     decoder.slots.positions[0, decoder.width] = decoder.lengths[0]
     decoder.slots.real[0, decoder.width] = True
     token = torch.tensor([[window.tokens[0][0]]])
@@ -219,8 +221,10 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
 
 def test_last_m_memory_is_its_window_whatever_the_depth():
     model = causal_model()
-    sizes = [generate(model, PROMPTS, 3, ExitRule("fixed", k), "last_m", keep_loops=2).cache_bytes for k in (2, 8)]
-    per_loop_two = generate(model, PROMPTS, 3, ExitRule("fixed", 2), "per_loop").cache_bytes
+    sizes = [
+        generate(model, PROMPTS, 3, GenerationExit("fixed", k), "last_m", keep_loops=2).cache_bytes for k in (2, 8)
+    ]
+    per_loop_two = generate(model, PROMPTS, 3, GenerationExit("fixed", 2), "per_loop").cache_bytes
     assert sizes[0] == sizes[1] == per_loop_two
 
 
@@ -229,7 +233,7 @@ def test_score_is_the_teacher_forced_log_likelihood(cache):
     """Scoring at a fixed depth gives each token the log-probability the whole-sequence forward pass gives it."""
     model = causal_model(placement="pre_sandwich", prelude_layers=1)
     sequences = [[3, 5, 6, 2, 1, 4], [3, 4, 6]]
-    result = score(model, sequences, ExitRule("fixed", 3), cache)
+    result = score(model, sequences, GenerationExit("fixed", 3), cache)
     for sequence, logprobs, depths in zip(sequences, result.logprobs, result.depths):
         tokens = torch.tensor([sequence])
         with torch.no_grad():
@@ -247,7 +251,7 @@ def test_halting_exit_depths_follow_the_head_at_its_decision_loops():
     head's logit on its state is > 0: checked against a reference loop over the recomputed unroll."""
     model = causal_model(placement="pre", injection="add")
     halts = linear_halts(1, every=2)
-    rule = ExitRule("halting", 12, halts=halts)
+    rule = GenerationExit("halting", 12, halts=halts)
     result = generate(model, [PROMPTS[0]], 6, rule, "per_loop")
     depths = result.depths[0]
     assert all(d % 2 == 0 or d == 12 for d in depths) and len(set(depths)) > 1, depths
@@ -260,8 +264,8 @@ def test_halting_exit_depths_follow_the_head_at_its_decision_loops():
 
 def test_shared_cache_memory_does_not_grow_with_depth():
     model = causal_model()
-    per_loop = [generate(model, PROMPTS, 3, ExitRule("fixed", k), "per_loop").cache_bytes for k in (2, 8)]
-    shared = [generate(model, PROMPTS, 3, ExitRule("fixed", k), "shared").cache_bytes for k in (2, 8)]
+    per_loop = [generate(model, PROMPTS, 3, GenerationExit("fixed", k), "per_loop").cache_bytes for k in (2, 8)]
+    shared = [generate(model, PROMPTS, 3, GenerationExit("fixed", k), "shared").cache_bytes for k in (2, 8)]
     assert per_loop[1] == 4 * per_loop[0]
     assert shared[0] == shared[1] < per_loop[0]
 
@@ -269,19 +273,22 @@ def test_shared_cache_memory_does_not_grow_with_depth():
 def test_sampling_is_reproducible_from_its_seed_and_top_k_one_is_greedy():
     model = causal_model()
     draws = [
-        generate(model, PROMPTS, 8, ExitRule("fixed", 2), "per_loop", Sampling(1.0, 0, seed)) for seed in (0, 0, 1)
+        generate(model, PROMPTS, 8, GenerationExit("fixed", 2), "per_loop", Sampling(1.0, 0, seed))
+        for seed in (0, 0, 1)
     ]
     assert draws[0].tokens == draws[1].tokens
     assert draws[0].tokens != draws[2].tokens
-    greedy = generate(model, PROMPTS, 8, ExitRule("fixed", 2), "per_loop")
-    top1 = generate(model, PROMPTS, 8, ExitRule("fixed", 2), "per_loop", Sampling(5.0, 1, 7))
+    greedy = generate(model, PROMPTS, 8, GenerationExit("fixed", 2), "per_loop")
+    top1 = generate(model, PROMPTS, 8, GenerationExit("fixed", 2), "per_loop", Sampling(5.0, 1, 7))
     assert top1.tokens == greedy.tokens
 
 
 def test_a_finished_row_stops_and_the_others_go_on():
     model = causal_model()
-    free = generate(model, PROMPTS, 6, ExitRule("fixed", 2), "per_loop")
-    stop_after_two = generate(model, PROMPTS, 6, ExitRule("fixed", 2), "per_loop", finished=lambda ids: len(ids) >= 2)
+    free = generate(model, PROMPTS, 6, GenerationExit("fixed", 2), "per_loop")
+    stop_after_two = generate(
+        model, PROMPTS, 6, GenerationExit("fixed", 2), "per_loop", finished=lambda ids: len(ids) >= 2
+    )
     assert [len(row) for row in stop_after_two.tokens] == [2, 2, 2]
     assert [row[:2] for row in free.tokens] == stop_after_two.tokens
 
@@ -290,22 +297,42 @@ def test_a_finished_row_stops_and_the_others_go_on():
     "call, message",
     [
         (
-            lambda m: generate(m, PROMPTS, 3, ExitRule("fixed", 2), "per_layer"),
+            lambda m: generate(m, PROMPTS, 3, GenerationExit("fixed", 2), "per_layer"),
             "valid choices: per_loop, shared, last_m, none",
         ),
-        (lambda m: generate(m, PROMPTS, 3, ExitRule("fixed", 2), "last_m", keep_loops=0), "keeps >= 1 loops"),
+        (lambda m: generate(m, PROMPTS, 3, GenerationExit("fixed", 2), "last_m", keep_loops=0), "keeps 1..4096 loops"),
         (lambda m: generate(m, PROMPTS, 3, forced=[[4]]), "forced tokens must be given for each of the 3"),
-        (lambda m: generate(m, PROMPTS, 3, ExitRule("halting", 4)), "needs the run's halting head"),
+        (lambda m: generate(m, PROMPTS, 3, GenerationExit("halting", 4)), "needs the run's halting head"),
         (lambda m: score(m, [[3, 4], [3]]), "more than its 1 context token"),
         (lambda m: generate(m, [[3, 99]], 2), "token ids must be in 0..6"),
         (lambda m: score(m, [[3, 4, -1]]), "token ids must be in 0..6"),
-        (lambda m: generate(m, PROMPTS, 3, ExitRule("kl", 4), "none"), "use the fixed exit"),
+        (lambda m: generate(m, PROMPTS, 3, GenerationExit("kl", 4), "none"), "use the fixed exit"),
         (lambda m: generate(m, [[]], 3), "at least one token"),
-        (lambda m: generate(m, PROMPTS, 0), "max new tokens must be >= 1"),
-        (lambda m: ExitRule("halt"), "valid choices: confidence, convergence, fixed, halting, kl"),
-        (lambda m: ExitRule("fixed", 0), "must be >= 1"),
-        (lambda m: ExitRule("confidence", threshold=1.5), "threshold must be in (0, 1]"),
-        (lambda m: Sampling(temperature=-1), "temperature must be >= 0"),
+        (lambda m: generate(m, PROMPTS, 0), "max new tokens must be in 1.."),
+        (lambda m: generate(m, PROMPTS, 10**9), "max new tokens must be in 1.."),
+        (
+            lambda m: generate(causal_model(positional="learned"), [[3] * 60], 10),
+            "max new tokens must be in 1..4 for prompts of up to 60 tokens (learned positions end at model.max_len",
+        ),
+        (
+            lambda m: generate(causal_model(positional="learned"), [[3], [3] * 70], 1),
+            "prompts[1]: its 70 tokens leave no room for new ones (learned positions end at model.max_len = 64): "
+            "prompts of at most 63 tokens fit with 1 new",
+        ),
+        (lambda m: generate(m, [[3] * 10**6], 1, sources=["f.txt line 2"]), "f.txt line 2: its 1000000 tokens"),
+        (lambda m: GenerationExit("halt"), "unknown generation exit 'halt'; valid choices: confidence, convergence"),
+        (lambda m: GenerationExit("fixed", 0), "must be in 1..4096, got 0"),
+        (lambda m: GenerationExit("fixed", 10**7), "must be in 1..4096, got 10000000"),
+        (lambda m: GenerationExit("confidence", 4, {"threshold": 1.5}), "confidence.threshold must be in (0, 1]"),
+        (lambda m: GenerationExit("kl", 4, {"eps": float("nan")}), "generate.exits.kl.eps must be in (0, inf)"),
+        (lambda m: GenerationExit("kl", 4, {"eps": float("inf")}), "generate.exits.kl.eps must be in (0, inf)"),
+        (lambda m: GenerationExit("kl", 4, {"epsilon": 1}), "unknown key in [generate.exits.kl] 'epsilon'"),
+        (lambda m: GenerationExit("fixed", 4, {"eps": 1}), "valid choices: (none: it has no parameters)"),
+        (lambda m: Sampling(temperature=-1), "sampling.temperature must be in [0, inf)"),
+        (lambda m: Sampling(temperature=float("inf")), "sampling.temperature must be in [0, inf), got inf"),
+        (lambda m: Sampling(temperature=float("nan")), "sampling.temperature must be in [0, inf), got nan"),
+        (lambda m: Sampling(top_k=-1), "sampling.top_k must be in [0, inf)"),
+        (lambda m: Sampling(seed=2**64), "sampling.seed must be in"),
     ],
 )
 def test_bad_generation_settings_name_the_problem(call, message):
@@ -343,7 +370,7 @@ def test_decoded_answers_are_scored_whole_and_per_token():
     cfg = ModelConfig(d_model=16, n_heads=2, mlp_ratio=2, core_layers=1, causal=True, max_len=64)
     model = LoopedTransformer(cfg, ChainTrace().vocab_size).to(torch.float64)
     problems = ChainTrace().draw(3, 4, torch.Generator().manual_seed(1))
-    rule = ExitRule("fixed", 2)
+    rule = GenerationExit("fixed", 2)
     own = decode_answers(model, problems, rule)
     assert [len(c) for c in own.token_correct] == [len(a) for _, a in problems] == [4] * 4
     assert own.tokens == sum(map(len, own.depths)) and own.mean_depth == 2.0

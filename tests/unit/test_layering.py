@@ -2,8 +2,12 @@
 and the units of one layer import each other without a cycle."""
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
 
 import looplab
 
@@ -16,10 +20,11 @@ LAYERS = [
     {"tasks", "model"},
     {"parallel", "checkpoint", "memory", "rundir"},
     {"schedules", "stability"},
-    {"regularisers", "exits"},
+    {"regularisers", "exits", "token_exits"},
     {"experiment"},
     {"train", "eval", "analysis", "lm", "generation"},
     {"sweep", "report"},
+    {"studies"},
     {"cli", "__main__", "examples"},
 ]
 LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
@@ -91,3 +96,19 @@ def test_no_import_cycles_between_units():
     for unit in sorted(edges):
         if unit not in state:
             visit(unit, [unit])
+
+
+def test_the_study_code_is_never_imported_by_the_library():
+    """The engine and everything below it name no study: only the command line and the examples import one."""
+    importers = sorted(source for source, targets in _edges().items() if "studies" in targets)
+    assert set(importers) <= {"cli", "examples", "__main__"}, importers
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["generate", "--help"]])
+def test_the_commands_on_one_run_start_without_the_report_chain(argv):
+    probe = (
+        f"import sys; from looplab.cli import main; main({argv!r}); "
+        "print(sorted(m for m in sys.modules if m.startswith(('looplab.report', 'looplab.studies', 'scipy'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip().splitlines()[-1] == "[]"

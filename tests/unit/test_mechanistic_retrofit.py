@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from looplab.report import mechanistic_retrofit as blocks
+from looplab.studies.mechanistic import trained_retrofit as blocks
 
 LAYERS, LOOPS, REFERENCE_LAYERS = 6, 8, 30
 

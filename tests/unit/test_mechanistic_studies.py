@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looplab.report.mechanistic_grid import point_table, seed_verdicts, wilson
-from looplab.report.mechanistic_trained import decision_lines, stage_table
+from looplab.studies.mechanistic.grid import point_table, seed_verdicts, wilson
+from looplab.studies.mechanistic.trained import decision_lines, stage_table
 
 FEEDFORWARD = [0.1, 0.1, 0.1, 0.1, 0.8, 0.8, 0.8, 0.8, 0.6, 0.6, 0.6, 0.6, 0.2, 0.2, 0.2, 0.2]
 
@@ -104,7 +104,7 @@ def test_wilson_interval():
 
 
 def test_retrofit_mlp_names_map_to_llama_layers():
-    from looplab.examples.smollm2_stages import llama_layer, retrofit_name
+    from looplab.studies.mechanistic.smollm2_stages import llama_layer, retrofit_name
 
     shape, layers = (4, 6, 4), 30
     assert [retrofit_name(i, shape, layers) for i in (2, 4, 9, 10, 25, 26, 29)] == [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from looplab.report.paper import mechanistic_verdict, meets
+from looplab.studies.mechanistic.paper import mechanistic_verdict, meets
 
 
 @pytest.mark.parametrize(

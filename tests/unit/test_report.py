@@ -19,6 +19,9 @@ from looplab.report import write_report
 from looplab.report.aggregate import BOOTSTRAP_SEED, RESAMPLES, bootstrap_ci, seed_stats
 from looplab.report.build import sweep_statistics
 from looplab.report.paper import compare
+from looplab.studies import load_studies
+
+load_studies()  # the papers, page blocks and collectors these tests read are registered by the studies
 
 TASKS = ("binary_addition", "dyck1")
 VARIANTS = ("fixed", "rl_halting")
@@ -357,7 +360,7 @@ def test_variants_of_one_schedule_get_distinct_colours_and_the_schedule_keeps_it
 def test_stars_lm_cells_use_the_student_t_interval():
     from scipy import stats
 
-    from looplab.report.stars_lm import _stats
+    from looplab.studies.stars.lm import _stats
 
     cell = _stats([1.0, 2.0, 3.0, None, math.nan])  # an undefined value is left out, not counted as 0
     half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)  # 4.30 · std / √3, not the normal 1.96

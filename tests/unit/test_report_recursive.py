@@ -1,12 +1,12 @@
-"""The recursive-reasoner report's decision rules (looplab/report/recursive.py) and its pages' collector and
-blocks (looplab/report/recursive_pages.py)."""
+"""The recursive-reasoner report's decision rules (looplab/studies/recursive/paper.py) and its pages' collector and
+blocks (looplab/studies/recursive/pages.py)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from looplab.report.recursive import decision_lines
-from looplab.report.recursive_pages import collect, maze_decisions_block
+from looplab.studies.recursive.pages import collect, maze_decisions_block
+from looplab.studies.recursive.paper import decision_lines
 
 
 def _runs(policy: dict[str, list[float]], on_off: dict[str, tuple[list[float], list[float]]] | None = None):
@@ -75,7 +75,7 @@ def test_halting_on_against_off_is_paired_by_seed(on, off, verdict):
     ],
 )
 def test_confirmatory_detached_head_against_no_head_reads_matches_inside_the_margin(detached, none, verdict):
-    from looplab.report.recursive import CONFIRM_COMPARISONS, CONFIRM_MATCHES, CONFIRM_PAIRED
+    from looplab.studies.recursive.paper import CONFIRM_COMPARISONS, CONFIRM_MATCHES, CONFIRM_PAIRED
 
     runs = _runs({"act_bce_detached": detached, "ds_fixed": none, "act_bce": [0.3, 0.35, 0.4, 0.32, 0.38]})
     lines = decision_lines(runs, CONFIRM_COMPARISONS, CONFIRM_PAIRED, CONFIRM_MATCHES)

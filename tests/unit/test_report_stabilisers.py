@@ -1,9 +1,9 @@
-"""The stabilisers study's decision rules and page blocks (looplab/report/stars_stabilisers.py)."""
+"""The stabilisers study's decision rules and page blocks (looplab/studies/stars/stabilisers.py)."""
 
 import pandas as pd
 import pytest
 
-from looplab.report.stars_stabilisers import accuracy_block, cost_block, decision_lines
+from looplab.studies.stars.stabilisers import accuracy_block, cost_block, decision_lines
 
 
 def _runs(arms: dict[str, list[float]]) -> pd.DataFrame:

@@ -1,10 +1,10 @@
-"""The stars-finetune study's decision rules and blocks (looplab/report/stars_finetune.py)."""
+"""The stars-finetune study's decision rules and blocks (looplab/studies/stars/finetune.py)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from looplab.report.stars_finetune import (
+from looplab.studies.stars.finetune import (
     CURVE_COLUMNS,
     READ_LOOPS,
     arm_name,

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looplab.report.stars_retrofit import collect, decision_block, means_block, runs_block, search_block
+from looplab.studies.stars.retrofit import collect, decision_block, means_block, runs_block, search_block
 
 LOOPS = np.arange(1, 17)
 

@@ -26,7 +26,7 @@ def test_where_a_paper_value_lies_against_our_interval(value, low, high, where):
 
 
 def test_effect_test_follows_its_stated_rule():
-    from looplab.report.effect import effect_tests
+    from looplab.studies.stopping.paper import effect_tests
 
     def rows(variant, oods, gaps):
         return pd.DataFrame({"task.name": "binary_addition", "variant": variant, "oracle_ood": oods, "gap": gaps})
@@ -43,7 +43,7 @@ def test_effect_test_follows_its_stated_rule():
 
 
 def test_halting_table_counts_runs_that_halt_before_half_of_the_natural_depth():
-    from looplab.report.halting import SHALLOW, halting_table
+    from looplab.studies.stopping.halting import SHALLOW, halting_table
 
     def run(variant, depth_at_4, depth_at_8, entropy):
         # dyck1's natural depth T(n) is n; n = 4 and 8 are training lengths, n = 16 is not

@@ -15,9 +15,12 @@ from looplab.errors import LooplabError
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.samples import SAMPLES_FILE, samples_frame
 from looplab.exits import exit_params
-from looplab.report import published
 from looplab.report.effect import effect
 from looplab.report.pages import BLOCKS, regenerate, render_page
+from looplab.studies import earlier as published
+from looplab.studies import load_studies
+
+load_studies()  # the papers, page blocks and collectors these tests read are registered by the studies
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
@@ -119,7 +122,7 @@ def _fake_run(root: Path, name: str, schedule: str, seed: int) -> Path:
 
 
 def test_collect_recomputes_each_run_at_both_horizons(tmp_path):
-    from looplab.report.stopping_confirm import collect
+    from looplab.studies.stopping.confirm import collect
 
     _fake_run(tmp_path / "sweep", "a", "fixed", 100)
     frame = collect([tmp_path / "sweep"], tmp_path / "out")
@@ -137,7 +140,7 @@ def test_collect_recomputes_each_run_at_both_horizons(tmp_path):
 
 
 def test_collect_refuses_a_run_without_its_second_read(tmp_path):
-    from looplab.report.stopping_confirm import collect
+    from looplab.studies.stopping.confirm import collect
 
     run = _fake_run(tmp_path / "sweep", "a", "fixed", 100)
     (run / "eval" / "loops30" / SAMPLES_FILE).unlink()
@@ -158,6 +161,6 @@ def test_collect_refuses_a_run_without_its_second_read(tmp_path):
     ],
 )
 def test_seed_aggregate_intervals_are_clipped_to_the_metrics_range(stem, mean, std, shown):
-    from looplab.report.published import _t_cell, value_range
+    from looplab.studies.earlier import _t_cell, value_range
 
     assert _t_cell(3, mean, std, 1, value_range(stem)) == shown

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-from looplab.cli import PRESETS, STUDY_EXTRAS
+from looplab.cli import PRESETS
 from looplab.errors import LooplabError
-from looplab.lm.retrofit_stars import RetrofitRecipe, encode_problems
-from looplab.lm.stars_study import RetrofitStudy, load_study
+from looplab.studies import STUDY_EXTRAS
+from looplab.studies.stars.recipes import RetrofitRecipe, encode_problems
+from looplab.studies.stars.study import RetrofitStudy, load_study
 from looplab.tasks import IGNORE
 
 
@@ -106,7 +107,7 @@ def test_both_recipes_fine_tune_a_tiny_llama_and_measure_it_by_loops(recipe):
     from transformers import LlamaForCausalLM
 
     from looplab.lm.retrofit import RetrofittedLoop
-    from looplab.lm.retrofit_stars import fine_tune_recipe, retrofit_by_loops, text_batch
+    from looplab.studies.stars.recipes import fine_tune_recipe, retrofit_by_loops, text_batch
 
     config = tiny_llama_config()
     torch.manual_seed(0)
@@ -132,7 +133,7 @@ def test_a_learning_curve_probe_reads_the_model_without_changing_the_fine_tune()
     from transformers import LlamaForCausalLM
 
     from looplab.lm.retrofit import RetrofittedLoop
-    from looplab.lm.retrofit_stars import fine_tune_recipe
+    from looplab.studies.stars.recipes import fine_tune_recipe
 
     config = tiny_llama_config()
     runs = []

@@ -8,12 +8,16 @@ from collections import Counter
 import pytest
 
 from looplab.cli import PRESETS, STUDIES
+from looplab.cli.parser import PAPER_NAMES
 from looplab.config import from_dict, load_config
 from looplab.experiment import check_config, training_depth
 from looplab.memory import GIB, training_bytes
 from looplab.report.paper import PAPERS
+from looplab.studies import load_studies
 from looplab.sweep import load_sweep
 from looplab.tasks import make_task
+
+load_studies()  # the papers, page blocks and collectors these tests read are registered by the studies
 
 
 @pytest.mark.parametrize("study", STUDIES)
@@ -77,12 +81,14 @@ def test_every_study_is_package_data_and_named_after_a_registered_paper():
     assert set(STUDIES) >= {"stopping-small", "stopping-paper", "stars-small", "stars-paper", "stars-lm"}
     assert all((PRESETS / "sweeps" / f"{study}.toml").is_file() for study in STUDIES)
     assert all(study.split("-")[0] in PAPERS for study in STUDIES)
+    assert set(PAPER_NAMES) == set(PAPERS)  # the help texts name the registered papers
 
 
 def test_mechanistic_small_is_the_untrained_ablation():
     spec = load_sweep(PRESETS / "sweeps" / "mechanistic-small.toml")
     points = spec.points()
-    assert len(points) == 36 and not spec.evaluate and spec.analyze and spec.analyze_loops == 128
+    options = spec.options
+    assert len(points) == 36 and not options.evaluate and options.analyze and options.analyze_loops == 128
     configs = [tomllib.loads(p.config_toml) for p in points]
     assert Counter((c["model"]["placement"], c["model"]["injection"]) for c in configs) == {
         (placement, injection): 6

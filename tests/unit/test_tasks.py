@@ -190,3 +190,10 @@ def test_unknown_task_lists_choices():
         make_task("nope")
     for name in NAMES:
         assert name in str(err.value)
+
+
+def test_the_text_tasks_say_so_themselves():
+    """Whether a task's tokens are text is the task's own attribute (generation reads runs of these)."""
+    text = {name for name, task in TASKS.items() if task.is_text}
+    assert text == {"kjv", "kjv_arithmetic", "kjv_trace", "chain_arithmetic", "chain_trace"}
+    assert all(task.is_text for task in TASKS.values() if not task.exact_match)  # language modelling is text

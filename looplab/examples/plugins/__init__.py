@@ -1,7 +1,7 @@
 """One small plugin per extension family, each a module of its own (docs/extending.md).
 
 Name any of them in a config's ``[run] plugins`` list to use it from ``looplab
-train``, ``eval``, ``analyze`` and ``sweep``::
+train``, ``eval``, ``analyze``, ``sweep`` and ``generate``::
 
     [run]
     plugins = ["looplab.examples.plugins.reverse", "looplab.examples.plugins.scaled"]
@@ -11,11 +11,12 @@ train``, ``eval``, ``analyze`` and ``sweep``::
 - ``state_energy``: a regulariser (the mean square of the probe state);
 - ``first_confident``: a test-time exit (the first loop whose answer is confident);
 - ``final_norm``: an analysis metric (the norm of each token's last state);
-- ``normed_residual``: a norm placement (N(x) + f(N(x))).
+- ``normed_residual``: a norm placement (N(x) + f(N(x)));
+- ``top_margin``: a generation exit (stop a token once its top choice leads by a margin; ``looplab generate``).
 
 This package imports none of them: a plugin registers its entry when it is imported.
 """
 
 #: the example plugins, by module name
-NAMES = ("reverse", "scaled", "state_energy", "first_confident", "final_norm", "normed_residual")
+NAMES = ("reverse", "scaled", "state_energy", "first_confident", "final_norm", "normed_residual", "top_margin")
 MODULES = tuple(f"looplab.examples.plugins.{name}" for name in NAMES)

@@ -22,9 +22,9 @@ from looplab.analysis.trace import trace
 from looplab.checkpoint import load_weights
 from looplab.experiment import Experiment
 from looplab.lm.evaluate import training_depth
-from looplab.report.mechanistic_traces import WINDOW_BYTES, WINDOWS
-from looplab.report.mechanistic_trained import STUDY
 from looplab.seeding import derive_generator
+from looplab.studies.mechanistic.traces import WINDOW_BYTES, WINDOWS
+from looplab.studies.mechanistic.trained import STUDY
 
 
 def checkpoint_rows(run: Path) -> list[dict]:

@@ -39,6 +39,7 @@ from looplab.report.aggregate import (
 )
 from looplab.report.comparison import Ours, read_paper_table
 from looplab.report.effect import comparison_line, points
+from looplab.report.paper import Paper, register_paper
 from looplab.report.tables import Table, seed_table
 
 PRIMARY = "policy_id"
@@ -164,3 +165,6 @@ def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[st
             )
         )
     return tables, notes + decision_lines(ours.results)
+
+
+register_paper(Paper("recursive", "Recursive reasoners: TRM and HRM", recursive_tables))

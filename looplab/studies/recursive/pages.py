@@ -1,7 +1,7 @@
 """The committed results pages of the recursive-reasoner studies (docs/results/recursive-*.md): the per-seed
 CSVs a sweep collects into, and the tables and decision lines the pages show, generated from those CSVs.
 
-The decision rules themselves are :mod:`looplab.report.recursive`'s.
+The decision rules themselves are :mod:`looplab.studies.recursive.paper`'s.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pandas as pd
 
 from looplab.report.aggregate import numeric, seed_cell
 from looplab.report.comparison import variant_stem
-from looplab.report.pages import markdown_table, register_block, register_collector
-from looplab.report.recursive import (
+from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
+from looplab.studies.recursive.paper import (
     CONFIRM_COMPARISONS,
     CONFIRM_MATCHES,
     CONFIRM_PAIRED,
@@ -68,6 +68,9 @@ ARM_ORDER = (
     "pondernet",
     "trm",
 )
+
+for _frozen in (STUDY, CONFIRM, MAZE):
+    register_frozen(_frozen, f"{_frozen}/PROTOCOL.md")
 
 
 @register_collector(MAZE)

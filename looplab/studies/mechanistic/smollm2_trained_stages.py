@@ -15,7 +15,7 @@ colsum, sink mass), ``mlps.csv`` (step, MLP, Llama layer, max |output|), ``losse
 (step, loops, held-out loss) after every read, and ``train.csv`` (the fine-tune's loss per
 step) at the end. Needs the lm extra.
 
-    python -m looplab.examples.smollm2_trained_stages --out runs/retrofit-trained --seed 740
+    python -m looplab.studies.mechanistic.smollm2_trained_stages --out runs/retrofit-trained --seed 740
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import pandas as pd
 import torch
 
 from looplab.analysis.massive import mlp_output_max
-from looplab.examples.smollm2_retrofit import passages, text_chunks
-from looplab.examples.smollm2_stages import PAPER_LAYER, SHAPE, ablation_rows, llama_layer
 from looplab.lm.finetune import fine_tune, last_loop_objective, next_token_batch, next_token_loss, token_mean_loss
 from looplab.lm.pretrained import load_smollm2
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
+from looplab.studies.mechanistic.smollm2_retrofit import passages, text_chunks
+from looplab.studies.mechanistic.smollm2_stages import PAPER_LAYER, SHAPE, ablation_rows, llama_layer
 from looplab.tasks.corpus import load_corpus
 
 LOSS_LOOPS = (1, 4, 8, 16)

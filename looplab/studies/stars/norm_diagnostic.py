@@ -6,7 +6,7 @@ evaluates each from loops 1 to 128 in one unroll, and prints one table:
 ID accuracy at the training depth, accuracy as test loops grow, and the
 growth of the state norm. Finished runs are reused, so it can be re-run.
 
-    python -m looplab.examples.stars_norm_diagnostic --out runs/stars-addition
+    python -m looplab.studies.stars.norm_diagnostic --out runs/stars-addition
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Per-seed rows, under ``docs/results/mechanistic-grid/``:
                 observed ‖ΔA‖ / bound, its maximum and median over (layer, loop pair, window, head)
 
 A seed *holds* a row's pattern when both cosines meet the paper's printed values by
-:func:`looplab.report.paper.meets` ("partly": one does); a grid point holds when at least 2 of
+:func:`looplab.studies.mechanistic.paper.meets` ("partly": one does); a grid point holds when at least 2 of
 its 3 seeds do. Descriptive: the protocol states no decision rule.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from looplab.report.pages import markdown_table, register_block, register_collector
+from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 
 STUDY = "mechanistic-grid"
 AXES = ("init_std", "embed_std", "inject_gain")
@@ -39,6 +39,7 @@ SEEDS_TO_HOLD = 2
 SELF, CROSS = "self_cos_median", "cross_cos_min"
 RUNS_FILE, BOUND_FILE = "runs.csv", "bound.csv"
 PAPER_TABLE = "mechanistic_norm_ablation.csv"
+register_frozen(STUDY, f"{STUDY}/PROTOCOL.md")
 
 
 @register_collector(STUDY)
@@ -108,8 +109,8 @@ def attention_bound(run_dir: Path) -> dict:
 
 def paper_rows() -> dict[tuple[str, str], dict]:
     """(placement, injection) → the paper's printed row (strings as printed)."""
-    from looplab.report.comparison import read_paper_table
-    from looplab.report.paper import MECHANISTIC_NORMS, PAPER_TABLES_DIR
+    from looplab.report.comparison import PAPER_TABLES_DIR, read_paper_table
+    from looplab.studies.mechanistic.paper import MECHANISTIC_NORMS
 
     table, _ = read_paper_table(PAPER_TABLE, PAPER_TABLES_DIR)
     rows = {}
@@ -123,7 +124,7 @@ def paper_rows() -> dict[tuple[str, str], dict]:
 
 def seed_verdicts(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with ``met`` (0, 1 or 2 of the paper's cosines met) per seed."""
-    from looplab.report.paper import meets
+    from looplab.studies.mechanistic.paper import meets
 
     paper = paper_rows()
 

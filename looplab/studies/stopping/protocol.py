@@ -16,66 +16,14 @@ import math
 
 import numpy as np
 import pandas as pd
-import torch
 
-from looplab.config import ScheduleConfig
-from looplab.errors import LooplabError
 from looplab.report.aggregate import aggregate, in_display_units, numeric
 from looplab.report.comparison import Ours, paper_value, variant_stem
 from looplab.report.effect import EFFECT_RULE, effect
 from looplab.report.tables import Table, seeds_cell
-from looplab.schedules import resolve_schedule
-from looplab.tasks import make_task
+from looplab.report.variants import training_depth
 
 SCALE_FREE = ("front90_rel", "block_evals_rel")
-
-
-def _row_schedule(row: pd.Series) -> tuple[type, object]:
-    """The registered schedule of a result row and its parameters, from the row's ``schedule.*`` columns."""
-    keys = {
-        column.removeprefix("schedule."): _plain(value)
-        for column, value in row.items()
-        if column.startswith("schedule.") and not _missing(value)
-    }
-    return resolve_schedule(ScheduleConfig(**keys))
-
-
-def schedule_label(rows: pd.DataFrame) -> str:
-    """What the variant of these result rows is, e.g. "fixed K = 11" (the schedule's own ``label``)."""
-    if rows.empty or "schedule.name" not in rows:
-        return "–"
-    first = rows.iloc[0]
-    try:
-        schedule, params = _row_schedule(first)
-    except LooplabError:  # a schedule not registered here, or results that lack or contradict its keys
-        return str(first.get("schedule.name", "–"))
-    return schedule.describe(params)
-
-
-def training_depth(row: pd.Series) -> float:
-    """The largest depth the row's schedule supervises (its T_train, as the schedule defines it); NaN when
-    the row lacks a key it needs or names a schedule not registered here."""
-    try:
-        schedule, params = _row_schedule(row)
-        return float(schedule.training_depth(params, _natural(row)))
-    except (KeyError, TypeError, ValueError, LooplabError):
-        return math.nan
-
-
-def _plain(value):
-    """A pandas cell as the Python scalar a config holds (numpy ints and floats, whole floats of int columns)."""
-    value = value.item() if hasattr(value, "item") else value
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _natural(row: pd.Series) -> int:
-    """T(train_max) of the row's task."""
-    task = make_task(row["task.name"], int(row["task.alphabet"]))
-    return int(task.steps(torch.tensor([int(row["task.train_max"])]))[0])
 
 
 def with_scale_free_metrics(ours: Ours) -> Ours:

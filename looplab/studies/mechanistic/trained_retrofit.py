@@ -1,7 +1,7 @@
 """Stages of inference in a trained SmolLM2 retrofit
 (docs/results/mechanistic-trained/retrofit-trained/PROTOCOL.md): the blocks.
 
-Each seed's folder ``seed-S/`` holds what ``python -m looplab.examples.smollm2_trained_stages``
+Each seed's folder ``seed-S/`` holds what ``python -m looplab.studies.mechanistic.smollm2_trained_stages``
 wrote: ``stages.csv`` (step, condition, zeroed Llama layer, loop, layer: ColSum concentration and
 sink mass), ``mlps.csv`` (step, MLP, Llama layer, max |output|), ``losses.csv`` (step, loops,
 held-out loss) and ``train.csv`` (the fine-tune's loss per step). The reference is SmolLM2's own
@@ -23,18 +23,15 @@ import pandas as pd
 import torch
 
 from looplab.report.aggregate import t_interval
-from looplab.report.mechanistic_trained import (
+from looplab.report.pages import markdown_table, register_block, register_frozen
+from looplab.studies.mechanistic.cells import few_seeds, interval_verdict, mean_cell, three_decimals
+from looplab.studies.mechanistic.trained import (
     CORRELATION,
     HALVED,
     RETROFIT_FILE,
     STUDY,
-    _few,
-    _num,
-    _verdict,
     colsum_curves,
-    mean_cell,
 )
-from looplab.report.pages import markdown_table, register_block
 
 FOLDER = "retrofit-trained"
 TRAIN_LOOPS = 8  # the protocol's training depth
@@ -43,6 +40,8 @@ CONDITIONS = ("base", "zero_massive", "zero_layer2", "zero_control")
 LOSS_LOOPS = (1, 4, 8, 16)
 CORE_LAYERS = range(4, 10)  # the Llama layers of the retrofit's core
 NOT_YET = "n/a: no seed has been read yet (0 seeds)"
+
+register_frozen(f"{STUDY}/{FOLDER}", f"{STUDY}/{FOLDER}/PROTOCOL.md")
 
 
 def _seed_files(results_dir: Path, name: str) -> pd.DataFrame:
@@ -107,8 +106,8 @@ def retrofit_trained_block(results_dir: Path) -> str:
                 continue
             cell = cells.loc[(seed, step, condition)]
             layer = "" if condition in ("base", "zero_layer2") else f"layer {int(cell.zeroed_layer)}: "
-            row.append(f"{layer}{_num(cell.alignment)} / {_num(cell.amplitude)}")
-        row.append(_num(cells.loc[(seed, step, "base")].sink))
+            row.append(f"{layer}{three_decimals(cell.alignment)} / {three_decimals(cell.amplitude)}")
+        row.append(three_decimals(cells.loc[(seed, step, "base")].sink))
         body.append(row)
     header = [
         "seed",
@@ -146,8 +145,8 @@ def retrofit_trained_decisions_block(results_dir: Path) -> str:
     low, high = np.clip(t_interval(alignment), *CORRELATION)
     lines.append(
         f"- Each loop repeats SmolLM2's stages: alignment {mean_cell(alignment)}; change from the untrained "
-        f"retrofit {mean_cell(change)}{_few(len(seeds))}: "
-        f"**{_verdict(low, high, 0.0, True)}**."
+        f"retrofit {mean_cell(change)}{few_seeds(len(seeds))}: "
+        f"**{interval_verdict(low, high, 0.0, True)}**."
     )
     ratios = {}
     for condition in CONDITIONS[1:]:
@@ -155,7 +154,7 @@ def retrofit_trained_decisions_block(results_dir: Path) -> str:
             [cells.loc[(s, condition)].amplitude / cells.loc[(s, "base")].amplitude for s in seeds]
         )
     low, high = t_interval(ratios["zero_massive"])
-    verdict = _verdict(low, high, HALVED, False)
+    verdict = interval_verdict(low, high, HALVED, False)
     lowered = all(cells.loc[(s, "zero_massive")].alignment < cells.loc[(s, "base")].alignment for s in seeds)
     if verdict == "holds" and not lowered:
         verdict = "not resolved"
@@ -171,7 +170,7 @@ def retrofit_trained_decisions_block(results_dir: Path) -> str:
     lines.append(
         f"- Exploratory (chosen after seeing the data, deciding nothing): each loop against SmolLM2's own "
         f"layers {CORE_LAYERS.start}–{CORE_LAYERS.stop - 1}, the ones the core was cut from: alignment "
-        f"{_num(own.loc[0].iloc[0])} untrained, {mean_cell(own.loc[last].to_numpy())} at step {last}."
+        f"{three_decimals(own.loc[0].iloc[0])} untrained, {mean_cell(own.loc[last].to_numpy())} at step {last}."
     )
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ smallest output.
 Writes ``OUT/retrofit_stages.csv``: model, condition, zeroed MLP (as a Llama layer index),
 loop, layer, ColSum concentration and sink mass. Needs the lm extra.
 
-    python -m looplab.examples.smollm2_stages --out docs/results/mechanistic-trained
+    python -m looplab.studies.mechanistic.smollm2_stages --out docs/results/mechanistic-trained
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.massive import mlp_output_max, zero_mlp
 from looplab.analysis.stages import sink_mass
 from looplab.analysis.trace import trace
-from looplab.examples.smollm2_retrofit import text_chunks
 from looplab.lm.pretrained import load_smollm2
 from looplab.lm.retrofit import RetrofittedLoop
+from looplab.studies.mechanistic.smollm2_retrofit import text_chunks
 
 SHAPE = (4, 6, 4)  # (p, k, c), as the retrofit study
 LOOPS = 4

@@ -1,6 +1,6 @@
 """Stages of inference in trained looped models (docs/results/mechanistic-trained/PROTOCOL.md): the blocks.
 
-The collector (:mod:`looplab.report.mechanistic_traces`) traces every trained run of the sweep on
+The collector (:mod:`looplab.studies.mechanistic.traces`) traces every trained run of the sweep on
 the same 16 held-out windows and writes three per-seed files under
 ``docs/results/mechanistic-trained/``:
 
@@ -31,9 +31,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from looplab.report.aggregate import FEW_SEEDS, seed_cell, t_interval
+from looplab.report.aggregate import t_interval
 from looplab.report.effect import welch_interval
-from looplab.report.pages import markdown_table, register_block
+from looplab.report.pages import markdown_table, register_block, register_frozen
+from looplab.studies.mechanistic.cells import few_seeds, interval_verdict, mean_cell, three_decimals
 
 STUDY = "mechanistic-trained"
 ARM_ORDER = ("looped", "looped-noinject", "looped-sandwich", "feedforward")
@@ -47,9 +48,10 @@ HALVED = 0.5
 CORRELATION = (-1.0, 1.0)  # the range a stage alignment's interval is clipped to
 CONDITIONS = ("base", "zero_massive", "zero_control")
 LAYERS_FILE, RUNS_FILE, REUSE_FILE = "layers.csv", "runs.csv", "reuse.csv"
+register_frozen(STUDY, f"{STUDY}/PROTOCOL.md")
 
 
-def _rank(arm: str) -> tuple[int, str]:
+def arm_rank(arm: str) -> tuple[int, str]:
     return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
 
 
@@ -102,24 +104,6 @@ def colsum_curves(rows: pd.DataFrame) -> torch.Tensor:
     return torch.tensor(table.to_numpy(), dtype=torch.float64)
 
 
-def mean_cell(values, digits: int = 3, bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
-    """:func:`~looplab.report.aggregate.seed_cell` of values in their own units (no percent scaling)."""
-    return seed_cell(pd.Series(values, dtype=float), 1.0, digits, bounds)
-
-
-def _verdict(low: float, high: float, threshold: float, holds_above: bool) -> str:
-    if not (np.isfinite(low) and np.isfinite(high)):
-        return "n/a"
-    above, below = low > threshold, high < threshold
-    if holds_above:
-        return "holds" if above else "fails" if below else "not resolved"
-    return "holds" if below else "fails" if above else "not resolved"
-
-
-def _few(n: int) -> str:
-    return f" (few seeds: {n})" if n < FEW_SEEDS else ""
-
-
 def decision_lines(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     """The protocol's four decisions, each with its interval, seed counts and verdict."""
     base, zeroed = stage_table(layers), stage_table(layers, "zero_massive")
@@ -130,7 +114,8 @@ def decision_lines(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         low, high = np.clip(t_interval(looped), *CORRELATION)
         lines.append(
             f"Stages repeat and match the feed-forward ones: looped alignment {looped.mean():.3f}, 95% "
-            f"[{low:.3f}, {high:.3f}] ({len(looped)} seeds){_few(len(looped))}: {_verdict(low, high, 0.0, True)}"
+            f"[{low:.3f}, {high:.3f}] ({len(looped)} seeds){few_seeds(len(looped))}: "
+            f"{interval_verdict(low, high, 0.0, True)}"
         )
     else:
         lines.append(f"Stages repeat and match the feed-forward ones: n/a ({len(looped)} seeds; needs 2)")
@@ -142,8 +127,8 @@ def decision_lines(layers: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         low, high = t_interval(ratio)
         lines.append(
             f"Massive activations are the precondition: looped amplitude after / before zeroing the largest MLP "
-            f"{ratio.mean():.3f}, 95% [{low:.3f}, {high:.3f}] ({len(ratio)} seeds){_few(len(ratio))}: "
-            f"{_verdict(low, high, HALVED, False)}"
+            f"{ratio.mean():.3f}, 95% [{low:.3f}, {high:.3f}] ({len(ratio)} seeds){few_seeds(len(ratio))}: "
+            f"{interval_verdict(low, high, HALVED, False)}"
         )
     else:
         lines.append(f"Massive activations are the precondition: n/a ({len(ratio)} seeds; needs 2)")
@@ -175,7 +160,7 @@ def _difference_line(question: str, a, b, label: str) -> str:
     low, high = welch_interval(a, b)
     return (
         f"{question}, {label} {a.mean() - b.mean():+.3f}, Welch 95% [{low:+.3f}, {high:+.3f}] "
-        f"({len(a)} vs {len(b)} seeds){_few(min(len(a), len(b)))}: {_verdict(low, high, 0.0, True)}"
+        f"({len(a)} vs {len(b)} seeds){few_seeds(min(len(a), len(b)))}: {interval_verdict(low, high, 0.0, True)}"
     )
 
 
@@ -199,14 +184,14 @@ def arms_block(results_dir: Path) -> str:
     base = layers[layers.condition == "base"].groupby(["arm", "seed"])[["sink_mass", "top_activation"]].max()
     loss = reuse[(reuse.epsilon == 0) & (reuse.loops == 4)].set_index(["arm", "seed"]).loss
     body = []
-    for arm in sorted(set(runs.arm), key=_rank):
+    for arm in sorted(set(runs.arm), key=arm_rank):
         part = runs[(runs.arm == arm) & (runs.status == "done")]
         delta = part.delta_128.astype(float)
         by_seed = base.loc[arm] if arm in base.index.get_level_values(0) else pd.DataFrame()
         body.append(
             [
                 arm,
-                f"{len(part)}{_few(len(part))}",
+                f"{len(part)}{few_seeds(len(part))}",
                 mean_cell(stages.loc[stages.arm == arm, "alignment"], bounds=CORRELATION),
                 mean_cell(stages.loc[stages.arm == arm, "amplitude"], bounds=(0.0, 1.0)),
                 mean_cell(by_seed.get("sink_mass", []), bounds=(0.0, 1.0)),
@@ -241,7 +226,7 @@ def seeds_block(results_dir: Path) -> str:
         cells = [run.arm, str(run.seed), f"{run.massive_mlp} ({run.massive_mlp_max:.1f})"]
         for condition in CONDITIONS:
             row = tables[condition].loc[key] if key in tables[condition].index else None
-            cells.append("n/a" if row is None else f"{_num(row.alignment)} / {_num(row.amplitude)}")
+            cells.append("n/a" if row is None else f"{three_decimals(row.alignment)} / {three_decimals(row.amplitude)}")
         cells.append(f"{run.control_mlp} ({run.control_mlp_max:.2f})")
         body.append(cells)
     header = [
@@ -265,10 +250,6 @@ def _log_delta_cell(delta: pd.Series) -> str:
     return f"Δ = 0 exactly in {exact} of {len(delta)}" + (
         f"; others {mean_cell(np.log10(rest), 2)}" if len(rest) else ""
     )
-
-
-def _num(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{value:.3f}"
 
 
 @register_block(f"{STUDY}/reuse")
@@ -296,7 +277,7 @@ RETROFIT_FILE = "retrofit_stages.csv"
 @register_block(f"{STUDY}/retrofit")
 def retrofit_block(results_dir: Path) -> str:
     """SmolLM2 and its (4, 6⊗4, 4) retrofit: stage alignment with SmolLM2's own curve and amplitude, per
-    zeroed MLP (rows from ``python -m looplab.examples.smollm2_stages``; one model, so no seed spread)."""
+    zeroed MLP (rows from ``python -m looplab.studies.mechanistic.smollm2_stages``; one model, so no seed spread)."""
     from looplab.analysis.stages import block_means, stage_alignment, stage_amplitude
 
     rows = _read(results_dir, RETROFIT_FILE)
@@ -314,9 +295,9 @@ def retrofit_block(results_dir: Path) -> str:
                 model,
                 condition,
                 "–" if pd.isna(zeroed) else f"layer {int(zeroed)}",
-                _num(float(np.nanmean(stage_alignment(curves, reference).numpy()))),
-                _num(float(stage_amplitude(curves).mean())),
-                _num(float(part.sink_mass.max())),
+                three_decimals(float(np.nanmean(stage_alignment(curves, reference).numpy()))),
+                three_decimals(float(stage_amplitude(curves).mean())),
+                three_decimals(float(part.sink_mass.max())),
             ]
         )
     return markdown_table(
@@ -327,8 +308,7 @@ def retrofit_block(results_dir: Path) -> str:
 @register_block(f"{STUDY}/paper-models")
 def paper_models_block(results_dir: Path) -> str:
     """The paper's own table of models (as printed), for the comparison beside ours."""
-    from looplab.report.comparison import read_paper_table
-    from looplab.report.paper import PAPER_TABLES_DIR
+    from looplab.report.comparison import PAPER_TABLES_DIR, read_paper_table
 
     table, notes = read_paper_table("mechanistic_models.csv", PAPER_TABLES_DIR)
     if table is None:

@@ -21,9 +21,9 @@ from looplab.eval.run import EVAL_DIR
 from looplab.eval.samples import SAMPLES_FILE, read_samples
 from looplab.report.aggregate import seed_stats
 from looplab.report.effect import Effect, effect
-from looplab.report.pages import markdown_table, register_block, register_collector
-from looplab.report.published import chi2_cell
+from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 from looplab.rundir import load_run_config, read_log
+from looplab.studies.earlier import chi2_cell
 
 STUDY = "stopping-confirm"
 FLIP_FROM = 10  # the training depth T_train = T(10): the flip range starts there for every arm
@@ -46,6 +46,7 @@ RUNS_FILE, CURVES_FILE = "runs.csv", "flip_curves.csv"
 
 
 # ----------------------------------------------------------------------------- collecting
+register_frozen(STUDY, f"{STUDY}/PROTOCOL.md")
 
 
 def run_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:

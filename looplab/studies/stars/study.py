@@ -32,7 +32,8 @@ import torch
 from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
 from looplab.lm.reasoning import REASONING_FILE, scaling_summary
-from looplab.lm.retrofit_stars import (
+from looplab.seeding import derive_generator
+from looplab.studies.stars.recipes import (
     RECIPES,
     RetrofitRecipe,
     exact_match_by_loops,
@@ -42,7 +43,6 @@ from looplab.lm.retrofit_stars import (
     retrofit_by_loops,
     text_batch,
 )
-from looplab.seeding import derive_generator
 
 RETROFIT_DIR = "retrofit"
 AS_IS = "as_is"

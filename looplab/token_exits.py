@@ -1,0 +1,234 @@
+"""Generation exits (docs/methods.md §9): after each loop, whether a new token's next-token distribution is
+final; their registry and their own parameters.
+
+Each exit sees, for the rows still running, the new token's state after loop t
+and the one before (h_t, h_{t−1}: [R, d]) and the next-token log-probabilities
+(log p_t, log p_{t−1}: [R, V]; only computed when the exit reads them), and
+returns [R] bool: stop here. Loop ``cap`` always stops.
+
+    fixed        t = loops
+    convergence  ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps                      (t ≥ 2)   [generate.exits.convergence] eps
+    kl           KL(p_t ‖ p_{t−1}) < eps: the distribution settled   (t ≥ 2)   [generate.exits.kl] eps
+    confidence   max p_t ≥ threshold                                          [generate.exits.confidence] threshold
+    halting      the run's own halting head says halt on the token's state (its logit > 0,
+                 at the loops where its schedule decides: every segment's end for act_bce
+                 and q_halt, every loop for rl_halting and pondernet)
+
+The contract of an entry: a function ``(rule, t, h, h_prev, logp, logp_prev) -> [R] bool``, where ``rule``
+is the :class:`GenerationExit` being run (its ``params``, an instance of the ``Params`` dataclass the exit
+registers with, read from ``[generate.exits.NAME]`` and ``looplab generate --exit-param KEY=VALUE``;
+fields made with :func:`looplab.params.param`; and ``halts``, the run's halting head). Decorate it with
+``@register_token_exit(name, reads_logits=..., first_loop=..., params=Params)`` in a plugin module. An
+entry also says whether a token may stop before the cap (``adaptive``; only ``fixed`` never does) and
+whether it reads the run's halting head (``needs_head``).
+
+This registry sits below :mod:`looplab.experiment`, so a config's ``[generate.exits]`` tables are checked
+with the rest of it; :mod:`looplab.generation` decodes with the exits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import Any, get_type_hints
+
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError, choice_error
+from looplab.exits import NoParams
+from looplab.params import POSITIVE, Domain, as_dict, check_domains, fill, param
+from looplab.plugins import register_entry
+
+__all__ = [
+    "EXITS",
+    "MAX_LOOPS",
+    "TokenExit",
+    "GenerationExit",
+    "register_token_exit",
+    "token_exit_params",
+    "check_token_exits",
+]
+
+#: the deepest a generated token may run (a fixed depth or an adaptive exit's cap): a token costs up to
+#: loops × core layers block evaluations, so 10⁷ loops would run for days; 16× the presets' deepest eval.max_loops
+MAX_LOOPS = 4096
+
+
+@dataclass(frozen=True)
+class TokenExit:
+    """A registered generation exit: whether it reads the logits, the first loop it may stop at, its test,
+    whether a token may stop before the cap, whether the test reads the run's halting head, and the
+    dataclass of its own parameters."""
+
+    name: str
+    reads_logits: bool
+    first_loop: int
+    stops: Callable[..., Tensor]
+    adaptive: bool = True
+    needs_head: bool = False
+    params: type = NoParams
+
+    @property
+    def origin(self) -> str:
+        return f"{self.stops.__module__}.{self.stops.__qualname__}"
+
+
+EXITS: dict[str, TokenExit] = {}
+
+
+def register_token_exit(
+    name: str,
+    reads_logits: bool,
+    first_loop: int = 1,
+    adaptive: bool = True,
+    needs_head: bool = False,
+    params: type = NoParams,
+):
+    """Function decorator: make ``stops`` available as the generation exit ``name``; its
+    ``[generate.exits.NAME]`` table is read into ``params`` (a dataclass of :func:`looplab.params.param` fields)."""
+
+    def register(stops):
+        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head, params)
+        register_entry(EXITS, name, entry, "generation exit")
+        return stops
+
+    return register
+
+
+def _entry(name: str) -> TokenExit:
+    if name not in EXITS:
+        raise choice_error("generation exit", name, EXITS)
+    return EXITS[name]
+
+
+def token_exit_params(name: str, tables: dict[str, dict[str, Any]] | None = None, **overrides: Any) -> Any:
+    """The checked parameters of the generation exit ``name``: its ``[generate.exits.NAME]`` table from
+    ``tables`` (a run's ``config.generate.exits``), then ``overrides`` (``--exit-param KEY=VALUE``), each key
+    declared by the exit, typed and in its domain."""
+    declared = _entry(name).params
+    values = {**(tables or {}).get(name, {}), **overrides}
+    where = f"generate.exits.{name}"
+    keys = get_type_hints(declared)
+    for key in values:
+        if key not in keys:
+            raise choice_error(f"key in [{where}]", key, keys or ["(none: it has no parameters)"])
+    return fill(declared, values, where)
+
+
+def check_token_exits(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``[generate.exits]`` tables checked (an unknown exit, an undeclared key, a value of the wrong type
+    or outside its domain is a one-line error) and typed, holding the keys they set.
+
+    Unlike ``[eval.exits]`` they are not completed with the defaults: the run never reads them (``looplab
+    generate`` does, when it runs), so a run dir or sweep point written before they existed is unchanged.
+    """
+    for name, table in tables.items():
+        if name not in EXITS:
+            raise choice_error("generation exit [generate.exits.NAME], NAME =", name, EXITS)
+        if not isinstance(table, dict):
+            raise LooplabError(f"config section [generate.exits.{name}] must be a table, got {table!r}")
+    checked = {name: as_dict(token_exit_params(name, tables)) for name in tables}
+    return {name: {key: checked[name][key] for key in table} for name, table in tables.items()}
+
+
+@dataclass(frozen=True)
+class GenerationExit:
+    """The exit a generation runs: its ``name`` (a key of :data:`EXITS`), the loop cap and its parameters.
+
+    ``params``: the exit's ``Params`` instance, or a dict of its keys (the rest at their defaults; checked
+    as ``[generate.exits.NAME]`` is), or None for every default. ``halts`` (the ``halting`` exit's):
+    ``(h [R, d], t) -> [R] bool``, the run's halting head's decision on each token's state after loop t
+    (:func:`looplab.generation.text.head_halts`).
+    """
+
+    name: str = "fixed"
+    loops: int = 4  # the fixed depth, or the cap of an adaptive exit
+    params: Any = None
+    halts: Callable[[Tensor, int], Tensor] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        entry = _entry(self.name)
+        if isinstance(self.loops, bool) or not isinstance(self.loops, Integral) or not 1 <= self.loops <= MAX_LOOPS:
+            raise LooplabError(
+                f"loops (the fixed exit's depth, an adaptive exit's cap) must be in 1..{MAX_LOOPS}, got {self.loops}"
+            )
+        if self.params is None or isinstance(self.params, dict):
+            object.__setattr__(self, "params", token_exit_params(self.name, {self.name: self.params or {}}))
+        elif isinstance(self.params, entry.params):
+            check_domains(self.params, f"generate.exits.{self.name}")
+        else:
+            raise LooplabError(
+                f"the {self.name} exit's params must be a dict or {entry.params.__name__}, "
+                f"got {type(self.params).__name__}"
+            )
+
+    def __hash__(self) -> int:  # a Params dataclass is mutable, so hash what it holds
+        return hash((self.name, self.loops, repr(self.params)))
+
+    @property
+    def reads_logits(self) -> bool:
+        return EXITS[self.name].reads_logits
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether a token may stop before the cap (every exit but ``fixed``)."""
+        return EXITS[self.name].adaptive
+
+    @property
+    def needs_head(self) -> bool:
+        """Whether the exit reads the run's halting head (``halts``)."""
+        return EXITS[self.name].needs_head
+
+    def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
+        """[R] bool: the rows whose token stops after loop t."""
+        rows = h.shape[0]
+        if t >= self.loops:
+            return torch.ones(rows, dtype=torch.bool, device=h.device)
+        entry = EXITS[self.name]
+        if t < entry.first_loop:
+            return torch.zeros(rows, dtype=torch.bool, device=h.device)
+        return entry.stops(self, t, h, h_prev, logp, logp_prev)
+
+
+@register_token_exit("fixed", reads_logits=False, adaptive=False)
+def _fixed(rule, t, h, h_prev, logp, logp_prev):
+    return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)  # only the cap stops it
+
+
+@dataclass
+class ConvergenceParams:
+    eps: float = param(1e-3, POSITIVE, "stop once ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps")
+
+
+@register_token_exit("convergence", reads_logits=False, first_loop=2, params=ConvergenceParams)
+def _convergence(rule, t, h, h_prev, logp, logp_prev):
+    return (h - h_prev).norm(dim=-1) < rule.params.eps * h.norm(dim=-1)
+
+
+@dataclass
+class KLParams:
+    eps: float = param(1e-3, POSITIVE, "stop once KL(p_t ‖ p_{t−1}) < eps nats")
+
+
+@register_token_exit("kl", reads_logits=True, first_loop=2, params=KLParams)
+def _kl(rule, t, h, h_prev, logp, logp_prev):
+    return (logp.exp() * (logp - logp_prev)).sum(-1) < rule.params.eps
+
+
+@dataclass
+class ConfidenceParams:
+    threshold: float = param(0.9, Domain(0.0, 1.0, low_open=True), "stop once max p_t >= threshold")
+
+
+@register_token_exit("confidence", reads_logits=True, params=ConfidenceParams)
+def _confidence(rule, t, h, h_prev, logp, logp_prev):
+    return logp.max(dim=-1).values.exp() >= rule.params.threshold
+
+
+@register_token_exit("halting", reads_logits=False, needs_head=True)
+def _halting(rule, t, h, h_prev, logp, logp_prev):
+    if rule.halts is None:
+        raise LooplabError("the halting exit needs the run's halting head (a run trained with a halting schedule)")
+    return rule.halts(h, t)
