@@ -22,6 +22,7 @@ __all__ = [
     "training_bytes",
     "eval_bytes",
     "trace_bytes",
+    "recorded_trace_bytes",
     "probe_bytes",
     "lm_eval_bytes",
     "device_bytes",
@@ -81,10 +82,20 @@ def trace_bytes(config: Config, task: Task, samples: int, loops: int, attention:
     core layer's output (with ``attention``: its attention input and probabilities too) and every state."""
     m = config.model
     length = task.seq_len(config.task.train_max)
+    state_width = m.d_model * (2 if m.recurrence == "trm" else 1)
+    recorded = recorded_trace_bytes(samples, length, loops, m.core_layers, m.d_model, m.n_heads, state_width, attention)
+    return recorded + FLOAT * parameter_count(config, task.vocab_size)
+
+
+def recorded_trace_bytes(
+    samples: int, length: int, loops: int, core_layers: int, width: int, heads: int, state_width: int, attention: bool
+) -> int:
+    """What a trace stores (float32) for ``samples`` rows of ``length`` tokens over ``loops`` loops: each core
+    layer's output of ``width`` per token (with ``attention``: its attention input and ``heads`` probability
+    maps too) and each loop's state of ``state_width`` per token — for any model of the protocol."""
     rows = samples * length
-    per_call = rows * m.d_model * (2 if attention else 1) + (samples * m.n_heads * length * length if attention else 0)
-    state = rows * m.d_model * (2 if m.recurrence == "trm" else 1)
-    return FLOAT * ((loops + 1) * (m.core_layers * per_call + state) + parameter_count(config, task.vocab_size))
+    per_call = rows * width * (2 if attention else 1) + (samples * heads * length * length if attention else 0)
+    return FLOAT * (loops + 1) * (core_layers * per_call + rows * state_width)
 
 
 def probe_bytes(config: Config, task: Task, length: int, samples: int, loops: int, kept: int, rows: int) -> int:

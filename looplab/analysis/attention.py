@@ -23,6 +23,12 @@ Jacobian diag(s) − ssᵀ of spectral norm ≤ 1/2, and masking only drops entr
 With RoPE the product W̃_Q R_{j−i} W̃_Kᵀ depends on the position pair, so the
 check uses κ_h = ‖W̃_Q,h‖₂ ‖W̃_K,h‖₂ and B = max(‖X̃_t‖_F, ‖X̃_t′‖_F) instead
 (Σ_ij ‖Δx_i‖²‖x_j‖² = ‖ΔX‖_F²‖X‖_F²), which is again a valid bound.
+
+The bound needs scores that are exactly X̃ W̃_Q R W̃_Kᵀ X̃ᵀ / √d_h: a looplab model's attention, and
+transformers' attention with plain ``q_proj`` / ``k_proj`` Linear maps and RoPE (Llama, Mistral,
+Qwen2, HRM-Text; grouped key-value heads included, head h reading key head h // group). Where the
+scores are something else — query/key norms (Qwen3), clipped or position-scaled queries and
+relative biases (Inkling-2) — :func:`head_geometry` says None and no bound is reported.
 """
 
 from __future__ import annotations
@@ -31,16 +37,18 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from looplab.analysis.trace import Trace
 from looplab.model.looped import LoopedTransformer
+from looplab.model.protocol import LoopedModel
 
 __all__ = [
     "attention_difference",
     "consecutive_attention_difference",
     "LipschitzCheck",
     "head_kappa",
+    "head_geometry",
     "lipschitz_check",
 ]
 
@@ -79,6 +87,41 @@ def head_kappa(weight: Tensor, bias: Tensor | None, n_heads: int, rope: bool) ->
     return torch.stack(kappas)
 
 
+def _rope_head_kappa(query: nn.Linear, key: nn.Linear, head_dim: int) -> Tensor:
+    """κ_h = ‖W̃_Q,h‖₂ ‖W̃_K,g(h)‖₂ per query head of separate query / key Linear maps under RoPE, with
+    grouped key-value heads (g(h) = h // (query heads / key heads)): [H]."""
+
+    def per_head(linear: nn.Linear) -> Tensor:
+        weight = linear.weight.double()
+        bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        if linear.bias is not None:
+            bias = linear.bias.double()
+        augmented = torch.cat([weight, bias[:, None]], dim=1).unflatten(0, (-1, head_dim))  # [heads, d_h, d+1]
+        return torch.linalg.matrix_norm(augmented, 2)
+
+    queries, keys = per_head(query), per_head(key)
+    group = len(queries) // len(keys)
+    return queries * keys.repeat_interleave(group)
+
+
+def head_geometry(model: LoopedModel, layer: int) -> tuple[Tensor, int, bool] | None:
+    """(κ_h [H], d_h, rope) of core layer ``layer``'s attention, or None where its scores are not of the
+    bound's form (see the module docstring)."""
+    if isinstance(model, LoopedTransformer):
+        rope, n_heads = model.cfg.positional == "rope", model.cfg.n_heads
+        qkv = model.core[layer].attn.qkv
+        return head_kappa(qkv.weight, qkv.bias, n_heads, rope), model.cfg.d_model // n_heads, rope
+    attention = getattr(model.core[layer], "self_attn", None)
+    query, key = getattr(attention, "q_proj", None), getattr(attention, "k_proj", None)
+    head_dim = getattr(attention, "head_dim", None)
+    plain = isinstance(query, nn.Linear) and isinstance(key, nn.Linear) and isinstance(head_dim, int)
+    if not plain or hasattr(attention, "q_norm") or hasattr(attention, "k_norm"):
+        return None
+    if not math.isclose(getattr(attention, "scaling", 0.0), head_dim**-0.5):
+        return None
+    return _rope_head_kappa(query, key, head_dim), head_dim, True
+
+
 @dataclass
 class LipschitzCheck:
     """The bound at consecutive recorded loops (pairs t−1, t) of every recorded core layer.
@@ -103,11 +146,13 @@ class LipschitzCheck:
 
 
 @torch.no_grad()
-def lipschitz_check(model: LoopedTransformer, recorded: Trace, atol: float = 1e-6) -> LipschitzCheck:
-    """Check ‖ΔA‖ ≤ (1/2)(2Bκ/√d_h)‖ΔX‖ on a trace recorded with ``attention=True``."""
-    rope = model.cfg.positional == "rope"
-    n_heads = model.cfg.n_heads
-    head_dim = model.cfg.d_model // n_heads
+def lipschitz_check(model: LoopedModel, recorded: Trace, atol: float = 1e-6) -> LipschitzCheck | None:
+    """Check ‖ΔA‖ ≤ (1/2)(2Bκ/√d_h)‖ΔX‖ on a trace recorded with ``attention=True``; None when a recorded
+    layer's attention is not of the bound's form (:func:`head_geometry`)."""
+    geometry = [head_geometry(model, layer) for layer in recorded.layers]
+    if not geometry or any(g is None for g in geometry):
+        return None
+    rope = geometry[0][2]
     attn = recorded.attention()  # [loops, layers, B, H, T, T]
     inputs = recorded.attention_inputs().double()  # [loops, layers, B, T, d]
     augmented = torch.cat([inputs, torch.ones_like(inputs[..., :1])], dim=-1)
@@ -119,13 +164,10 @@ def lipschitz_check(model: LoopedTransformer, recorded: Trace, atol: float = 1e-
     delta_input = (inputs[1:] - inputs[:-1]).flatten(-2).norm(dim=-1).transpose(0, 1)
     # The difference in the stored dtype (exact up to one rounding), its norm in float64.
     delta_attn = (attn[1:] - attn[:-1]).flatten(-2).double().norm(dim=-1).transpose(0, 1)  # [layers, P, B, H]
-    kappa = torch.stack(
-        [
-            head_kappa(model.core[layer].attn.qkv.weight, model.core[layer].attn.qkv.bias, n_heads, rope)
-            for layer in recorded.layers
-        ]
-    ).to(attn.device)
-    bound = 0.5 * (2 * input_bound[..., None] * kappa[:, None, None, :] / math.sqrt(head_dim)) * delta_input[..., None]
+    kappa = torch.stack([kappa for kappa, _, _ in geometry]).to(attn.device)  # [layers, H]
+    root_dim = torch.tensor([math.sqrt(d) for _, d, _ in geometry], dtype=kappa.dtype, device=attn.device)
+    bound = 0.5 * (2 * input_bound[..., None] * kappa[:, None, None, :] / root_dim[:, None, None, None])
+    bound = bound * delta_input[..., None]
     ratio = torch.where(
         bound > 0,
         delta_attn / bound.clamp_min(1e-300),

@@ -2,7 +2,9 @@
 
 :func:`analyze_mechanistic` reads a run's latest checkpoint; :func:`analyze_config`
 analyses the model a config initialises, untrained (the run's seed decides the
-weights), as the paper's norm × injection ablation does.
+weights), as the paper's norm × injection ablation does; :func:`analyze_model` is
+the same analysis of any model of the looped-model protocol on given tokens (a
+transformers looped LM on a user's text: ``looplab.lm.text_tools``).
 
 One traced forward (attention on, stored on CPU in float32) of ``samples``
 instances at the longest training length, run for ``loops`` loops, feeds every
@@ -21,9 +23,11 @@ cosine_matrix.png, attention_difference.png, colsum_depth.png.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from looplab.analysis.attention import attention_difference, consecutive_attention_difference, lipschitz_check
 from looplab.analysis.colsum import colsum_depth, colsum_trace
@@ -51,10 +55,11 @@ from looplab.analysis.trace import Trace, trace
 from looplab.config import Config
 from looplab.experiment import Experiment, training_depth
 from looplab.memory import check_fits, trace_bytes
+from looplab.model.protocol import LoopedModel
 from looplab.params import fill
 from looplab.seeding import derive_generator
 
-__all__ = ["analyze_mechanistic", "analyze_config", "analyze_experiment", "analysis_trace"]
+__all__ = ["analyze_mechanistic", "analyze_config", "analyze_experiment", "analyze_model", "analysis_trace"]
 
 
 def _finite(value: float) -> float | None:
@@ -97,10 +102,75 @@ def analyze_experiment(exp: Experiment, out: Path, *, label: str = "", progress:
         "cpu",
         "use fewer --loops or --samples",
     )
-    if settings.zero_mlp:
-        with zero_mlp(exp.model, settings.zero_mlp):
-            return _analyze(exp, out, label, progress, settings)
-    return _analyze(exp, out, label, progress, settings)
+    seed, length = exp.config.run.seed, exp.config.task.train_max
+    batch = exp.task.sample(length, settings.samples, derive_generator(seed, "mechanistic", length))
+    header = {
+        "checkpoint": exp.checkpoint,
+        "steps_trained": int(exp.checkpoint.split("_")[1]) if exp.checkpoint else 0,
+        "loops": settings.loops,
+        "samples": settings.samples,
+        "length": length,
+    }
+    if progress:
+        line = start_line("mechanistic", label or "model", exp.checkpoint, settings.samples, length, settings.loops)
+        print(line, flush=True)
+    return analyze_model(
+        exp.model,
+        batch.tokens,
+        batch.valid,
+        out,
+        settings,
+        header,
+        label=label,
+        training_depth=training_depth(exp.config),
+        init_seed=seed,
+        exp=exp,
+        progress=progress,
+    )
+
+
+@torch.no_grad()
+def analyze_model(
+    model: LoopedModel,
+    tokens: Tensor,
+    valid: Tensor,
+    out: Path,
+    settings: AnalysisOptions,
+    header: dict,
+    *,
+    label: str = "",
+    training_depth: int | None = None,
+    init_seed: int | None = None,
+    exp: Experiment | None = None,
+    progress: bool = False,
+) -> dict:
+    """The mechanistic analysis of any model of the looped-model protocol on tokens / valid [B, T]: one
+    trace of ``settings.loops`` loops (stored on CPU in float32), every selected metric, their files in
+    ``out`` and summary.json (``header`` first). The caller has checked that the trace fits.
+
+    Args:
+        training_depth: the depth the plots mark, or None.
+        init_seed: the seed of a noise initial state (``derive_generator(seed, "mechanistic", "init")``).
+        exp: the experiment, when a looplab run is analysed (metrics may read it).
+    """
+
+    def retrace() -> Trace:
+        generator = None if init_seed is None else derive_generator(init_seed, "mechanistic", "init")
+        return trace(
+            model,
+            tokens,
+            valid,
+            settings.loops,
+            attention=settings.needs_attention,
+            dtype=torch.float32,
+            device="cpu",
+            generator=generator,
+        )
+
+    header = {**header, **({"zero_mlp": settings.zero_mlp} if settings.zero_mlp else {})}
+    with zero_mlp(model, settings.zero_mlp) if settings.zero_mlp else nullcontext():
+        inputs = AnalysisInput(exp, retrace(), label, retrace, settings, model, training_depth)
+        return run_metrics(inputs, out, header, progress)
 
 
 def analysis_trace(exp: Experiment, loops: int, samples: int, attention: bool) -> Trace:
@@ -118,27 +188,6 @@ def analysis_trace(exp: Experiment, loops: int, samples: int, attention: bool) -
         device="cpu",
         generator=derive_generator(seed, "mechanistic", "init"),
     )
-
-
-def _analyze(exp: Experiment, out: Path, label: str, progress: bool, settings: AnalysisOptions) -> dict:
-    loops, samples = settings.loops, settings.samples
-    length = exp.config.task.train_max
-    if progress:
-        print(start_line("mechanistic", label or "model", exp.checkpoint, samples, length, loops), flush=True)
-
-    def retrace():
-        return analysis_trace(exp, loops, samples, settings.needs_attention)
-
-    inputs = AnalysisInput(exp, retrace(), label, retrace, settings)
-    header = {
-        "checkpoint": exp.checkpoint,
-        "steps_trained": int(exp.checkpoint.split("_")[1]) if exp.checkpoint else 0,
-        "loops": loops,
-        "samples": samples,
-        "length": length,
-        **({"zero_mlp": settings.zero_mlp} if settings.zero_mlp else {}),
-    }
-    return run_metrics(inputs, out, header, progress)
 
 
 @register_metric("fixed_points", attention=False)
@@ -192,7 +241,7 @@ def convergence_metric(inputs: AnalysisInput) -> MetricResult:
         tables={"convergence.csv": (["layer", "loop", "delta"], rows)},
         plots={
             "convergence.png": lambda path: plot_convergence(
-                delta, path, rf"{inputs.label}: convergence $\Delta_{{\ell,t}}$", training_depth(inputs.exp.config)
+                delta, path, rf"{inputs.label}: convergence $\Delta_{{\ell,t}}$", inputs.training_depth
             )
         },
     )
@@ -204,27 +253,30 @@ def attention_metric(inputs: AnalysisInput) -> MetricResult:
     attn, loops = inputs.attention, inputs.loops
     diff = attention_difference(attn[:, :ATTENTION_PANELS])  # [min(k, panels), r, r], for the heatmaps
     step_diff = consecutive_attention_difference(attn)  # [k, r−1]
-    bound = lipschitz_check(inputs.exp.model, inputs.recorded)
+    bound = lipschitz_check(inputs.model, inputs.recorded)  # None: the attention is not of the bound's form
     rows = [
         (
             layer,
             t,
             float(step_diff[layer, t - 2]),
-            float(bound.ratio[layer, t - 2].max()),
-            bool(bound.holds[layer, t - 2].all()),
+            None if bound is None else float(bound.ratio[layer, t - 2].max()),
+            None if bound is None else bool(bound.holds[layer, t - 2].all()),
         )
         for layer in range(step_diff.shape[0])
         for t in range(2, loops + 1)
     ]
+    lipschitz = {"holds_fraction": None, "ratio_max": None, "kappa": None}
+    if bound is not None:
+        lipschitz = {
+            "holds_fraction": float(bound.holds.double().mean()) if bound.holds.numel() else None,
+            "ratio_max": float(bound.ratio.max()) if bound.ratio.numel() else None,
+            "kappa": bound.kappa.tolist(),
+        }
     return MetricResult(
         summary={
             # one loop has no pair of loops to compare: undefined (None), not 0 or "holds"
             "attention_diff_last": float(step_diff[:, -1].mean()) if loops >= 2 else None,
-            "lipschitz": {
-                "holds_fraction": float(bound.holds.double().mean()) if bound.holds.numel() else None,
-                "ratio_max": float(bound.ratio.max()) if bound.ratio.numel() else None,
-                "kappa": bound.kappa.tolist(),
-            },
+            "lipschitz": lipschitz,
         },
         tables={"attention.csv": (["layer", "loop", "attn_diff_prev", "lipschitz_ratio_max", "bound_holds"], rows)},
         plots={
@@ -232,7 +284,7 @@ def attention_metric(inputs: AnalysisInput) -> MetricResult:
                 diff,
                 path,
                 rf"{inputs.label}: $\|A_{{\ell,t}} - A_{{\ell,t'}}\|_F$",
-                training_depth=training_depth(inputs.exp.config),
+                training_depth=inputs.training_depth,
             )
         },
     )
@@ -241,7 +293,7 @@ def attention_metric(inputs: AnalysisInput) -> MetricResult:
 @register_metric("colsum")
 def colsum_metric(inputs: AnalysisInput) -> MetricResult:
     """ColSum concentration per loop and over effective depth, and (optionally) with each core MLP zeroed."""
-    colsum, model = inputs.colsum, inputs.exp.model
+    colsum, model = inputs.colsum, inputs.model
     depth_values, depth_labels = colsum_depth(inputs.recorded, colsum)
     ablation = []
     for layer in range(len(model.core) if inputs.options.mlp_ablation else 0):

@@ -32,6 +32,7 @@ from looplab.analysis.trace import Trace
 from looplab.errors import LooplabError, choice_error
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
+from looplab.model.protocol import LoopedModel
 from looplab.params import POSITIVE, at_least, param
 from looplab.plugins import register_entry
 from looplab.progress import Progress
@@ -80,18 +81,35 @@ class AnalysisInput:
     """One traced forward and what the metrics derive from it.
 
     Attributes:
-        exp: the analysed experiment (model, task, config).
+        exp: the analysed experiment (model, task, config) when a looplab run is analysed, else None.
         recorded: the trace, attention included, for ``loops`` loops of ``samples`` instances.
         label: the name plot titles start with.
         retrace: runs the same trace again (e.g. after an ablation changes the model).
         options: the analysis options.
+        model: the analysed model, any of the looped-model protocol (``looplab.model.protocol``);
+            ``exp.model`` when not given.
+        training_depth: the depth the plots mark (a native looped LM's own loop count, or None);
+            a run's T_train when ``exp`` is given and this is not.
     """
 
-    exp: Experiment
+    exp: Experiment | None
     recorded: Trace
     label: str
     retrace: Callable[[], Trace]
     options: AnalysisOptions = field(default_factory=AnalysisOptions)
+    model: LoopedModel | None = None
+    training_depth: int | None = None
+
+    def __post_init__(self):
+        if self.exp is not None:
+            from looplab.experiment import training_depth
+
+            self.model = self.exp.model if self.model is None else self.model
+            self.training_depth = (
+                training_depth(self.exp.config) if self.training_depth is None else self.training_depth
+            )
+        if self.model is None:
+            raise LooplabError("an analysis input needs a model (or the experiment that holds one)")
 
     @property
     def loops(self) -> int:

@@ -13,6 +13,7 @@ from looplab.analysis.text import start_line
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment, check_sizes, training_depth
 from looplab.memory import check_fits, probe_bytes
+from looplab.model.protocol import LoopedModel
 from looplab.progress import Progress
 from looplab.seeding import derive_generator
 from looplab.stability.spectral import EXACT_MAX_DIM, default_exact_loops, plot_spectral, spectral_trajectory
@@ -71,30 +72,53 @@ def analyze_spectral(
     last loop; only for states of at most ``EXACT_MAX_DIM`` numbers, L·d).
     """
     exp, batch, loops, out = _prepare(run_dir, out, length, loops, samples, "spectral")
-    small = batch.tokens.shape[1] * exp.config.model.d_model <= EXACT_MAX_DIM
+    exact = checked_exact_loops(exact_loops, loops, batch.tokens.shape[1], exp.config.model.d_model)
+    if progress:
+        _start_line("spectral", run_dir, exp, batch, loops)
+    title = f"{Path(run_dir).name}: loop Jacobian, n = {batch.lengths[0]}"
+    generator = derive_generator(exp.config.run.seed, "spectral")
+    return write_spectral(
+        exp.model, batch, loops, iters, exact, generator, out, title, training_depth(exp.config), progress
+    )
+
+
+def checked_exact_loops(exact_loops: Collection[int] | None, loops: int, length: int, width: int) -> list[int]:
+    """The loops where the exact spectrum is computed: ``exact_loops``, or by default the first, middle and
+    last loop when the state (``length`` × ``width`` numbers) is small enough; one-line errors otherwise."""
+    small = length * width <= EXACT_MAX_DIM
     if exact_loops is None:
-        exact_loops = default_exact_loops(loops) if small else ()
-    elif exact_loops and not small:
+        return list(default_exact_loops(loops)) if small else []
+    if exact_loops and not small:
         raise LooplabError(
             f"the exact spectrum needs a state of at most {EXACT_MAX_DIM} numbers (L·d); this one has "
-            f"{batch.tokens.shape[1]} × {exp.config.model.d_model}: drop --exact-at or ask for a shorter --length"
+            f"{length} × {width}: drop --exact-at or ask for a shorter --length"
         )
     beyond = sorted(t for t in exact_loops if not 1 <= t <= loops)
     if beyond:
         raise LooplabError(f"--exact-at loops {beyond} lie outside 1..{loops} (--loops)")
+    return list(exact_loops)
+
+
+def write_spectral(
+    model: LoopedModel,
+    batch: TaskBatch,
+    loops: int,
+    iters: int,
+    exact_loops: Collection[int],
+    generator: torch.Generator,
+    out: Path,
+    title: str,
+    depth: int | None,
+    progress: bool = False,
+) -> dict:
+    """ρ along one trajectory of any model of the looped-model protocol on ``batch`` (its tokens and valid
+    mask) → ``out``/spectral.csv, spectral.png, spectral.json; returns the summary (``depth``: the
+    training depth the plot marks, or None)."""
     out.mkdir(parents=True, exist_ok=True)
-    if progress:
-        _start_line("spectral", run_dir, exp, batch, loops)
-    generator = derive_generator(exp.config.run.seed, "spectral")
     with Progress("spectral", loops, unit="loop", enabled=progress) as bar:
-        frame = spectral_trajectory(exp.model, batch, loops, iters, set(exact_loops), generator, bar)
+        frame = spectral_trajectory(model, batch, loops, iters, set(exact_loops), generator, bar)
     frame.to_csv(out / "spectral.csv", index=False)
-    plot_spectral(
-        frame,
-        out / "spectral.png",
-        f"{Path(run_dir).name}: loop Jacobian, n = {batch.lengths[0]}",
-        training_depth(exp.config),
-    )
+    plot_spectral(frame, out / "spectral.png", title, depth)
     per_loop = frame.groupby("loop")["rho_power"].mean()
     summary = {
         "length": int(batch.lengths[0]),

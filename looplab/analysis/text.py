@@ -9,9 +9,17 @@ def _number(value, digits: int = 3) -> str:
 
 def format_mechanistic(summary: dict) -> str:
     """The headline numbers of an analysis summary.json, one finding per line."""
-    lines = [
+    first = (
         f"analysed {summary.get('checkpoint') or 'the initialisation'} ({summary.get('steps_trained', 0)} steps "
-        f"trained): {summary['samples']} instances of length {summary['length']}, {summary['loops']} loops",
+        f"trained): {summary['samples']} instances of length {summary['length']}, {summary['loops']} loops"
+    )
+    if summary.get("model"):  # a model dir, read on windows of a text
+        first = (
+            f"analysed {summary['model']} ({summary['model_type']}, native loops {summary['native_loops']}): "
+            f"{summary['samples']} windows of {summary['length']} tokens of {summary['text']}, {summary['loops']} loops"
+        )
+    lines = [
+        first,
         f"fixed points: first layer's cosine to its own final state {_number(summary['fixed_point_self_cos'])} "
         f"(median over samples {_number(summary['fixed_point_self_cos_median'])}); smallest cosine to the other "
         f"layers {_number(summary['fixed_point_cross_cos_min'])}",

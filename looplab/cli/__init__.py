@@ -1,6 +1,7 @@
-"""Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | results | demo``.
+"""Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | results | demo |
+retrofit``.
 
-One module per family of commands (``runs``, ``analyze``, ``studies``), the parser in ``parser``;
+One module per family of commands (``runs``, ``analyze``, ``studies``, ``models``), the parser in ``parser``;
 this module dispatches. User mistakes end in one line on stderr and exit code 2 (no traceback).
 """
 
@@ -11,6 +12,7 @@ import os
 import sys
 
 from looplab.cli.analyze import analyze_command
+from looplab.cli.models import retrofit_command
 from looplab.cli.parser import ANALYSES, EXAMPLES, STUDIES, build_parser
 from looplab.cli.runs import config_command, demo_command, eval_command, generate_command, pool_command, train_command
 from looplab.cli.studies import report_command, reproduce_command, results_command, sweep_command
@@ -34,6 +36,7 @@ COMMANDS = {
     "generate": generate_command,
     "demo": demo_command,
     "pool": pool_command,
+    "retrofit": retrofit_command,
 }
 
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help, or a usage error already printed as one line
         return stop.code if isinstance(stop.code, int) else 2
     try:
-        for option in ("out", "run_dir", "sweep_dir", "config", "sweep_file"):
+        for option in ("out", "run_dir", "sweep_dir", "config", "sweep_file", "source_dir", "text"):
             if isinstance(getattr(args, option, None), str) and not getattr(args, option).strip():
                 raise LooplabError(f"{option.replace('_', ' ')} must not be empty")
         use_figure_preset(getattr(args, "figsize", None) or "screen")

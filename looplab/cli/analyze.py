@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from looplab.cli.parser import ANALYSIS
 from looplab.config import load_config, resolve_preset
 from looplab.errors import LooplabError
 
 
 def analyze_command(args) -> None:
-    """``looplab analyze [KIND] RUN_DIR``: one analysis, written under the run (or ``--out``)."""
+    """``looplab analyze [KIND] RUN_DIR``: one analysis, written under the run (or ``--out``); on a model dir
+    (config.json) with ``--text``, the analysis of the text's windows (``looplab.cli.models``)."""
+    from looplab.cli.models import analyze_model_dir, takes_model_dir
+
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
     if args.out:
         check_analysis_out(Path(args.out))
+    if takes_model_dir(args):
+        return analyze_model_dir(args, args.kind)
+    if args.kind == "mechanistic" and args.loops is None:
+        args.loops = ANALYSIS.loops
     KIND_COMMANDS[args.kind](args, out)
 
 
@@ -87,6 +95,7 @@ def check_analysis_out(out: Path) -> None:
         ("grid.parquet", "an evaluation"),
         ("lm_summary.json", "an evaluation"),
         (CONFIG_FILE, "a run"),
+        ("config.json", "a model"),
     ):
         if (out / marker).is_file():
             raise LooplabError(f"--out {out} is {kind} dir (it holds {marker}); write the analysis elsewhere")

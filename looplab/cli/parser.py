@@ -8,6 +8,7 @@ from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import PRESETS
 from looplab.generation import EXITS, MAX_LOOPS, POLICIES
+from looplab.lm.model_dir import INJECTIONS
 from looplab.plotting import FIGURE_PRESETS
 
 ANALYSES = ("mechanistic", "spectral", "pca")
@@ -42,6 +43,11 @@ EXAMPLES = {
         "looplab eval runs/demo",
         "looplab eval runs/demo --lengths 8,16,32 --max-loops 64 --scaling",
         "looplab eval runs/lm --lm-loops 32   (a kjv or kjv_arithmetic run)",
+        "looplab eval models/hrm --text notes.txt --max-loops 16 --out runs/hrm-eval   (a model dir)",
+    ],
+    "retrofit": [
+        "looplab retrofit models/smollm2 --prelude 4 --core 6 --coda 4 --injection mix --out models/smollm2-loop",
+        "looplab retrofit models/llama --prelude 0 --core 16 --coda 0 --injection state --out models/llama-1x",
     ],
     "show": ["looplab config show demo", "looplab config show demo --set schedule.name=rl_halting"],
     "mechanistic": [
@@ -49,8 +55,12 @@ EXAMPLES = {
         "looplab analyze mechanistic runs/demo --loops 64 --samples 4 --no-mlp-ablation",
         "looplab analyze mechanistic runs/demo --zero-mlp core0 --out runs/demo/analysis/zero-core0",
         "looplab analyze mechanistic mechanistic/ablation-pre-injection --out runs/init   (an untrained model)",
+        "looplab analyze mechanistic models/hrm --text notes.txt --loops 16 --samples 4   (a model dir)",
     ],
-    "spectral": ["looplab analyze spectral runs/demo --loops 64 --exact-at all"],
+    "spectral": [
+        "looplab analyze spectral runs/demo --loops 64 --exact-at all",
+        "looplab analyze spectral models/hrm --text notes.txt --loops 16 --window 32",
+    ],
     "pca": ["looplab analyze pca runs/demo --loops 64 --sample 3"],
     "sweep": [
         "looplab sweep sweeps/stars-small --out runs/stars --workers 2",
@@ -103,12 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     evaluate = commands.add_parser(
-        "eval", help="evaluate a run on the length x loops grid (a text run: its loss against loops)"
+        "eval",
+        help="evaluate a run on the length x loops grid (a text run, or a model dir with --text: loss against loops)",
     )
-    evaluate.add_argument("run_dir")
+    evaluate.add_argument("run_dir", help="a looplab run dir (config.toml), or a model dir (config.json) with --text")
     evaluate.add_argument("--lengths", type=lengths_arg, help="comma-separated instance sizes, e.g. 8,12,16")
-    evaluate.add_argument("--max-loops", type=int, help="unroll depth T_eval")
-    evaluate.add_argument("--samples", type=int, help="samples per length")
+    evaluate.add_argument(
+        "--max-loops", type=int, help="unroll depth T_eval (a model dir: loops 1..N, default 4x its native loops)"
+    )
+    evaluate.add_argument("--samples", type=int, help="samples per length (a model dir: windows read, default 64)")
     evaluate.add_argument(
         "--scaling", action="store_true", help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)"
     )
@@ -119,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="text (kjv, kjv_arithmetic) runs: validation loss (and reasoning) against loops 1..T "
         "(eval/lm_loops.csv; default: the run's eval.max_loops)",
     )
+    evaluate.add_argument("--out", help="a model dir's output folder (default DIR/eval)")
 
     config = commands.add_parser("config", help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True)
@@ -134,9 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spectral = kinds.add_parser("spectral", help="spectral radius of the loop Jacobian along the trajectory")
     pca = kinds.add_parser("pca", help="2-D / 3-D PCA of one sample's latent trajectory")
-    mechanistic.add_argument("run_dir", help="a run dir, or a config TOML to analyse its untrained initialisation")
     mechanistic.add_argument(
-        "--loops", type=int, default=ANALYSIS.loops, help=f"unroll depth (default {ANALYSIS.loops})"
+        "run_dir", help="a run dir, a config TOML (its untrained initialisation), or a model dir with --text"
+    )
+    mechanistic.add_argument(
+        "--loops", type=int, help=f"unroll depth (default {ANALYSIS.loops}; a model dir: 4x its native loops)"
     )
     mechanistic.add_argument("--samples", type=int, default=ANALYSIS.samples)
     mechanistic.add_argument(
@@ -178,6 +194,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: first, middle and last, when L·d <= 4096)",
     )
     pca.add_argument("--sample", type=int, default=0, help="which sample to trace")
+    for sub in (evaluate, mechanistic, spectral):  # a model dir (config.json): the user's text
+        sub.add_argument("--text", metavar="FILE", help="a model dir: the UTF-8 text read, in windows of its tokens")
+        sub.add_argument(
+            "--window",
+            type=int,
+            help="a model dir: tokens per window (default 256 for eval, 64 for analyze; at most the model's positions)",
+        )
+        sub.add_argument("--dtype", choices=("float32", "bfloat16"), help="a model dir: weights' dtype (float32)")
+        sub.add_argument("--device", help="a model dir: cpu (default), cuda or cuda:N")
+
+    retrofit = commands.add_parser(
+        "retrofit",
+        help="write a Llama-family model dir as a looped (prelude, core x r, coda) model dir with an injection",
+    )
+    retrofit.add_argument("source_dir", help="a Llama, Mistral, Qwen2 or Qwen3 model dir (config.json, safetensors)")
+    retrofit.add_argument("--prelude", type=int, required=True, metavar="P", help="layers run once before the loop")
+    retrofit.add_argument("--core", type=int, required=True, metavar="K", help="layers looped (>= 1)")
+    retrofit.add_argument("--coda", type=int, required=True, metavar="C", help="layers run once after the loop")
+    retrofit.add_argument(
+        "--injection",
+        choices=INJECTIONS,
+        required=True,
+        help="W_I: mix [I/2 | I/2], state [0 | I] (no injection), input [I | 0], sum [I | I]",
+    )
+    retrofit.add_argument("--out", required=True, help="the retrofit's model dir (new or empty)")
 
     sweep = commands.add_parser("sweep", help="train and evaluate a grid of configs x overrides x seeds")
     sweep.add_argument("sweep_file", help="sweep TOML file")

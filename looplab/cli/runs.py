@@ -32,11 +32,15 @@ def train_command(args) -> int | None:
 
 
 def eval_command(args) -> None:
-    """``looplab eval RUN_DIR``: the length × loops grid (or, for a text run, loss against loops)."""
+    """``looplab eval RUN_DIR``: the length × loops grid (or, for a text run, loss against loops); ``looplab eval
+    DIR --text FILE`` on a model dir: loss against loops on the text (``looplab.cli.models``)."""
+    from looplab.cli.models import eval_model_dir, takes_model_dir
     from looplab.eval.run import evaluate_run, format_summary
     from looplab.lm.evaluate import evaluate_lm_run, text_loops
     from looplab.rundir import load_run_config
 
+    if takes_model_dir(args, {"out": "--out"}):  # config.json: a transformers model dir, read on --text
+        return eval_model_dir(args)
     config = load_run_config(args.run_dir)
     loops = text_loops(config, args.lm_loops)
     if loops is not None:
@@ -86,6 +90,13 @@ def generate_command(args) -> None:
     stops = [unescape(text) for text in args.stop]
     if "" in stops:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
+    from looplab.lm.model_dir import is_model_dir
+
+    if is_model_dir(args.run_dir):
+        raise LooplabError(
+            f"{args.run_dir} is a model dir (config.json): generate takes a looplab run dir (config.toml); "
+            "generation on a model dir is not implemented yet"
+        )
     config = load_run_config(args.run_dir)  # imports the run's plugins: their exits are known from here on
     loops = args.loops if args.loops is not None else fixed_depth(config.eval)
     params = token_exit_params(args.exit, config.generate.exits, **_exit_params(args))

@@ -50,6 +50,17 @@ PLOT_FILE = "lm_loops.png"
 SUMMARY_FILE = "lm_summary.json"
 
 
+def next_token_nll(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per scored position, from logits [N, V] and targets [N]: the negative log-likelihood in float64
+    (inf where the logits are not finite), whether the argmax is the target (never where not finite),
+    and whether the logits are finite — each [N]."""
+    log_probs = logits.float().log_softmax(dim=-1)
+    finite = torch.isfinite(log_probs).all(dim=-1)
+    token_nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    token_nll = torch.where(finite, token_nll, float("inf")).double()
+    return token_nll, (log_probs.argmax(dim=-1) == target) & finite, finite
+
+
 @torch.no_grad()
 def lm_loss_by_loops(
     model: LoopedTransformer,
@@ -85,13 +96,9 @@ def lm_loss_by_loops(
             valid = torch.ones_like(tokens, dtype=torch.bool)
             scored = labels != IGNORE  # every byte position; the start token predicts nothing
             for t, (_, logits) in enumerate(readouts_by_loops(model, tokens, valid, max_loops, at=scored)):
-                log_probs = logits.float().log_softmax(dim=-1)
-                target = labels[scored]
-                finite = torch.isfinite(log_probs).all(dim=-1)
-                token_nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-                token_nll = torch.where(finite, token_nll, float("inf"))
-                nll[t] += token_nll.double().sum().cpu()
-                correct[t] += ((log_probs.argmax(dim=-1) == target) & finite).sum().cpu()
+                token_nll, hit, finite = next_token_nll(logits, labels[scored])
+                nll[t] += token_nll.sum().cpu()
+                correct[t] += hit.sum().cpu()
                 nonfinite[t] += (~finite).sum().cpu()
                 bar.advance(detail=f"loop {t + 1}")
     finally:
@@ -131,19 +138,29 @@ def lm_summary(frame: pd.DataFrame, training_depth: int | None) -> dict:
     }
 
 
-def plot_lm_loops(frame: pd.DataFrame, path: Path, training_depth: int | None, title: str = "") -> None:
-    """Validation loss against loops (log x), the training depth marked."""
+def plot_lm_loops(
+    frame: pd.DataFrame,
+    path: Path,
+    training_depth: int | None,
+    title: str = "",
+    *,
+    token: str = "byte",
+    line: str = "validation loss",
+    depth_label: str = "trained at",
+) -> None:
+    """Loss against loops (log x), the training depth marked (``token`` names the unit of the y axis,
+    ``line`` the curve, ``depth_label`` the marked depth: a native looped LM's own loop count)."""
     plt = pyplot()
 
     fig, axis = plt.subplots(figsize=(6, 3.8))
     finite = frame[frame.loss.map(math.isfinite)]
-    axis.plot(finite.loops, finite.loss, marker=".", label="validation loss")
+    axis.plot(finite.loops, finite.loss, marker=".", label=line)
     if training_depth is not None:
-        axis.axvline(training_depth, color="grey", linestyle="--", label=f"trained at {training_depth}")
+        axis.axvline(training_depth, color="grey", linestyle="--", label=f"{depth_label} {training_depth}")
     axis.set_xscale("log")
     axis.set_xlabel("loops")
-    axis.set_ylabel("next-byte loss (nats)")
-    axis.set_title(title or "validation loss vs loops")
+    axis.set_ylabel(f"next-{token} loss (nats)")
+    axis.set_title(title or f"{line} vs loops")
     axis.legend()
     save_figure(fig, path)
 

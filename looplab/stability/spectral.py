@@ -80,10 +80,12 @@ def warm_power_iterations(
     a random start do (the random start at loop 1 gets ``4 × iters``). growth and rayleigh
     are :func:`looplab.stability.jacobian.spectral_radius_power`'s.
     """
-    v = random_direction(valid, h.shape[-1], generator, dtype=h.dtype)
+    v = None
     for t in range(loops):
         with torch.no_grad():
             h = phi(h)
+        if v is None:  # drawn at h_1's width, which may differ from h_0's (Inkling-2's state gains blocks)
+            v = random_direction(valid, h.shape[-1], generator, dtype=h.dtype)
         growth, rayleigh, v = power_iteration(phi, h, valid, 4 * iters if t == 0 else iters, v)
         yield h, growth, rayleigh
 

@@ -1,0 +1,171 @@
+"""The commands on a model directory (config.json + safetensors + tokenizer, ``looplab.lm.model_dir``):
+``retrofit``, and ``eval`` / ``analyze mechanistic|spectral`` given a model dir instead of a run dir.
+
+A command that takes a run dir tells the two apart by what the directory holds: ``config.json`` is a
+model dir, ``config.toml`` a looplab run dir. A flag that belongs to the other kind is refused in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from looplab.errors import LooplabError
+
+#: the flags only a model dir takes (argparse dest → how the command line spells it)
+MODEL_FLAGS = {"text": "--text", "window": "--window", "dtype": "--dtype", "device": "--device"}
+
+
+def _quiet_transformers() -> None:
+    """No progress bars or advice from transformers on the command line: looplab prints its own lines."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def takes_model_dir(args, extra_flags: dict[str, str] | None = None) -> bool:
+    """Whether the command's directory (``args.run_dir``) is read as a model dir: it holds config.json, or it
+    holds no config.toml and a model-dir flag is given (so its error is the model dir's). A run dir given a
+    model-dir flag is refused."""
+    from looplab.lm.model_dir import is_model_dir
+
+    flags = {**MODEL_FLAGS, **(extra_flags or {})}
+    given = [spelling for dest, spelling in flags.items() if getattr(args, dest, None) is not None]
+    if is_model_dir(args.run_dir):
+        return True
+    if (Path(args.run_dir) / "config.toml").is_file():
+        if given:
+            raise LooplabError(
+                f"only a model dir (config.json) takes {', '.join(given)}; {args.run_dir} is a looplab run dir "
+                "(config.toml), which reads its own task's data: drop them"
+            )
+        return False
+    return bool(given)
+
+
+def _refuse(args, flags: dict[str, str], why: str) -> None:
+    """Refuse the run-dir flags given with a model dir (``why``: what the model dir reads instead)."""
+    given = [spelling for dest, spelling in flags.items() if getattr(args, dest, None) not in (None, False, [])]
+    if given:
+        raise LooplabError(
+            f"only a looplab run dir (config.toml) takes {', '.join(given)}; {args.run_dir} is a model dir "
+            f"(config.json), {why}: drop them"
+        )
+
+
+def _text(args) -> str:
+    if args.text is None:
+        raise LooplabError(f"a model dir is read on a text: give --text FILE (UTF-8) with {args.run_dir}")
+    return args.text
+
+
+def eval_model_dir(args) -> None:
+    """``looplab eval DIR --text FILE``: loss against loops 1..N on windows of the text."""
+    from looplab.lm.text_tools import EVAL_SAMPLES, evaluate_text
+
+    _refuse(args, {"lengths": "--lengths", "scaling": "--scaling", "lm_loops": "--lm-loops"}, "read on --text")
+    _quiet_transformers()
+    summary = evaluate_text(
+        args.run_dir,
+        _text(args),
+        max_loops=args.max_loops,
+        window=args.window,
+        samples=EVAL_SAMPLES if args.samples is None else args.samples,
+        out=args.out,
+        dtype=args.dtype or "float32",
+        device=args.device or "cpu",
+        progress=True,
+    )
+    out = Path(args.out) if args.out else Path(args.run_dir) / "eval"
+    print(format_loss_table(out / "lm_loops.csv", summary["native_loops"]))
+    best, loops = summary["best_loss"], summary["best_loops"]
+    best_text = "n/a (no finite loss)" if best is None else f"{best:.4f} at {loops} loop{'s' * (loops != 1)}"
+    native = summary["loss_at_native_loops"]
+    print(
+        f"{summary['windows']} windows of {summary['window']} tokens, {summary['tokens']} tokens scored; "
+        f"native loops {summary['native_loops']}: {'n/a' if native is None else f'{native:.4f}'}; best {best_text}"
+    )
+    print(f"wrote {out}/lm_loops.csv, lm_loops.png and lm_summary.json")
+
+
+def format_loss_table(path: Path, native: int) -> str:
+    """The loss-by-loops table ``eval`` prints (the native loop count starred)."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    lines = ["loops  loss (nats/token)  tokens"]
+    for row in frame.itertuples(index=False):
+        star = "*" if row.loops == native else " "
+        lines.append(f"{row.loops:>5}{star} {row.loss:>16.4f}  {row.tokens:>6}")
+    return "\n".join(lines)
+
+
+def analyze_model_dir(args, kind: str) -> None:
+    """``looplab analyze mechanistic|spectral DIR --text FILE``: the analysis on windows of the text."""
+    from looplab.analysis.run import format_spectral
+    from looplab.analysis.text import format_mechanistic
+    from looplab.lm.text_tools import analyze_text_mechanistic, analyze_text_spectral
+
+    if kind == "pca":
+        raise LooplabError(
+            f"analyze pca takes a looplab run dir; on a model dir ({args.run_dir}): mechanistic or spectral"
+        )
+    text = _text(args)
+    common = {"window": args.window, "dtype": args.dtype or "float32", "device": args.device or "cpu"}
+    _quiet_transformers()
+    if kind == "mechanistic":
+        _refuse(args, {"set": "--set"}, "whose config is fixed")
+        summary = analyze_text_mechanistic(
+            args.run_dir,
+            text,
+            out=args.out,
+            progress=True,
+            loops=args.loops,
+            samples=args.samples,
+            mlp_ablation=not args.no_mlp_ablation,
+            zero_mlp=args.zero_mlp,
+            metrics=args.metrics,
+            plots=not args.no_plots,
+            **common,
+        )
+        print(format_mechanistic(summary))
+        out = Path(args.out) if args.out else Path(args.run_dir) / "analysis" / "mechanistic"
+        written = "summary.json, CSVs and plots" if not args.no_plots else "summary.json and CSVs"
+        print(f"wrote {out}: {written}")
+        return
+    _refuse(args, {"length": "--length"}, "read in --window tokens of --text")
+    from looplab.cli.analyze import exact_loops
+
+    exact = "all" if args.exact_at == "all" else exact_loops(args.exact_at, args.loops, args.run_dir)
+    summary = analyze_text_spectral(
+        args.run_dir,
+        text,
+        loops=args.loops,
+        samples=args.samples,
+        iters=args.iters,
+        out=args.out,
+        exact_loops=exact,
+        progress=True,
+        **common,
+    )
+    print(format_spectral(summary))
+    out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
+    print(f"wrote {out}/spectral.csv, spectral.json, spectral.png")
+
+
+def retrofit_command(args) -> None:
+    """``looplab retrofit SOURCE_DIR --prelude P --core K --coda C --injection NAME --out DIR``."""
+    from looplab.lm.model_dir import RetrofitSplit, open_model_dir, write_retrofit
+
+    _quiet_transformers()
+    split = RetrofitSplit(args.prelude, args.core, args.coda, args.injection)
+    source = open_model_dir(args.source_dir)
+    out = write_retrofit(source, split, args.out)
+    first, last = split.prelude + split.core, source.layers - split.coda - 1  # the middle layers, dropped
+    dropped = {0: "", 1: f", layer {first} dropped"}.get(last - first + 1, f", layers {first}..{last} dropped")
+    print(
+        f"retrofit: {source.model_type} with {source.layers} layers -> ({split.prelude}, {split.core}⊗r, "
+        f"{split.coda}), {split.injection} injection{dropped}"
+    )
+    print(f"wrote {out}")
+    print(f"next: looplab eval {out} --text FILE --max-loops 8")

@@ -1,0 +1,431 @@
+"""A model directory — ``config.json``, safetensors weights and tokenizer files, as transformers'
+``save_pretrained`` writes them — opened onto the looped-model protocol, nothing fetched from a hub.
+
+What the directory holds decides what it is (a looplab run dir holds ``config.toml`` instead):
+
+    native     config.json's model_type is one of transformers' native looped LMs
+               (:data:`looplab.lm.families.LOOPED_FAMILIES`: hrm_text, inkling2_loop,
+               inkling2_loop_text); its adapter wraps transformers' model, sharing its weights
+    retrofit   a Llama-family decoder (:data:`RETROFIT_SOURCES`) beside ``retrofit.json`` (the split and
+               the injection) and ``injection.safetensors`` (W_I), as ``looplab retrofit`` writes
+               them: a :class:`looplab.lm.retrofit.RetrofittedLoop` of the source's own layers
+    source     the same decoder without ``retrofit.json``: not looped; ``looplab retrofit`` takes it
+
+:func:`open_model_dir` reads everything but the weights — the config, the tokenizer, and the
+parameter count of the model built on the meta device from config.json — so a directory that
+is not a model, a missing tokenizer, an unsupported model_type and a model that does not fit
+are each refused in one line before any weight is read. :meth:`ModelDir.load` then reads the
+weights once, in float32 or bfloat16, onto the chosen device.
+
+A retrofit's native loop count is 1: at one loop ``state``, ``mix`` and ``input`` run exactly the
+source's layers 0..p+k−1 and its coda, which with p + k + c = L is the source model itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from looplab.errors import LooplabError
+from looplab.lm.families import LOOPED_FAMILIES
+from looplab.memory import GIB, check_fits
+from looplab.token_exits import MAX_LOOPS
+
+__all__ = [
+    "DTYPES",
+    "INJECTIONS",
+    "LOOP_CAP",
+    "NATIVE_CLASSES",
+    "RETROFIT_FILE",
+    "RETROFIT_SOURCES",
+    "ModelDir",
+    "RetrofitSplit",
+    "is_model_dir",
+    "open_model_dir",
+    "write_retrofit",
+]
+
+CONFIG_FILE = "config.json"
+RETROFIT_FILE = "retrofit.json"
+INJECTION_FILE = "injection.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+#: the loops any command runs a model dir at: 1..LOOP_CAP (the same cap as ``looplab generate``'s)
+LOOP_CAP = MAX_LOOPS
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: the W_I choices ``looplab retrofit`` writes (``looplab.model.looped.injection_weight``)
+INJECTIONS = ("mix", "state", "input", "sum")
+#: model_type → the transformers class that loads it, for the native looped LMs
+NATIVE_CLASSES = {
+    "hrm_text": "HrmTextForCausalLM",
+    "inkling2_loop_text": "Inkling2LoopForCausalLM",
+    "inkling2_loop": "Inkling2LoopForConditionalGeneration",
+}
+#: model_type → (causal LM class, decoder layer class) of the decoders a retrofit takes: each one's
+#: ``Model.forward`` is embed → decoder layers → final norm → lm_head, which RetrofittedLoop reproduces
+RETROFIT_SOURCES = {
+    "llama": ("LlamaForCausalLM", "LlamaDecoderLayer"),
+    "mistral": ("MistralForCausalLM", "MistralDecoderLayer"),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2DecoderLayer"),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3DecoderLayer"),
+}
+#: model_type → its native loop count, from the config alone
+_NATIVE_LOOPS = {
+    "hrm_text": lambda config: config.H_cycles,
+    "inkling2_loop_text": lambda config: config.loop_num_passes,
+    "inkling2_loop": lambda config: config.text_config.loop_num_passes,
+}
+
+
+def _supported() -> str:
+    return (
+        f"supported: {', '.join(sorted(LOOPED_FAMILIES))} (native looped LMs), and retrofits of "
+        f"{', '.join(sorted(RETROFIT_SOURCES))} made by `looplab retrofit`"
+    )
+
+
+@dataclass(frozen=True)
+class RetrofitSplit:
+    """A retrofit's (prelude, core, coda) layer counts and its injection, as ``retrofit.json`` records them."""
+
+    prelude: int
+    core: int
+    coda: int
+    injection: str
+
+    def check(self, layers: int) -> None:
+        """Refuse a split that does not fit a source of ``layers`` decoder layers, in one line."""
+        p, k, c = self.prelude, self.core, self.coda
+        if min(p, c) < 0 or k < 1 or p + k + c > layers:
+            raise LooplabError(
+                f"a retrofit split needs --prelude >= 0, --core >= 1, --coda >= 0 and prelude + core + coda <= "
+                f"{layers}, the source's layer count; got ({p}, {k}, {c})"
+            )
+        if self.injection not in INJECTIONS:
+            raise LooplabError(f"unknown injection {self.injection!r}; valid choices: {', '.join(INJECTIONS)}")
+
+
+def is_model_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a directory holding a ``config.json`` (a transformers model dir)."""
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+@dataclass
+class ModelDir:
+    """An opened model directory: what config.json, retrofit.json and the tokenizer say, no weights yet.
+
+    Attributes:
+        path: the directory.
+        kind: ``native``, ``retrofit`` or ``source`` (see the module docstring).
+        model_type: config.json's model_type.
+        config: transformers' config object.
+        tokenizer: transformers' tokenizer, from the directory.
+        parameters: the parameter count (of the model built on the meta device).
+        layers: the decoder layers of a retrofit or source (None for a native model).
+        split: a retrofit's split and injection (None otherwise).
+        native_loops: the loop count the model runs by itself (a retrofit's: 1).
+        max_window: the longest token window the model takes (its positions; a sliding window when shorter).
+        heads: the most attention heads of a layer; width: the hidden size.
+    """
+
+    path: Path
+    kind: str
+    model_type: str
+    config: Any
+    tokenizer: Any
+    parameters: int
+    layers: int | None
+    split: RetrofitSplit | None
+    native_loops: int
+    max_window: int
+    heads: int
+    width: int
+
+    @property
+    def loop_cap(self) -> int:
+        """The most loops a command runs this model at."""
+        return LOOP_CAP
+
+    @property
+    def name(self) -> str:
+        """How plots and lines name the model: ``model_type`` and the split of a retrofit."""
+        if self.split is None:
+            return self.model_type
+        s = self.split
+        return f"{self.model_type} retrofit ({s.prelude}, {s.core}⊗r, {s.coda}), {s.injection} injection"
+
+    def weight_bytes(self, dtype: torch.dtype) -> int:
+        """The weights in ``dtype``: parameters × bytes per number (a retrofit's W_I, 2d² more, included)."""
+        extra = 2 * self.width * self.width if self.kind == "retrofit" else 0
+        return (self.parameters + extra) * torch.finfo(dtype).bits // 8
+
+    def check_fits(self, dtype: torch.dtype, device: str, what: str, extra_bytes: int = 0) -> None:
+        """Refuse ``what`` (the weights in ``dtype`` and ``extra_bytes`` of work) when it does not fit ``device``."""
+        name = next(key for key, value in DTYPES.items() if value == dtype)
+        count = f"{self.parameters / 1e9:,.1f} B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:,.1f} M"
+        check_fits(
+            f"{what} on {self.path} ({count} parameters in {name}, {self.weight_bytes(dtype) / GIB:,.2f} GiB)",
+            self.weight_bytes(dtype) + extra_bytes,
+            device,
+            "use --dtype bfloat16, a smaller model, or fewer --samples / a shorter --window"
+            if dtype == torch.float32
+            else "use a smaller model, or fewer --samples / a shorter --window",
+        )
+
+    def check_loops(self, loops: int, option: str) -> None:
+        """Refuse a loop count outside 1..:attr:`loop_cap`, in one line naming ``option``."""
+        if not 1 <= loops <= self.loop_cap:
+            raise LooplabError(
+                f"{option} must lie in 1..{self.loop_cap} for a model dir ({self.name}, native loops "
+                f"{self.native_loops}), got {loops}"
+            )
+
+    def load(self, dtype: torch.dtype = torch.float32, device: str = "cpu", eager_experts: bool = False) -> nn.Module:
+        """The model on the looped-model protocol, its weights read once in ``dtype`` onto ``device``, eval mode.
+
+        ``eager_experts``: a mixture-of-experts layer runs transformers' eager expert loop instead of its
+        grouped matmul (the latter has no forward-mode derivative, which the loop Jacobian needs).
+        """
+        if self.kind == "source":
+            raise not_looped(self)
+        _offline()
+        import transformers
+
+        options = {"dtype": dtype, "attn_implementation": "eager", "local_files_only": True, "use_safetensors": True}
+        if eager_experts:
+            options["experts_implementation"] = "eager"
+        if self.kind == "native":
+            cls = getattr(transformers, NATIVE_CLASSES[self.model_type])
+            model = cls.from_pretrained(self.path, **options).to(device).eval()
+            from looplab.lm.families import native_loop
+
+            looped = native_loop(model)
+        else:
+            from safetensors.torch import load_file
+
+            from looplab.lm.retrofit import RetrofittedLoop
+
+            cls = getattr(transformers, RETROFIT_SOURCES[self.model_type][0])
+            model = cls.from_pretrained(self.path, **options).to(device).eval()
+            s = self.split
+            looped = RetrofittedLoop(
+                model, s.prelude, s.core, s.coda, copy_weights=False, inject_init=s.injection
+            )  # shares the source's layers: the dropped middle ones go with ``model``
+            weight = load_file(self.path / INJECTION_FILE)["weight"]
+            with torch.no_grad():
+                looped.inject.weight.copy_(weight.to(dtype=looped.inject.weight.dtype, device=device))
+        runs = getattr(looped, "native_loops", 1)
+        if runs != self.native_loops:  # the config read before loading and the adapter must agree
+            raise LooplabError(f"{self.path}: the loaded model runs {runs} loops, its config {self.native_loops}")
+        return looped.eval()
+
+
+def not_looped(model_dir: ModelDir) -> LooplabError:
+    """The error for a source decoder given where a looped model is needed."""
+    return LooplabError(
+        f"{model_dir.path} is a {model_dir.model_type} model, not a looped one: make one of it with "
+        f"`looplab retrofit {model_dir.path} --prelude P --core K --coda C --injection mix --out DIR`"
+    )
+
+
+def _offline() -> None:
+    """Keep transformers and huggingface_hub off the network (every load also says local_files_only)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _read_config_json(path: Path) -> dict:
+    file = path / CONFIG_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise LooplabError(f"{file} is not UTF-8 text (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise LooplabError(f"{file} is not valid JSON (line {err.lineno}: {err.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise LooplabError(f"{file} names no model_type: it is not a transformers model config")
+    return data
+
+
+def _check_files(path: Path) -> None:
+    names = {entry.name for entry in path.iterdir()}
+    if not any(name.endswith(".safetensors") and name != INJECTION_FILE for name in names):
+        pickled = sorted(name for name in names if name.endswith((".bin", ".pt", ".pth")))
+        if pickled:
+            raise LooplabError(
+                f"{path} holds its weights as {pickled[0]} (pickle); looplab reads safetensors only: "
+                "re-save the model with save_pretrained"
+            )
+        raise LooplabError(f"{path} holds no safetensors weights (model.safetensors, as save_pretrained writes them)")
+    if not names & set(TOKENIZER_FILES):
+        raise LooplabError(
+            f"{path} holds no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}, as tokenizer.save_pretrained writes them)"
+        )
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # transformers raises many kinds here; each is one line for the user
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LooplabError(f"cannot load the tokenizer of {path}: {first}") from None
+    return tokenizer
+
+
+def _meta_model(cls, config) -> nn.Module:
+    """The model built on the meta device: its shapes and classes, no memory."""
+    with torch.device("meta"):
+        return cls(config)
+
+
+def _read_split(path: Path, layers: int, width: int) -> RetrofitSplit:
+    file = path / RETROFIT_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        split = RetrofitSplit(*(data[key] for key in ("prelude", "core", "coda", "injection")))
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        raise LooplabError(
+            f"{file} is not a retrofit description (JSON with prelude, core, coda and injection): "
+            "write it with `looplab retrofit`"
+        ) from None
+    if not all(isinstance(n, int) for n in (split.prelude, split.core, split.coda)):
+        raise LooplabError(f"{file}: prelude, core and coda must be integers")
+    split.check(layers)
+    injection = path / INJECTION_FILE
+    if not injection.is_file():
+        raise LooplabError(f"{path} is a retrofit without its {INJECTION_FILE} (W_I): write it with `looplab retrofit`")
+    from safetensors import safe_open
+
+    try:
+        with safe_open(injection, "pt") as handle:
+            shape = handle.get_slice("weight").get_shape() if "weight" in handle.keys() else None
+    except Exception:  # a truncated or foreign file: safetensors raises its own kinds
+        shape = "unreadable"
+    if shape != [width, 2 * width]:
+        raise LooplabError(f"{injection} must hold one tensor 'weight' of shape [{width}, {2 * width}], got {shape}")
+    return split
+
+
+def _max_window(model_type: str, config) -> int:
+    """The longest window: the model's positions, or its sliding attention window where a layer uses one
+    (a retrofit's mask is full causal, exact only within the window)."""
+    text = getattr(config, "text_config", None) or config
+    window = int(getattr(text, "max_position_embeddings", None) or 2**31)
+    if model_type in RETROFIT_SOURCES:
+        sliding = getattr(config, "sliding_window", None)
+        types = getattr(config, "layer_types", None)
+        if isinstance(sliding, int) and (types is None or "sliding_attention" in types):
+            window = min(window, sliding)
+    return window
+
+
+def open_model_dir(path: str | Path) -> ModelDir:
+    """Open a model directory without reading its weights (see the module docstring); one-line errors."""
+    path = Path(path)
+    if not path.exists():
+        raise LooplabError(f"model dir not found: {path}")
+    if not path.is_dir():
+        raise LooplabError(f"{path} is a file, not a model dir (a directory holding config.json)")
+    if not (path / CONFIG_FILE).is_file():
+        raise LooplabError(f"{path} is not a model dir (no {CONFIG_FILE}, as save_pretrained writes it)")
+    model_type = _read_config_json(path)["model_type"]
+    if model_type not in NATIVE_CLASSES and model_type not in RETROFIT_SOURCES:
+        raise LooplabError(f"{path} holds model_type {model_type!r}, which looplab does not loop; {_supported()}")
+    _check_files(path)
+    _offline()
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # a config transformers cannot build: one line with its reason
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LooplabError(f"{path}/{CONFIG_FILE} is not a valid {model_type} config: {first}") from None
+    text = getattr(config, "text_config", None) or config
+    width = int(text.hidden_size)
+    heads = max(int(getattr(text, key, 0) or 0) for key in ("num_attention_heads", "swa_num_attention_heads"))
+    if model_type in NATIVE_CLASSES:
+        meta = _meta_model(getattr(transformers, NATIVE_CLASSES[model_type]), config)
+        kind, layers, split, native = "native", None, None, int(_NATIVE_LOOPS[model_type](config))
+    else:
+        model_class, layer_class = RETROFIT_SOURCES[model_type]
+        meta = _meta_model(getattr(transformers, model_class), config)
+        found = sorted({type(layer).__name__ for layer in getattr(getattr(meta, "model", None), "layers", [])})
+        if found != [layer_class]:
+            raise LooplabError(
+                f"{path}: a {model_type} retrofit needs model.model.layers of {layer_class}, found {found or 'none'}"
+            )
+        layers = len(meta.model.layers)
+        retrofit = (path / RETROFIT_FILE).is_file()
+        kind = "retrofit" if retrofit else "source"
+        split = _read_split(path, layers, width) if retrofit else None
+        native = 1
+    parameters = sum(p.numel() for p in meta.parameters())
+    del meta
+    tokenizer = _load_tokenizer(path)
+    window = _max_window(model_type, config)
+    return ModelDir(path, kind, model_type, config, tokenizer, parameters, layers, split, native, window, heads, width)
+
+
+def write_retrofit(source: ModelDir, split: RetrofitSplit, out: str | Path) -> Path:
+    """Write the retrofit of ``source`` with ``split`` into ``out`` (a new or empty directory): the source's
+    config, tokenizer and weights by ``save_pretrained``, ``retrofit.json`` and W_I in ``injection.safetensors``.
+
+    Everything is checked first (the source is a Llama-family decoder and not itself a retrofit, the
+    split fits its layers, ``out`` is new or empty, the weights fit in memory); the files are written
+    into a hidden sibling folder renamed into place at the end, so a failure leaves no partial retrofit.
+    """
+    from safetensors.torch import save_file
+
+    from looplab.model.looped import injection_weight
+
+    out = Path(out)
+    if source.kind == "native":
+        raise LooplabError(
+            f"{source.path} is a native looped LM ({source.model_type}): it loops by itself; retrofit takes "
+            f"{', '.join(sorted(RETROFIT_SOURCES))}"
+        )
+    if source.kind == "retrofit":
+        raise LooplabError(f"{source.path} is already a retrofit ({source.name}): retrofit its source instead")
+    split.check(source.layers)
+    if out.is_file():
+        raise LooplabError(f"--out {out} is a file; give a new or empty directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise LooplabError(f"--out {out} exists and is not empty; give a new or empty directory")
+    dtype = getattr(source.config, "dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in DTYPES.values():
+        dtype = torch.float32
+    source.check_fits(dtype, "cpu", "retrofitting")
+    import transformers
+
+    model = getattr(transformers, RETROFIT_SOURCES[source.model_type][0]).from_pretrained(
+        source.path, dtype=dtype, local_files_only=True, use_safetensors=True
+    )
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        model.save_pretrained(staging)
+        source.tokenizer.save_pretrained(staging)
+        weight = injection_weight(split.injection, source.width, 0.25, torch.float32, torch.device("cpu"))
+        save_file({"weight": weight.contiguous()}, str(staging / INJECTION_FILE))
+        description = {
+            "prelude": split.prelude,
+            "core": split.core,
+            "coda": split.coda,
+            "injection": split.injection,
+            "source": str(source.path.resolve()),
+            "source_layers": source.layers,
+        }
+        (staging / RETROFIT_FILE).write_text(json.dumps(description, indent=2) + "\n")
+        os.replace(staging, out)  # onto a missing or empty directory
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out

@@ -1,0 +1,403 @@
+"""looplab's tools on a model directory (:mod:`looplab.lm.model_dir`), run on a user's text with the
+model's own tokenizer: loss against loops, the mechanistic analysis and the loop Jacobian's spectral radius.
+
+The text. A UTF-8 file, tokenised as a whole by the model's tokenizer, without special tokens, and
+cut from its start into consecutive windows of ``window`` tokens (the tail shorter than a window is
+dropped; at most ``samples`` windows are read). A window is one row: every token is valid, and its
+``window − 1`` next-token predictions are scored. A text shorter than one window is refused.
+
+    evaluate_text          OUT/lm_loops.csv (loops, loss, tokens), lm_loops.png and lm_summary.json:
+                           mean next-token cross-entropy (nats) over every scored position of every
+                           window after 1..max_loops loops, all from one unroll per batch
+    analyze_text_mechanistic   the mechanistic analysis (``looplab.analysis.mechanistic.analyze_model``)
+    analyze_text_spectral      ρ of the loop Jacobian per loop (``looplab.analysis.run.write_spectral``)
+
+Every argument, the model dir, the tokenizer, the text and the memory estimate are checked before the
+weights are read, and all of it before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError
+from looplab.io import atomic_write
+from looplab.lm.evaluate import next_token_nll, plot_lm_loops
+from looplab.lm.model_dir import DTYPES, ModelDir, not_looped, open_model_dir
+from looplab.model.protocol import readouts_by_loops
+from looplab.progress import Progress
+
+__all__ = [
+    "EVAL_WINDOW",
+    "EVAL_SAMPLES",
+    "ANALYSIS_WINDOW",
+    "LOOPS_FACTOR",
+    "read_text",
+    "text_windows",
+    "text_loss_by_loops",
+    "evaluate_text",
+    "analyze_text_mechanistic",
+    "analyze_text_spectral",
+]
+
+#: default windows in tokens (capped by the model's own longest): evaluation, and the analyses, which
+#: keep attention maps of window² per head, layer and loop
+EVAL_WINDOW, ANALYSIS_WINDOW = 256, 64
+#: default loops: this many times the model's native loop count
+LOOPS_FACTOR = 4
+#: default windows read by the evaluation
+EVAL_SAMPLES = 64
+#: windows per batch of the evaluation's unroll
+BATCH = 8
+CSV_FILE, PLOT_FILE, SUMMARY_FILE = "lm_loops.csv", "lm_loops.png", "lm_summary.json"
+
+
+def read_text(path: str | Path) -> str:
+    """The text of a UTF-8 file; one-line errors for a missing file, a directory, or bytes that are not UTF-8."""
+    path = Path(path)
+    if path.is_dir():
+        raise LooplabError(f"--text {path} is a directory, not a text file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise LooplabError(f"text file not found: {path}") from None
+    except UnicodeDecodeError as err:
+        raise LooplabError(f"text file {path} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise LooplabError(f"cannot read text file {path}: {err.strerror or err}") from None
+
+
+def text_windows(tokenizer, text: str, window: int, samples: int, source: str) -> Tensor:
+    """[N, window] token ids: the first N = min(samples, tokens // window) consecutive windows of the text."""
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    if len(ids) < window:
+        raise LooplabError(
+            f"text {source} is {len(ids)} tokens under the model's tokenizer, shorter than one window of "
+            f"{window} (--window): give a longer text or a smaller --window"
+        )
+    count = min(samples, len(ids) // window)
+    return torch.tensor(ids[: count * window], dtype=torch.long).view(count, window)
+
+
+def _window(model_dir: ModelDir, window: int | None, default: int) -> int:
+    """``--window``, or the default capped by the model's longest window; checked against that longest."""
+    if window is None:
+        return min(default, model_dir.max_window)
+    if not 2 <= window <= model_dir.max_window:
+        raise LooplabError(
+            f"--window must lie in 2..{model_dir.max_window} tokens for {model_dir.path} (its positions or "
+            f"attention window), got {window}"
+        )
+    return window
+
+
+def _prepare(
+    path,
+    text,
+    window: int | None,
+    default_window: int,
+    samples: int,
+    loops: int | None,
+    loops_option: str,
+    dtype: str,
+    device: str,
+) -> tuple[ModelDir, Tensor, int, torch.dtype]:
+    """Open the model dir and read the text's windows; check the loops (``loops_option`` names them) and
+    samples. Nothing is loaded yet."""
+    from looplab.experiment import check_device
+
+    if dtype not in DTYPES:
+        raise LooplabError(f"unknown --dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
+    try:
+        check_device(device)
+    except LooplabError as err:  # the same check as a run's, named by this command's flag
+        raise LooplabError(str(err).replace("run.device =", "--device").replace("run.device", "--device")) from None
+    if samples < 1:
+        raise LooplabError(f"--samples must be >= 1, got {samples}")
+    model_dir = open_model_dir(path)
+    if model_dir.kind == "source":
+        raise not_looped(model_dir)
+    loops = LOOPS_FACTOR * model_dir.native_loops if loops is None else loops
+    model_dir.check_loops(loops, loops_option)
+    window = _window(model_dir, window, default_window)
+    windows = text_windows(model_dir.tokenizer, read_text(text), window, samples, str(text))
+    return model_dir, windows, loops, DTYPES[dtype]
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an output folder that is a file, a model dir or a looplab run dir."""
+    if out.is_file():
+        raise LooplabError(f"--out {out} is a file; give a directory")
+    for marker, kind in (("config.json", "a model"), ("config.toml", "a run")):
+        if (out / marker).is_file():
+            raise LooplabError(f"--out {out} is {kind} dir (it holds {marker}); write elsewhere")
+
+
+@torch.no_grad()
+def text_loss_by_loops(
+    model, windows: Tensor, max_loops: int, batch_size: int = BATCH, progress: bool = False
+) -> pd.DataFrame:
+    """``loops`` 1..max_loops, ``loss`` (mean next-token cross-entropy in nats over every scored position)
+    and ``tokens`` (the positions scored) of a protocol model on windows [N, W], one unroll per batch.
+    A position whose logits are not finite counts as an infinite loss."""
+    device = next(model.parameters()).device
+    nll = torch.zeros(max_loops, dtype=torch.float64)
+    batches = range(0, len(windows), batch_size)
+    with Progress("eval", len(batches) * max_loops, unit="loop", enabled=progress) as bar:
+        for start in batches:
+            tokens = windows[start : start + batch_size].to(device)
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+            scored = valid.clone()
+            scored[:, -1] = False  # the last token predicts nothing inside its window
+            target = tokens[:, 1:].reshape(-1)
+            for t, (_, logits) in enumerate(readouts_by_loops(model, tokens, valid, max_loops, at=scored)):
+                nll[t] += next_token_nll(logits, target)[0].sum().cpu()
+                bar.advance(detail=f"loop {t + 1}")
+    count = windows.shape[0] * (windows.shape[1] - 1)
+    return pd.DataFrame({"loops": range(1, max_loops + 1), "loss": (nll / count).tolist(), "tokens": count})
+
+
+def _activation_bytes(model_dir: ModelDir, rows: int, window: int, dtype: torch.dtype) -> int:
+    """A rough upper bound of one batch's forward: a few states of every layer kind, the attention maps of
+    one layer, and the logits in float32."""
+    vocab = int(getattr(getattr(model_dir.config, "text_config", None) or model_dir.config, "vocab_size", 0))
+    per_token = 16 * model_dir.width * torch.finfo(dtype).bits // 8 + 4 * (model_dir.heads * window + 2 * vocab)
+    return rows * window * per_token
+
+
+def evaluate_text(
+    path,
+    text,
+    max_loops: int | None = None,
+    window: int | None = None,
+    samples: int = EVAL_SAMPLES,
+    out=None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: bool = False,
+) -> dict:
+    """Loss against loops 1..max_loops (default 4 × native) on windows of ``text``: writes ``out``
+    (default DIR/eval)/lm_loops.csv, lm_loops.png and lm_summary.json; returns the summary."""
+    model_dir, windows, max_loops, torch_dtype = _prepare(
+        path, text, window, EVAL_WINDOW, samples, max_loops, "--max-loops", dtype, device
+    )
+    out = Path(out) if out is not None else model_dir.path / "eval"
+    _check_out(out)
+    rows = min(BATCH, len(windows))
+    model_dir.check_fits(
+        torch_dtype, device, "evaluating", _activation_bytes(model_dir, rows, windows.shape[1], torch_dtype)
+    )
+    if progress:
+        print(
+            f"eval: {model_dir.path} ({model_dir.name}, native loops {model_dir.native_loops}): "
+            f"{len(windows)} windows of {windows.shape[1]} tokens of {text}, loops 1..{max_loops}",
+            flush=True,
+        )
+    model = model_dir.load(torch_dtype, device)
+    frame = text_loss_by_loops(model, windows, max_loops, progress=progress)
+    summary = _loss_summary(frame, model_dir)
+    summary.update(
+        {
+            "model": str(model_dir.path),
+            "model_type": model_dir.model_type,
+            "kind": model_dir.kind,
+            "text": str(text),
+            "window": int(windows.shape[1]),
+            "windows": len(windows),
+            "dtype": dtype,
+        }
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / CSV_FILE, lambda p: frame.to_csv(p, index=False))
+    title = f"{model_dir.path.name}: loss on {Path(text).name}"
+    plot_lm_loops(
+        frame, out / PLOT_FILE, model_dir.native_loops, title, token="token", line="loss", depth_label="native loops"
+    )
+    atomic_write(out / SUMMARY_FILE, lambda p: p.write_text(json.dumps(summary, indent=2)))
+    return summary
+
+
+def _loss_summary(frame: pd.DataFrame, model_dir: ModelDir) -> dict:
+    def at(k: int) -> float | None:
+        rows = frame.loc[frame.loops == k, "loss"]
+        return float(rows.iloc[0]) if len(rows) else None
+
+    finite = frame[frame.loss.map(math.isfinite)]
+    best = finite.loc[finite.loss.idxmin()] if len(finite) else None
+    return {
+        "native_loops": model_dir.native_loops,
+        "loss_at_native_loops": at(model_dir.native_loops),
+        "best_loss": None if best is None else float(best.loss),
+        "best_loops": None if best is None else int(best.loops),
+        "max_loops": int(frame.loops.max()),
+        "loss_at_max_loops": at(int(frame.loops.max())),
+        "tokens": int(frame.tokens.iloc[0]),
+    }
+
+
+def _header(model_dir: ModelDir, text, windows: Tensor, loops: int, dtype: str) -> dict:
+    return {
+        "model": str(model_dir.path),
+        "model_type": model_dir.model_type,
+        "kind": model_dir.kind,
+        "native_loops": model_dir.native_loops,
+        "text": str(text),
+        "dtype": dtype,
+        "checkpoint": None,
+        "steps_trained": None,
+        "loops": loops,
+        "samples": len(windows),
+        "length": int(windows.shape[1]),
+    }
+
+
+def analyze_text_mechanistic(
+    path,
+    text,
+    out=None,
+    window: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: bool = False,
+    **options,
+) -> dict:
+    """The mechanistic analysis on ``samples`` windows of ``text`` (default loops 4 × native): summary.json,
+    CSVs and plots in ``out`` (default DIR/analysis/mechanistic); ``options`` as for
+    :class:`looplab.analysis.registry.AnalysisOptions`. Returns the summary."""
+    from looplab.analysis.mechanistic import analyze_model
+    from looplab.analysis.registry import AnalysisOptions
+    from looplab.memory import recorded_trace_bytes
+    from looplab.params import fill
+
+    loops = options.pop("loops", None)
+    samples = options.pop("samples", AnalysisOptions().samples)
+    model_dir, windows, loops, torch_dtype = _prepare(
+        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device
+    )
+    settings = fill(AnalysisOptions, {**options, "loops": loops, "samples": len(windows)}, "analysis")
+    out = Path(out) if out is not None else model_dir.path / "analysis" / "mechanistic"
+    _check_out(out)
+    length = windows.shape[1]
+    layers = _core_layers(model_dir)
+    traced = recorded_trace_bytes(
+        len(windows),
+        length,
+        loops,
+        layers,
+        model_dir.width,
+        model_dir.heads,
+        _state_width(model_dir),
+        settings.needs_attention,
+    )
+    extra = traced + _activation_bytes(model_dir, len(windows), length, torch_dtype)
+    model_dir.check_fits(torch_dtype, device, f"an analysis trace of {len(windows)} windows x {loops} loops", extra)
+    if progress:
+        print(
+            f"analyze mechanistic: {model_dir.path} ({model_dir.name}): {len(windows)} windows of {length} "
+            f"tokens of {text}, loops 1..{loops}",
+            flush=True,
+        )
+    model = model_dir.load(torch_dtype, device)
+    if settings.zero_mlp:  # checked before anything is written
+        from looplab.analysis.massive import mlp_modules
+        from looplab.errors import choice_error
+
+        if settings.zero_mlp not in mlp_modules(model):
+            raise choice_error("MLP to zero", settings.zero_mlp, mlp_modules(model))
+    header = _header(model_dir, text, windows, loops, dtype)
+    valid = torch.ones_like(windows, dtype=torch.bool)
+    return analyze_model(
+        model,
+        windows,
+        valid,
+        out,
+        settings,
+        header,
+        label=model_dir.path.name,
+        training_depth=model_dir.native_loops,
+        progress=progress,
+    )
+
+
+def _core_layers(model_dir: ModelDir) -> int:
+    """The layers a trace records per loop: the looped core's (for HRM-Text both stacks)."""
+    config = getattr(model_dir.config, "text_config", None) or model_dir.config
+    if model_dir.split is not None:
+        return model_dir.split.core
+    if model_dir.model_type == "hrm_text":
+        return 2 * config.num_hidden_layers
+    return config.loop_layer_index_end - config.loop_layer_index_start
+
+
+def _state_width(model_dir: ModelDir) -> int:
+    """An upper bound of the loop state's width per token: d for a retrofit, [z_H | z_L] for HRM-Text, and
+    for Inkling-2 every block state the layers can append plus x."""
+    config = getattr(model_dir.config, "text_config", None) or model_dir.config
+    if model_dir.model_type == "hrm_text":
+        return 2 * model_dir.width
+    if model_dir.model_type.startswith("inkling2"):
+        blocks = config.num_hidden_layers // max(1, config.n_layers_per_attn_res_block) + 1
+        return (blocks + 1) * model_dir.width
+    return model_dir.width
+
+
+@torch.no_grad()
+def _state_width_of(model, batch) -> int:
+    """The width per token of the loop state after a loop (h_1), on the first window."""
+    h, e, ctx = model.start(batch.tokens[:1], batch.valid[:1])
+    return model.step(h, e, ctx).shape[-1]
+
+
+def analyze_text_spectral(
+    path,
+    text,
+    loops: int | None = None,
+    samples: int = 4,
+    iters: int = 10,
+    out=None,
+    exact_loops=None,
+    window: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: bool = False,
+) -> dict:
+    """ρ of the loop Jacobian per loop (default loops 4 × native) on ``samples`` windows of ``text``:
+    spectral.csv, spectral.png and spectral.json in ``out`` (default DIR/analysis); returns the summary.
+    ``exact_loops``: loops, ``"all"``, or None (the first, middle and last when the state is small).
+    The power iteration starts from a direction drawn with seed 0."""
+    from looplab.analysis.run import checked_exact_loops, write_spectral
+    from looplab.seeding import derive_generator
+    from looplab.tasks import TaskBatch
+
+    if iters < 1:
+        raise LooplabError(f"--iters must be >= 1, got {iters}")
+    model_dir, windows, loops, torch_dtype = _prepare(
+        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device
+    )
+    out = Path(out) if out is not None else model_dir.path / "analysis"
+    _check_out(out)
+    length = windows.shape[1]
+    # one loop's forward and tangent, and a table row per window and loop
+    work = 2 * _activation_bytes(model_dir, len(windows), length, torch_dtype) + 512 * len(windows) * loops
+    model_dir.check_fits(torch_dtype, device, f"a spectral analysis of {len(windows)} windows x {loops} loops", work)
+    model = model_dir.load(torch_dtype, device, eager_experts=True)
+    valid = torch.ones_like(windows, dtype=torch.bool)
+    batch = TaskBatch(windows, windows, valid, torch.full((len(windows),), length)).to(device)
+    if exact_loops == "all":
+        exact_loops = range(1, loops + 1)
+    exact = checked_exact_loops(exact_loops, loops, length, _state_width_of(model, batch))
+    if progress:
+        print(
+            f"analyze spectral: {model_dir.path} ({model_dir.name}): {len(windows)} windows of {length} "
+            f"tokens of {text}, loops 1..{loops}",
+            flush=True,
+        )
+    title = f"{model_dir.path.name}: loop Jacobian, {length}-token windows"
+    generator = derive_generator(0, "spectral")
+    return write_spectral(model, batch, loops, iters, exact, generator, out, title, model_dir.native_loops, progress)

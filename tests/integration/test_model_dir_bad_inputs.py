@@ -1,0 +1,171 @@
+"""Bad input to the commands on a model directory, table-driven: one line on stderr, exit code 2, no
+traceback, and nothing written — neither the command's output nor any file under the test's folder.
+
+Each case runs ``looplab.cli.main`` in this process on tiny directories made once (random models written
+by save_pretrained beside a tokenizer trained here; nothing downloaded)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from looplab.cli import main  # noqa: E402
+from looplab.lm.model_dir import RetrofitSplit, open_model_dir, write_retrofit  # noqa: E402
+from tests.lm_dirs import TEXT, save_model_dir, tiny_tokenizer  # noqa: E402
+
+
+def _fake_model_dir(path: Path, config: dict, weights: str = "model.safetensors") -> None:
+    """A directory with ``config`` as config.json, a placeholder weights file and the tiny tokenizer."""
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    if weights.endswith(".safetensors"):
+        save_file({"x": torch.zeros(1)}, str(path / weights))
+    else:
+        (path / weights).write_bytes(b"\x80\x04pickle")
+    tiny_tokenizer().save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Model dirs of every bad kind, a good one of each kind, and texts, made once for all cases."""
+    from transformers import HrmTextConfig
+
+    root = tmp_path_factory.mktemp("bad_model_dirs")
+    for family in ("hrm_text", "llama"):
+        save_model_dir(family, root / family)
+    write_retrofit(open_model_dir(root / "llama"), RetrofitSplit(1, 2, 1, "mix"), root / "retrofit")
+    save_model_dir("hrm_text", root / "no_tokenizer", tokenizer=False)
+    (root / "not_model").mkdir()
+    (root / "not_model" / "notes.txt").write_text("a folder, not a model\n")
+    _fake_model_dir(root / "gpt2", {"model_type": "gpt2"})
+    hrm = json.loads((root / "hrm_text" / "config.json").read_text())
+    _fake_model_dir(root / "pickled", hrm, weights="pytorch_model.bin")
+    huge = HrmTextConfig(hidden_size=65536, intermediate_size=262144, num_hidden_layers=64, num_attention_heads=64)
+    _fake_model_dir(root / "huge", huge.to_dict())
+    (root / "bad_json").mkdir()
+    (root / "bad_json" / "config.json").write_text("{ not json")
+    shutil.copytree(root / "retrofit", root / "bad_split")
+    (root / "bad_split" / "retrofit.json").write_text(json.dumps({"prelude": 1, "core": 2}))
+    shutil.copytree(root / "retrofit", root / "no_injection")
+    (root / "no_injection" / "injection.safetensors").unlink()
+    (root / "text.txt").write_text(TEXT * 2, encoding="utf-8")
+    (root / "latin1.txt").write_bytes("In the beginning Dieu créa".encode("latin-1"))
+    (root / "short.txt").write_text("In the beginning\n", encoding="utf-8")
+    (root / "a_file").write_text("not a directory\n")
+    (root / "full").mkdir()
+    (root / "full" / "kept.txt").write_text("an existing output\n")
+    return root
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Content hash of every file under ``directory``."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+TEXT_ARG = "--text {root}/text.txt"
+#: (command, the text its one line contains)
+CASES = [
+    # ---- what the directory is
+    (f"eval {{root}}/not_model {TEXT_ARG} --out {{new}}", "not_model is not a model dir (no config.json"),
+    (f"eval {{root}}/missing {TEXT_ARG} --out {{new}}", "model dir not found:"),
+    (f"eval {{root}}/a_file {TEXT_ARG} --out {{new}}", "a_file is a file, not a model dir"),
+    (f"eval {{root}}/no_tokenizer {TEXT_ARG} --out {{new}}", "holds no tokenizer (tokenizer.json / tokenizer_config"),
+    (
+        f"eval {{root}}/gpt2 {TEXT_ARG} --out {{new}}",
+        "holds model_type 'gpt2', which looplab does not loop; supported: hrm_text, inkling2_loop, "
+        "inkling2_loop_text (native looped LMs), and retrofits of llama, mistral, qwen2, qwen3",
+    ),
+    (
+        f"eval {{root}}/pickled {TEXT_ARG} --out {{new}}",
+        "as pytorch_model.bin (pickle); looplab reads safetensors only",
+    ),
+    (f"eval {{root}}/bad_json {TEXT_ARG} --out {{new}}", "bad_json/config.json is not valid JSON (line 1"),
+    (f"eval {{root}}/bad_split {TEXT_ARG} --out {{new}}", "retrofit.json is not a retrofit description"),
+    (f"eval {{root}}/no_injection {TEXT_ARG} --out {{new}}", "is a retrofit without its injection.safetensors"),
+    (f"eval {{root}}/llama {TEXT_ARG} --out {{new}}", "is a llama model, not a looped one: make one of it with"),
+    (
+        f"eval {{root}}/huge {TEXT_ARG} --out {{new}}",
+        "(6,960.6 B parameters in float32, 25,930.13 GiB) needs an estimated",
+    ),
+    (f"eval {{root}}/huge {TEXT_ARG} --dtype bfloat16 --out {{new}}", "more than the"),
+    (f"analyze {{root}}/huge {TEXT_ARG} --out {{new}}", "needs an estimated"),
+    # ---- loops, windows, samples, flags
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --max-loops 0 --out {{new}}", "--max-loops must lie in 1..4096"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --max-loops 4097 --out {{new}}", "--max-loops must lie in 1..4096"),
+    (f"analyze {{root}}/hrm_text {TEXT_ARG} --loops 0 --out {{new}}", "--loops must lie in 1..4096"),
+    (f"analyze spectral {{root}}/retrofit {TEXT_ARG} --loops 5000 --out {{new}}", "--loops must lie in 1..4096"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --window 1 --out {{new}}", "--window must lie in 2..64 tokens"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --window 65 --out {{new}}", "--window must lie in 2..64 tokens"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --samples 0 --out {{new}}", "--samples must be >= 1"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --device cuda:99 --out {{new}}", "--device 'cuda:99'"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --dtype float16 --out {{new}}", "invalid choice: 'float16'"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --lengths 4 --out {{new}}", "only a looplab run dir (config.toml) takes"),
+    (f"analyze spectral {{root}}/hrm_text {TEXT_ARG} --length 4 --out {{new}}", "takes --length"),
+    (f"analyze {{root}}/hrm_text {TEXT_ARG} --set model.d_model=8 --out {{new}}", "takes --set"),
+    (f"analyze {{root}}/hrm_text {TEXT_ARG} --zero-mlp core9 --out {{new}}", "unknown MLP to zero 'core9'"),
+    (f"analyze spectral {{root}}/hrm_text {TEXT_ARG} --exact-at 9 --loops 4 --out {{new}}", "lie outside 1..4"),
+    ("analyze pca {root}/hrm_text --out {new}", "analyze pca takes a looplab run dir"),
+    ("generate {root}/hrm_text --prompt In", "generation on a model dir is not implemented yet"),
+    # ---- the text
+    ("eval {root}/hrm_text --out {new}", "give --text FILE"),
+    ("eval {root}/hrm_text --text {root}/latin1.txt --out {new}", "latin1.txt is not UTF-8 text (byte 24)"),
+    ("eval {root}/hrm_text --text {root}/missing.txt --out {new}", "text file not found"),
+    ("eval {root}/hrm_text --text {root} --out {new}", "is a directory, not a text file"),
+    (
+        "eval {root}/hrm_text --text {root}/short.txt --window 16 --out {new}",
+        "tokens under the model's tokenizer, shorter than one window of 16 (--window)",
+    ),
+    ("analyze {root}/hrm_text --text {root}/short.txt --out {new}", "shorter than one window of 64"),
+    ("eval {root}/hrm_text --text  --out {new}", "text must not be empty"),
+    # ---- outputs
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --out {{root}}/a_file", "is a file; give a directory"),
+    (f"eval {{root}}/hrm_text {TEXT_ARG} --out {{root}}/llama", "is a model dir (it holds config.json)"),
+    (f"analyze {{root}}/hrm_text {TEXT_ARG} --out {{root}}/retrofit", "is a model dir (it holds config.json)"),
+    # ---- retrofit
+    (
+        "retrofit {root}/llama --prelude 2 --core 2 --coda 1 --injection mix --out {new}",
+        "prelude + core + coda <= 4, the source's layer count; got (2, 2, 1)",
+    ),
+    ("retrofit {root}/llama --prelude -1 --core 2 --coda 1 --injection mix --out {new}", "got (-1, 2, 1)"),
+    ("retrofit {root}/llama --prelude 0 --core 0 --coda 0 --injection mix --out {new}", "--core >= 1"),
+    ("retrofit {root}/llama --prelude 0 --core 4 --coda 0 --injection random --out {new}", "invalid choice: 'random'"),
+    ("retrofit {root}/llama --prelude 0 --core 4 --coda 0 --injection mix --out {root}/full", "is not empty"),
+    ("retrofit {root}/llama --prelude 0 --core 4 --coda 0 --injection mix --out {root}/a_file", "is a file"),
+    ("retrofit {root}/hrm_text --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "is a native looped LM"),
+    ("retrofit {root}/retrofit --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "is already a retrofit"),
+    ("retrofit {root}/not_model --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "is not a model dir"),
+    ("retrofit {root}/gpt2 --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "model_type 'gpt2'"),
+    ("retrofit {root}/llama --prelude 0 --core 4 --coda 0 --out {new}", "required: --injection"),
+]
+
+
+@pytest.mark.parametrize("template, message", CASES, ids=[c[0].split(" --")[0] for c in CASES])
+def test_bad_model_dir_input_is_one_line_and_harmless(world, tmp_path, capsys, template, message):
+    new = tmp_path / "new"
+    args = template.format(root=world, new=new).split(" ")  # "--text  --out" gives an empty argument
+    before = snapshot(world)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("looplab: error: "), err
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert not new.exists(), "a refused command wrote its output"
+    assert snapshot(world) == before, "a refused command wrote into the world"
+
+
+def test_the_table_covers_every_kind_of_bad_input():
+    assert len(CASES) >= 40
