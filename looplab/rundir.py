@@ -16,6 +16,7 @@ from looplab.checkpoint import latest_checkpoint
 from looplab.config import Config, from_dict
 from looplab.errors import LooplabError
 from looplab.io import atomic_write
+from looplab.provenance import record_start
 
 CONFIG_FILE = "config.toml"
 LOG_FILE = "log.jsonl"
@@ -115,3 +116,4 @@ def prepare_run_dir(run_dir: Path, config: Config, complete: Callable[[dict], di
             )
         return
     atomic_write(path, lambda tmp: tmp.write_text(config.to_toml()))
+    record_start(run_dir, config.to_toml())

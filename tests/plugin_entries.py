@@ -18,8 +18,12 @@ from looplab.eval import exits
 from looplab.examples.plugins import MODULES
 from looplab.model import placements
 from looplab.plugins import load_plugins
+from looplab.report import paper as papers
 from looplab.schedules import base as schedules
+from looplab.studies import load_studies
 from looplab.tasks import base as tasks
+
+load_studies()  # the built-in papers are registered by the studies
 
 REGISTRIES = {
     "schedule": schedules.SCHEDULES,
@@ -29,6 +33,7 @@ REGISTRIES = {
     "task": tasks.TASKS,
     "placement": placements.PLACEMENTS,
     "token_exit": token_exits.EXITS,
+    "paper": papers.PAPERS,
 }
 
 

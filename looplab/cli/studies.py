@@ -93,14 +93,22 @@ def results_command(args) -> int:
         print(f"results: {len(frame)} rows -> {Path(args.dir) / args.study}")
     changed = regenerate(args.dir, check=args.check)
     if args.check:
-        from looplab.report.pages import check_protocols
+        from looplab.report.pages import FROZEN, check_protocols
+        from looplab.report.preregistration import check_study
 
         missing = check_protocols(Path(args.dir))
         for line in missing:
             print(f"results: {line}", file=sys.stderr)
+        checks = [check_study(Path(args.dir), study, protocol) for study, protocol in sorted(FROZEN.items())]
+        print("results: pre-registration, study by study (docs/methods.md):")
+        for check in checks:
+            print(f"  {check.line}")
+        failed = [check.study for check in checks if check.holds is False]
+        if failed:
+            print(f"results: pre-registration fails for {', '.join(failed)}", file=sys.stderr)
         if changed:
             print(f"results: out of date: {', '.join(map(str, changed))} (run: looplab results)", file=sys.stderr)
-        if changed or missing:
+        if changed or missing or failed:
             return 1
     print(f"results: {len(changed)} page(s) {'to rewrite' if args.check else 'rewritten'} in {args.dir}")
     return 0

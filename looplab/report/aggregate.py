@@ -103,7 +103,7 @@ PERCENT_METRICS = frozenset(
     }
 )
 POINT_METRICS = frozenset({"gap"})  # a difference of two percentages
-#: the range a metric's values can take (fractions); a mean's interval is clipped to it
+#: the range a metric's values can take (fractions); a mean's interval is clipped to it (:func:`metric_range`)
 BOUNDS = {
     **{
         metric: (0.0, 1.0)
@@ -111,6 +111,8 @@ BOUNDS = {
         if metric not in ("relative_drop_4_to_8", "lm.scaling.loss.relative_drop")
     },
     "relative_drop_4_to_8": (-np.inf, 1.0),  # the accuracy at 8 loops may exceed that at 4
+    # Oracle − Policy: never negative for a rule schedule (one depth per length, and Oracle is the best
+    # one), but a learned halting policy reads each sample at its own depth and may beat every single K
     "gap": (-1.0, 1.0),
 }
 
@@ -220,9 +222,25 @@ def aggregate(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.Da
     return pd.DataFrame(rows, columns=[*by, "metric", *STATS])
 
 
+def metric_range(metric: str) -> tuple[float, float]:
+    """The values ``metric`` can take: its ``BOUNDS`` entry, else what its name says it is (an analysis
+    metric's): a cosine lies in −1..1, a fraction or share in 0..1, a norm, ratio or ColSum is at least 0;
+    anything else is unbounded."""
+    if metric in BOUNDS:
+        return BOUNDS[metric]
+    name = metric.removeprefix("analysis.")
+    if "cos" in name:
+        return -1.0, 1.0
+    if "fraction" in name or "share" in name or name.startswith("token_dynamics."):
+        return 0.0, 1.0
+    if any(word in name for word in ("norm", "ratio", "colsum")):
+        return 0.0, np.inf
+    return -np.inf, np.inf
+
+
 def bounded(metric: str, stats: dict[str, float]) -> dict[str, float]:
     """``stats`` with the mean's interval clipped to the range of ``metric`` (unchanged when it has none)."""
-    low, high = BOUNDS.get(metric, (-np.inf, np.inf))
+    low, high = metric_range(metric)
     if np.isfinite(stats["ci_lo"]):
         stats["ci_lo"], stats["ci_hi"] = max(stats["ci_lo"], low), min(stats["ci_hi"], high)
     return stats

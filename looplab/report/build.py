@@ -17,14 +17,15 @@ figure or file that this run did not write (stale, from an earlier report) is re
 from __future__ import annotations
 
 import hashlib
-import subprocess
+import json
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
 
 from looplab.io import atomic_write
+from looplab.plugins import load_plugins
+from looplab.provenance import code_version
 from looplab.report.aggregate import (
     BOOTSTRAP_SEED,
     FEW_SEEDS,
@@ -120,25 +121,10 @@ def sweep_line(results: pd.DataFrame) -> str:
 
 def provenance(sweep_dir: Path) -> str:
     """Which looplab wrote the report, when, and from which sweep file (its SHA-256), in one line."""
-    try:
-        made_by = f"looplab {version('looplab')}"
-    except PackageNotFoundError:
-        made_by = "looplab (not installed)"
-    source = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit, changed = "", ""
-    if commit:
-        made_by += f", commit {commit}" + (" with uncommitted changes" if changed else "")
+    code = code_version()
+    made_by = f"looplab {code['version']}" if code["version"] else "looplab (not installed)"
+    if code["commit"]:
+        made_by += f", commit {str(code['commit'])[:7]}" + (" with uncommitted changes" if code["dirty"] else "")
     sweep_file = sweep_dir / "sweep.toml"
     if sweep_file.is_file():
         sweep = f"sweep.toml sha256 {hashlib.sha256(sweep_file.read_bytes()).hexdigest()[:16]}"
@@ -146,6 +132,14 @@ def provenance(sweep_dir: Path) -> str:
         sweep = "no sweep.toml in the sweep dir"
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"Provenance: {made_by}; {when}; {sweep}."
+
+
+def sweep_plugins(results: pd.DataFrame) -> list[str]:
+    """Every plugin module the sweep's runs name in ``[run] plugins``, in first-seen order."""
+    found: dict[str, None] = {}
+    for value in results.get("run.plugins", pd.Series(dtype=object)).dropna():
+        found.update(dict.fromkeys(json.loads(value) if isinstance(value, str) else list(value)))
+    return list(found)
 
 
 def train_depths(results: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -214,9 +208,10 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     Raises:
         LooplabError: unknown ``paper``, or no readable results.parquet.
     """
-    registered = check_paper(paper) if paper is not None else None
     sweep_dir = Path(sweep_dir)
     results = read_results(sweep_dir)
+    load_plugins(sweep_plugins(results))  # a plugin paper (or schedule, task) the sweep's runs name
+    registered = check_paper(paper) if paper is not None else None
     grids = load_run_tables(results, sweep_dir, "grid.parquet")
     depths = load_run_tables(results, sweep_dir, "policy_depths.parquet")
     results = add_scaling_metrics(results, grids)

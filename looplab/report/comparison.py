@@ -102,6 +102,13 @@ def paper_name(text: str) -> str:
     return text.split(" (", 1)[0].strip()
 
 
+def members(results: pd.DataFrame, group: dict) -> pd.DataFrame:
+    """The result rows of one group (column → value, compared as text)."""
+    for column, value in group.items():
+        results = results[results[column].astype(str) == str(value)]
+    return results
+
+
 def side_by_side(
     title: str,
     ours: Ours,
@@ -138,10 +145,7 @@ def side_by_side(
         found = stats.get(group_key(row[:-1]))
         shown = {**key_cells(ours.by, row[:-1])}
         if describe is not None:
-            members = ours.results
-            for column, value in group.items():
-                members = members[members[column].astype(str) == str(value)]
-            shown["Ours"] = describe(members)
+            shown["Ours"] = describe(members(ours.results, group))
         named = [str(v) for v in wanted.values() if str(v) not in map(str, group.values())]  # not shown already
         shown.update({"Seeds": seeds_cell(runs), "Paper row": " / ".join(named or [str(list(wanted.values())[-1])])})
         values = {**group, "runs": runs, **{f"paper.{c}": v for c, v in wanted.items()}}

@@ -38,13 +38,9 @@ ALPHA = 1 - LEVEL
 
 
 def effect_interval(fixed, other, statistic, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED):
-    """Percentile bootstrap interval (95%) of ``statistic(fixed, other)``, resampling each sample's seeds apart."""
-    fixed, other = np.asarray(fixed, dtype=float), np.asarray(other, dtype=float)
-    rng = np.random.default_rng(seed)
-    draws = [
-        statistic(fixed[rng.integers(0, len(fixed), len(fixed))], other[rng.integers(0, len(other), len(other))])
-        for _ in range(resamples)
-    ]
+    """Percentile bootstrap interval (95%) of ``statistic(fixed, other)``, resampling each sample's seeds apart
+    (:func:`bootstrap_draws`)."""
+    draws = bootstrap_draws(fixed, other, statistic, resamples, seed)
     return tuple(float(v) for v in np.nanquantile(draws, [ALPHA / 2, 1 - ALPHA / 2]))
 
 
@@ -198,3 +194,154 @@ def comparison_line(question, arm, other, a, b, metric, above, below, margin_pp=
 def points(value: float) -> str:
     """A difference of fractions in signed percentage points; "n/a" when undefined."""
     return "n/a" if not np.isfinite(value) else f"{100 * value:+.1f}"
+
+
+# ----------------------------------------------------------------------------- p-values and Holm
+#
+# The rule decides by intervals; each interval has a test that rejects exactly when the interval excludes
+# the null, so a half's decision has a p-value: the test's p in the claimed direction, doubled (the 95 %
+# two-sided interval's lower end clears the null exactly when that p is below 0.05). A half needs all its
+# tests, so its p-value is the largest of theirs (an intersection–union test): below α exactly when the
+# rule grants the half.
+
+
+def welch_p(a, b) -> float:
+    """p of mean(a) − mean(b) > 0 by Welch's t-test, 2 × one-sided (< α ⟺ the Welch interval's low end > 0)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if np.var(a) + np.var(b) == 0:
+        return 0.0 if a.mean() > b.mean() else 1.0
+    one_sided = scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+    return float(min(1.0, 2 * one_sided))
+
+
+def f_p(a, b) -> float:
+    """p of σ_a / σ_b > 1 by the F-test of the variance ratio, 2 × one-sided (< α ⟺ the F-interval's
+    low end > 1); NaN when b has no spread."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    spread = b.var(ddof=1)
+    if spread == 0:
+        return float("nan")
+    return float(min(1.0, 2 * scipy_stats.f.sf(a.var(ddof=1) / spread, a.size - 1, b.size - 1)))
+
+
+def bootstrap_draws(fixed, other, statistic, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """[resamples] ``statistic`` of resampled seeds: the draws :func:`effect_interval` takes quantiles of."""
+    fixed, other = np.asarray(fixed, dtype=float), np.asarray(other, dtype=float)
+    rng = np.random.default_rng(seed)
+    return np.array(
+        [
+            statistic(fixed[rng.integers(0, len(fixed), len(fixed))], other[rng.integers(0, len(other), len(other))])
+            for _ in range(resamples)
+        ]
+    )
+
+
+def bootstrap_p(draws, null: float) -> float:
+    """p of a statistic > ``null`` from its bootstrap draws: 2 × the share of (finite) draws at or below
+    ``null`` (< α ⟺ the percentile interval's low end > null, to the resolution 1 / resamples)."""
+    draws = np.asarray(draws, dtype=float)
+    draws = draws[np.isfinite(draws)]
+    return float("nan") if draws.size == 0 else float(min(1.0, 2 * np.mean(draws <= null)))
+
+
+@dataclass(frozen=True)
+class EffectP:
+    """The p-values of the effect test's tests of one arm against the reference (each < α ⟺ its part holds)."""
+
+    gap_welch: float
+    gap_bootstrap: float
+    ratio_f: float
+    ratio_bootstrap: float
+    brown_forsythe: float  # the test's p when the ratio is above 1, else 1 (the rule needs both)
+
+    @property
+    def gap(self) -> float:
+        """The Gap half's p: the larger of Welch's and the bootstrap's."""
+        return _largest(self.gap_welch, self.gap_bootstrap)
+
+    @property
+    def std(self) -> float:
+        """The Std half's p: the largest of the F-test's, the bootstrap's and Brown–Forsythe's."""
+        return _largest(self.ratio_f, self.ratio_bootstrap, self.brown_forsythe)
+
+
+def _largest(*values: float) -> float:
+    """The largest p; an undefined one (NaN) counts as 1: an undefined test never grants a half."""
+    return max(1.0 if not np.isfinite(v) else v for v in values)
+
+
+def effect_p_values(ref_ood, other_ood, ref_gap, other_gap) -> EffectP:
+    """:class:`EffectP` of ``other`` against ``ref`` from the values :func:`effect` takes (NaNs dropped)."""
+    clean = [np.asarray(v, dtype=float) for v in (ref_ood, other_ood, ref_gap, other_gap)]
+    ref_ood, other_ood, ref_gap, other_gap = (v[np.isfinite(v)] for v in clean)
+    if min(ref_ood.size, other_ood.size, ref_gap.size, other_gap.size) < 2:
+        return EffectP(*(float("nan"),) * 5)
+    ratio = std_ratio(ref_ood, other_ood)
+    return EffectP(
+        gap_welch=welch_p(ref_gap, other_gap),
+        gap_bootstrap=bootstrap_p(bootstrap_draws(ref_gap, other_gap, mean_difference), 0.0),
+        ratio_f=f_p(ref_ood, other_ood),
+        ratio_bootstrap=bootstrap_p(bootstrap_draws(ref_ood, other_ood, std_ratio), 1.0),
+        brown_forsythe=brown_forsythe(ref_ood, other_ood) if ratio > 1 else 1.0,
+    )
+
+
+def holm(p_values, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """Holm–Bonferroni step-down over m p-values: (adjusted p-values [m], decisions [m] bool).
+
+    With p sorted ascending, p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j)); a hypothesis is rejected when
+    its p̃ is below ``alpha`` (the protocols' "p < α"). This controls the chance of any false rejection
+    among the m at ``alpha``. An undefined p (NaN) counts as 1: it is one of the m and is never rejected.
+    """
+    p = np.asarray(p_values, dtype=float)
+    p = np.where(np.isfinite(p), p, 1.0)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    stepped = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(stepped) if m else stepped
+    return adjusted, adjusted < alpha
+
+
+# ----------------------------------------------------------------------------- p-values of interval rules
+#
+# A frozen rule that reads a 95 % t-interval against a line (0, a threshold, or ±margin) has a t-test that
+# decides exactly as it does: :func:`direction_p` (two-sided: < α ⟺ the interval excludes the line) and
+# :func:`within_p` (the two one-sided tests, each doubled: < α ⟺ the interval lies within ±margin).
+
+
+def one_sided_p(estimate: float, se: float, dof: float, null: float, greater: bool) -> float:
+    """p of a t statistic (estimate − null) / se against ``null``, one-sided (estimate > null when
+    ``greater``); with no spread, 0 when the estimate lies on the claimed side, else 1."""
+    if se == 0 or not np.isfinite(se):
+        return 0.0 if (estimate > null if greater else estimate < null) else 1.0
+    t = (estimate - null) / se
+    return float(scipy_stats.t.sf(t, dof) if greater else scipy_stats.t.cdf(t, dof))
+
+
+def welch_se(a, b) -> tuple[float, float, float]:
+    """(mean(a) − mean(b), its standard error, Welch–Satterthwaite degrees of freedom)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if va + vb > 0 else np.inf
+    return float(a.mean() - b.mean()), float(np.sqrt(va + vb)), float(dof)
+
+
+def mean_se(values) -> tuple[float, float, float]:
+    """(mean of ``values``, its standard error, n − 1): a one-sample or paired t-test's parts."""
+    d = np.asarray(values, dtype=float)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size)), float(d.size - 1)
+
+
+def direction_p(estimate: float, se: float, dof: float, null: float = 0.0) -> float:
+    """p of "the estimate is not ``null``", two-sided: < α ⟺ the 95 % t-interval excludes ``null``."""
+    above, below = one_sided_p(estimate, se, dof, null, True), one_sided_p(estimate, se, dof, null, False)
+    return min(1.0, 2 * min(above, below))
+
+
+def within_p(estimate: float, se: float, dof: float, margin: float) -> float:
+    """TOST p of "the difference lies within ±margin": the larger of the two one-sided tests', each doubled
+    (< α ⟺ the 95 % interval lies within ±margin)."""
+    low = one_sided_p(estimate, se, dof, -margin, True)
+    high = one_sided_p(estimate, se, dof, margin, False)
+    return min(1.0, 2 * max(low, high))

@@ -27,6 +27,7 @@ import pandas as pd
 
 from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
+from looplab.report.preregistration import PROVENANCE_CSV, provenance_rows
 
 BlockGenerator = Callable[[Path], str]
 BLOCKS: dict[str, BlockGenerator] = {}
@@ -195,7 +196,8 @@ def _check_against_committed(fresh: Path, committed: Path) -> None:
 def collect(study: str, sweep_dirs: list[Path], results_dir: Path) -> pd.DataFrame:
     """Rebuild ``study``'s CSVs from ``sweep_dirs`` into ``results_dir/study``, all or nothing.
 
-    The collector writes into a copy of the results folder; its files are checked (:func:`read_table`)
+    The collector writes into a copy of the results folder, beside the runs' provenance
+    (``provenance.csv``: :mod:`looplab.report.preregistration`); its files are checked (:func:`read_table`)
     and every page is rendered from the copy before one file of the real folder changes, so sweeps that
     are not the study's end in one line with the committed CSVs untouched. Changed files are then
     renamed into place one by one.
@@ -212,6 +214,10 @@ def collect(study: str, sweep_dirs: list[Path], results_dir: Path) -> pd.DataFra
             frame = collect_rows(sweep_dirs, trial / study)
             if frame.empty:
                 raise LooplabError("no runs of this study in the sweep dir(s)")
+            records = provenance_rows(sweep_dirs)
+            if "run_id" in frame.columns:
+                records = records[records["run_id"].isin(set(frame["run_id"].astype(str)))]
+            records.to_csv(trial / study / PROVENANCE_CSV, index=False)
             check_tables(trial / study)
             _check_against_committed(trial / study, results_dir / study)
             for page in generated_pages(trial):

@@ -22,6 +22,8 @@ REGISTERING = (
     "looplab.studies.earlier",
     "looplab.studies.stopping.paper",
     "looplab.studies.stopping.confirm",
+    "looplab.studies.stopping.verdicts",
+    "looplab.studies.stopping.pilot",
     "looplab.studies.stars.paper",
     "looplab.studies.stars.finetune",
     "looplab.studies.stars.retrofit",
@@ -29,10 +31,14 @@ REGISTERING = (
     "looplab.studies.mechanistic.paper",
     "looplab.studies.mechanistic.grid",
     "looplab.studies.mechanistic.trained",
+    "looplab.studies.mechanistic.verdicts",
+    "looplab.studies.mechanistic.says",
     "looplab.studies.mechanistic.trained_retrofit",
     "looplab.studies.mechanistic.traces",
     "looplab.studies.recursive.paper",
     "looplab.studies.recursive.pages",
+    "looplab.studies.recursive.verdicts",
+    "looplab.studies.recursive.says",
 )
 #: reproduction studies with a part that is not a sweep of configs: its settings file, run after the sweep
 STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}

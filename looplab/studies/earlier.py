@@ -11,6 +11,7 @@ pilot's cell C read at 15 loops) its effect test is the full one of :mod:`loopla
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from scipy import stats as scipy_stats
 from looplab.report.aggregate import FEW_SEEDS, LEVEL, chi2_std_interval
 from looplab.report.effect import describe, effect, f_from_stats, welch_from_stats
 from looplab.report.pages import markdown_table, register_block
+from looplab.schedules.base import SCHEDULES, DepthRule
 
 Q = (1 + LEVEL) / 2
 
@@ -36,12 +38,15 @@ def _t_cell(n: float, mean: float, std: float, digits: int, bounds=(-math.inf, m
 
 def value_range(stem: str) -> tuple[float, float]:
     """The range a metric's values lie in, from its name: a relative drop is at most 100 % (and a drop
-    from the peak at least 0), another percentage lies in 0–100, a loop count is at least 1, a cosine in
+    from the peak at least 0), another percentage (``(%)``, ``_pct``) lies in 0–100, the Gap in ±100 pp
+    (:func:`gap_range` narrows it per schedule), a loop count is at least 1, a cosine in
     −1..1, a fraction in 0–1, a norm, ratio, difference or ColSum at least 0; anything else is unbounded."""
     if "drop" in stem:  # a drop from the peak is never negative; one between two depths may be
         return (0.0 if "peak" in stem else -math.inf), 100.0
-    if "(%)" in stem:
+    if "(%)" in stem or stem.endswith("_pct"):
         return 0.0, 100.0
+    if stem.lower().startswith("gap"):  # a difference of two percentages; per schedule: gap_range
+        return -100.0, 100.0
     if "loops" in stem.lower() and "(" not in stem:
         return 1.0, math.inf
     if "cos" in stem:
@@ -51,6 +56,23 @@ def value_range(stem: str) -> tuple[float, float]:
     if any(word in stem for word in ("norm", "ratio", "diff", "colsum")):
         return 0.0, math.inf
     return -math.inf, math.inf
+
+
+def gap_range(schedule: str) -> tuple[float, float]:
+    """The values a schedule's Gap (pp) can take. Gap(n) = Oracle(n) − Policy(n), where Oracle(n) is the
+    accuracy at the best single K: a schedule whose test depth is a function of the length alone (a
+    :class:`~looplab.schedules.base.DepthRule`) reads every sample of a length at one K, so its Policy(n) is
+    one of the accuracies Oracle(n) maximises over and its Gap is at least 0; a learned halting policy reads
+    each sample at its own depth and can beat every single K, so its Gap may be negative (to −100)."""
+    rule = SCHEDULES.get(schedule)
+    return (0.0 if rule is not None and issubclass(rule, DepthRule) else -100.0), 100.0
+
+
+def _bounds(stem: str, row: pd.Series) -> tuple[float, float]:
+    """:func:`value_range`, with a Gap's narrowed to what the row's schedule (its ``variant``) allows."""
+    if stem.lower().startswith("gap") and "variant" in row:
+        return gap_range(str(row["variant"]))
+    return value_range(stem)
 
 
 def chi2_cell(n: float, std: float, digits: int = 1) -> str:
@@ -80,11 +102,50 @@ def aggregate_table(
     for _, row in frame.iterrows():
         n = row[f"{metrics[0][0]}.n"]
         cells = [str(row[c]) for c, _ in keys] + [_seeds(n)]
-        cells += [_t_cell(row[f"{s}.n"], row[f"{s}.mean"], row[f"{s}.std"], d, value_range(s)) for s, _, d in metrics]
+        cells += [_t_cell(row[f"{s}.n"], row[f"{s}.mean"], row[f"{s}.std"], d, _bounds(s, row)) for s, _, d in metrics]
         if spread:
             cells.insert(at, chi2_cell(row[f"{spread}.n"], row[f"{spread}.std"]))
         body.append(cells)
     return markdown_table(header, body)
+
+
+@dataclass(frozen=True)
+class AggregateEffect:
+    """The effect test from two seed aggregates: Welch for the Gap difference, F for the std ratio."""
+
+    seeds: tuple[int, int]
+    gap_difference: float
+    gap_welch: tuple[float, float]
+    ratio: float
+    ratio_f: tuple[float, float]
+
+    @property
+    def gap_holds(self) -> bool:
+        return self.gap_welch[0] > 0
+
+    @property
+    def std_holds(self) -> bool:
+        return self.ratio_f[0] > 1
+
+    @property
+    def verdict(self) -> str:
+        words = {(True, True): "both halves hold", (True, False): "Gap half only", (False, True): "Std half only"}
+        return words.get((self.gap_holds, self.std_holds), "neither half holds")
+
+
+def aggregate_effect(a: pd.Series, b: pd.Series) -> AggregateEffect:
+    """:class:`AggregateEffect` of ``a`` (the reference) against ``b``, rows with ``gap_pp.*`` and ``oracle_ood_pct.*``;
+    the ratio and its interval NaN when ``b``'s seeds do not spread (its Std half cannot hold)."""
+    na, nb = a["gap_pp.n"], b["gap_pp.n"]
+    return AggregateEffect(
+        seeds=(int(na), int(nb)),
+        gap_difference=float(a["gap_pp.mean"] - b["gap_pp.mean"]),
+        gap_welch=welch_from_stats(a["gap_pp.mean"], a["gap_pp.std"], na, b["gap_pp.mean"], b["gap_pp.std"], nb),
+        ratio=float(a["oracle_ood_pct.std"] / b["oracle_ood_pct.std"]) if b["oracle_ood_pct.std"] > 0 else math.nan,
+        ratio_f=f_from_stats(
+            a["oracle_ood_pct.std"], a["oracle_ood_pct.n"], b["oracle_ood_pct.std"], b["oracle_ood_pct.n"]
+        ),
+    )
 
 
 def aggregate_effects(frame: pd.DataFrame, task: str, reference: str, others: list[str]) -> list[list[str]]:
@@ -92,23 +153,17 @@ def aggregate_effects(frame: pd.DataFrame, task: str, reference: str, others: li
     rows = frame[frame["task.name"] == task].set_index("variant")
     body = []
     for other in others:
-        a, b = rows.loc[reference], rows.loc[other]
-        na, nb = a["gap_pp.n"], b["gap_pp.n"]
-        diff = a["gap_pp.mean"] - b["gap_pp.mean"]
-        gap_lo, gap_hi = welch_from_stats(a["gap_pp.mean"], a["gap_pp.std"], na, b["gap_pp.mean"], b["gap_pp.std"], nb)
-        ratio = a["oracle_ood_pct.std"] / b["oracle_ood_pct.std"]
-        f_lo, f_hi = f_from_stats(
-            a["oracle_ood_pct.std"], a["oracle_ood_pct.n"], b["oracle_ood_pct.std"], b["oracle_ood_pct.n"]
-        )
-        gap_holds, std_holds = gap_lo > 0, f_lo > 1
-        verdict = {(True, True): "both halves hold", (True, False): "Gap half only", (False, True): "Std half only"}
+        result = aggregate_effect(rows.loc[reference], rows.loc[other])
+        (gap_lo, gap_hi), (f_lo, f_hi) = result.gap_welch, result.ratio_f
         body.append(
             [
                 f"{task}: {reference} vs {other}",
-                f"{int(na)} / {int(nb)}",
-                f"{diff:.1f} [{gap_lo:.1f}, {gap_hi:.1f}]",
-                f"{ratio:.2f} [{f_lo:.2f}, {f_hi:.2f}]",
-                verdict.get((gap_holds, std_holds), "neither half holds"),
+                f"{result.seeds[0]} / {result.seeds[1]}",
+                f"{result.gap_difference:.1f} [{gap_lo:.1f}, {gap_hi:.1f}]",
+                f"{result.ratio:.2f} [{f_lo:.2f}, {f_hi:.2f}]"
+                if math.isfinite(result.ratio)
+                else f"n/a ({other}: no spread)",
+                result.verdict,
             ]
         )
     return body
@@ -123,6 +178,10 @@ PROTOCOL_METRICS = [
     ("front90", "Front@90", 1),
 ]
 KEYS = [("task.name", "task"), ("variant", "schedule")]
+#: the stopping pilots' control arm, against which every other schedule's effect is read
+PILOT_REFERENCE = "fixed"
+#: the schedules the stopping-small protocol compares with it
+PROTOCOL_OTHERS = ["matched", "window", "rl_halting"]
 
 
 def _read(results_dir: Path, name: str) -> pd.DataFrame:
@@ -139,7 +198,7 @@ def _protocol_effects(results_dir: Path) -> str:
     frame = _read(results_dir, "stopping-small/results.csv")
     body = []
     for task in ("dyck1", "binary_addition"):
-        body += aggregate_effects(frame, task, "fixed", ["matched", "window", "rl_halting"])
+        body += aggregate_effects(frame, task, PILOT_REFERENCE, PROTOCOL_OTHERS)
     return markdown_table(EFFECT_HEADER, body)
 
 
@@ -157,10 +216,6 @@ for _cell_name, _file in {
         return aggregate_table(frame, KEYS, PROTOCOL_METRICS[1:], "oracle_ood_pct")
 
 
-#: the stopping pilots' control arm, against which every other schedule's effect is read
-PILOT_REFERENCE = "fixed"
-
-
 @register_block("stopping-study/pilot-C-T15")
 def _pilot_c_t15(results_dir: Path) -> str:
     """Cell C read at 15 loops, from its per-seed rows: the table and the full effect test against fixed."""
@@ -170,9 +225,12 @@ def _pilot_c_t15(results_dir: Path) -> str:
         n = len(part)
         body.append(
             [schedule, _seeds(n)]
-            + [_t_cell(n, 100 * part[c].mean(), 100 * part[c].std(ddof=1), 1) for c in ("oracle_ood", "policy_ood")]
+            + [
+                _t_cell(n, 100 * part[c].mean(), 100 * part[c].std(ddof=1), 1, (0.0, 100.0))
+                for c in ("oracle_ood", "policy_ood")
+            ]
             + [chi2_cell(n, 100 * part["oracle_ood"].std(ddof=1))]
-            + [_t_cell(n, 100 * part["gap"].mean(), 100 * part["gap"].std(ddof=1), 1)]
+            + [_t_cell(n, 100 * part["gap"].mean(), 100 * part["gap"].std(ddof=1), 1, gap_range(schedule))]
             + [f"{part['depth'].mean():.1f}"]
         )
     table = markdown_table(
@@ -215,3 +273,73 @@ def _stars_lm(results_dir: Path) -> str:
     stems = [c.removesuffix(".mean") for c in frame.columns if c.endswith(".mean")]
     table = frame.rename(columns={"part": "model"})
     return aggregate_table(table, [("model", "model"), ("recipe", "recipe")], [(s, s, 1) for s in stems])
+
+
+@register_block("mechanistic-small/vs-paper")
+def _mechanistic_vs_paper(results_dir: Path) -> str:
+    """The norm-ablation rows beside the paper's, with the comparison's verdict (:func:`mechanistic_verdict`)
+    recomputed from the seed means in cells.csv (mean ± std over seeds)."""
+    from looplab.report.comparison import PAPER_TABLES_DIR, read_paper_table
+    from looplab.studies.mechanistic.paper import MECHANISTIC_JUDGED, MECHANISTIC_NORMS, mechanistic_verdict
+
+    cells = _read(results_dir, "mechanistic-small/cells.csv")
+    paper, _ = read_paper_table("mechanistic_norm_ablation.csv", PAPER_TABLES_DIR)
+    judged = dict(zip(MECHANISTIC_JUDGED.values(), MECHANISTIC_JUDGED))  # ours → paper column
+    self_median, cross = (
+        "ours.analysis.fixed_point_self_cos_median",
+        "ours.min_cos_first_layer_to_other_layers_fixed_point",
+    )
+
+    def cell(row: pd.Series, stem: str) -> str:
+        return f"{row[f'{stem}.mean']:.3f} ± {row[f'{stem}.std']:.3f}"
+
+    body = []
+    for _, row in cells.sort_values("variant").iterrows():
+        _, placement, injection = row["variant"].split("-")
+        wanted = "no" if injection == "none" else "yes"
+        printed = paper[paper.norm.str.startswith(MECHANISTIC_NORMS[placement]) & (paper.input_injection == wanted)]
+        printed = printed.iloc[0]
+        values = {
+            self_median: row["fixed_point_self_cos_median.mean"],
+            cross: row["fixed_point_cross_cos_min.mean"],
+            **{f"paper.{column}": printed[column] for column in judged.values()},
+        }
+        body.append(
+            [
+                placement,
+                injection,
+                row["variant"],
+                _seeds(row["fixed_point_self_cos.n"]),
+                f"{printed['norm']} / {wanted}",
+                cell(row, "fixed_point_self_cos_median"),
+                str(printed["cos_first_layer_to_own_fixed_point"]),
+                cell(row, "fixed_point_cross_cos_min"),
+                str(printed["min_cos_first_layer_to_other_layers_fixed_point"]),
+                str(printed["verdict"]),
+                cell(row, "fixed_point_self_cos"),
+                cell(row, "state_norm_first"),
+                cell(row, "state_norm_last"),
+                cell(row, "update_ratio_mean"),
+                mechanistic_verdict(values),
+            ]
+        )
+    header = [
+        "Placement", "Injection", "Variant", "Seeds", "Paper row", "Median per-sample self cos (ours)",
+        "cos to own fixed point (paper)", "min cos to other layers (ours)", "min cos to other layers (paper)",
+        "Verdict paper", "Mean self cos", "‖h‖ loop 1", "‖h‖ last loop", "Layer update ratio", "Reproduced",
+    ]  # fmt: skip
+    return markdown_table(header, body)
+
+
+#: the earlier pages whose run count their first line states, and the cells file it is the sum of the seeds of
+RUN_COUNTS = {
+    "mechanistic-small/runs": ("mechanistic-small/cells.csv", "fixed_point_self_cos.n"),
+    "stopping-small-binary_addition/runs": ("stopping-small-binary_addition/cells.csv", "Oracle OOD (%).n"),
+    "stars-small/runs": ("stars-small/results.csv", "Oracle ID (%).n"),
+}
+for _block, (_cells, _column) in RUN_COUNTS.items():
+
+    @register_block(_block)
+    def _run_count(results_dir: Path, cells: str = _cells, column: str = _column) -> str:
+        frame = _read(results_dir, cells)
+        return f"{int(frame[column].sum())} finished runs ({len(frame)} variants × their seeds, from `{cells}`)."

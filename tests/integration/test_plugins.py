@@ -71,6 +71,9 @@ def test_a_two_worker_sweep_imports_the_plugins_in_every_worker(tmp_path):
     results = pd.read_parquet(out / "results.parquet")
     assert len(results) == 2 and set(results["schedule.name"]) == {"scaled"}
     assert results["exits.first_confident.mean_depth"].notna().all()
+    report = run_cli("report", str(out), "--paper", "oracle_only")  # the paper plugin the runs name
+    assert report.returncode == 0, report.stderr
+    assert "Ours: Oracle OOD by group" in (out / "report-oracle_only" / "table.md").read_text()
 
 
 def test_a_plugin_file_path_is_found_again_from_the_run_dir(tmp_path):

@@ -236,3 +236,56 @@ def test_token_exit_declares_its_parameters_and_its_config_table_round_trips(nam
         assert GenerationExit(name, 4, defaults) == GenerationExit(name, 4)
         with pytest.raises(LooplabError, match=rf"unknown key in \[generate.exits.{name}\] 'no_such_key'"):
             token_exit_params(name, no_such_key=1)
+
+
+# ---------------------------------------------------------------- papers
+
+
+def _ours():
+    import pandas as pd
+
+    from looplab.report.build import sweep_statistics
+
+    results = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c"],
+            "run_dir": ["runs/a", "runs/b", "runs/c"],
+            "task.name": "binary_addition",
+            "variant": ["fixed", "fixed", "window"],
+            "run.seed": [1, 2, 1],
+            "task.train_max": 8,
+            "task.alphabet": 2,
+            "task.eval_lengths": "[4, 8, 16]",
+            "schedule.name": ["fixed", "fixed", "window"],
+            "schedule.depth": 10,
+            "training_cost.block_evals": 10.0,
+            "front90": 8,
+            "oracle_id": 1.0,
+            "oracle_ood": [0.4, 0.5, 0.6],
+            "policy_ood": [0.3, 0.4, 0.6],
+            "gap": [0.1, 0.1, 0.0],
+        }
+    )
+    return results, sweep_statistics(results)
+
+
+@pytest.mark.parametrize("name", names("paper"))
+def test_paper_builds_its_tables_and_draws_nothing_for_a_sweep_without_its_runs(name, tmp_path):
+    import re
+
+    from looplab.report.comparison import PAPER_TABLES_DIR
+    from looplab.report.paper import PAPERS
+    from looplab.report.tables import Table
+
+    results, ours = _ours()
+    with installed("paper", name):
+        paper = PAPERS[name]
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", name)  # a reproduction sweep is NAME-<scale>.toml
+        tables, notes = paper.tables(ours, PAPER_TABLES_DIR)
+        assert all(isinstance(t, Table) for t in tables) and all(isinstance(n, str) for n in notes)
+        if paper.run_tables is not None:
+            assert all(isinstance(t, Table) for t in paper.run_tables(results, tmp_path, PAPER_TABLES_DIR))
+        if paper.figures is not None:
+            assert paper.figures(tmp_path, results, tmp_path) == ([], {})
+        assert set(paper.files) >= set() and all(isinstance(c, str) for c in paper.captions.values())
+        assert all(isinstance(kinds, tuple) for kinds in paper.figures_after.values())

@@ -15,7 +15,7 @@ PACKAGE = Path(looplab.__file__).parent
 
 #: lowest first; a unit is a top-level module or subpackage of looplab
 LAYERS = [
-    {"looplab", "errors", "seeding", "io", "plotting", "progress", "params", "plugins"},
+    {"looplab", "errors", "seeding", "io", "plotting", "progress", "params", "plugins", "provenance"},
     {"config"},
     {"tasks", "model"},
     {"parallel", "checkpoint", "memory", "rundir"},

@@ -76,3 +76,34 @@ def test_no_seed_yet_is_said_not_zero(tmp_path):
     (tmp_path / blocks.STUDY).mkdir()
     assert blocks.retrofit_trained_block(tmp_path).startswith("n/a")
     assert blocks.retrofit_trained_mlps_block(tmp_path).startswith("n/a")
+
+
+def test_rule_2_is_said_as_a_test_of_a_precondition_only_when_rule_1_grants_the_stages(tmp_path):
+    results = _results(tmp_path, (1, 2, 3))
+    assert "found absent" not in blocks.retrofit_trained_says_mlp(results)  # rule 1 holds here
+    reversed_reference = tmp_path / blocks.STUDY / blocks.RETROFIT_FILE
+    frame = pd.read_csv(reversed_reference)
+    frame["colsum"] = -frame.colsum  # the loops now run against SmolLM2's curve: rule 1 fails
+    frame.to_csv(reversed_reference, index=False)
+    text = blocks.retrofit_trained_says_mlp(results)
+    assert "**Each loop repeats SmolLM2's stages (rule 1): fails.**" in blocks.retrofit_trained_says_stages(results)
+    assert 'Rule 1 reads "fails", so rule 2 tests a precondition of stages rule 1 found absent' in text
+    assert "a test of a precondition of stages rule 1 found absent" in blocks.retrofit_trained_summary(results)
+
+
+def test_seeds_that_start_from_one_model_are_said_to_share_one_initialisation(tmp_path):
+    results = _results(tmp_path, (1, 2))
+    for seed in (1, 2):
+        pd.DataFrame({"seed": seed, "step": [1, 2], "loops": 8, "loss": 5.0, "seconds": 100.0 * seed}).to_csv(
+            tmp_path / blocks.STUDY / blocks.FOLDER / f"seed-{seed}" / "train.csv", index=False
+        )
+    text = blocks.retrofit_trained_says_seeds(results)
+    # the fixture's noise differs by seed at step 0 too: the stage measures are not one model's
+    assert "step 0 differs between the 2 seeds" in text and "100–200 s per seed" in text
+
+
+def test_the_committed_seeds_are_said_to_share_one_initialisation():
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    assert "the seeds share one initialisation" in blocks.retrofit_trained_says_seeds(results)

@@ -118,3 +118,23 @@ def test_retrofit_mlp_names_map_to_llama_layers():
     ]
     for layer in (0, 3, 4, 9, 26, 29):
         assert llama_layer(retrofit_name(layer, shape, layers), shape, layers) == layer
+
+
+def test_the_trained_studys_p_values_decide_as_its_rules_and_holm_keeps_both_verdicts():
+    """On the committed CSVs: each decision's p is below α exactly when its rule resolves it, the adjusted p is
+    Holm's step-down of the four by hand, and Holm keeps rule 2's and rule 4's "fails"."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from looplab.report.effect import ALPHA
+    from looplab.studies.mechanistic.verdicts import decisions
+
+    found = decisions(Path(__file__).parents[2] / "docs" / "results")
+    assert [d.verdict for d in found] == ["not resolved", "fails", "not resolved", "fails"]
+    assert all((d.p < ALPHA) == (d.verdict != "not resolved") for d in found)
+    p = np.array([d.p for d in found])
+    order = np.argsort(p, kind="stable")
+    by_hand = np.maximum.accumulate(np.minimum(1.0, (4 - np.arange(4)) * p[order]))
+    assert np.allclose(np.array([d.holm_p for d in found])[order], by_hand)
+    assert [d.holm_verdict for d in found] == [d.verdict for d in found]

@@ -444,3 +444,39 @@ def test_html_cells_wrap_only_between_their_parts(text, html_text):
     from looplab.report.render import html_cell
 
     assert html_cell(text) == html_text
+
+
+def test_the_paper_row_is_found_from_the_runs_schedule_not_the_variants_name(tmp_path):
+    """A sweep of a config named after nothing in the paper (a demo) still meets its paper row."""
+    (tmp_path / "stopping_main.csv").write_text(STOPPING_MAIN)
+    results = make_sweep(tmp_path / "sweep")
+    results["variant"] = results["variant"].map({"fixed": "demo", "rl_halting": "my_halting+train.steps=9"})
+    tables, _ = compare("stopping", sweep_statistics(results), tmp_path)
+    main = next(t for t in tables if t.name == "paper_stopping_main").numbers
+    assert dict(zip(main["variant"], main["paper.schedule"])) == {
+        "demo": "fixed_K20",
+        "my_halting+train.steps=9": "rl_halting",
+    }
+    ablated = results.assign(**{"schedule.entropy_weight": 0.0})
+    tables, _ = compare("stopping", sweep_statistics(ablated), tmp_path)
+    main = next(t for t in tables if t.name == "paper_stopping_main").numbers
+    assert list(main["paper.schedule"]) == ["fixed_K20"]  # RL-Halting without its entropy bonus is an ablation
+
+
+@pytest.mark.parametrize(
+    "metric, values, low, high",
+    [
+        ("analysis.fixed_point_self_cos", [0.2, 0.99, 1.0], -1.0, 1.0),  # a cosine
+        ("analysis.token_dynamics.frozen_fraction", [0.0, 0.0, 0.5], 0.0, 1.0),  # a fraction
+        ("analysis.state_norm_last", [0.1, 0.1, 9.0], 0.0, math.inf),  # a norm
+        ("gap", [-0.9, 0.9, 0.95], -1.0, 1.0),  # a difference of two accuracies
+    ],
+)
+def test_a_report_clips_each_interval_to_what_its_metric_can_take(metric, values, low, high):
+    from looplab.report.aggregate import aggregate
+
+    results = pd.DataFrame({"task.name": "copy", "variant": "v", metric: values})
+    row = aggregate(results, ["task.name", "variant"], [metric]).iloc[0]
+    raw_low = row["mean"] - T_975_DF2 * row["std"] / math.sqrt(3)
+    assert raw_low < low or row["mean"] + T_975_DF2 * row["std"] / math.sqrt(3) > high  # the raw one leaves it
+    assert low <= row["ci_lo"] <= row["ci_hi"] <= high

@@ -93,3 +93,107 @@ def test_the_exact_match_block_ranks_arms_at_32_loops_and_shows_missing_values_a
     arms = [line.split("|")[2].strip() for line in block.splitlines()[2:]]
     assert arms == ["stars", "lognormal", "pretrain"]  # by exact match at 32 loops, pretrained runs last
     assert "n/a (0 seeds)" in block  # em at 4 loops was never measured here
+
+
+def test_rho_intervals_are_clipped_at_zero():
+    line = rho_line("stars", 32, np.array([0.01, 0.9, 0.02, 0.85, 0.03]))  # a t-interval reaching below 0
+    low = float(line.split("[")[1].split(",")[0])
+    assert low == 0.0 and line.endswith("below 1")
+
+
+def _committed(tmp_path, runs: pd.DataFrame):
+    (tmp_path / "stars-finetune").mkdir()
+    runs.to_csv(tmp_path / "stars-finetune" / "runs.csv", index=False)
+    return tmp_path
+
+
+def test_every_decision_line_is_said_with_nothing_added_and_nothing_left_out():
+    from pathlib import Path
+
+    from looplab.studies.prose import said, split_decision
+
+    runs = pd.read_csv(Path(__file__).resolve().parents[2] / "docs" / "results" / "stars-finetune" / "runs.csv")
+    for line in decision_lines(runs):
+        question, evidence, verdict = split_decision(line)
+        assert f"{question}: {evidence}: {verdict}" == line
+        assert said(line) == f"**{question[0].upper()}{question[1:]}: {verdict}.** {evidence}."
+
+
+def test_the_rho_sentence_groups_arms_by_their_verdict_and_names_every_arm(tmp_path):
+    from looplab.studies.stars.finetune import says_rho
+
+    rho = {
+        "stars": [1.1, 1.12, 1.11, 1.13, 1.1],
+        "lognormal": [1.2, 1.22, 1.21, 1.23, 1.2],
+        "frobenius": [1.05, 1.06, 1.04, 1.05, 1.07],
+        "contractive": [0.9, 0.92, 0.91, 0.93, 0.9],
+        "state_l2": [0.9, 1.1, 0.95, 1.05, 1.0],
+    }
+    extra = {arm: {"rho_4": v, "rho_32": v} for arm, v in rho.items()}
+    text = says_rho(_committed(tmp_path, _runs({arm: [0.5] * 5 for arm in rho}, extra=extra)))
+    first = text.split(" ρ at 32")[0]
+    assert "**below 1** for contractive at 0.912, 95% [0.896, 0.928] (5 of 5 seeds below 1)" in first
+    assert "**not resolved** for state_l2 at 1.000" in first
+    assert "**above 1** for 3 (lognormal, stars and frobenius; seed means 1.054–1.212)" in first
+
+
+def test_the_state_norm_sentence_reads_both_placements(tmp_path):
+    from looplab.studies.stars.finetune import says_state_norm
+
+    post = _runs({"stars": [0.5] * 3, "state_l2": [0.5] * 3}, extra={
+        "stars": {"norm_128": [8.0, 8.1, 8.05]}, "state_l2": {"norm_128": [7.8, 7.85, 7.9]}})  # fmt: skip
+    pre = _runs({"stars": [0.5] * 3}, "pre_sandwich", {"stars": {"norm_128": [1700.0, 1750.0, 1800.0]}})
+    text = says_state_norm(_committed(tmp_path, pd.concat([post, pre])))
+    assert "post-sandwich arms 7.85–8.05" in text and "the lowest state_l2's" in text
+    assert "pre-sandwich arms 1750 (1 arms)" in text
+
+
+def _decision(verdict: str) -> str:
+    return f"q: a − b, exact match at 32 loops +1.0 pp, Welch 95% [+0.1, +2.0] (5 vs 5 seeds): {verdict}"
+
+
+def test_holm_over_a_hand_computed_case():
+    from looplab.studies.stars.verdicts import decided
+
+    # m = 4, p sorted 0.01 < 0.02 < 0.04 < 0.30: adjusted 4·0.01 = 0.04, max(0.04, 3·0.02) = 0.06,
+    # max(0.06, 2·0.04) = 0.08, max(0.08, 1·0.30) = 0.30; only the first stays below 0.05
+    found = decided([(_decision("adds"), 0.02), (_decision("adds"), 0.01), (_decision("hurts"), 0.04),
+                     (_decision("not resolved"), 0.30)])  # fmt: skip
+    assert [round(d.holm_p, 10) for d in found] == [0.06, 0.04, 0.08, 0.30]
+    assert [d.holm_verdict for d in found] == ["not resolved", "adds", "not resolved", "not resolved"]
+
+
+def test_a_p_value_that_decides_unlike_its_rule_is_refused():
+    from looplab.studies.stars.verdicts import decided
+
+    with pytest.raises(ValueError, match="decides unlike the rule"):
+        decided([(_decision("not resolved"), 0.01)])
+    with pytest.raises(ValueError, match="decides unlike the rule"):
+        decided([(_decision("adds"), 0.2)])
+
+
+def test_the_p_values_decide_as_the_rules_do_on_random_seeds():
+    from looplab.report.effect import ALPHA, comparison_line
+    from looplab.studies.prose import verdict_of
+    from looplab.studies.stars.verdicts import direction_p, mean_p
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a, b = rng.normal(0.5, 0.1, 5), rng.normal(0.5 + rng.normal(0, 0.1), rng.uniform(0.01, 0.2), 5)
+        line = comparison_line("q", "a", "b", a, b, "exact match", "adds", "hurts")
+        assert (direction_p(a, b) < ALPHA) == (verdict_of(line) != "not resolved")
+        rho = rng.normal(1 + rng.normal(0, 0.05), 0.05, 5)
+        assert (mean_p(rho, 1.0) < ALPHA) == (verdict_of(rho_line("arm", 4, rho)) != "not resolved")
+
+
+def test_the_committed_decisions_and_their_holm_table():
+    from pathlib import Path
+
+    from looplab.studies.stars.finetune import decisions, holm_table_block
+    from looplab.studies.stars.verdicts import decided
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    found = decided(decisions(pd.read_csv(results / "stars-finetune" / "runs.csv")))  # raises on a mismatch
+    assert len(found) == 29
+    block = holm_table_block(results)
+    assert block.count("\n| ") == 29 and "29 decisions: " in block  # one row per decision

@@ -76,3 +76,56 @@ def test_the_blocks_show_every_run_and_only_the_search_in_the_search(results):
     assert "retrofit-learned" not in search_block(results)
     means = means_block(results)
     assert "| fixed | 2 | 95.0 ± 7.1" in means
+
+
+def test_a_drop_lies_between_one_minus_one_over_its_accuracy_at_4_loops_and_one():
+    from looplab.studies.stars.retrofit import drop_range
+
+    assert drop_range([0.5, 1.0]) == pytest.approx((-0.5, 1.0))  # at 4 loops 50 %: at best 100 % at 8, drop −100 %
+
+
+def test_an_interval_wider_than_the_drops_allow_is_clipped_and_the_verdict_read_as_frozen():
+    from looplab.studies.stars.retrofit import decision_line
+
+    runs = pd.DataFrame(
+        {
+            "recipe": ["fixed", "fixed", "stars", "stars"],
+            "em_4": [0.9, 0.5, 0.8, 1.0],
+            "drop_4_8": [0.8, 0.1, 0.0, -0.05],
+        }
+    )
+    line = decision_line(runs)
+    # fixed's mean drop ≥ mean(1 − 1/0.9, 1 − 1/0.5) = −0.556; stars' ≤ 1: the difference ≥ −155.6 pp
+    assert "Welch 95% [-155.6, +112.5]" in line and "it spans all of that" in line
+    assert line.endswith("inconclusive (2 seeds; by the interval alone: not resolved)")
+
+
+def test_the_learned_count_uses_the_protocols_90_percent(results):
+    from looplab.studies.stars.retrofit import says_drops, says_learned
+
+    text = says_learned(results)
+    # at 4 loops: fixed 90 % and 100 % (both learned), stars 80 % (not) and 100 %
+    assert "2 of 2 fixed seeds and 1 of 2 stars seeds" in text.split("**")[1]
+    assert "The budget search (fixed, seed 91, 100 steps): its curve first reads ≥ 90 % at step 100" in text
+    drops = says_drops(results)
+    assert "The paper's SFT: 25.0 %" in drops and "The paper's STARS: 8.26 %" in drops
+
+
+@pytest.mark.parametrize(
+    "line, parts",
+    [
+        (
+            "drop, fixed − stars: +1.0 pp, Welch 95% [-2.0, +4.0] (2 vs 2 seeds): inconclusive (2 seeds; by the "
+            "interval alone: not resolved)",
+            ("drop, fixed − stars", "+1.0 pp, Welch 95% [-2.0, +4.0] (2 vs 2 seeds)",
+             "inconclusive (2 seeds; by the interval alone: not resolved)"),
+        ),
+        ("rule: a vs b: n/a (1 and 2 seeds; needs 2 each)", ("rule", "a vs b", "n/a (1 and 2 seeds; needs 2 each)")),
+        ("rule: n/a (0 seeds)", ("rule", "", "n/a (0 seeds)")),
+    ],
+)  # fmt: skip
+def test_a_decision_line_splits_into_question_evidence_and_verdict(line, parts):
+    from looplab.studies.prose import said, split_decision
+
+    assert split_decision(line) == parts
+    assert said(line).startswith(f"**{parts[0][0].upper()}{parts[0][1:]}: {parts[2]}.**")

@@ -12,11 +12,21 @@ train``, ``eval``, ``analyze``, ``sweep`` and ``generate``::
 - ``first_confident``: a test-time exit (the first loop whose answer is confident);
 - ``final_norm``: an analysis metric (the norm of each token's last state);
 - ``normed_residual``: a norm placement (N(x) + f(N(x)));
-- ``top_margin``: a generation exit (stop a token once its top choice leads by a margin; ``looplab generate``).
+- ``top_margin``: a generation exit (stop a token once its top choice leads by a margin; ``looplab generate``);
+- ``oracle_only``: a paper for ``looplab report --paper`` (our Oracle OOD by group, as a paper's table).
 
 This package imports none of them: a plugin registers its entry when it is imported.
 """
 
 #: the example plugins, by module name
-NAMES = ("reverse", "scaled", "state_energy", "first_confident", "final_norm", "normed_residual", "top_margin")
+NAMES = (
+    "reverse",
+    "scaled",
+    "state_energy",
+    "first_confident",
+    "final_norm",
+    "normed_residual",
+    "top_margin",
+    "oracle_only",
+)
 MODULES = tuple(f"looplab.examples.plugins.{name}" for name in NAMES)

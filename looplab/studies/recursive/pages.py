@@ -12,17 +12,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from looplab.report.aggregate import numeric, seed_cell
+from looplab.report.aggregate import numeric, seed_cell, t_interval
 from looplab.report.comparison import variant_stem
 from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
+from looplab.studies.prose import said, span, verdict_of
 from looplab.studies.recursive.paper import (
     CONFIRM_COMPARISONS,
     CONFIRM_MATCHES,
     CONFIRM_PAIRED,
+    FREE_PP,
+    MATCH_PP,
     PRIMARY,
     TRM_COMPARISON,
     arm_of,
     decision_lines,
+    halting_on_off,
 )
 
 STUDY = "recursive-small"
@@ -55,6 +59,10 @@ RUN_COLUMNS = {
     "train_block_evals": "training_cost.block_evals",
     "wall_s": "wall_s",
 }
+#: the loops a row can run: at least one, at most T_max = 8 (every recursive study's protocol), so a mean
+#: depth's or a mean loops-per-row's interval lies in this range
+T_MAX = 8
+DEPTH_RANGE = (1.0, float(T_MAX))
 #: runs.csv columns only an arm with a halting head has
 HEAD_COLUMNS = ("on_id", "off_id", "on_ood", "off_ood", "on_id_depth", "on_ood_depth", "on_seconds", "off_seconds")
 ARM_ORDER = (
@@ -165,7 +173,7 @@ def arms_table(results_dir: Path, study: str, task: str | None = None) -> str:
         cells = [
             "n/a (no head)"
             if c in HEAD_COLUMNS and part[c].isna().all()
-            else seed_cell(part[c], scale, d, (0.0, 1.0) if scale == 100 else (0.0, np.inf))
+            else seed_cell(part[c], scale, d, (0.0, 1.0) if scale == 100 else DEPTH_RANGE)
             for _, c, scale, d in columns
         ]
         body.append([arm, str(len(part)), *cells])
@@ -201,6 +209,117 @@ def confirm_decisions_block(results_dir: Path) -> str:
     frame = _decision_frame(_read(results_dir, CONFIRM, RUNS_FILE))
     lines = decision_lines(frame, CONFIRM_COMPARISONS, CONFIRM_PAIRED, CONFIRM_MATCHES)
     return "\n".join(f"- {line}" for line in lines)
+
+
+# ------------------------------------------------------------- recursive-confirm: what the data say, generated
+# The rules' lines said as sentences (looplab.studies.prose) and descriptions of the committed rows; the
+# page's hand-written interpretation beside each block is marked as such.
+
+
+def _policy(runs: pd.DataFrame, arm: str) -> pd.Series:
+    return runs.loc[runs.arm == arm].set_index("seed").policy_id
+
+
+def _pp(value: float) -> str:
+    return f"{100 * value:+.1f} pp"
+
+
+@register_block(f"{CONFIRM}/says-detaching")
+def says_detaching(results_dir: Path) -> str:
+    """Rule 1 said; the attached arms and ds_fixed beside recursive-small's (seed means)."""
+    runs, small = _read(results_dir, CONFIRM, RUNS_FILE), _read(results_dir, STUDY, RUNS_FILE)
+    lines = decision_lines(_decision_frame(runs), CONFIRM_COMPARISONS, (), ())
+    repeated = ", ".join(
+        f"{arm} {100 * _policy(runs, arm).mean():.1f} % and {100 * _policy(small, arm).mean():.1f} %"
+        for arm in ("act_bce", "q_halt", "ds_fixed")
+    )
+    return f"{' '.join(map(said, lines))} Policy ID seed means here and in recursive-small: {repeated}."
+
+
+@register_block(f"{CONFIRM}/says-no-head")
+def says_no_head(results_dir: Path) -> str:
+    """Rule 2 said, how many of its intervals lie within the margin, the seed spreads, and the exploratory
+    paired reading."""
+    runs = _read(results_dir, CONFIRM, RUNS_FILE)
+    lines = decision_lines(_decision_frame(runs), (), (), CONFIRM_MATCHES)
+    within = sum(verdict_of(line).startswith("matches") for line in lines)
+    arms = [arm for _, arm, other, *_ in CONFIRM_MATCHES]
+    spread = ", ".join(f"{arm} {100 * _policy(runs, arm).std():.1f}" for arm in ("ds_fixed", *arms))
+    paired = []
+    for arm in arms:
+        difference = (_policy(runs, arm) - _policy(runs, "ds_fixed")).dropna()
+        low, high = np.clip(t_interval(difference.to_numpy()), -1.0, 1.0)
+        paired.append(
+            f"{arm} − ds_fixed {_pp(difference.mean())}, paired 95% [{100 * low:+.1f}, {100 * high:+.1f}] "
+            f"({len(difference)} seeds)"
+        )
+    return (
+        f"{' '.join(map(said, lines))} {within} of {len(lines)} intervals lie within the ±{MATCH_PP:g} pp the "
+        f'protocol asks for "matches". Seed std of Policy ID (pp): {spread}. *Exploratory* (chosen after '
+        f"seeing the data: a seed draws the same boards for every arm, so arms can be paired by seed): "
+        f"{'; '.join(paired)}."
+    )
+
+
+@register_block(f"{CONFIRM}/says-halting")
+def says_halting(results_dir: Path) -> str:
+    """Rule 3 said to the digits that show how near its interval lies to the rule's boundaries; the seeds that
+    lose, the depth and the wall time."""
+    runs = _read(results_dir, CONFIRM, RUNS_FILE)
+    (arm,) = CONFIRM_PAIRED
+    paired = halting_on_off(_decision_frame(runs), arm)
+    if paired is None:
+        return said(decision_lines(_decision_frame(runs), (), CONFIRM_PAIRED, ())[0])
+    low, high = 100 * paired.low, 100 * paired.high
+    edges = [
+        (abs(high), f'the upper end, {high:+.3f} pp, against 0, below which the rule reads "halting costs accuracy"'),
+        (abs(low + FREE_PP), f'the lower end, {low:+.3f} pp, against −{FREE_PP:g} pp, the edge of "halting is free"'),
+        (abs(FREE_PP - high), f'the upper end, {high:+.3f} pp, against +{FREE_PP:g} pp, the edge of "halting is free"'),
+    ]
+    loss = -100 * paired.difference
+    training = runs.groupby("arm").train_loops_per_row.mean()
+    return (
+        f"**Halting on − off, {arm}: {paired.verdict}.** ID accuracy {100 * paired.difference.mean():+.2f} pp, "
+        f"paired 95% [{low:+.3f}, {high:+.3f}] ({len(loss)} seeds); nearest a boundary of the rule is "
+        f"{min(edges)[1]}. Per seed with halting on, {int((loss > 0).sum())} of {len(loss)} lose accuracy "
+        f"({span(loss[loss > 0], 2)} pp), {int((loss == 0).sum())} of {len(loss)} neither lose nor gain, "
+        f"{int((loss < 0).sum())} of {len(loss)} gain. "
+        f"Mean depth with halting on {paired.depth:.2f} loops of {T_MAX} ({100 * paired.depth / T_MAX:.0f} %), "
+        f"wall time off / on {paired.time_ratio:.2f}x; in training {training[arm]:.2f} loops per row, ds_fixed "
+        f"{training['ds_fixed']:.2f}."
+    )
+
+
+@register_block(f"{CONFIRM}/says-q-halt")
+def says_q_halt(results_dir: Path) -> str:
+    """q_halt_detached's halting-on depth and accuracy against halting off, seed by seed (a description)."""
+    runs = _read(results_dir, CONFIRM, RUNS_FILE)
+    part = runs[runs.arm == "q_halt_detached"]
+    return (
+        f"q_halt_detached, with halting on (a description): mean depth {T_MAX} loops (T_max) at "
+        f"{int((part.on_id_depth == T_MAX).sum())} of {len(part)} seeds; ID accuracy on equals off at "
+        f"{int((part.on_id == part.off_id).sum())} of {len(part)} seeds."
+    )
+
+
+@register_block(f"{CONFIRM}/says-attached")
+def says_attached(results_dir: Path) -> str:
+    """The attached heads against ds_fixed: differences of seed means here (no rule of this protocol) and
+    recursive-small's rule on act_bce − ds_fixed."""
+    runs, small = _read(results_dir, CONFIRM, RUNS_FILE), _read(results_dir, STUDY, RUNS_FILE)
+
+    def differences(frame: pd.DataFrame) -> str:
+        return ", ".join(
+            f"{arm} − ds_fixed {_pp(_policy(frame, arm).mean() - _policy(frame, 'ds_fixed').mean())}"
+            for arm in ("act_bce", "q_halt")
+        )
+
+    rule = next(line for line in decision_lines(_decision_frame(small)) if "act_bce − ds_fixed" in line)
+    return (
+        f"The attached heads against deep supervision without a head, differences of Policy ID seed means "
+        f"(descriptions): here {differences(runs)}; in recursive-small {differences(small)}. Recursive-small's "
+        f"rule on it: {said(rule)}"
+    )
 
 
 def _decision_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -269,7 +388,7 @@ def halting_table(results_dir: Path, study: str, task: str | None = None) -> str
                 seed_cell(part.on_id),
                 seed_cell(part.off_id),
                 seed_cell(part.on_id - part.off_id, bounds=(-1.0, 1.0)),
-                seed_cell(part.on_id_depth, 1, 2, (0.0, np.inf)),
+                seed_cell(part.on_id_depth, 1, 2, DEPTH_RANGE),
                 f"{part.on_seconds.sum() / len(part):.2f}",
                 f"{part.off_seconds.sum() / len(part):.2f}",
                 f"{part.off_seconds.sum() / part.on_seconds.sum():.2f}x",

@@ -26,8 +26,10 @@ The maze study (docs/results/recursive-maze/PROTOCOL.md) applies the first rules
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from looplab.report.aggregate import (
@@ -118,29 +120,54 @@ def decision_lines(
         a, b = _values(results, arm, PRIMARY), _values(results, other, PRIMARY)
         lines.append(comparison_line(question, arm, other, a, b, "Policy ID", above, below, margin))
     for arm in paired_arms:
-        on = _values(results, arm, "halting_inference.on_id")
-        off = _values(results, arm, "halting_inference.off_id")
-        seeds = on.index.intersection(off.index)
-        if len(seeds) < 2:
+        paired = halting_on_off(results, arm)
+        if paired is None:
+            seeds = _values(results, arm, "halting_inference.on_id").index
+            seeds = seeds.intersection(_values(results, arm, "halting_inference.off_id").index)
             lines.append(f"halting on − off, {arm}: n/a ({len(seeds)} paired seeds; needs 2)")
             continue
-        difference = (on[seeds] - off[seeds]).to_numpy()
-        low, high = t_interval(difference)
-        if high < 0:
-            verdict = "halting costs accuracy"
-        elif -FREE_PP / 100 <= low and high <= FREE_PP / 100:
-            verdict = "halting is free"
-        else:
-            verdict = "not resolved"
-        on_s = _values(results, arm, "halting_inference.on_seconds")[seeds]
-        off_s = _values(results, arm, "halting_inference.off_seconds")[seeds]
-        depth = _values(results, arm, "halting_inference.on_id_depth")[seeds]
         lines.append(
-            f"halting on − off, {arm}: ID accuracy {points(difference.mean())} pp, paired 95% [{points(low)}, "
-            f"{points(high)}] ({len(seeds)} seeds): {verdict}; mean depth on {depth.mean():.2f} loops; "
-            f"wall time off / on {off_s.sum() / on_s.sum():.2f}x"
+            f"halting on − off, {arm}: ID accuracy {points(paired.difference.mean())} pp, paired 95% "
+            f"[{points(paired.low)}, {points(paired.high)}] ({len(paired.difference)} seeds): {paired.verdict}; "
+            f"mean depth on {paired.depth:.2f} loops; wall time off / on {paired.time_ratio:.2f}x"
         )
     return lines
+
+
+@dataclass(frozen=True)
+class HaltingOnOff:
+    """The halting rule's reading of one arm: on − off ID accuracy per paired seed (fractions) and its
+    95 % t-interval (clipped to ±1, what a difference of two accuracies can take), the verdict, the mean
+    halting-on depth and the wall-time ratio off / on."""
+
+    difference: pd.Series  # indexed by seed
+    low: float
+    high: float
+    verdict: str
+    depth: float
+    time_ratio: float
+
+
+def halting_on_off(results: pd.DataFrame, arm: str) -> HaltingOnOff | None:
+    """The halting rule on ``arm`` (None below two paired seeds): "halting costs accuracy" when the interval
+    lies below 0, "halting is free" when it lies within ±FREE_PP points, else "not resolved"."""
+    on = _values(results, arm, "halting_inference.on_id")
+    off = _values(results, arm, "halting_inference.off_id")
+    seeds = on.index.intersection(off.index)
+    if len(seeds) < 2:
+        return None
+    difference = on[seeds] - off[seeds]
+    low, high = np.clip(t_interval(difference.to_numpy()), -1.0, 1.0)
+    if high < 0:
+        verdict = "halting costs accuracy"
+    elif -FREE_PP / 100 <= low and high <= FREE_PP / 100:
+        verdict = "halting is free"
+    else:
+        verdict = "not resolved"
+    on_s = _values(results, arm, "halting_inference.on_seconds")[seeds]
+    off_s = _values(results, arm, "halting_inference.off_seconds")[seeds]
+    depth = _values(results, arm, "halting_inference.on_id_depth")[seeds]
+    return HaltingOnOff(difference, float(low), float(high), verdict, float(depth.mean()), off_s.sum() / on_s.sum())
 
 
 def recursive_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:

@@ -28,10 +28,13 @@ from looplab.report.aggregate import seed_cell, t_interval
 from looplab.report.effect import comparison_line, welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 from looplab.report.runs import read_results, run_status, seconds_per_step
+from looplab.studies.prose import names, said, span, split_decision, verdict_of
+from looplab.studies.stars.verdicts import after_holm, decided, direction_p, holm_block, mean_p
 
 STUDY = "stars-finetune"
 READ_LOOPS = (4, 8, 16, 32, 64, 128)
 RHO_LOOPS = (4, 32)
+RHO_RANGE = (0.0, np.inf)  # a spectral radius is the largest |eigenvalue|: never below 0
 #: a run's curve columns (eval/lm_loops.csv) → their short names in runs.csv (<name>_<loops>)
 CURVE_COLUMNS = {
     "reasoning_id": "em",
@@ -146,46 +149,43 @@ def _values(runs: pd.DataFrame, placement: str, arm: str, column: str) -> np.nda
 
 def decision_lines(runs: pd.DataFrame) -> list[str]:
     """The protocol's decisions, each with its interval and seed counts."""
-    lines = [
-        comparison_line(
-            question,
-            arm,
-            other,
-            _values(runs, POST, arm, f"em_{k}"),
-            _values(runs, POST, other, f"em_{k}"),
-            f"exact match at {k} loops",
-            above,
-            below,
-        )
-        for question, arm, other, k, above, below in COMPARISONS
-    ]
+    return [line for line, _ in decisions(runs)]
+
+
+def decisions(runs: pd.DataFrame) -> list[tuple[str, float]]:
+    """The protocol's decisions as (line, p): p < α exactly when the line names a direction
+    (:mod:`looplab.studies.stars.verdicts`)."""
+    found = []
+    for comparison in COMPARISONS:
+        _, arm, other, k = comparison[:4]
+        a, b = (_values(runs, POST, name, f"em_{k}") for name in (arm, other))
+        found.append((_comparison(runs, *comparison), direction_p(a, b)))
     for arm in [a for a in _arms(runs[runs.placement == POST]) if not a.startswith("pretrain")]:
-        lines += [rho_line(arm, k, _values(runs, POST, arm, f"rho_{k}")) for k in RHO_LOOPS]
+        for k in RHO_LOOPS:
+            rho = _values(runs, POST, arm, f"rho_{k}")
+            found.append((rho_line(arm, k, rho), mean_p(rho, 1.0)))
     k = PLACEMENT_LOOPS
     for arm in PLACEMENT_ARMS:
         post, pre = (_values(runs, p, arm, f"em_{k}") for p in (POST, PRE))
-        lines.append(
-            comparison_line(
-                f"placement, {arm}",
-                "post",
-                "pre",
-                post,
-                pre,
-                f"exact match at {k} loops",
-                "post holds more",
-                "pre holds more",
-            )  # fmt: skip
-        )
+        words = ("post holds more", "pre holds more")
+        line = comparison_line(f"placement, {arm}", "post", "pre", post, pre, f"exact match at {k} loops", *words)
+        found.append((line, direction_p(post, pre)))
         post, pre = (_values(runs, p, arm, f"loss_{k}") for p in (POST, PRE))
-        lines.append(loss_line(f"placement, {arm}", pre, post, k))
-    return lines
+        found.append((loss_line(f"placement, {arm}", pre, post, k), direction_p(pre, post)))
+    return found
+
+
+def _comparison(runs: pd.DataFrame, question: str, arm: str, other: str, k: int, above: str, below: str) -> str:
+    """Rules 1–4: ``arm`` − ``other``, post-sandwich exact match at ``k`` loops."""
+    a, b = (_values(runs, POST, name, f"em_{k}") for name in (arm, other))
+    return comparison_line(question, arm, other, a, b, f"exact match at {k} loops", above, below)
 
 
 def rho_line(arm: str, loops: int, rho: np.ndarray) -> str:
     """Rule 5: ρ's Student-t interval against 1, with the seeds below 1."""
     if len(rho) < 2:
         return f"ρ at {loops} loops, {arm}: n/a ({len(rho)} seeds; needs 2)"
-    low, high = t_interval(rho)
+    low, high = np.clip(t_interval(rho), *RHO_RANGE)
     verdict = "below 1" if high < 1 else "above 1" if low > 1 else "not resolved"
     return (
         f"ρ at {loops} loops, {arm}: {rho.mean():.3f}, 95% [{low:.3f}, {high:.3f}] ({int((rho < 1).sum())} of "
@@ -217,6 +217,12 @@ def _read(results_dir: Path) -> pd.DataFrame:
 def decisions_block(results_dir: Path) -> str:
     """The protocol's decisions, one line each."""
     return "\n".join(f"- {line}" for line in decision_lines(_read(results_dir)))
+
+
+@register_block(f"{STUDY}/holm")
+def holm_table_block(results_dir: Path) -> str:
+    """Every decision's p-value, unadjusted and after Holm over all of them, beside the rule's verdict."""
+    return holm_block(decided(decisions(_read(results_dir))))
 
 
 def _depth_table(runs: pd.DataFrame, name: str, scale: float, digits: int, bounds, order_by: str | None) -> str:
@@ -256,7 +262,7 @@ def loss_block(results_dir: Path) -> str:
 @register_block(f"{STUDY}/rho")
 def rho_block(results_dir: Path) -> str:
     """ρ of the loop Jacobian at the read depths."""
-    return _depth_table(_read(results_dir), "rho", 1, 3, (0.0, np.inf), None)
+    return _depth_table(_read(results_dir), "rho", 1, 3, RHO_RANGE, None)
 
 
 #: the unregularised arm every arm's seconds per step are read against
@@ -289,3 +295,155 @@ def cost_block(results_dir: Path) -> str:
         )
     header = ["arm", "s / step", "vs lognormal", "state norm, 128 loops", *(f"ρ < 1 at {k}" for k in READ_LOOPS)]
     return markdown_table(header, body)
+
+
+# ------------------------------------------------------------------------------ what the data say, generated
+# Each block below is one finding of the page: the rules' lines said as sentences (looplab.studies.prose)
+# and plain descriptions of the committed rows (seed means, ranges), so the page's prose says no more
+# than its rules; the interpretation beside each block is hand-written and marked as such.
+
+#: the penalised arms with random loops (STARS and the penalties it is compared with)
+PENALISED = ("stars", "frobenius", "state_l2")
+
+
+def _mean(runs: pd.DataFrame, placement: str, arm: str, column: str) -> float:
+    values = _values(runs, placement, arm, column)
+    return float(values.mean()) if len(values) else float("nan")
+
+
+def _em(runs: pd.DataFrame, arm: str, k: int, placement: str = POST) -> str:
+    """Seed-mean exact match of ``arm`` at ``k`` loops, in percent."""
+    return f"{100 * _mean(runs, placement, arm, f'em_{k}'):.1f} %"
+
+
+def _line(runs: pd.DataFrame, arm: str, other: str) -> str:
+    return _comparison(runs, *next(c for c in COMPARISONS if c[1:3] == (arm, other)))
+
+
+def _said(runs: pd.DataFrame, line: str) -> str:
+    """:func:`said`, with Holm's verdict where it differs from the rule's."""
+    return f"{said(line).removesuffix('.')}{after_holm(decided(decisions(runs)), line)}."
+
+
+def _fine_tuned(runs: pd.DataFrame, placement: str = POST) -> list[str]:
+    return [a for a in _arms(runs[runs.placement == placement]) if not a.startswith("pretrain")]
+
+
+@register_block(f"{STUDY}/says-jsrr")
+def says_jsrr(results_dir: Path) -> str:
+    """Rule 1 said, with the two arms' means at 16, 32 and 64 loops."""
+    runs = _read(results_dir)
+    means = {k: f"stars {_em(runs, 'stars', k)}, lognormal {_em(runs, 'lognormal', k)}" for k in (16, 32, 64)}
+    return (
+        f"{_said(runs, _line(runs, 'stars', 'lognormal'))} Seed means at 32 loops: {means[32]}; at 16 loops, the "
+        f"edge of the log-normal support: {means[16]}; at 64 loops: {means[64]}."
+    )
+
+
+@register_block(f"{STUDY}/says-fixed-depth")
+def says_fixed_depth(results_dir: Path) -> str:
+    """Rules 2 and 3 said, with the arms' means at 8 loops."""
+    runs = _read(results_dir)
+    return (
+        f"{_said(runs, _line(runs, 'fixed4_jsrr', 'fixed4'))} Seed means at 8 loops: fixed4_jsrr "
+        f"{_em(runs, 'fixed4_jsrr', 8)}, fixed4 {_em(runs, 'fixed4', 8)}. "
+        f"{_said(runs, _line(runs, 'lognormal', 'fixed4'))} "
+        f"Seed mean at 8 loops: lognormal {_em(runs, 'lognormal', 8)}."
+    )
+
+
+@register_block(f"{STUDY}/says-rho")
+def says_rho(results_dir: Path) -> str:
+    """Rule 5 said per read depth: the fine-tuned post-sandwich arms grouped by their verdict."""
+    runs = _read(results_dir)
+    arms = _fine_tuned(runs)
+    found = decided(decisions(runs))
+    sentences = []
+    for k in RHO_LOOPS:
+        lines = {arm: rho_line(arm, k, _values(runs, POST, arm, f"rho_{k}")) for arm in arms}
+        parts = []
+        for verdict in ("below 1", "not resolved", "above 1"):
+            group = [arm for arm, line in lines.items() if verdict_of(line) == verdict]
+            if len(group) > 2:
+                rho = span([_mean(runs, POST, arm, f"rho_{k}") for arm in group], 3)
+                parts.append(f"**{verdict}** for {len(group)} ({names(group)}; seed means {rho})")
+            elif group:
+                evidence = names(f"{arm} at {split_decision(lines[arm])[1]}" for arm in group)
+                parts.append(f"**{verdict}** for {evidence}")
+            else:
+                parts.append(f"**{verdict}** for none")
+        sentences.append(f"ρ at {k} loops, the {len(arms)} fine-tuned post-sandwich arms: {'; '.join(parts)}.")
+        changed = [arm for arm in arms if after_holm(found, lines[arm])]
+        if changed:
+            sentences.append(f"After Holm over the page's {len(found)} decisions: {names(changed)} not resolved.")
+    return " ".join(sentences)
+
+
+@register_block(f"{STUDY}/says-stabilisers")
+def says_stabilisers(results_dir: Path) -> str:
+    """Rule 4 said for each stabiliser; the arms' means at 32, 64 and 128 loops, KJV loss at 32 loops, and the
+    pretrains the architectural arms start from."""
+    runs = _read(results_dir)
+    lines = sorted(
+        (_comparison(runs, *c) for c in COMPARISONS if c[0] == "stabiliser"),
+        key=lambda line: -_mean(runs, POST, split_decision(line)[1].split(" − ")[0], "em_32"),
+    )
+    found = decided(decisions(runs))
+    verdicts = "; ".join(
+        f"{split_decision(line)[1]}: **{verdict_of(line)}**{after_holm(found, line)}" for line in lines
+    )
+    arms = sorted(_fine_tuned(runs), key=lambda a: -_mean(runs, POST, a, "em_32"))
+    at_32 = ", ".join(f"{arm} {_em(runs, arm, 32)}" for arm in arms if arm not in ("fixed4", "fixed4_jsrr"))
+    others = [a for a in arms if a != "contractive"]
+    deep = span([100 * _mean(runs, POST, a, f"em_{k}") for a in others for k in (64, 128)], 1, unit=" %")
+    penalised = span([_mean(runs, POST, a, "loss_32") for a in PENALISED], 3)
+    start = span([100 * _mean(runs, POST, "pretrain (contractive)", f"em_{k}") for k in (32, 64, 128)], 1)
+    plain = span([100 * _mean(runs, POST, "pretrain", f"em_{k}") for k in (32, 64, 128)], 1)
+    return (
+        f"**Stabilisers against STARS** (rule 4): {verdicts}. Seed means at 32 loops: {at_32}. At 64 and 128 "
+        f"loops contractive holds {_em(runs, 'contractive', 64)} and {_em(runs, 'contractive', 128)}, every other "
+        f"fine-tuned arm {deep}. KJV loss at 32 loops: contractive "
+        f"{_mean(runs, POST, 'contractive', 'loss_32'):.3f} nats/byte, the penalised arms ({names(PENALISED)}) "
+        f"{penalised}. The two architectural arms start from a pretrain of their own shape: at 32, 64 and 128 "
+        f"loops the contractive pretrain holds {start} %, the plain one {plain} %."
+    )
+
+
+@register_block(f"{STUDY}/says-placement")
+def says_placement(results_dir: Path) -> str:
+    """Rule 6 said for each recipe, exact match then KJV loss; STARS' exact match at 32 loops in each placement."""
+    runs = _read(results_dir)
+    lines = decision_lines(runs)
+    found = decided(decisions(runs))
+    match = [line for line in lines if line.startswith("placement") and "exact match" in line]
+    loss = [line for line in lines if line.startswith("placement") and "KJV loss" in line]
+
+    def listed(group: list[str]) -> str:
+        return "; ".join(
+            f"for {q.removeprefix('placement, ')}, {evidence}: **{verdict}**{after_holm(found, line)}"
+            for line in group
+            for q, evidence, verdict in [split_decision(line)]
+        )
+
+    return (
+        f"**Placement** (rule 6): {listed(match)}. {listed(loss)[:1].upper()}{listed(loss)[1:]}. STARS' seed "
+        f"mean at 32 loops: pre-sandwich "
+        f"{_em(runs, 'stars', 32, PRE)}, post-sandwich {_em(runs, 'stars', 32)}."
+    )
+
+
+@register_block(f"{STUDY}/says-state-norm")
+def says_state_norm(results_dir: Path) -> str:
+    """The state norm at 128 loops by placement (seed means): a description, no rule."""
+    runs = _read(results_dir)
+    by_placement = {
+        placement: {arm: _mean(runs, placement, arm, "norm_128") for arm in _arms(runs[runs.placement == placement])}
+        for placement in (POST, PRE)
+    }
+    post, pre = by_placement[POST], by_placement[PRE]
+    lowest = min(post, key=post.get)
+    return (
+        f"State norm at 128 loops (seed means, a description): post-sandwich arms {span(post.values(), 2)} "
+        f"({len(post)} arms, pretrains included; the lowest {lowest}'s), pre-sandwich arms "
+        f"{span(pre.values(), 0)} ({len(pre)} arms)."
+    )

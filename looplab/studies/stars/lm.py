@@ -17,11 +17,15 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from looplab.plotting import SCHEDULE_COLORS, pyplot, save_figure
 from looplab.report.aggregate import seed_stats
 from looplab.report.comparison import read_paper_table
+from looplab.report.effect import welch_from_stats
+from looplab.report.pages import register_block
 from looplab.report.tables import MISSING, Table, cell, number
 
 LM_TASK = "kjv_arithmetic"
@@ -254,3 +258,81 @@ def write_lm_outputs(out: Path, results: pd.DataFrame, sweep_dir: Path) -> tuple
             figures.append(plot_curves(curves, path, title))
             tables.append(curve_table(curves))
     return figures, ({CURVES_FILE: pd.concat(tables, ignore_index=True)} if tables else {})
+
+
+# ------------------------------------------------------------------------------ what the data say, generated
+# stars-lm has no frozen protocol: these blocks describe the committed seed aggregates (paper_stars_lm.csv,
+# lm_curves.csv) with Student-t and Welch intervals from each cell's n, mean and std, and decide nothing.
+
+PAGE_DIR = "stars-lm"
+DROP_FILE = "paper_stars_lm.csv"
+SCRATCH_SHAPES = ("pre_sandwich", "post_sandwich")
+RANDOM_LOOPS = ("lognormal", "stars")
+
+
+def _cells(results_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(Path(results_dir) / PAGE_DIR / DROP_FILE).set_index(["part", "recipe"])
+
+
+def _t(row: pd.Series, stem: str, digits: int = 1) -> str:
+    """ "mean [t-interval]" of one aggregate cell (n, mean, std over seeds)."""
+    n, mean, std = (float(row[f"{stem}.{stat}"]) for stat in ("n", "mean", "std"))
+    half = float(scipy_stats.t.ppf(0.975, n - 1) * std / np.sqrt(n)) if n > 1 else float("nan")
+    return f"{mean:.{digits}f} [{mean - half:.{digits}f}, {mean + half:.{digits}f}]"
+
+
+def _welch(a: pd.Series, b: pd.Series, stem: str) -> str:
+    """ "a − b [Welch 95 %]" of one aggregate column between two rows."""
+    stats = [float(r[f"{stem}.{s}"]) for r in (a, b) for s in ("mean", "std", "n")]
+    low, high = welch_from_stats(*stats)
+    return f"{stats[0] - stats[3]:+.1f} pp [{low:+.1f}, {high:+.1f}]"
+
+
+@register_block(f"{PAGE_DIR}/says-scratch")
+def says_scratch(results_dir: Path) -> str:
+    """From scratch, per core: fixed 4's relative drop and peak; the random-loop recipes'; STARS against
+    log-normal loops and against fixed 4 (exploratory: no frozen rule)."""
+    cells = _cells(results_dir)
+    lines = []
+    for shape in SCRATCH_SHAPES:
+        rows = {r: cells.loc[(f"from scratch, {shape}", r)] for r in ("fixed", *RANDOM_LOOPS)}
+        seeds = int(rows["fixed"]["runs"])
+        random = "; ".join(
+            f"{r} drop {_t(rows[r], 'Rel. drop 4→8 (%)')} %, best at {rows[r]['Best at loops.mean']:.1f} loops"
+            for r in RANDOM_LOOPS
+        )
+        lines.append(
+            f"- {shape}, {seeds} seeds per recipe (mean [Student-t 95 %]): fixed 4 loses "
+            f"{_t(rows['fixed'], 'Rel. drop 4→8 (%)')} % of its accuracy from 4 to 8 loops and peaks at "
+            f"{rows['fixed']['Best at loops.mean']:.1f} loops; {random}. STARS − lognormal, accuracy at 8 loops "
+            f"{_welch(rows['stars'], rows['lognormal'], 'Acc at 8 (%)')}; STARS − fixed 4, best accuracy "
+            f"{_welch(rows['stars'], rows['fixed'], 'Best (%)')} (Welch 95 %)."
+        )
+    return "\n".join(lines)
+
+
+@register_block(f"{PAGE_DIR}/says-curves")
+def says_curves(results_dir: Path) -> str:
+    """The curves' seed means by core and recipe: exact match at the deepest read, KJV loss from 4 loops to it,
+    the state norm's growth and ρ at 4 loops and at the deepest read."""
+    curves = pd.read_csv(Path(results_dir) / PAGE_DIR / CURVES_FILE)
+    lines = []
+    for shape, part in curves.groupby("shape", sort=False):
+        cells = []
+        for recipe, runs in part.groupby("recipe", sort=False):
+            runs = runs.set_index("loops")
+            deepest = int(runs.index.max())
+            cells.append(
+                f"{recipe}: exact match {100 * runs['reasoning_id.mean'][deepest]:.1f} % at {deepest} loops, KJV loss "
+                f"{runs['loss.mean'][PAPER_DEPTH]:.2f} → {runs['loss.mean'][deepest]:.2f}, ‖h_{deepest}‖ / ‖h_1‖ "
+                f"{_ratio(runs['state_norm.mean'][deepest] / runs['state_norm.mean'][1])}, ρ "
+                f"{runs['spectral_radius.mean'][PAPER_DEPTH]:.2f} at {PAPER_DEPTH} loops and "
+                f"{runs['spectral_radius.mean'][deepest]:.2f} at {deepest}"
+            )
+        lines.append(f"- {shape} (seed means): " + "; ".join(cells) + ".")
+    return "\n".join(lines)
+
+
+def _ratio(value: float) -> str:
+    """A growth ratio: three decimals near 1, one beyond 10."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3f}"

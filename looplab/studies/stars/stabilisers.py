@@ -22,11 +22,15 @@ from looplab.report.aggregate import seed_cell
 from looplab.report.effect import comparison_line
 from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 from looplab.report.runs import read_results, run_status, seconds_per_step
+from looplab.studies.prose import names, said, span, split_decision, verdict_of
+from looplab.studies.stars.verdicts import after_holm, decided, direction_p, holm_block
 
 STUDY = "stars-stabilisers"
 PRIMARY, METRIC = "acc_256", "accuracy at 256 loops"
 READ_LOOPS = (4, 8, 16, 32, 64, 128, 256)
 RHO_LOOPS = (8, 128)
+#: the arms trained at a fixed 4 loops; every other arm samples log-normal loops (configs/stabilisers/)
+FIXED_DEPTH = ("fixed4", "fixed4-jsrr")
 ARM_ORDER = ("fixed4", "fixed4-jsrr", "lognormal", "stars", "frobenius", "state_l2", "prelude_coda", "contractive")
 #: (question, arm, against it, word above 0, word below 0)
 COMPARISONS = (
@@ -101,10 +105,17 @@ def _arms(runs: pd.DataFrame) -> list[str]:
 
 def decision_lines(runs: pd.DataFrame) -> list[str]:
     """The protocol's decisions on accuracy at 256 loops, each with its Welch interval and seed counts."""
-    return [
-        comparison_line(question, arm, other, _primary(runs, arm), _primary(runs, other), METRIC, above, below)
-        for question, arm, other, above, below in COMPARISONS
-    ]
+    return [line for line, _ in decisions(runs)]
+
+
+def decisions(runs: pd.DataFrame) -> list[tuple[str, float]]:
+    """The protocol's decisions as (line, p): p < α exactly when the line names a direction
+    (:mod:`looplab.studies.stars.verdicts`)."""
+    found = []
+    for question, arm, other, above, below in COMPARISONS:
+        a, b = _primary(runs, arm), _primary(runs, other)
+        found.append((comparison_line(question, arm, other, a, b, METRIC, above, below), direction_p(a, b)))
+    return found
 
 
 def _primary(runs: pd.DataFrame, arm: str) -> np.ndarray:
@@ -159,3 +170,116 @@ def cost_block(results_dir: Path) -> str:
     for k in RHO_LOOPS:
         header += [f"ρ at {k} loops", f"ρ < 1 at {k}"]
     return markdown_table(header, body)
+
+
+@register_block(f"{STUDY}/holm")
+def holm_table_block(results_dir: Path) -> str:
+    """Every decision's p-value, unadjusted and after Holm over all of them, beside the rule's verdict."""
+    return holm_block(decided(decisions(_read(results_dir))))
+
+
+# ------------------------------------------------------------------------------ what the data say, generated
+# The rules' lines said as sentences (looplab.studies.prose) and plain descriptions of the committed rows
+# (seed means, ranges, counts); the interpretation beside each block on the page is hand-written.
+
+
+def _read(results_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(results_dir / STUDY / RUNS_FILE)
+
+
+def _mean(runs: pd.DataFrame, arm: str, column: str, scale: float = 100.0) -> float:
+    return float(scale * runs.loc[runs.arm == arm, column].mean())
+
+
+def _acc(runs: pd.DataFrame, arm: str, k: int) -> str:
+    """Seed-mean accuracy of ``arm`` at ``k`` loops, in percent."""
+    return f"{_mean(runs, arm, f'acc_{k}'):.1f} %"
+
+
+def _said(runs: pd.DataFrame, arm: str, other: str) -> str:
+    """The rule's line for ``arm`` − ``other`` said, with Holm's verdict where it differs."""
+    found = decided(decisions(runs))
+    line = next(d.line for d in found if split_decision(d.line)[1].startswith(f"{arm} − {other},"))
+    return f"{said(line).removesuffix('.')}{after_holm(found, line)}."
+
+
+def _below(runs: pd.DataFrame, arm: str, k: int) -> str:
+    """ρ at ``k`` loops: seed mean and the seeds below 1."""
+    rho = runs.loc[runs.arm == arm, f"rho_{k}"].dropna()
+    return f"{arm} {rho.mean():.3f} ({int((rho < 1).sum())} of {len(rho)} seeds below 1)"
+
+
+@register_block(f"{STUDY}/says-jsrr")
+def says_jsrr(results_dir: Path) -> str:
+    """Rule 1 said, with both arms' means at 256 loops."""
+    runs = _read(results_dir)
+    return (
+        f"{_said(runs, 'stars', 'lognormal')} Seed means at 256 loops: stars {_acc(runs, 'stars', 256)}, "
+        f"lognormal {_acc(runs, 'lognormal', 256)}."
+    )
+
+
+@register_block(f"{STUDY}/says-fixed-depth")
+def says_fixed_depth(results_dir: Path) -> str:
+    """Rule 2 said; fixed4's fall by depth, fixed4-jsrr's seed range, and lognormal at 256 loops beside them."""
+    runs = _read(results_dir)
+    jsrr = runs.loc[runs.arm == "fixed4-jsrr", PRIMARY]
+    fall = ", ".join(f"{_acc(runs, 'fixed4', k)} at {k}" for k in (8, 16, 32, 256))
+    return (
+        f"{_said(runs, 'fixed4-jsrr', 'fixed4')} Seed means of fixed4: {fall} loops; fixed4-jsrr at 256 loops "
+        f"{_acc(runs, 'fixed4-jsrr', 256)}, seeds {span(jsrr, 1, 100, ' %')}. Beside them (a comparison no rule "
+        f"names): lognormal {_acc(runs, 'lognormal', 256)} at 256 loops."
+    )
+
+
+@register_block(f"{STUDY}/says-rho")
+def says_rho(results_dir: Path) -> str:
+    """ρ at 8 and 128 loops, seed means and seeds below 1: a description, no rule."""
+    runs = _read(results_dir)
+    lognormal = [a for a in _arms(runs) if a not in FIXED_DEPTH]
+    at_128 = {a: _mean(runs, a, "rho_128", 1.0) for a in lognormal}
+    below = [a for a in lognormal if at_128[a] < 1]
+    rest = [_below(runs, a, 128) for a in lognormal if a not in below]
+    return (
+        f"ρ of the loop Jacobian (seed means, a description; no rule decides on it). At 8 loops: "
+        f"{'; '.join(_below(runs, a, 8) for a in ('stars', 'lognormal', 'fixed4-jsrr', 'fixed4'))}. At 128 loops, "
+        f"the {len(lognormal)} log-normal arms: {len(below)} with a seed mean below 1 ({names(below)}; "
+        f"{span([at_128[a] for a in below], 3)})" + (f", and {names(rest)}" if rest else "") + "."
+    )
+
+
+@register_block(f"{STUDY}/says-stabilisers")
+def says_stabilisers(results_dir: Path) -> str:
+    """Rule 3 said for each stabiliser, by mean accuracy at 256 loops; the arms' means, contractive's seed range,
+    prelude_coda's fall and its ρ at 128 loops."""
+    runs = _read(results_dir)
+    found = decided(decisions(runs))
+    lines = sorted(
+        (d.line for d in found if d.line.startswith("stabiliser")),
+        key=lambda line: -_mean(runs, split_decision(line)[1].split(" − ")[0], PRIMARY),
+    )
+    verdicts = "; ".join(
+        f"{split_decision(line)[1]}: **{verdict_of(line)}**{after_holm(found, line)}" for line in lines
+    )
+    ranked = sorted(_arms(runs), key=lambda a: -_mean(runs, a, PRIMARY))
+    contractive = runs.loc[runs.arm == "contractive", PRIMARY]
+    falls = ", ".join(f"{_acc(runs, 'prelude_coda', k)} at {k}" for k in (64, 128, 256))
+    return (
+        f"**Stabilisers against STARS** (rule 3): {verdicts}. Seed means at 256 loops: "
+        f"{', '.join(f'{a} {_acc(runs, a, 256)}' for a in ranked)}; contractive's seeds "
+        f"{span(contractive, 1, 100, ' %')}. "
+        f"prelude_coda: {falls} loops; ρ at 128 loops {_below(runs, 'prelude_coda', 128).split(' ', 1)[1]}."
+    )
+
+
+@register_block(f"{STUDY}/says-state-norm")
+def says_state_norm(results_dir: Path) -> str:
+    """The state norm at 256 loops over arms (seed means): a description, no rule."""
+    runs = _read(results_dir)
+    norms = {a: _mean(runs, a, "state_norm_256", 1.0) for a in _arms(runs)}
+    lowest = min(norms, key=norms.get)
+    others = [v for a, v in norms.items() if a != lowest]
+    return (
+        f"State norm at 256 loops (seed means, a description): {span(norms.values(), 2)} over the {len(norms)} arms; "
+        f"the lowest {lowest}'s ({norms[lowest]:.2f}), every other arm {span(others, 2)}."
+    )

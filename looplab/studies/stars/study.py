@@ -32,6 +32,7 @@ import torch
 from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
 from looplab.lm.reasoning import REASONING_FILE, scaling_summary
+from looplab.provenance import record_start
 from looplab.seeding import derive_generator
 from looplab.studies.stars.recipes import (
     RECIPES,
@@ -164,6 +165,8 @@ def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out:
     from looplab.lm.retrofit import RetrofittedLoop
 
     began = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    record_start(out, json.dumps({"study": asdict(study), "recipe": recipe, "seed": seed}, sort_keys=True))
     torch.manual_seed(seed)
     loop = RetrofittedLoop(model, study.prelude, study.core, study.coda, inject_init=study.inject)
     kjv = text_batch(tokenizer, "val", study.kjv_passages, study.kjv_tokens, derive_generator(seed, "retrofit-kjv"))

@@ -19,11 +19,11 @@ from looplab.errors import LooplabError
 from looplab.eval.metrics import summarize
 from looplab.eval.run import EVAL_DIR
 from looplab.eval.samples import SAMPLES_FILE, read_samples
-from looplab.report.aggregate import seed_stats
+from looplab.report.aggregate import metric_range, seed_stats
 from looplab.report.effect import Effect, effect
 from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 from looplab.rundir import load_run_config, read_log
-from looplab.studies.earlier import chi2_cell
+from looplab.studies.earlier import chi2_cell, gap_range
 
 STUDY = "stopping-confirm"
 FLIP_FROM = 10  # the training depth T_train = T(10): the flip range starts there for every arm
@@ -144,12 +144,14 @@ def _runs(results_dir: Path) -> pd.DataFrame:
     return pd.read_csv(Path(results_dir) / STUDY / RUNS_FILE)
 
 
-def _cell(values, scale: float = 100.0, digits: int = 1) -> str:
-    """ "mean ± std [t-interval]" over the finite values; "n/a (0 of N)" when none is defined."""
+def _cell(values, scale: float = 100.0, digits: int = 1, bounds=(-math.inf, math.inf)) -> str:
+    """ "mean ± std [t-interval, clipped to ``bounds`` (the values' range, unscaled)]" over the finite
+    values; "n/a (0 of N)" when none is defined."""
     values = np.asarray(values, dtype=float)
     stats = seed_stats(scale * values)
     if stats["n"] == 0:
         return f"n/a (0 of {values.size})"
+    stats["ci_lo"], stats["ci_hi"] = max(stats["ci_lo"], scale * bounds[0]), min(stats["ci_hi"], scale * bounds[1])
     mean, std, lo, hi = (f"{stats[k]:.{digits}f}" for k in ("mean", "std", "ci_lo", "ci_hi"))
     text = f"{mean} ± {std} [{lo}, {hi}]"
     return text if stats["n"] == values.size else f"{text} (n = {stats['n']} of {values.size})"
@@ -166,6 +168,15 @@ def _mean(values, digits: int = 1, scale: float = 1.0) -> str:
     values = scale * np.asarray(values, dtype=float)
     finite = values[np.isfinite(values)]
     return "n/a" if finite.size == 0 else f"{finite.mean():.{digits}f}"
+
+
+def _metric_cell(part: pd.DataFrame, arm: str, column: str) -> str:
+    """:func:`_cell` of one arm's ``column``, its interval clipped to what the metric can take (a Gap's
+    per schedule: :func:`~looplab.studies.earlier.gap_range`)."""
+    if column == "gap":
+        low, high = gap_range(arm)
+        return _cell(part[column], bounds=(low / 100, high / 100))
+    return _cell(part[column], bounds=metric_range(column))
 
 
 def _cell_of(rows: pd.DataFrame, arm: str, column: str) -> pd.Series:
@@ -186,12 +197,12 @@ def arms_table(rows: pd.DataFrame) -> str:
             [
                 LABELS[arm],
                 str(len(part)),
-                _cell(part["oracle_id"]),
-                _cell(part["oracle_ood"]),
+                _metric_cell(part, arm, "oracle_id"),
+                _metric_cell(part, arm, "oracle_ood"),
                 _std_cell(part["oracle_ood"]),
-                _cell(part["policy_ood"]),
-                _cell(part["gap"]),
-                _cell(part["flip_rate"]),
+                _metric_cell(part, arm, "policy_ood"),
+                _metric_cell(part, arm, "gap"),
+                _metric_cell(part, arm, "flip_rate"),
                 _cell(part["front90"], scale=1.0),
                 _mean(part["policy_depth_ood"]),
                 _mean(part["block_evals"], 2),
@@ -307,10 +318,10 @@ def long_table(results_dir: Path, horizon: int) -> str:
                     LABELS[arm],
                     str(steps),
                     str(len(part)),
-                    _cell(part["oracle_ood"]),
+                    _metric_cell(part, arm, "oracle_ood"),
                     _std_cell(part["oracle_ood"]),
-                    _cell(part["gap"]),
-                    _cell(part["flip_rate"]),
+                    _metric_cell(part, arm, "gap"),
+                    _metric_cell(part, arm, "flip_rate"),
                     _mean(part["halting_entropy"], 2),
                 ]
             )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from looplab.report.aggregate import numeric
-from looplab.report.comparison import Ours, Pair, compare_table, read_paper_table, variant_stem
+from looplab.report.comparison import Ours, Pair, compare_table, members, read_paper_table, variant_stem
 from looplab.report.effect import EFFECT_RULE, describe, effect
 from looplab.report.paper import Paper, register_paper
 from looplab.report.tables import Table
@@ -28,27 +28,45 @@ from looplab.studies.stopping.protocol import (
     with_scale_free_metrics,
 )
 
-# our schedule stems → the schedule names of stopping_main.csv and stopping_cost.csv
-STOPPING_SCHEDULES = {
-    "fixed": "fixed_K20",
-    "matched": "matched_K_n",
-    "window": "window_n_pm5",
-    "rl_halting": "rl_halting",
-}
-# … and → the config names of the ablation table, which the paper ran on one task only
+#: what the paper's ablation configs are, as our runs' schedules: (config, schedule name, the parameters
+#: that single it out), the first that a run matches naming it; the paper ran them on one task only
+STOPPING_CONFIGS = (
+    ("fixed_K20", "fixed", {}),
+    ("fixed_window_K20_pm5", "fixed_window", {}),
+    ("pondernet_weighted_loss", "pondernet", {}),
+    ("multi_depth_average", "multi_depth", {}),
+    ("window_n_pm5_single_depth", "window", {}),
+    ("matched_K_n", "matched", {}),
+    ("rl_halting_ent0", "rl_halting", {"entropy_weight": 0.0}),
+    ("rl_halting_ent0.1", "rl_halting", {"entropy_weight": 0.1}),
+    ("rl_halting_Tmax5", "rl_halting", {"t_max": 5}),
+    ("rl_halting_Tmax10", "rl_halting", {"t_max": 10}),
+    ("rl_halting_ent0.001", "rl_halting", {}),
+)
 STOPPING_ABLATION_TASK = "binary_addition"
-STOPPING_ABLATIONS = {
-    "fixed": "fixed_K20",
-    "fixed_window": "fixed_window_K20_pm5",
-    "pondernet": "pondernet_weighted_loss",
-    "multi_depth": "multi_depth_average",
-    "window": "window_n_pm5_single_depth",
-    "rl_halting": "rl_halting_ent0.001",
-    "rl_halting-ent0": "rl_halting_ent0",
-    "rl_halting-ent0.1": "rl_halting_ent0.1",
-    "rl_halting-tmax5": "rl_halting_Tmax5",
-    "rl_halting-tmax10": "rl_halting_Tmax10",
+#: the configs of the main table (stopping_main.csv, stopping_cost.csv) → its schedule names
+STOPPING_MAIN = {
+    "fixed_K20": "fixed_K20",
+    "matched_K_n": "matched_K_n",
+    "window_n_pm5_single_depth": "window_n_pm5",
+    "rl_halting_ent0.001": "rl_halting",
 }
+
+
+def paper_config(rows: pd.DataFrame) -> str | None:
+    """The paper's config that these result rows (one group: one config, several seeds) are, read from
+    their ``schedule.*`` columns (:data:`STOPPING_CONFIGS`), never from the variant's file name; None when
+    the paper ran nothing like it."""
+    if rows.empty or "schedule.name" not in rows:
+        return None
+    first = rows.iloc[0]
+    for config, schedule, params in STOPPING_CONFIGS:
+        if first["schedule.name"] != schedule:
+            continue
+        values = {key: pd.to_numeric(first.get(f"schedule.{key}"), errors="coerce") for key in params}
+        if all(values[key] == value for key, value in params.items()):
+            return config
+    return None
 
 
 def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str]]:
@@ -61,7 +79,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
         "stopping_main.csv",
         ours,
         tables_dir,
-        lambda g: {"task": g["task.name"], "schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
+        lambda g: {"task": g["task.name"], "schedule": STOPPING_MAIN.get(paper_config(members(ours.results, g)))},
         [
             Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood", place=True),
             Pair("Front@90 / train max", "front90_rel", "front90_rel", place=True),
@@ -79,9 +97,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
         ours,
         tables_dir,
         lambda g: (
-            {"config": STOPPING_ABLATIONS.get(variant_stem(g["variant"]))}
-            if g["task.name"] == STOPPING_ABLATION_TASK
-            else None
+            {"config": paper_config(members(ours.results, g))} if g["task.name"] == STOPPING_ABLATION_TASK else None
         ),
         [
             Pair("Oracle OOD (%)", "oracle_ood_pct", "oracle_ood"),
@@ -96,7 +112,7 @@ def stopping_tables(ours: Ours, tables_dir: Path) -> tuple[list[Table], list[str
         "stopping_cost.csv",
         ours,
         tables_dir,
-        lambda g: {"schedule": STOPPING_SCHEDULES.get(variant_stem(g["variant"]))},
+        lambda g: {"schedule": STOPPING_MAIN.get(paper_config(members(ours.results, g)))},
         [
             Pair("Block evals / step", "block_evals_per_step", "training_cost.block_evals"),
             Pair("Block evals / T_train", "block_evals_rel", "block_evals_rel", place=True),
