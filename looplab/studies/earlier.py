@@ -343,3 +343,32 @@ for _block, (_cells, _column) in RUN_COUNTS.items():
     def _run_count(results_dir: Path, cells: str = _cells, column: str = _column) -> str:
         frame = _read(results_dir, cells)
         return f"{int(frame[column].sum())} finished runs ({len(frame)} variants × their seeds, from `{cells}`)."
+
+
+#: the task stars-small ran (every STARS fact's analogue there is read on it)
+STARS_SMALL_TASK = "decimal_addition"
+
+
+@register_block("stars-small/facts")
+def _stars_small_facts(results_dir: Path) -> str:
+    """The STARS paper's facts (stars_facts.csv, as printed) beside our analogue's seed aggregate, where one is
+    defined (``studies.stars.paper.STARS_FACTS``), from ``stars-small/scaling.csv``."""
+    from looplab.report.comparison import PAPER_TABLES_DIR, read_paper_table
+    from looplab.report.tables import header
+    from looplab.studies.stars.paper import STARS_FACTS
+
+    facts, notes = read_paper_table("stars_facts.csv", PAPER_TABLES_DIR)
+    if facts is None:
+        return "\n".join(notes)
+    cells = _read(results_dir, "stars-small/scaling.csv").set_index("variant")
+    body = []
+    for fact, printed in zip(facts["fact"], facts["value"]):
+        variant, metric = STARS_FACTS.get(fact, (None, None))
+        stem = header(metric) if metric else None
+        if variant is None or variant not in cells.index or f"{stem}.mean" not in cells.columns:
+            body.append([fact, printed, "–", "–"])
+            continue
+        row = cells.loc[variant]
+        ours = _t_cell(row[f"{stem}.n"], row[f"{stem}.mean"], row[f"{stem}.std"], 1, value_range(stem))
+        body.append([fact, printed, ours, f"{stem}, {STARS_SMALL_TASK} / {variant}"])
+    return markdown_table(["Fact", "Paper", "Ours", "Our analogue"], body)
