@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
+from looplab.lm.retrofit import watch_decoder_attention
 from looplab.model.depths import ReadAtDepths
-from looplab.model.protocol import AttentionWatch, ObservedLayers
+from looplab.model.protocol import ObservedLayers
 
 __all__ = ["NativeLoop", "prepare_model", "select_rows"]
 
@@ -98,26 +98,7 @@ class NativeLoop(ReadAtDepths, ObservedLayers, nn.Module):
             raise LooplabError(f"loops must be ≥ 1, got {loops}")
         return loops
 
-    @contextmanager
-    def watch_attention(self, layer: nn.Module) -> Iterator[AttentionWatch]:
+    def watch_attention(self, layer: nn.Module):
         """Record a decoder layer's attention input (its ``hidden_states``, after the layer's norm: for a
         layer with separate query / key / value inputs, the query's) and its eager attention probabilities."""
-        seen = AttentionWatch()
-
-        def before(_module, args, kwargs):
-            seen.inputs.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
-
-        def after(_module, _args, output):
-            if output[1] is None:
-                raise LooplabError("the attention returned no probabilities (eager attention is required)")
-            seen.probs.append(output[1])
-
-        handles = [
-            layer.self_attn.register_forward_pre_hook(before, with_kwargs=True),
-            layer.self_attn.register_forward_hook(after),
-        ]
-        try:
-            yield seen
-        finally:
-            for handle in handles:
-                handle.remove()
+        return watch_decoder_attention(layer)

@@ -60,7 +60,33 @@ from looplab.model.depths import ReadAtDepths
 from looplab.model.looped import injection_weight
 from looplab.model.protocol import AttentionWatch, ObservedLayers
 
-__all__ = ["RetrofittedLoop", "RetrofitContext", "causal_mask"]
+__all__ = ["RetrofittedLoop", "RetrofitContext", "causal_mask", "watch_decoder_attention"]
+
+
+@contextmanager
+def watch_decoder_attention(layer: nn.Module) -> Iterator[AttentionWatch]:
+    """Record a transformers decoder layer's attention input (the ``hidden_states`` its ``self_attn`` is
+    called with: after the layer's norm, for separate query / key / value inputs the query's) and its eager
+    attention probabilities, one entry per call."""
+    seen = AttentionWatch()
+
+    def before(_module, args, kwargs):
+        seen.inputs.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+
+    def after(_module, _args, output):
+        if output[1] is None:
+            raise LooplabError("the attention returned no probabilities (eager attention is required)")
+        seen.probs.append(output[1])
+
+    handles = [
+        layer.self_attn.register_forward_pre_hook(before, with_kwargs=True),
+        layer.self_attn.register_forward_hook(after),
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def causal_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -198,28 +224,9 @@ class RetrofittedLoop(ReadAtDepths, ObservedLayers, nn.Module):
             h = self._call("coda", index, layer, h, ctx)
         return self.lm_head(self.norm(h if at is None else h[at]))
 
-    @contextmanager
-    def watch_attention(self, layer: nn.Module) -> Iterator[AttentionWatch]:
+    def watch_attention(self, layer: nn.Module):
         """Record a decoder layer's attention input (after its RMSNorm) and eager attention probabilities."""
-        seen = AttentionWatch()
-
-        def before(_module, args, kwargs):
-            seen.inputs.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
-
-        def after(_module, _args, output):
-            if output[1] is None:
-                raise LooplabError("the attention returned no probabilities (eager attention is required)")
-            seen.probs.append(output[1])
-
-        handles = [
-            layer.self_attn.register_forward_pre_hook(before, with_kwargs=True),
-            layer.self_attn.register_forward_hook(after),
-        ]
-        try:
-            yield seen
-        finally:
-            for handle in handles:
-                handle.remove()
+        return watch_decoder_attention(layer)
 
     def _call(self, site: str, index: int, layer: nn.Module, x: Tensor, ctx: RetrofitContext) -> Tensor:
         def run(y: Tensor) -> Tensor:

@@ -57,3 +57,8 @@ def names(items: Iterable[str]) -> str:
     if len(items) < 2:
         return "".join(items) or "none"
     return f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def p_cell(value: float) -> str:
+    """A p-value as a table shows it: three decimals, "< 0.001" below that, "n/a" when undefined."""
+    return "n/a" if not np.isfinite(value) else f"{value:.3f}" if value >= 0.001 else "< 0.001"

@@ -28,7 +28,7 @@ from looplab.studies.mechanistic.trained import (
     decision_lines,
     stage_table,
 )
-from looplab.studies.prose import verdict_of
+from looplab.studies.prose import p_cell, verdict_of
 
 UNRESOLVED = "not resolved"
 
@@ -98,10 +98,6 @@ def decisions(results_dir: Path) -> list[Decision]:
     return [Decision(d.line, d.verdict, d.p, float(q)) for d, q in zip(found, adjusted)]
 
 
-def _p(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{value:.3f}" if value >= 0.001 else "< 0.001"
-
-
 @register_block(f"{STUDY}/holm")
 def holm_block(results_dir: Path) -> str:
     """The four decisions: p unadjusted and after Holm, both verdicts."""
@@ -109,7 +105,7 @@ def holm_block(results_dir: Path) -> str:
     body = [
         [
             d.question,
-            f"{_p(d.p)} → {_p(d.holm_p)}",
+            f"{p_cell(d.p)} → {p_cell(d.holm_p)}",
             d.verdict,
             f"**{d.holm_verdict}**" if d.holm_verdict != d.verdict else d.holm_verdict,
         ]

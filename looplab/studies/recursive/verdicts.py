@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from looplab.report.effect import ALPHA, direction_p, holm, mean_se, one_sided_p, welch_se, within_p
 from looplab.report.pages import markdown_table, register_block
-from looplab.studies.prose import verdict_of
+from looplab.studies.prose import p_cell, verdict_of
 from looplab.studies.recursive.pages import CONFIRM, MAZE, RUNS_FILE, STUDY, _decision_frame, _read
 from looplab.studies.recursive.paper import (
     COMPARISONS,
@@ -161,18 +160,14 @@ def decisions(results_dir: Path, study: str) -> list[Decision]:
     return [Decision(d.line, d.verdict, d.tests, d.p, float(q)) for d, q in zip(found, adjusted)]
 
 
-def _p(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{value:.3f}" if value >= 0.001 else "< 0.001"
-
-
 def holm_block(results_dir: Path, study: str) -> str:
     """Every decision of the page: its tests' p-values, its p unadjusted and after Holm, both verdicts."""
     found = decisions(results_dir, study)
     body = [
         [
             line_name(d.line),
-            "; ".join(f"{name} {_p(p)}" for name, p in d.tests.items()) or "n/a",
-            f"{_p(d.p)} → {_p(d.holm_p)}",
+            "; ".join(f"{name} {p_cell(p)}" for name, p in d.tests.items()) or "n/a",
+            f"{p_cell(d.p)} → {p_cell(d.holm_p)}",
             d.verdict,
             f"**{d.holm_verdict}**" if d.holm_verdict != d.verdict else d.holm_verdict,
         ]

@@ -20,7 +20,7 @@ from scipy import stats as scipy_stats
 
 from looplab.report.effect import ALPHA, holm, welch_p
 from looplab.report.pages import markdown_table
-from looplab.studies.prose import split_decision
+from looplab.studies.prose import p_cell, split_decision
 
 #: the verdict a rule gives when its interval does not exclude the null
 UNRESOLVED = "not resolved"
@@ -80,10 +80,6 @@ def decided(lines_and_p: list[tuple[str, float]]) -> list[Decided]:
     return [Decided(d.line, d.p, float(q)) for d, q in zip(found, adjusted)]
 
 
-def _p(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{value:.3f}" if value >= 0.001 else "< 0.001"
-
-
 def _label(question: str, evidence: str) -> str:
     """A decision's name: its question and what it compares ("stars − lognormal, exact match at 32 loops")."""
     if " − " not in evidence and " vs " not in evidence:
@@ -102,8 +98,8 @@ def holm_block(found: list[Decided]) -> str:
         body.append(
             [
                 _label(question, evidence),
-                _p(d.p),
-                _p(d.holm_p),
+                p_cell(d.p),
+                p_cell(d.holm_p),
                 d.verdict,
                 f"**{d.holm_verdict}**" if changed else d.holm_verdict,
             ]

@@ -21,7 +21,7 @@ from scipy import stats as scipy_stats
 from looplab.report.aggregate import t_interval
 from looplab.report.effect import ALPHA, Effect, EffectP, comparison_line, effect_p_values, holm
 from looplab.report.pages import markdown_table, register_block
-from looplab.studies.prose import names, span
+from looplab.studies.prose import names, p_cell, span
 from looplab.studies.stopping.confirm import (
     ARMS,
     CLAIM_ARMS,
@@ -192,7 +192,7 @@ def _std_words(result: Effect) -> str:
 
 def _p_words(value: float) -> str:
     """ "= 0.021", "< 0.001" or "n/a": a p-value as a sentence states it."""
-    text = _p(value)
+    text = p_cell(value)
     return text if text.startswith(("<", "n/a")) else f"= {text}"
 
 
@@ -469,10 +469,6 @@ def _mean_std(rows: pd.DataFrame) -> str:
     return f"{num(_mean(rows, 'rl_halting', 'oracle_ood'))} ± {num(_std(rows, 'rl_halting'))}"
 
 
-def _p(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{value:.3f}" if value >= 0.001 else "< 0.001"
-
-
 @register_block(f"{STUDY}/holm")
 def holm_block(results_dir: Path) -> str:
     """Every decision of the page: its tests' p-values, each half's p unadjusted and after Holm, both verdicts."""
@@ -482,10 +478,10 @@ def holm_block(results_dir: Path) -> str:
             d.name,
             str(d.horizon),
             str(d.steps),
-            f"{_p(d.p.gap_welch)} / {_p(d.p.gap_bootstrap)}",
-            f"{_p(d.p.ratio_f)} / {_p(d.p.ratio_bootstrap)} / {_p(d.p.brown_forsythe)}",
-            f"{_p(d.p.gap)} → {_p(d.gap_holm)}",
-            f"{_p(d.p.std)} → {_p(d.std_holm)}",
+            f"{p_cell(d.p.gap_welch)} / {p_cell(d.p.gap_bootstrap)}",
+            f"{p_cell(d.p.ratio_f)} / {p_cell(d.p.ratio_bootstrap)} / {p_cell(d.p.brown_forsythe)}",
+            f"{p_cell(d.p.gap)} → {p_cell(d.gap_holm)}",
+            f"{p_cell(d.p.std)} → {p_cell(d.std_holm)}",
             d.effect.verdict,
             f"**{d.holm_verdict}**" if d.holm_verdict != d.effect.verdict else d.holm_verdict,
         ]
