@@ -45,7 +45,7 @@ from looplab.report.html import Section, to_html
 from looplab.report.paper import PAPERS, check_paper, compare
 from looplab.report.plots import CAPTIONS, write_task_plots
 from looplab.report.render import to_latex, to_markdown
-from looplab.report.runs import add_scaling_metrics, load_run_tables, per_length_frame, read_results
+from looplab.report.runs import RESULTS_FILE, add_scaling_metrics, load_run_tables, per_length_frame, read_results
 from looplab.report.tables import UNDEFINED, Table, seed_table
 from looplab.report.variants import training_depth
 
@@ -209,9 +209,11 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
         LooplabError: unknown ``paper``, or no readable results.parquet.
     """
     sweep_dir = Path(sweep_dir)
+    if paper is not None and paper not in PAPERS and (sweep_dir / RESULTS_FILE).is_file():
+        load_plugins(sweep_plugins(read_results(sweep_dir)))  # a plugin paper the sweep's runs name
+    registered = check_paper(paper) if paper is not None else None  # before anything else is read
     results = read_results(sweep_dir)
-    load_plugins(sweep_plugins(results))  # a plugin paper (or schedule, task) the sweep's runs name
-    registered = check_paper(paper) if paper is not None else None
+    load_plugins(sweep_plugins(results))  # the plugin schedules and tasks the runs name
     grids = load_run_tables(results, sweep_dir, "grid.parquet")
     depths = load_run_tables(results, sweep_dir, "policy_depths.parquet")
     results = add_scaling_metrics(results, grids)
