@@ -1,0 +1,145 @@
+"""A looped LM with its own tokenizer, opened from any path looplab takes: the one object behind
+``looplab generate``, the lm-evaluation-harness model and ``looplab serve``.
+
+:func:`open_text_lm` reads
+
+    a looplab run dir   (``config.toml``) of a text task: its latest checkpoint, the byte tokenizer
+                        (``<s>`` then one token per UTF-8 byte), the run's fixed depth as the default
+                        loops, its ``[generate.exits]`` tables and its halting head (if any);
+    a model dir         (``config.json``, :mod:`looplab.lm.model_dir`): a native looped LM or a
+                        retrofit, its own tokenizer, its native loop count as the default loops.
+
+What every caller then needs is on :class:`TextLM`: ``encode`` / ``decode``, the exit a request
+names (:meth:`TextLM.exit_rule`, its parameters completed from the run's tables), and the
+model :func:`looplab.generation.generate` and :func:`looplab.generation.score` take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from looplab.errors import LooplabError
+from looplab.generation.exits import MAX_LOOPS, GenerationExit, token_exit_params
+
+__all__ = ["TextLM", "open_text_lm"]
+
+
+@dataclass
+class TextLM:
+    """A looped LM and its tokenizer (see the module docstring).
+
+    Attributes:
+        model: what :func:`looplab.generation.generate` and :func:`~looplab.generation.score` take.
+        path: where it was opened from; ``kind``: ``run`` (a looplab run dir), ``native`` or ``retrofit``.
+        name: how responses and tables name it.
+        default_loops: the loops a request that names none runs at (a run's fixed depth, a model
+            dir's native loop count).
+        max_context: the longest sequence (prompt + new tokens) the model takes.
+        eos: the end-of-text token a generation stops at (None: none; a byte LM has none).
+        exit_tables: the run's ``[generate.exits.NAME]`` tables (a model dir: none).
+        halts: the ``halting`` exit's decision from the run's halting head (None without one).
+    """
+
+    model: nn.Module
+    path: Path
+    kind: str
+    name: str
+    default_loops: int
+    max_context: int
+    eos: int | None
+    _encode: Callable[[str, bool], list[int]] = field(repr=False)
+    _decode: Callable[[list[int]], str] = field(repr=False)
+    exit_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    halts: Callable | None = field(default=None, repr=False)
+
+    @property
+    def loop_cap(self) -> int:
+        """The most loops a request may ask for."""
+        return MAX_LOOPS
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.lm_head.out_features if hasattr(self.model, "lm_head") else self.model.head.out_features
+
+    def encode(self, text: str, prompt: bool = True) -> list[int]:
+        """Token ids of ``text``: with the tokens a sequence starts with (``<s>``, a BOS) when ``prompt``,
+        without them for a continuation."""
+        return self._encode(text, prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens dropped."""
+        return self._decode(ids)
+
+    def exit_rule(self, name: str = "fixed", loops: int | None = None, **params) -> GenerationExit:
+        """The exit ``name`` at ``loops`` (default :attr:`default_loops`), its parameters ``params`` over the
+        run's ``[generate.exits.NAME]`` table; the ``halting`` exit gets the run's head. One-line errors."""
+        loops = self.default_loops if loops is None else loops
+        if isinstance(loops, bool) or not isinstance(loops, int) or not 1 <= loops <= self.loop_cap:
+            raise LooplabError(f"loops must be an integer in 1..{self.loop_cap}, got {loops!r}")
+        rule = GenerationExit(name, loops, token_exit_params(name, self.exit_tables, **params))
+        if rule.needs_head:
+            if self.halts is None:
+                raise LooplabError(
+                    f"the {name} exit needs a halting head, which {self.name} lacks "
+                    "(looplab runs trained with act_bce, q_halt, rl_halting or pondernet have one)"
+                )
+            rule = replace(rule, halts=self.halts)
+        return rule
+
+
+def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu") -> TextLM:
+    """The :class:`TextLM` of a looplab run dir or a model dir (``dtype`` applies to a model dir)."""
+    from looplab.lm.model_dir import DTYPES, is_model_dir, open_model_dir
+
+    path = Path(path)
+    if is_model_dir(path):
+        if dtype not in DTYPES:
+            raise LooplabError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
+        model_dir = open_model_dir(path)
+        model_dir.check_fits(DTYPES[dtype], device, "loading")
+        model = model_dir.load(DTYPES[dtype], device)
+        tokenizer = model_dir.tokenizer
+
+        def encode(text: str, prompt: bool) -> list[int]:
+            return list(tokenizer(text, add_special_tokens=prompt)["input_ids"])
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        eos = tokenizer.eos_token_id
+        return TextLM(
+            model, path, model_dir.kind, model_dir.name, model_dir.native_loops, model_dir.max_window,
+            None if eos is None else int(eos), encode, decode,
+        )  # fmt: skip
+    return _open_run(path, device)
+
+
+def _open_run(path: Path, device: str) -> TextLM:
+    from looplab.exits import fixed_depth
+    from looplab.experiment import Experiment
+    from looplab.generation.text import decode, encode, head_halts
+    from looplab.tasks.base import TASKS
+
+    exp = Experiment.from_run(path)
+    if not exp.task.is_text:
+        text_tasks = sorted(name for name, task in TASKS.items() if task.is_text)
+        raise LooplabError(
+            f"run {path} trains the {exp.task.name!r} task, whose tokens are not text; "
+            f"text generation reads runs of: {', '.join(text_tasks)}"
+        )
+    halts = head_halts(exp.schedule) if exp.schedule.module is not None else None
+    model = exp.model.to(device)
+
+    def encode_text(text: str, prompt: bool) -> list[int]:
+        ids = encode(text)
+        return ids if prompt else ids[1:]
+
+    return TextLM(
+        model, path, "run", f"looplab run {path.name}", fixed_depth(exp.config.eval), exp.config.model.max_len,
+        None, encode_text, decode, dict(exp.config.generate.exits), halts,
+    )  # fmt: skip
