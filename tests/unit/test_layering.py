@@ -23,7 +23,7 @@ LAYERS = [
     {"regularisers", "exits", "token_exits"},
     {"experiment"},
     {"train", "eval", "analysis", "lm", "generation"},
-    {"sweep", "report"},
+    {"sweep", "report", "harness", "serve"},
     {"studies"},
     {"cli", "__main__", "examples"},
 ]
