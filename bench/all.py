@@ -32,6 +32,7 @@ BENCHMARKS = (
     "halting_inference",
     "stabilisers",
     "cli_start",
+    "model_dirs",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 

@@ -101,18 +101,23 @@ def format_loss_table(path: Path, native: int) -> str:
 
 
 def analyze_model_dir(args, kind: str) -> None:
-    """``looplab analyze mechanistic|spectral DIR --text FILE``: the analysis on windows of the text."""
+    """``looplab analyze mechanistic|spectral|pca DIR --text FILE``: the analysis on windows of the text."""
     from looplab.analysis.run import format_spectral
     from looplab.analysis.text import format_mechanistic
     from looplab.lm.text_tools import analyze_text_mechanistic, analyze_text_spectral
 
-    if kind == "pca":
-        raise LooplabError(
-            f"analyze pca takes a looplab run dir; on a model dir ({args.run_dir}): mechanistic or spectral"
-        )
     text = _text(args)
     common = {"window": args.window, "dtype": args.dtype or "float32", "device": args.device or "cpu"}
     _quiet_transformers()
+    if kind == "pca":
+        from looplab.lm.text_tools import analyze_text_pca
+
+        _refuse(args, {"length": "--length"}, "read in --window tokens of --text")
+        summary = analyze_text_pca(args.run_dir, text, args.loops, args.sample, args.out, **common)
+        print(f"explained variance: {', '.join(f'{100 * v:.1f}%' for v in summary['explained_variance'])}")
+        out = Path(args.out) if args.out else Path(args.run_dir) / "analysis"
+        print(f"wrote {out}/pca_2d.png, pca_3d.png")
+        return
     if kind == "mechanistic":
         _refuse(args, {"set": "--set"}, "whose config is fixed")
         summary = analyze_text_mechanistic(
@@ -154,12 +159,12 @@ def analyze_model_dir(args, kind: str) -> None:
 
 
 def retrofit_command(args) -> None:
-    """``looplab retrofit SOURCE_DIR --prelude P --core K --coda C --injection NAME --out DIR``."""
-    from looplab.lm.model_dir import RetrofitSplit, open_model_dir, write_retrofit
+    """``looplab retrofit SOURCE_DIR|SOURCE.gguf --prelude P --core K --coda C --injection NAME --out DIR``."""
+    from looplab.lm.model_dir import RetrofitSplit, open_gguf, open_model_dir, write_retrofit
 
     _quiet_transformers()
     split = RetrofitSplit(args.prelude, args.core, args.coda, args.injection)
-    source = open_model_dir(args.source_dir)
+    source = open_gguf(args.source_dir) if args.source_dir.endswith(".gguf") else open_model_dir(args.source_dir)
     out = write_retrofit(source, split, args.out)
     first, last = split.prelude + split.core, source.layers - split.coda - 1  # the middle layers, dropped
     dropped = {0: "", 1: f", layer {first} dropped"}.get(last - first + 1, f", layers {first}..{last} dropped")

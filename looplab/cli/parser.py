@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: first, middle and last, when L·d <= 4096)",
     )
     pca.add_argument("--sample", type=int, default=0, help="which sample to trace")
-    for sub in (evaluate, mechanistic, spectral):  # a model dir (config.json): the user's text
+    for sub in (evaluate, mechanistic, spectral, pca):  # a model dir (config.json): the user's text
         sub.add_argument("--text", metavar="FILE", help="a model dir: the UTF-8 text read, in windows of its tokens")
         sub.add_argument(
             "--window",
@@ -208,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
         "retrofit",
         help="write a Llama-family model dir as a looped (prelude, core x r, coda) model dir with an injection",
     )
-    retrofit.add_argument("source_dir", help="a Llama, Mistral, Qwen2 or Qwen3 model dir (config.json, safetensors)")
+    retrofit.add_argument(
+        "source_dir",
+        help="a Llama, Mistral, Qwen2 or Qwen3 model dir (config.json, safetensors), or a GGUF file of one",
+    )
     retrofit.add_argument("--prelude", type=int, required=True, metavar="P", help="layers run once before the loop")
     retrofit.add_argument("--core", type=int, required=True, metavar="K", help="layers looped (>= 1)")
     retrofit.add_argument("--coda", type=int, required=True, metavar="C", help="layers run once after the loop")

@@ -9,7 +9,9 @@ What the directory holds decides what it is (a looplab run dir holds ``config.to
     retrofit   a Llama-family decoder (:data:`RETROFIT_SOURCES`) beside ``retrofit.json`` (the split and
                the injection) and ``injection.safetensors`` (W_I), as ``looplab retrofit`` writes
                them: a :class:`looplab.lm.retrofit.RetrofittedLoop` of the source's own layers
-    source     the same decoder without ``retrofit.json``: not looped; ``looplab retrofit`` takes it
+    source     the same decoder without ``retrofit.json``: not looped; ``looplab retrofit`` takes it,
+               and takes a GGUF file of one too (``--source x.gguf``, dequantised by transformers'
+               GGUF reader into float weights: :func:`open_gguf`)
 
 :func:`open_model_dir` reads everything but the weights — the config, the tokenizer, and the
 parameter count of the model built on the meta device from config.json — so a directory that
@@ -48,6 +50,7 @@ __all__ = [
     "ModelDir",
     "RetrofitSplit",
     "is_model_dir",
+    "open_gguf",
     "open_model_dir",
     "write_retrofit",
 ]
@@ -146,6 +149,7 @@ class ModelDir:
     max_window: int
     heads: int
     width: int
+    gguf_file: str | None = None  # a GGUF source: the file's name in ``path``, its folder
 
     @property
     def loop_cap(self) -> int:
@@ -406,9 +410,11 @@ def write_retrofit(source: ModelDir, split: RetrofitSplit, out: str | Path) -> P
     source.check_fits(dtype, "cpu", "retrofitting")
     import transformers
 
-    model = getattr(transformers, RETROFIT_SOURCES[source.model_type][0]).from_pretrained(
-        source.path, dtype=dtype, local_files_only=True, use_safetensors=True
-    )
+    cls = getattr(transformers, RETROFIT_SOURCES[source.model_type][0])
+    if source.gguf_file is None:
+        model = cls.from_pretrained(source.path, dtype=dtype, local_files_only=True, use_safetensors=True)
+    else:
+        model = _plain(cls.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=dtype, local_files_only=True))
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -429,3 +435,48 @@ def write_retrofit(source: ModelDir, split: RetrofitSplit, out: str | Path) -> P
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _plain(model: nn.Module) -> nn.Module:
+    """A GGUF model as a plain float one: transformers dequantises its weights on loading but keeps it
+    marked as quantised, which ``save_pretrained`` refuses; the same weights in a model of the config
+    without its quantisation entry save as any other."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype = next(model.parameters()).dtype
+    plain = type(model)(config).to(dtype)
+    plain.load_state_dict(model.state_dict())
+    return plain.eval()
+
+
+def open_gguf(file: str | Path) -> ModelDir:
+    """A GGUF file of a Llama-family decoder opened as a retrofit ``source`` (its config and tokenizer read by
+    transformers' GGUF reader; the weights are dequantised only when :func:`write_retrofit` loads them)."""
+    file = Path(file)
+    if not file.is_file():
+        raise LooplabError(f"GGUF file not found: {file}")
+    _offline()
+    import transformers
+
+    folder, name = file.parent, file.name
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except Exception as err:  # gguf and transformers raise many kinds for a foreign file; one line each
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LooplabError(f"cannot read {file} as a GGUF model: {first}") from None
+    if config.model_type not in RETROFIT_SOURCES:
+        raise LooplabError(
+            f"{file} holds model_type {config.model_type!r}, which looplab does not loop; {_supported()}"
+        )
+    model_class, _ = RETROFIT_SOURCES[config.model_type]
+    meta = _meta_model(getattr(transformers, model_class), config)
+    layers, parameters = len(meta.model.layers), sum(p.numel() for p in meta.parameters())
+    del meta
+    heads, width = int(config.num_attention_heads), int(config.hidden_size)
+    window = _max_window(config.model_type, config)
+    return ModelDir(folder, "source", config.model_type, config, tokenizer, parameters, layers, None, 1, window,
+                    heads, width, name)  # fmt: skip

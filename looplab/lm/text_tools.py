@@ -11,6 +11,7 @@ dropped; at most ``samples`` windows are read). A window is one row: every token
                            window after 1..max_loops loops, all from one unroll per batch
     analyze_text_mechanistic   the mechanistic analysis (``looplab.analysis.mechanistic.analyze_model``)
     analyze_text_spectral      ρ of the loop Jacobian per loop (``looplab.analysis.run.write_spectral``)
+    analyze_text_pca           the PCA of one window's loop states h_1..h_K (``looplab.analysis.pca``)
 
 Every argument, the model dir, the tokenizer, the text and the memory estimate are checked before the
 weights are read, and all of it before anything is written.
@@ -44,6 +45,7 @@ __all__ = [
     "evaluate_text",
     "analyze_text_mechanistic",
     "analyze_text_spectral",
+    "analyze_text_pca",
 ]
 
 #: default windows in tokens (capped by the model's own longest): evaluation, and the analyses, which
@@ -401,3 +403,43 @@ def analyze_text_spectral(
     title = f"{model_dir.path.name}: loop Jacobian, {length}-token windows"
     generator = derive_generator(0, "spectral")
     return write_spectral(model, batch, loops, iters, exact, generator, out, title, model_dir.native_loops, progress)
+
+
+@torch.no_grad()
+def analyze_text_pca(
+    path,
+    text,
+    loops: int | None = None,
+    sample: int = 0,
+    out=None,
+    window: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> dict:
+    """PCA of window ``sample``'s loop states h_1..h_K [K, T, state width] (default K 4 × native; the whole
+    loop state, e.g. [z_H | z_L] for HRM-Text): pca_2d.png and pca_3d.png in ``out`` (default DIR/analysis).
+    Returns the explained-variance ratios of the top three components."""
+    from looplab.analysis.pca import plot_trajectories, trajectory_pca
+
+    if sample < 0:
+        raise LooplabError(f"--sample must be >= 0 (the index of the traced window), got {sample}")
+    model_dir, windows, loops, torch_dtype = _prepare(
+        path, text, window, ANALYSIS_WINDOW, sample + 1, loops, "--loops", dtype, device
+    )
+    if sample >= len(windows):
+        raise LooplabError(
+            f"--sample {sample}: {text} holds only {len(windows)} window(s) of {windows.shape[1]} tokens"
+        )
+    out = Path(out) if out is not None else model_dir.path / "analysis"
+    _check_out(out)
+    length = windows.shape[1]
+    work = _activation_bytes(model_dir, 1, length, torch_dtype) + loops * length * _state_width(model_dir) * 4
+    model_dir.check_fits(torch_dtype, device, f"a PCA of one window x {loops} loops", work)
+    model = model_dir.load(torch_dtype, device)
+    row = windows[sample : sample + 1].to(device)
+    states = torch.stack([h[0].float().cpu() for h in model.unroll(row, torch.ones_like(row), loops)])
+    coords, explained = trajectory_pca(states)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{model_dir.path.name}: window {sample} ({length} tokens), loops 1..{loops}"
+    plot_trajectories(coords, explained, out / "pca_2d.png", out / "pca_3d.png", title)
+    return {"explained_variance": [float(v) for v in explained], "loops": loops, "tokens": length}

@@ -58,6 +58,7 @@ def world(tmp_path_factory):
     shutil.copytree(root / "retrofit", root / "no_injection")
     (root / "no_injection" / "injection.safetensors").unlink()
     (root / "text.txt").write_text(TEXT * 2, encoding="utf-8")
+    (root / "fake.gguf").write_bytes(b"GGUF but not really")
     (root / "latin1.txt").write_bytes("In the beginning Dieu créa".encode("latin-1"))
     (root / "short.txt").write_text("In the beginning\n", encoding="utf-8")
     (root / "a_file").write_text("not a directory\n")
@@ -117,7 +118,10 @@ CASES = [
     (f"analyze {{root}}/hrm_text {TEXT_ARG} --set model.d_model=8 --out {{new}}", "takes --set"),
     (f"analyze {{root}}/hrm_text {TEXT_ARG} --zero-mlp core9 --out {{new}}", "unknown MLP to zero 'core9'"),
     (f"analyze spectral {{root}}/hrm_text {TEXT_ARG} --exact-at 9 --loops 4 --out {{new}}", "lie outside 1..4"),
-    ("analyze pca {root}/hrm_text --out {new}", "analyze pca takes a looplab run dir"),
+    ("analyze pca {root}/hrm_text --out {new}", "give --text FILE"),
+    (f"analyze pca {{root}}/hrm_text {TEXT_ARG} --sample 99 --out {{new}}", "--sample 99:"),
+    (f"analyze pca {{root}}/hrm_text {TEXT_ARG} --sample -1 --out {{new}}", "--sample must be >= 0"),
+    (f"analyze pca {{root}}/hrm_text {TEXT_ARG} --length 4 --out {{new}}", "takes --length"),
     ("generate {root}/hrm_text --prompt In", "generation on a model dir is not implemented yet"),
     # ---- the text
     ("eval {root}/hrm_text --out {new}", "give --text FILE"),
@@ -148,6 +152,8 @@ CASES = [
     ("retrofit {root}/retrofit --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "is already a retrofit"),
     ("retrofit {root}/not_model --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "is not a model dir"),
     ("retrofit {root}/gpt2 --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "model_type 'gpt2'"),
+    ("retrofit {root}/fake.gguf --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "as a GGUF model"),
+    ("retrofit {root}/missing.gguf --prelude 0 --core 1 --coda 0 --injection mix --out {new}", "GGUF file not found"),
     ("retrofit {root}/llama --prelude 0 --core 4 --coda 0 --out {new}", "required: --injection"),
 ]
 

@@ -161,3 +161,16 @@ def test_analysis_defaults_write_under_the_model_dir_with_plots(dirs, tmp_path):
     assert json.loads((folder / "summary.json").read_text())["loops"] == 4
     for plot in ("convergence.png", "cosine_matrix.png", "attention_difference.png", "colsum_depth.png"):
         assert (folder / plot).is_file(), plot
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_analyze_pca_traces_one_windows_loop_states(dirs, tmp_path, family, capsys):
+    """The PCA of one window's states h_1..h_K: both plots, and three explained-variance ratios in (0, 1]
+    that sum to at most 1."""
+    out = tmp_path / "pca"
+    args = f"analyze pca {dirs[family]} --text {dirs['text']} --window 6 --loops 3 --sample 1 --out {out}"
+    assert main(args.split()) == 0
+    assert (out / "pca_2d.png").is_file() and (out / "pca_3d.png").is_file()
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("explained variance"))
+    ratios = [float(part.strip().rstrip("%")) / 100 for part in line.split(":")[1].split(",")]
+    assert len(ratios) == 3 and all(0 < r <= 1 for r in ratios) and sum(ratios) <= 1 + 1e-6
