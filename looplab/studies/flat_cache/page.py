@@ -97,7 +97,7 @@ def levels_table(reads: pd.DataFrame) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for (arm, loops, cache), row in means.iterrows():
-        lines.append(f"| {arm} | {loops} | {cache} | {row.em:.1f} | {row.loss:.3f} | {row.mib:.2f} | {row.n} |")
+        lines.append(f"| {arm} | {loops} | {cache} | {row.em:.1f} | {row.loss:.3f} | {row.mib:.2f} | {int(row.n)} |")
     return lines
 
 
