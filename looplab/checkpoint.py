@@ -5,6 +5,11 @@ Layout: ``RUN_DIR/checkpoints/step_XXXXXXX/`` holds ``model.safetensors``
 with ``optimizer.json``, and ``state.json``. A checkpoint is written into a hidden temporary folder and
 renamed into place, so a kill at any moment leaves either the complete new
 checkpoint or none; older ones are pruned only after the new one exists.
+
+Tied weights (a pretrained LM's embedding and output head: one tensor under two names, which
+safetensors refuses to write twice) are written once, under the first name the module's
+state dict gives them; loading finds the same ties in the module and fills the other names
+from it (:func:`tied_names`), so the file holds each tensor once and the ties hold after loading.
 """
 
 from __future__ import annotations
@@ -35,6 +40,35 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = checkpoint_dirs(run_dir)
     return found[-1] if found else None
+
+
+def tied_names(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """name → the first name of the same tensor, for every name of ``state`` but the first of each tensor
+    (one storage, offset, shape and stride: a tied weight); empty when nothing is tied."""
+    first: dict[tuple, str] = {}
+    tied = {}
+    for name, tensor in state.items():
+        if tensor.numel() == 0:  # an empty tensor has no storage to share
+            continue
+        where = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tensor.shape,
+            tensor.stride(),
+        )
+        if where in first:
+            tied[name] = first[where]
+        else:
+            first[where] = name
+    return tied
+
+
+def _module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's state dict as it is written: each tied tensor once, contiguous, on the CPU."""
+    state = module.state_dict()
+    tied = tied_names(state)
+    return {k: v.detach().cpu().contiguous() for k, v in state.items() if k not in tied}
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -80,9 +114,7 @@ def save_checkpoint(
     try:
         tmp.mkdir()
         for name, module in modules.items():
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, tmp / f"{name}.safetensors"
-            )
+            save_file(_module_tensors(module), tmp / f"{name}.safetensors")
         opt_tensors, opt_meta = _optimizer_tensors(optimizer)
         save_file(opt_tensors, tmp / "optimizer.safetensors")
         _write_json(tmp / "optimizer.json", opt_meta)
@@ -120,6 +152,8 @@ def load_weights(checkpoint: Path, modules: dict[str, nn.Module]) -> None:
 def _load_module(path: Path, module: nn.Module) -> None:
     tensors = _load_tensors(path)
     expected = module.state_dict()
+    tied = tied_names(expected)
+    expected = {k: v for k, v in expected.items() if k not in tied}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     wrong = [k for k in expected if k in tensors and tensors[k].shape != expected[k].shape]
@@ -132,7 +166,7 @@ def _load_module(path: Path, module: nn.Module) -> None:
                 f"config wants {tuple(expected[wrong[0]].shape)}"
             )
         raise LooplabError(f"checkpoint {path} does not match the model config: {detail}")
-    module.load_state_dict(tensors)
+    module.load_state_dict({**tensors, **{name: tensors[kept] for name, kept in tied.items()}})
 
 
 def read_state(checkpoint: Path) -> dict:

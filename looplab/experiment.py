@@ -8,11 +8,20 @@ its check, and :func:`checked` checks only a config without it (or one changed s
 a command checks its config once and passes it down. :meth:`Experiment.build` makes the
 task, model, schedule and regularisers; :meth:`Experiment.from_run` also loads a run's
 latest checkpoint.
+
+A config whose ``model.pretrained`` names a model dir fine-tunes that dir's looped model instead
+of building a :class:`LoopedTransformer`: the model is the dir's adapter on the looped-model
+protocol (``looplab.lm.model_dir``), loaded in ``model.pretrained_dtype``, and the task is
+``text`` (:class:`looplab.tasks.tokenized.TokenizedText`) with the dir's own tokenizer, its depth
+T(n) the model's own loop count. lm lies above experiment in the layering (what experiment builds
+trains lm's models), so experiment names the model-dir module (:data:`MODEL_DIRS`) and imports
+it when a config names a dir, as it would a plugin: nothing of transformers is imported otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -33,12 +42,16 @@ from looplab.rundir import load_run_config
 from looplab.schedules import SCHEDULES, DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
 from looplab.tasks.pool import PooledTask, check_pool_task, pool_header
+from looplab.tasks.tokenized import NEEDS_MODEL_DIR, TokenizedText
 from looplab.token_exits import check_token_exits
 
 __all__ = [
     "Experiment",
     "check_config",
+    "check_pretrained_fits",
     "checked",
+    "config_task",
+    "open_pretrained",
     "is_checked",
     "on_device",
     "check_sizes",
@@ -47,6 +60,8 @@ __all__ = [
     "training_depth",
 ]
 
+#: the module that opens ``model.pretrained`` dirs (imported by name: see the module docstring)
+MODEL_DIRS = "looplab.lm.model_dir"
 #: the attribute of a checked config holding what it held when it was checked (``Config.to_dict``)
 _CHECKED = "_checked_as"
 
@@ -97,6 +112,7 @@ def check_config(config: Config) -> Config:
     if config.task.name not in TASKS:
         raise choice_error("value for task.name:", config.task.name, TASKS)
     task = TASKS[config.task.name]
+    opened = check_pretrained_task(config, task)
     check_sizes(task, "task.train_min", [config.task.train_min], training=True)
     check_sizes(task, "task.train_max", [config.task.train_max], training=True)
     check_sizes(task, "task.eval_lengths", config.task.eval_lengths)
@@ -108,7 +124,7 @@ def check_config(config: Config) -> Config:
     segmented = config.train.segment_loops > 0
     if config.train.backprop_loops and not (issubclass(schedule, DepthRule) or segmented):
         raise LooplabError(f"train.backprop_loops needs a rule schedule; {config.schedule.name!r} learns its depths")
-    instance = make_task(task.name, config.task.alphabet)
+    instance = config_task(config, opened)
     deepest = int(instance.steps(torch.tensor([config.task.train_max])))
     check_deep_supervision(schedule, params, config, deepest)
     placement(config.model.placement)
@@ -117,7 +133,7 @@ def check_config(config: Config) -> Config:
             f"model.recurrence = 'trm' sums its inputs (z from e + y + z, y from y + z): it needs "
             f"model.injection = 'add', got {config.model.injection!r}"
         )
-    if task.needs_causal and not config.model.causal:
+    if task.needs_causal and not config.model.causal and opened is None:  # a model dir's LM is causal itself
         raise LooplabError(
             f"task {task.name!r} predicts each next byte: it needs model.causal = true "
             "(bidirectional attention sees the bytes it predicts)"
@@ -141,6 +157,70 @@ def check_config(config: Config) -> Config:
             )
     setattr(config, _CHECKED, config.to_dict())
     return config
+
+
+def open_pretrained(config: Config):
+    """The model dir ``model.pretrained`` names, opened without its weights (a ``looplab.lm.model_dir.ModelDir``):
+    one-line errors for a path that is not a model dir, an unsupported model, and a decoder not yet looped."""
+    model_dirs = importlib.import_module(MODEL_DIRS)
+    opened = model_dirs.open_model_dir(config.model.pretrained)
+    if opened.kind == "source":
+        raise model_dirs.not_looped(opened)
+    return opened
+
+
+def check_pretrained_task(config: Config, task: type[Task]):
+    """A model dir goes with task ``text`` and task ``text`` with a model dir, whose windows it must fit;
+    returns the opened dir (None without ``model.pretrained``). One-line errors."""
+    tokenized = issubclass(task, TokenizedText)
+    if config.task.text_file and not tokenized:
+        raise LooplabError(f"task.text_file applies to task 'text' (a model dir's tokenizer), not {task.name!r}")
+    if not config.model.pretrained:
+        if tokenized:
+            raise LooplabError(NEEDS_MODEL_DIR)
+        return None
+    if not tokenized:
+        kind = "bytes" if task.is_text else "its own symbols"
+        raise LooplabError(
+            f"model.pretrained reads text with the model dir's own tokenizer: it needs task.name = 'text', "
+            f"not {task.name!r} (whose tokens are {kind})"
+        )
+    opened = open_pretrained(config)
+    longest = max([config.task.train_max, *config.task.eval_lengths])
+    if longest > opened.max_window:
+        raise LooplabError(
+            f"task windows reach {longest} tokens (task.train_max, task.eval_lengths), beyond the "
+            f"{opened.max_window} the model dir {opened.path} takes"
+        )
+    if config.task.text_file:
+        config_task(config, opened).check_window(longest)
+    return opened
+
+
+def config_task(config: Config, opened=None) -> Task:
+    """The task ``config`` trains on: the registered task of ``task.name`` or, with ``model.pretrained``
+    (``opened``: that dir, opened already), task ``text`` bound to the dir's tokenizer and loop count."""
+    if not config.model.pretrained:
+        return make_task(config.task.name, config.task.alphabet)
+    opened = opened if opened is not None else open_pretrained(config)
+    return TASKS[config.task.name](
+        config.task.alphabet, tokenizer=opened.tokenizer, text_file=config.task.text_file, depth=opened.native_loops
+    )
+
+
+def check_pretrained_fits(config: Config, opened=None, training: bool = False) -> None:
+    """Refuse a model dir whose weights in ``model.pretrained_dtype`` do not fit ``run.device``, in one line;
+    with ``training``, with AdamW's gradients and two moments (3 more copies) and a lower bound on what backward
+    keeps: per token of a batch, the logits and their gradient and, for each of T_train loops, one layer's
+    activations (18 d numbers, and its heads' attention over the window)."""
+    opened = opened if opened is not None else open_pretrained(config)
+    dtype = getattr(torch, config.model.pretrained_dtype)
+    extra = 0
+    if training:
+        window = config.task.train_max
+        per_token = 2 * len(opened.tokenizer) + training_depth(config) * (18 * opened.width + opened.heads * window)
+        extra = 3 * opened.weight_bytes(dtype) + FLOAT * config.train.batch_size * window * per_token
+    opened.check_fits(dtype, config.run.device, "fine-tuning" if training else "loading", extra)
 
 
 def check_pool(config: Config) -> None:
@@ -195,7 +275,7 @@ def check_deep_supervision(schedule: type[Schedule], params, config: Config, dee
 def training_depth(config: Config) -> int:
     """T_train: the deepest depth the config's schedule supervises (the schedule says, from T(train_max))."""
     schedule, params = resolve_schedule(config.schedule)
-    task = make_task(config.task.name, config.task.alphabet)
+    task = config_task(config)
     return int(schedule.training_depth(params, int(task.steps(torch.tensor([config.task.train_max]))[0])))
 
 
@@ -231,7 +311,7 @@ class Experiment:
 
     config: Config
     task: Task
-    model: LoopedTransformer
+    model: LoopedTransformer | torch.nn.Module  # a model dir's adapter on the looped-model protocol
     schedule: Schedule
     regularisers: list[Regulariser] = field(default_factory=list)
     checkpoint: str | None = None
@@ -244,21 +324,33 @@ class Experiment:
         checked(config)
         check_device(config.run.device)
         torch.manual_seed(config.run.seed)
-        task = make_task(config.task.name, config.task.alphabet)
-        check_fits(
-            f"a model of d_model = {config.model.d_model}",
-            FLOAT * parameter_count(config, task.vocab_size),
-            config.run.device,
-            "use a smaller model.d_model or fewer layers",
-        )
-        model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
-        context = ScheduleContext(
-            task, config.model.d_model, parallel, config.train.backprop_loops, config.train.segment_loops
-        )
+        if config.model.pretrained:
+            task, model, width = Experiment._pretrained(config)
+        else:
+            task = make_task(config.task.name, config.task.alphabet)
+            check_fits(
+                f"a model of d_model = {config.model.d_model}",
+                FLOAT * parameter_count(config, task.vocab_size),
+                config.run.device,
+                "use a smaller model.d_model or fewer layers",
+            )
+            model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
+            width = config.model.d_model
+        context = ScheduleContext(task, width, parallel, config.train.backprop_loops, config.train.segment_loops)
         schedule = make_schedule(config.schedule, context)
         if schedule.module is not None:
             schedule.module.to(config.run.device)
         return Experiment(config, task, model, schedule, build_regularisers(config))
+
+    @staticmethod
+    def _pretrained(config: Config) -> tuple[Task, torch.nn.Module, int]:
+        """The text task on the dir's tokenizer, the dir's adapter (its weights read once, in
+        ``model.pretrained_dtype``; a mixture of experts runs its eager loop, which forward-mode AD for
+        the JSRR penalty needs) and its width."""
+        opened = open_pretrained(config)
+        check_pretrained_fits(config, opened)
+        model = opened.load(getattr(torch, config.model.pretrained_dtype), config.run.device, eager_experts=True)
+        return config_task(config, opened), model, opened.width
 
     @staticmethod
     def from_run(run_dir: str | Path) -> Experiment:

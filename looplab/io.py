@@ -90,3 +90,19 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def read_utf8_text(path: str | Path, what: str) -> str:
+    """The text of a UTF-8 file; one-line errors, naming it as ``what`` (``--text``, ``task.text_file``), for a
+    missing file, a directory, or bytes that are not UTF-8."""
+    path = Path(path)
+    if path.is_dir():
+        raise LooplabError(f"{what} {path} is a directory, not a text file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise LooplabError(f"{what} not found: {path}") from None
+    except UnicodeDecodeError as err:
+        raise LooplabError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise LooplabError(f"cannot read {what} {path}: {err.strerror or err}") from None

@@ -8,7 +8,9 @@ parameters) is checked by ``looplab.experiment.check_config``.
 
 from __future__ import annotations
 
-from looplab.config.schema import PLACEMENT_ALIASES, Config
+import dataclasses
+
+from looplab.config.schema import OPTIONAL_KEYS, PLACEMENT_ALIASES, Config, ModelConfig
 from looplab.errors import LooplabError
 from looplab.params import check_domains
 
@@ -29,6 +31,7 @@ def validate(config: Config) -> None:
     for section in SECTIONS:
         check_domains(getattr(config, section), section)
     m, t, ev = config.model, config.task, config.eval
+    check_pretrained(m)
     m.placement = PLACEMENT_ALIASES.get(m.placement, m.placement)
     _require(
         m.d_model % m.n_heads == 0,
@@ -50,4 +53,27 @@ def validate(config: Config) -> None:
         ev.flip_from <= max(ev.max_loops - 1, 1),
         f"eval.flip_from ({ev.flip_from}) must be <= eval.max_loops - 1 ({ev.max_loops - 1}): the flip rate "
         "averages Pr[answer at K+1 != answer at K] over K = flip_from..max_loops-1",
+    )
+
+
+def check_pretrained(model: ModelConfig) -> None:
+    """A model dir (``model.pretrained``) is the whole architecture: refuse an architecture key set beside it,
+    and ``model.pretrained_dtype`` without it."""
+    if not model.pretrained:
+        _require(
+            model.pretrained_dtype == OPTIONAL_KEYS["model"]["pretrained_dtype"],
+            "model.pretrained_dtype applies to a model dir: set model.pretrained = DIR, or drop pretrained_dtype",
+        )
+        return
+    default = ModelConfig()
+    own = set(OPTIONAL_KEYS["model"])
+    changed = [
+        f.name
+        for f in dataclasses.fields(model)
+        if f.name not in own and getattr(model, f.name) != getattr(default, f.name)
+    ]
+    _require(
+        not changed,
+        f"model.pretrained = {model.pretrained!r} takes its architecture from the model dir: remove "
+        f"model.{', model.'.join(changed)} (set beside it)",
     )

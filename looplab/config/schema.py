@@ -21,6 +21,10 @@ INJECT_INITS = ("sum", "state", "input", "mix", "random")
 POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("auto", "sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
+PRETRAINED_DTYPES = ("float32", "bfloat16")
+#: keys written into a config's TOML only when set (section → key → default): the configs written before
+#: them keep their text, and their run and sweep ids
+OPTIONAL_KEYS = {"task": {"text_file": ""}, "model": {"pretrained": "", "pretrained_dtype": "float32"}}
 DEFAULT_SAMPLES = 256  # evaluation samples per length
 #: the most symbols a task's alphabet may have: each is a vocabulary entry, and the vocabulary is built as a list
 MAX_ALPHABET = 2**16
@@ -32,7 +36,8 @@ class TaskConfig:
     """Which task, and the length split: train on [train_min, train_max], OOD above.
 
     ``pool`` names a file from ``looplab pool`` (made absolute when the config is read): training draws
-    the instances of its sizes from it; evaluation always draws fresh ones.
+    the instances of its sizes from it; evaluation always draws fresh ones. ``text_file`` (task
+    ``text`` only; made absolute too) is the text its windows are cut from, for training and evaluation.
     """
 
     name: str = "binary_addition"
@@ -41,6 +46,7 @@ class TaskConfig:
     train_max: int = param(12, at_least(1))
     eval_lengths: list[int] = param([4, 8, 12, 16, 20, 24])
     pool: str = param("", doc="a pre-drawn training pool (looplab pool); empty: every instance drawn live")
+    text_file: str = param("", doc="task 'text': a UTF-8 file read instead of the KJV corpus; empty: KJV")
 
 
 @dataclass
@@ -61,6 +67,11 @@ class ModelConfig:
     ``recurrence = "trm"`` makes one loop TRM's latent recursion: the state is the
     pair (y, z), z is updated ``latent_steps`` times from e + y + z and then y from
     y + z, every update by the same core (docs/methods.md §1.1).
+
+    ``pretrained`` names a model dir instead (``looplab.lm.model_dir``: a native looped LM of
+    transformers, or a retrofit written by ``looplab retrofit``; made absolute when the config is
+    read): the run fine-tunes its looped adapter, loaded in ``pretrained_dtype``, on task ``text``
+    (the dir's own tokenizer). The dir is the architecture, so every other key here keeps its default.
     """
 
     d_model: int = param(64, at_least(1))
@@ -88,6 +99,8 @@ class ModelConfig:
     embed_std: float = param(0.02, POSITIVE)
     inject_init: str = param("sum", one_of(*INJECT_INITS))
     inject_gain: float = param(0.25, POSITIVE)
+    pretrained: str = param("", doc="a model dir (config.json + safetensors + tokenizer) to fine-tune; empty: build")
+    pretrained_dtype: str = param("float32", one_of(*PRETRAINED_DTYPES), "the weights of model.pretrained")
 
 
 @dataclass(init=False)
@@ -218,7 +231,9 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The nested TOML tables, sections in file order."""
-        plain = {section: dataclasses.asdict(getattr(self, section)) for section in ("task", "model")}
+        plain = {
+            section: _set_keys(section, dataclasses.asdict(getattr(self, section))) for section in ("task", "model")
+        }
         plain["schedule"] = self.schedule.to_dict()
         plain.update({section: dataclasses.asdict(getattr(self, section)) for section in ("train", "eval")})
         if self.generate.exits:  # written only when set: configs from before [generate] keep their text and id
@@ -229,3 +244,9 @@ class Config:
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
+
+
+def _set_keys(section: str, table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` without the :data:`OPTIONAL_KEYS` of ``section`` that hold their defaults."""
+    optional = OPTIONAL_KEYS.get(section, {})
+    return {key: value for key, value in table.items() if key not in optional or value != optional[key]}

@@ -22,7 +22,7 @@ __all__ = ["generation_bytes", "check_budget"]
 
 def generation_bytes(model, batch: int, width: int, new: int, loops: int, cache: str, keep_loops: int) -> int:
     """Bytes a generation of ``batch`` rows, prompts padded to ``width`` tokens and ``new`` tokens each, holds
-    at ``loops`` loops under ``cache`` (``model`` as the decoder reads it: ``retrofit.decodable``)."""
+    at ``loops`` loops under ``cache`` (``model`` as the decoder reads it: ``views.decodable``)."""
     cfg = model.cfg
     elem = model.head.weight.element_size()
     heads, d, vocab = cfg.n_heads, cfg.d_model, model.head.out_features

@@ -20,6 +20,11 @@ says which of them a new token attends to (docs/methods.md §9):
 Prelude and coda layers run once per token, so they have one cache each under
 every policy.
 
+A layer call whose output also depends on earlier tokens through a short causal
+convolution (Inkling-2's) keeps, beside its keys and values, the convolution's
+inputs per slot (:class:`SlotStore`), under the same policy: the cache entries of
+a call are what any part of it reads of earlier tokens.
+
 A cache is preallocated for the batch's longest sequence: ``slots`` positions per
 row, slot s holding the row's token s (prompts right-padded to the longest, then
 the generated tokens, one slot per step for every row). Padding slots are never
@@ -57,6 +62,34 @@ class LayerCache:
         (the new tokens in ``chunk`` have just been written)."""
         return self.k[rows, :, : chunk.stop], self.v[rows, :, : chunk.stop]
 
+    def copy_slots(self, source: LayerCache, rows: Tensor, chunk: slice) -> None:
+        """Take ``source``'s entries of slots ``chunk`` of ``rows`` (a ``per_loop`` lend)."""
+        self.k[rows, :, chunk] = source.k[rows, :, chunk]
+        self.v[rows, :, chunk] = source.v[rows, :, chunk]
+
+    def empty_like(self) -> LayerCache:
+        return LayerCache(torch.zeros_like(self.k), torch.zeros_like(self.v))
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass
+class SlotStore:
+    """What one layer call's temporal convolution read of each slot: ``values`` [B, S, C] (its input
+    there, after its padding mask); a later token's convolution reads its row's previous ones."""
+
+    values: Tensor
+
+    def copy_slots(self, source: SlotStore, rows: Tensor, chunk: slice) -> None:
+        self.values[rows, chunk] = source.values[rows, chunk]
+
+    def empty_like(self) -> SlotStore:
+        return SlotStore(torch.zeros_like(self.values))
+
+    def nbytes(self) -> int:
+        return self.values.numel() * self.values.element_size()
+
 
 @dataclass
 class RingLayerCache:
@@ -93,6 +126,9 @@ class RingLayerCache:
         # advanced indices split by the head slice land first: [R, S', H, Dh] → [R, H, S', Dh]
         return self.k[ring, index, :, slots].transpose(1, 2), self.v[ring, index, :, slots].transpose(1, 2)
 
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
 
 @dataclass
 class Slots:
@@ -110,7 +146,9 @@ class KVCache:
 
     Keys are (site, loop, index): site ``prelude``, ``core`` or ``coda``; loop 0 for the
     prelude and coda, and for the core under ``shared`` and ``last_m`` (whose core layers are
-    :class:`RingLayerCache` of ``keep_loops`` loops).
+    :class:`RingLayerCache` of ``keep_loops`` loops). ``index`` numbers a site's layer calls in
+    one pass (a loop that calls a layer twice has two indices); a convolution's
+    :class:`SlotStore` is keyed (site, loop, (index, name)).
     """
 
     policy: str
@@ -121,19 +159,24 @@ class KVCache:
     dtype: torch.dtype
     device: torch.device
     keep_loops: int = 2
-    layers: dict[tuple[str, int, int], LayerCache | RingLayerCache] = field(default_factory=dict)
+    layers: dict[tuple, LayerCache | RingLayerCache | SlotStore] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise LooplabError(f"unknown KV cache policy {self.policy!r}; valid choices: {', '.join(POLICIES)}")
 
-    def key(self, site: str, loop: int, index: int) -> tuple[str, int, int]:
+    def key(self, site: str, loop: int, index) -> tuple:
         return (site, loop if site == "core" and self.policy == "per_loop" else 0, index)
 
-    def layer(self, site: str, loop: int, index: int) -> LayerCache | RingLayerCache:
+    def layer(
+        self, site: str, loop: int, index: int, heads: int | None = None, head_dim: int | None = None
+    ) -> LayerCache | RingLayerCache:
+        """Layer call ``index`` of ``site`` at ``loop``: its keys and values of ``heads`` × ``head_dim`` (default
+        the model's; a family whose layers differ in shape gives each call's own)."""
         key = self.key(site, loop, index)
         if key not in self.layers:
-            shape = (self.batch, self.heads, self.slots.positions.shape[1], self.head_dim)
+            heads, head_dim = heads or self.heads, head_dim or self.head_dim
+            shape = (self.batch, heads, self.slots.positions.shape[1], head_dim)
             if site == "core" and self.policy == "last_m":
                 zeros = torch.zeros((self.keep_loops, *shape), dtype=self.dtype, device=self.device)
                 last = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
@@ -143,20 +186,31 @@ class KVCache:
                 self.layers[key] = LayerCache(zeros, zeros.clone())
         return self.layers[key]
 
-    def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int, layers: int) -> None:
-        """``per_loop``: rows that stopped at ``exit_loop`` lend its entries to the loops up to ``last_loop``."""
+    def history(self, site: str, loop: int, index, channels: int, dtype: torch.dtype | None = None) -> SlotStore:
+        """The :class:`SlotStore` of ``channels`` per slot (in ``dtype``, default the cache's) keyed ``index`` (a
+        layer call and a name) at ``site``, ``loop``; the policy maps loops as for keys and values."""
+        key = self.key(site, loop, index)
+        if key not in self.layers:
+            shape = (self.batch, self.slots.positions.shape[1], channels)
+            self.layers[key] = SlotStore(torch.zeros(shape, dtype=dtype or self.dtype, device=self.device))
+        return self.layers[key]
+
+    def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int) -> None:
+        """``per_loop``: rows that stopped at ``exit_loop`` lend its entries — of every call site of the loop,
+        keys, values and convolution inputs alike — to the loops up to ``last_loop``."""
         if self.policy != "per_loop":
             return
-        for index in range(layers):
-            source = self.layer("core", exit_loop, index)
+        sources = [(key[2], entry) for key, entry in self.layers.items() if key[:2] == ("core", exit_loop)]
+        for index, source in sources:
             for loop in range(exit_loop + 1, last_loop + 1):
-                target = self.layer("core", loop, index)
-                target.k[rows, :, chunk] = source.k[rows, :, chunk]
-                target.v[rows, :, chunk] = source.v[rows, :, chunk]
+                key = ("core", loop, index)
+                if key not in self.layers:
+                    self.layers[key] = source.empty_like()
+                self.layers[key].copy_slots(source, rows, chunk)
 
     def nbytes(self) -> int:
-        """Bytes held by the keys and values."""
-        return sum(c.k.numel() * c.k.element_size() * 2 for c in self.layers.values())
+        """Bytes held by the keys and values (and convolution inputs)."""
+        return sum(entry.nbytes() for entry in self.layers.values())
 
 
 def visible(slots: Slots, rows: Tensor | slice, chunk: slice, window: int) -> Tensor:
@@ -210,25 +264,34 @@ def cached_attention(
     if keys.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group of heads
         groups = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-    scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = q @ keys.transpose(-1, -2)
+    # a transformers attention says its own scale (head_dim ** -0.5 for every family taken so far)
+    scores = scores / math.sqrt(q.shape[-1]) if isinstance(attn, SelfAttention) else scores * attn.scaling
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     y = scores.softmax(dim=-1) @ values
-    return output(attn, y.transpose(1, 2).reshape(count, width, -1))
+    return output(attn, y.transpose(1, 2).reshape(count, width, -1), x)
 
 
 def project(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """q [R, H, m, Dh] and k, v [R, H_kv, m, Dh] of new tokens x [R, m, d]: from looplab's fused ``qkv``,
-    or from a Llama attention's ``q_proj``, ``k_proj``, ``v_proj`` (H_kv ≤ H heads of keys and values)."""
+    or from a transformers attention's ``q_proj``, ``k_proj``, ``v_proj`` (H_kv ≤ H heads of keys and
+    values), with its per-head ``q_norm`` / ``k_norm`` where it has them (Qwen3), before RoPE as there."""
     count, width, _ = x.shape
     if isinstance(attn, SelfAttention):
         qkv = attn.qkv(x).view(count, width, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
         return qkv.unbind(0)
     head_dim = attn.head_dim
-    return tuple(
-        proj(x).view(count, width, -1, head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-    )
+    q, k, v = (proj(x).view(count, width, -1, head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
-def output(attn, y: Tensor) -> Tensor:
-    """The attention's output projection of the heads' concatenated outputs y [R, m, H·Dh]."""
-    return attn.out(y) if isinstance(attn, SelfAttention) else attn.o_proj(y)
+def output(attn, y: Tensor, x: Tensor) -> Tensor:
+    """The attention's output projection of the heads' concatenated outputs y [R, m, H·Dh], after the
+    sigmoid gate of the attention's input x [R, m, d] where the attention has one (HRM-Text's ``gate_proj``)."""
+    if isinstance(attn, SelfAttention):
+        return attn.out(y)
+    if getattr(attn, "gate_proj", None) is not None:
+        y = torch.sigmoid(attn.gate_proj(x)) * y
+    return attn.o_proj(y)

@@ -24,8 +24,9 @@ from looplab.generation.budget import check_budget
 from looplab.generation.cache import POLICIES
 from looplab.generation.decoder import Decoder
 from looplab.generation.exits import MAX_LOOPS, GenerationExit
-from looplab.generation.retrofit import decodable
 from looplab.generation.sampling import Generation, Sampling, choose, ended
+from looplab.generation.views import decodable
+from looplab.lm.native import NativeLoop
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.model import LoopedTransformer
 from looplab.tasks.base import PAD
@@ -40,7 +41,7 @@ FIXED_EXIT = GenerationExit()
 
 @torch.no_grad()
 def generate(
-    model: LoopedTransformer | RetrofittedLoop,
+    model: LoopedTransformer | RetrofittedLoop | NativeLoop,
     prompts: list[list[int]],
     max_new_tokens: int,
     exit_rule: GenerationExit = FIXED_EXIT,
@@ -54,7 +55,8 @@ def generate(
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     Args:
-        model: a causal looplab model, or a retrofitted pretrained LM (:mod:`looplab.generation.retrofit`).
+        model: a causal looplab model, a retrofitted pretrained LM (:mod:`looplab.generation.retrofit`) or a
+            native looped LM's adapter (:mod:`looplab.generation.native`).
         prompts: token ids per row (each non-empty; the task's start token first, as in training).
         exit_rule: the depth of each new token (``fixed``: ``exit_rule.loops`` for every token).
         cache: ``per_loop``, ``shared``, ``last_m`` (each token's last ``keep_loops`` loops) or
@@ -79,7 +81,7 @@ def generate(
 
 
 def score(
-    model: LoopedTransformer | RetrofittedLoop,
+    model: LoopedTransformer | RetrofittedLoop | NativeLoop,
     sequences: list[list[int]],
     exit_rule: GenerationExit = FIXED_EXIT,
     cache: str = "per_loop",
@@ -120,6 +122,12 @@ def _check(
         raise LooplabError("generation does not support init_state = 'noise' (each token would need its own draw)")
     if cache not in (*POLICIES, "none"):
         raise LooplabError(f"unknown KV cache policy {cache!r}; valid choices: {', '.join((*POLICIES, 'none'))}")
+    policies = getattr(model, "policies", POLICIES)
+    if cache not in (*policies, "none"):
+        raise LooplabError(
+            f"the {cache} cache is not defined for {type(model.loop).__name__} (its layers read earlier tokens "
+            f"through convolutions too); valid choices: {', '.join((*policies, 'none'))}"
+        )
     if cache == "last_m" and not 1 <= keep_loops <= MAX_LOOPS:
         raise LooplabError(f"the last_m cache keeps 1..{MAX_LOOPS} loops per token, got {keep_loops}")
     if forced is not None and (len(forced) != len(prompts) or any(len(row) == 0 for row in forced)):

@@ -1,5 +1,19 @@
 """The cached decoder behind :func:`looplab.generation.decode.generate`: a prefill, then one token per row
-per step, each token's loops run until its exit, reading and extending the KV cache."""
+per step, each token's loops run until its exit, reading and extending the KV cache.
+
+What it reads of a model (a looplab model as is; a retrofit or a native looped LM through its
+decoding view, :func:`looplab.generation.views.decodable`): ``embedding``, ``positions``, ``cfg``,
+``head`` and ``initial_state``, and three passes over new tokens, each calling every decoder
+layer through a :class:`Calls` so that call ``index`` of a pass has its own cache entry:
+
+    prelude_pass(x, calls) -> e         default: the ``prelude`` layers
+    core_pass(h, e, calls) -> h'        one loop; default: core_input(h, e), the ``core`` layers, core_out_norm
+    coda_pass(h, calls) -> h            default: the ``coda`` layers
+    logits(h) -> [.., V]                default: head(final_norm(h))
+
+A view whose loop is not a chain of layers (HRM-Text's L and H stacks, Inkling-2's message-gated
+pass) overrides them; the defaults are what the looplab models and the retrofits ran before.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from looplab.generation.cache import KVCache, LayerCache, Slots, cached_attention, visible
-from looplab.generation.retrofit import RetrofitDecoding
+from looplab.generation.cache import KVCache, LayerCache, RingLayerCache, Slots, SlotStore, cached_attention, visible
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.model.attention import rope_tables
 from looplab.model.layer import Layer
@@ -56,7 +69,7 @@ class Decoder:
         self.rope = None
         if cfg.positional == "rope":
             length = int(self.lengths.max()) + max_new_tokens
-            if isinstance(model, RetrofitDecoding):  # the pretrained model's own rotary tables
+            if hasattr(model, "rope_tables"):  # a pretrained model's own rotary tables
                 self.rope = model.rope_tables(length, device, dtype)
             else:
                 self.rope = rope_tables(length, head_dim, cfg.rope_base, device, dtype)
@@ -115,12 +128,10 @@ class Decoder:
         x = model.embedding(tokens)
         if model.positions is not None:
             x = x + model.positions.weight[positions]
-        for index, layer in enumerate(model.prelude):
-            x = self.layer(layer, x, key, chunk, self.cache.layer("prelude", 0, index), allowed, rope)
-        e = x
+        e = prelude_pass(model, x, Calls(self, "prelude", 0, key, chunk, allowed, rope))
         h = model.initial_state(e)
         picks = torch.arange(count, device=rows.device)
-        read = h[picks, query]  # [R, d] the query position's state at its exit
+        read = None  # [R, d_h] the query position's state at its exit (h_0 may be narrower than a loop's state)
         depth = torch.zeros(count, dtype=torch.long, device=rows.device)
         running = torch.ones(count, dtype=torch.bool, device=rows.device)
         active, logp_prev = picks, None
@@ -131,12 +142,8 @@ class Decoder:
             sub_key = key if everyone else rows[active]
             sub_allowed = allowed if everyone else allowed[active]
             sub_rope = rope if rope is None or everyone else (rope[0][active], rope[1][active])
-            xa = model.core_input(h if everyone else h[active], e if everyone else e[active])
-            for index, layer in enumerate(model.core):
-                cache = self.cache.layer("core", t, index)
-                xa = self.layer(layer, xa, sub_key, chunk, cache, sub_allowed, sub_rope, t)
-            if model.core_out_norm is not None:
-                xa = model.core_out_norm(xa)
+            calls = Calls(self, "core", t, sub_key, chunk, sub_allowed, sub_rope)
+            xa = core_pass(model, h if everyone else h[active], e if everyone else e[active], calls)
             h_prev_query = h[active, query[active]]
             if everyone:
                 h = xa
@@ -144,7 +151,9 @@ class Decoder:
                 h = h.clone()
                 h[active] = xa
             h_query = xa[torch.arange(len(active), device=rows.device), query[active]]
-            logp = model.head(model.final_norm(h_query)).log_softmax(-1) if self.exit.reads_logits else None
+            if read is None:
+                read = h_query.clone()
+            logp = logits_of(model, h_query).log_softmax(-1) if self.exit.reads_logits else None
             stop = self.exit.stop(t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[active])
             stop = stop & running[active]
             stopping = active[stop]
@@ -152,7 +161,7 @@ class Decoder:
             depth[stopping] = t
             running[stopping] = False
             if not prefill and len(stopping) and t < self.exit.loops:
-                self.cache.lend(rows[stopping], chunk, t, self.exit.loops, len(model.core))
+                self.cache.lend(rows[stopping], chunk, t, self.exit.loops)
             if logp is not None:
                 logp_prev = torch.zeros(count, logp.shape[-1], dtype=logp.dtype, device=logp.device)
                 logp_prev[active] = logp
@@ -165,9 +174,8 @@ class Decoder:
             self.prompt = _Prompt(h, e, allowed, rope, depth.clone(), int(depth.min()))
         final = h.clone()
         final[picks, query] = read
-        for index, layer in enumerate(model.coda):
-            final = self.layer(layer, final, key, chunk, self.cache.layer("coda", 0, index), allowed, rope)
-        return model.head(model.final_norm(final[picks, query])), depth
+        final = coda_pass(model, final, Calls(self, "coda", 0, key, chunk, allowed, rope))
+        return logits_of(model, final[picks, query]), depth
 
     def deepen_prompt(self, rows: Tensor, loop: int) -> None:
         """Run the prompt tokens of those ``rows`` whose prompt stands below ``loop`` up to it, writing
@@ -178,16 +186,90 @@ class Decoder:
             for t in range(int(prompt.depth[need].min()) + 1, loop + 1):
                 sub = need[prompt.depth[need] < t]
                 rope = None if prompt.rope is None else (prompt.rope[0][sub], prompt.rope[1][sub])
-                x = model.core_input(prompt.h[sub], prompt.e[sub])
-                for index, layer in enumerate(model.core):
-                    cache = self.cache.layer("core", t, index)
-                    x = self.layer(layer, x, sub, chunk, cache, prompt.allowed[sub], rope, t)
-                prompt.h[sub] = x if model.core_out_norm is None else model.core_out_norm(x)
+                calls = Calls(self, "core", t, sub, chunk, prompt.allowed[sub], rope)
+                prompt.h[sub] = core_pass(model, prompt.h[sub], prompt.e[sub], calls)
                 prompt.depth[sub] = t
         prompt.shallowest = int(prompt.depth.min())
 
-    def layer(self, layer: Layer, x: Tensor, rows, chunk: slice, cache: LayerCache, allowed, rope, loop=0) -> Tensor:
-        """One layer on new tokens x [R, m, d] at core ``loop`` (0 outside the core), its attention
-        reading and extending ``cache``."""
-        x = layer.attn_residual(x, lambda y: cached_attention(layer.attn, y, rows, chunk, cache, allowed, rope, loop))
-        return layer.mlp_residual(x, layer.mlp)
+
+@dataclass
+class Calls:
+    """The layer calls of one pass of new tokens — the tokens in slots ``chunk`` of ``rows`` (row indices,
+    or ``slice(None)`` for every row), at ``site`` and core ``loop`` (0 outside the core) — as a decoding
+    view's passes make them: :meth:`layer` runs a pre-norm layer with cached attention; a family that
+    runs its own layer modules reads its entries with :meth:`entry` and :meth:`history`.
+
+    ``allowed`` [R, m, chunk.stop] is :func:`~looplab.generation.cache.visible`'s mask under the model's
+    window, ``rope`` the new tokens' (cos, sin) [R, m, Dh] or None.
+    """
+
+    decoder: Decoder
+    site: str
+    loop: int
+    rows: Tensor | slice
+    chunk: slice
+    allowed: Tensor
+    rope: tuple[Tensor, Tensor] | None
+
+    @property
+    def slots(self) -> Slots:
+        return self.decoder.slots
+
+    @property
+    def positions(self) -> Tensor:
+        """[R, m] long: the new tokens' positions in their own rows."""
+        return self.decoder.slots.positions[self.rows, self.chunk]
+
+    def entry(self, index: int, heads: int | None = None, head_dim: int | None = None) -> LayerCache | RingLayerCache:
+        """The keys and values of layer call ``index`` of this pass (the model's shape unless given)."""
+        return self.decoder.cache.layer(self.site, self.loop, index, heads, head_dim)
+
+    def history(self, index: int, name, channels: int, dtype: torch.dtype | None = None) -> SlotStore:
+        """The per-slot convolution inputs ``name`` of layer call ``index``."""
+        return self.decoder.cache.history(self.site, self.loop, (index, name), channels, dtype)
+
+    def layer(self, index: int, layer: Layer, x: Tensor) -> Tensor:
+        """Layer call ``index`` on new tokens x [R, m, d]: a pre-norm layer (``attn_residual``, ``mlp_residual``)
+        whose attention reads and extends its cache entry."""
+        cache = self.entry(index)
+
+        def attend(y: Tensor) -> Tensor:
+            return cached_attention(layer.attn, y, self.rows, self.chunk, cache, self.allowed, self.rope, self.loop)
+
+        return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
+
+
+def prelude_pass(model, x: Tensor, calls: Calls) -> Tensor:
+    """e [R, m, d_e] of new tokens' embeddings x: the model's ``prelude_pass``, by default its prelude layers."""
+    if hasattr(model, "prelude_pass"):
+        return model.prelude_pass(x, calls)
+    for index, layer in enumerate(model.prelude):
+        x = calls.layer(index, layer, x)
+    return x
+
+
+def core_pass(model, h: Tensor, e: Tensor, calls: Calls) -> Tensor:
+    """One loop on the new tokens' states h [R, m, d_h]: the model's ``core_pass``, by default
+    core_input(h, e), the core layers and the core's output norm."""
+    if hasattr(model, "core_pass"):
+        return model.core_pass(h, e, calls)
+    x = model.core_input(h, e)
+    for index, layer in enumerate(model.core):
+        x = calls.layer(index, layer, x)
+    return x if model.core_out_norm is None else model.core_out_norm(x)
+
+
+def coda_pass(model, h: Tensor, calls: Calls) -> Tensor:
+    """The states after the loop through the model's ``coda_pass``, by default its coda layers."""
+    if hasattr(model, "coda_pass"):
+        return model.coda_pass(h, calls)
+    for index, layer in enumerate(model.coda):
+        h = calls.layer(index, layer, h)
+    return h
+
+
+def logits_of(model, h: Tensor) -> Tensor:
+    """Next-token logits [..., V] of states h [..., d_h]: the model's ``logits``, by default head(final_norm(h))."""
+    if hasattr(model, "logits"):
+        return model.logits(h)
+    return model.head(model.final_norm(h))

@@ -1,8 +1,8 @@
 """Generation from a retrofitted pretrained LM (:class:`looplab.lm.retrofit.RetrofittedLoop`).
 
-:func:`decodable` wraps the retrofit in the shape :func:`looplab.generation.generate`
-reads — embedding, prelude, the looped core with its injection, coda, final norm
-and head, each Llama decoder layer seen as two pre-norm residual sublayers — so
+:class:`RetrofitDecoding` puts the retrofit in the shape :func:`looplab.generation.generate` reads
+(:func:`looplab.generation.views.decodable` picks it) — embedding, prelude, the looped core with its
+injection, coda, final norm and head, each Llama decoder layer seen as two pre-norm residual sublayers — so
 the same decoder, caches and exits serve it. Its attention keeps the model's
 grouped keys and values (a cache holds H_kv heads, not H), and its rotary tables
 come from the model's own rotary module. The middle layers a retrofit keeps run
@@ -20,8 +20,9 @@ from looplab.lm.retrofit import RetrofittedLoop
 
 
 @dataclass(frozen=True)
-class RetrofitShape:
-    """The model facts the decoder checks and sizes its caches by (the fields of a looplab model config it reads)."""
+class DecodingShape:
+    """The model facts the decoder checks and sizes its caches by (the fields of a looplab model config it
+    reads), for a pretrained model's decoding view."""
 
     n_heads: int
     kv_heads: int
@@ -58,7 +59,7 @@ class RetrofitDecoding(nn.Module):
         self.loop = loop
         attention = loop.core[0].self_attn
         config = loop.config
-        self.cfg = RetrofitShape(
+        self.cfg = DecodingShape(
             n_heads=config.num_attention_heads,
             kv_heads=config.num_key_value_heads,
             d_model=config.hidden_size,
@@ -79,17 +80,17 @@ class RetrofitDecoding(nn.Module):
         return self.loop.inject(torch.cat([e, h], dim=-1))
 
     def rope_tables(self, length: int, device, dtype) -> tuple[Tensor, Tensor]:
-        """The model's own rotary (cos, signed sin) tables [L, Dh] (see :func:`looplab.model.attention.apply_rope`)."""
-        probe = torch.zeros(1, length, self.cfg.d_model, device=device, dtype=dtype)
-        cos, sin = self.loop.rotary(probe, position_ids=torch.arange(length, device=device)[None])
-        half = sin.shape[-1] // 2
-        return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        return rotary_tables(self.loop.rotary, self.cfg.d_model, length, device, dtype)
 
     def forward(self, tokens: Tensor, valid: Tensor, loops: int) -> Tensor:
         """Logits [B, T, V] recomputed whole (the uncached reference)."""
         return self.loop(tokens, valid.long(), loops)
 
 
-def decodable(model: nn.Module) -> nn.Module:
-    """``model`` as the decoder reads it: a retrofit wrapped in :class:`RetrofitDecoding`, anything else as is."""
-    return RetrofitDecoding(model) if isinstance(model, RetrofittedLoop) else model
+def rotary_tables(rotary: nn.Module, width: int, length: int, device, dtype) -> tuple[Tensor, Tensor]:
+    """A transformers rotary module's (cos, signed sin) tables [L, Dh] for positions 0..L−1, in the form
+    :func:`looplab.model.attention.apply_rope` takes (rotate-half's sign folded into the first half of sin)."""
+    probe = torch.zeros(1, length, width, device=device, dtype=dtype)
+    cos, sin = rotary(probe, position_ids=torch.arange(length, device=device)[None])
+    half = sin.shape[-1] // 2
+    return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)

@@ -1,27 +1,29 @@
-"""Text in, text out: generation from a trained byte-level run (``looplab generate``).
+"""Text in, text out (``looplab generate``): generation from a trained byte-level run or a model dir,
+both opened as a :class:`~looplab.generation.text_lm.TextLM` (one path for every model kind).
 
-A prompt is the task's start token ``<s>`` followed by its UTF-8 bytes (byte b
-is token 4 + b, as the KJV and chain-arithmetic tasks write text); the new
-tokens are decoded back to bytes, and to text with invalid UTF-8 replaced. A row
-stops at its first stop string (kept in its text), or after ``max_new_tokens``.
+For a byte-level run a prompt is the task's start token ``<s>`` followed by its
+UTF-8 bytes (byte b is token 4 + b, as the KJV and chain-arithmetic tasks write
+text), and the new tokens are decoded back to bytes, and to text with invalid
+UTF-8 replaced; a model dir's own tokenizer does both for it. A row stops after
+the model's end-of-text token (a model dir's tokenizer's; a byte LM has none), at
+its first stop string (kept in its text), or after ``max_new_tokens``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.exits import fixed_depth
-from looplab.experiment import Experiment
 from looplab.generation.decode import GREEDY, Generation, Sampling, generate
 from looplab.generation.exits import GenerationExit
+from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.schedules import Schedule
-from looplab.tasks.base import START, TASKS
+from looplab.tasks.base import START
 from looplab.tasks.text import BYTE_OFFSET
 
 
@@ -37,11 +39,14 @@ def decode(ids: list[int]) -> str:
 
 @dataclass
 class Completion:
-    """One prompt's continuation: its text and the loops each new token was read after."""
+    """One prompt's continuation: its text, the loops each new token was read after, the new token ids
+    (every generated one, the end-of-text token included) and the prompt's token ids."""
 
     prompt: str
     text: str
     depths: list[int]
+    tokens: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
 
 
 _ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
@@ -65,10 +70,7 @@ def head_halts(schedule: Schedule):
     Raises LooplabError when the schedule has no head.
     """
     if schedule.module is None:
-        raise LooplabError(
-            f"the halting exit needs a halting head; this run's {schedule.name!r} schedule has none "
-            "(runs trained with act_bce, q_halt, rl_halting or pondernet have one)"
-        )
+        raise LooplabError(no_head_message(schedule.name))
 
     def halts(h: Tensor, t: int) -> Tensor:
         return schedule.halts(h[:, None], torch.ones(h.shape[0], 1, dtype=torch.bool, device=h.device), t)
@@ -76,8 +78,15 @@ def head_halts(schedule: Schedule):
     return halts
 
 
+def no_head_message(schedule: str) -> str:
+    return (
+        f"the halting exit needs a halting head; this run's {schedule!r} schedule has none "
+        "(runs trained with act_bce, q_halt, rl_halting or pondernet have one)"
+    )
+
+
 def generate_text(
-    run_dir: str | Path,
+    source: str | Path | TextLM,
     prompts: list[str],
     max_new_tokens: int = 64,
     exit_rule: GenerationExit | None = None,
@@ -86,37 +95,48 @@ def generate_text(
     stops: list[str] = (),
     keep_loops: int = 2,
     sources: list[str] | None = None,
+    dtype: str = "float32",
 ) -> tuple[list[Completion], Generation]:
-    """Continue each text prompt with the latest checkpoint of ``run_dir``.
+    """Continue each text prompt with a looped LM: a run dir's latest checkpoint or a model dir (any path
+    :func:`~looplab.generation.text_lm.open_text_lm` opens, in ``dtype`` for a model dir), or a
+    :class:`~looplab.generation.text_lm.TextLM` already open.
 
-    ``exit_rule`` defaults to the run's fixed exit (``eval.exits.fixed.depth``, the depth it is read at); the
-    ``halting`` exit is given the run's halting head (:func:`head_halts`). ``sources`` name the prompts in
-    errors (``prompts.txt line 3``); an empty stop string is refused (every text holds it).
+    ``exit_rule`` defaults to the model's fixed exit at its default loops (a run's fixed depth, a model
+    dir's native loop count); the ``halting`` exit is given the run's halting head. A row stops after
+    the model's end-of-text token or at its first stop string (kept in its text); ``sources`` name the
+    prompts in errors (``prompts.txt line 3``); an empty stop string is refused (every text holds it).
     """
     for stop in stops:
         if not isinstance(stop, str) or not stop:
             raise LooplabError(f"a stop string must be non-empty text (every text holds the empty one), got {stop!r}")
-    exp = Experiment.from_run(run_dir)
-    if not exp.task.is_text:
-        text_tasks = sorted(name for name, task in TASKS.items() if task.is_text)
-        raise LooplabError(
-            f"run {run_dir} trains the {exp.task.name!r} task, whose tokens are not text; "
-            f"generation reads runs of: {', '.join(text_tasks)}"
-        )
-    exit_rule = exit_rule or GenerationExit("fixed", fixed_depth(exp.config.eval))
-    if exit_rule.needs_head:
-        exit_rule = replace(exit_rule, halts=head_halts(exp.schedule))
+    lm = source if isinstance(source, TextLM) else open_text_lm(source, dtype)
+    exit_rule = exit_rule or lm.exit_rule()
+    if exit_rule.needs_head and exit_rule.halts is None:
+        exit_rule = replace(exit_rule, halts=_halts(lm, exit_rule))
     stops = list(stops)
 
     def finished(ids: list[int]) -> bool:
-        return bool(stops) and cut_at_stop(decode(ids), stops) is not None
+        if lm.eos is not None and ids[-1] == lm.eos:
+            return True
+        return bool(stops) and cut_at_stop(lm.decode(ids), stops) is not None
 
-    prompts_ids = [encode(p) for p in prompts]
+    prompts_ids = [lm.encode(p) for p in prompts]
     result = generate(
-        exp.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, sources=sources
+        lm.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, sources=sources
     )
     completions = []
-    for prompt, ids, depths in zip(prompts, result.tokens, result.depths):
-        text = decode(ids)
-        completions.append(Completion(prompt, cut_at_stop(text, stops) or text, depths))
+    for prompt, prompt_ids, ids, depths in zip(prompts, prompts_ids, result.tokens, result.depths):
+        text = lm.decode(ids)
+        completions.append(Completion(prompt, cut_at_stop(text, stops) or text, depths, ids, prompt_ids))
     return completions, result
+
+
+def _halts(lm: TextLM, rule: GenerationExit):
+    """The halting head's decision for ``rule``: the model's, or a one-line error naming what it lacks."""
+    if lm.halts is not None:
+        return lm.halts
+    if lm.kind == "run":
+        from looplab.rundir import load_run_config
+
+        raise LooplabError(no_head_message(load_run_config(lm.path).schedule.name))
+    return lm.exit_rule(rule.name, rule.loops).halts  # raises: a model dir has no halting head

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.io import atomic_write
+from looplab.io import atomic_write, read_utf8_text
 from looplab.lm.evaluate import next_token_nll, plot_lm_loops
 from looplab.lm.model_dir import DTYPES, ModelDir, not_looped, open_model_dir
 from looplab.model.protocol import readouts_by_loops
@@ -39,7 +39,6 @@ __all__ = [
     "EVAL_SAMPLES",
     "ANALYSIS_WINDOW",
     "LOOPS_FACTOR",
-    "read_text",
     "text_windows",
     "text_loss_by_loops",
     "evaluate_text",
@@ -58,21 +57,6 @@ EVAL_SAMPLES = 64
 #: windows per batch of the evaluation's unroll
 BATCH = 8
 CSV_FILE, PLOT_FILE, SUMMARY_FILE = "lm_loops.csv", "lm_loops.png", "lm_summary.json"
-
-
-def read_text(path: str | Path) -> str:
-    """The text of a UTF-8 file; one-line errors for a missing file, a directory, or bytes that are not UTF-8."""
-    path = Path(path)
-    if path.is_dir():
-        raise LooplabError(f"--text {path} is a directory, not a text file")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise LooplabError(f"text file not found: {path}") from None
-    except UnicodeDecodeError as err:
-        raise LooplabError(f"text file {path} is not UTF-8 text (byte {err.start})") from None
-    except OSError as err:
-        raise LooplabError(f"cannot read text file {path}: {err.strerror or err}") from None
 
 
 def text_windows(tokenizer, text: str, window: int, samples: int, source: str) -> Tensor:
@@ -128,7 +112,7 @@ def _prepare(
     loops = LOOPS_FACTOR * model_dir.native_loops if loops is None else loops
     model_dir.check_loops(loops, loops_option)
     window = _window(model_dir, window, default_window)
-    windows = text_windows(model_dir.tokenizer, read_text(text), window, samples, str(text))
+    windows = text_windows(model_dir.tokenizer, read_utf8_text(text, "--text"), window, samples, str(text))
     return model_dir, windows, loops, DTYPES[dtype]
 
 

@@ -9,6 +9,7 @@ from looplab.tasks import (  # noqa: F401  (importing registers the tasks)
     reasoning,
     sudoku,
     text,
+    tokenized,
     unique_set,
 )
 from looplab.tasks.base import IGNORE, PAD, QUERY, SEP, START, TASKS, Task, TaskBatch, make_task, register_task

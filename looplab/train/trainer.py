@@ -27,7 +27,16 @@ from tqdm import tqdm
 from looplab.checkpoint import latest_checkpoint, load_checkpoint, load_weights, read_state, save_checkpoint
 from looplab.config import Config
 from looplab.errors import LooplabError
-from looplab.experiment import Experiment, all_finite, check_device, checked, on_device, training_depth
+from looplab.experiment import (
+    Experiment,
+    all_finite,
+    check_device,
+    check_pretrained_fits,
+    checked,
+    config_task,
+    on_device,
+    training_depth,
+)
 from looplab.io import atomic_write, exclusive_lock
 from looplab.memory import check_fits, eval_bytes, training_bytes
 from looplab.parallel import SINGLE, Parallel
@@ -223,13 +232,16 @@ def train(config: Config, run_dir: str | Path, progress: bool = True) -> Experim
     run_dir = Path(run_dir)
     config = checked(config)
     check_device(config.run.device)
-    task = make_task(config.task.name, config.task.alphabet)
-    check_fits(
-        "training",
-        training_bytes(config, task, training_depth(config)),
-        config.run.device,
-        "use a smaller model.d_model, train.batch_size or training depth",
-    )
+    task = config_task(config)
+    if config.model.pretrained:  # a model dir's size is its own, not model.d_model's
+        check_pretrained_fits(config, training=True)
+    else:
+        check_fits(
+            "training",
+            training_bytes(config, task, training_depth(config)),
+            config.run.device,
+            "use a smaller model.d_model, train.batch_size or training depth",
+        )
     ev = config.eval
     if ev.checkpoint_samples > 0:  # the evaluation at every checkpoint, estimated before the first step
         check_fits(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from looplab.config import load_config
@@ -35,6 +37,28 @@ def test_generate_prints_each_completion_and_the_depths(lm_run, tmp_path):
     assert len(depth_lines) == 3
     assert all(1 <= int(d) <= 6 for line in depth_lines for d in line.split(":")[1].split())
     assert lines[-1].startswith("generate: 15 tokens, convergence exit (loops 6), mean depth")
+
+
+def test_json_output_has_one_object_per_prompt_and_the_summary_on_stderr(lm_run, capsys):
+    """``--json`` on a run dir: JSON Lines on stdout (the byte tokens of each prompt after ``<s>``, the new ids,
+    their text, loops and log-probabilities), the summary line on stderr; ``--dtype`` is a model dir's."""
+    from looplab.cli import main
+    from looplab.generation.text import decode
+
+    prompts = ["In the beginning", "k=7;"]
+    argv = ["generate", str(lm_run), *(arg for p in prompts for arg in ("--prompt", p)), "--max-new-tokens", "5"]
+    assert main([*argv, "--json", "--exit", "convergence", "--loops", "3"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["prompt"] for row in rows] == prompts and err.startswith("generate: 10 tokens, convergence exit")
+    for prompt, row in zip(prompts, rows):
+        assert set(row) == {"prompt", "prompt_ids", "token_ids", "text", "loops", "logprobs"}
+        assert row["prompt_ids"] == encode(prompt) and row["text"] == decode(row["token_ids"])
+        assert len(row["token_ids"]) == len(row["loops"]) == len(row["logprobs"]) == 5
+        assert set(row["loops"]) <= {1, 2, 3} and all(lp <= 0 for lp in row["logprobs"])
+    assert main([*argv, "--dtype", "bfloat16"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--dtype applies to a model dir (config.json)" in err and err.count("\n") == 1
 
 
 def test_greedy_generation_is_the_same_with_and_without_the_cache(lm_run):

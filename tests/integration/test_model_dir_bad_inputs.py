@@ -122,11 +122,10 @@ CASES = [
     (f"analyze pca {{root}}/hrm_text {TEXT_ARG} --sample 99 --out {{new}}", "--sample 99:"),
     (f"analyze pca {{root}}/hrm_text {TEXT_ARG} --sample -1 --out {{new}}", "--sample must be >= 0"),
     (f"analyze pca {{root}}/hrm_text {TEXT_ARG} --length 4 --out {{new}}", "takes --length"),
-    ("generate {root}/hrm_text --prompt In", "generation on a model dir is not implemented yet"),
     # ---- the text
     ("eval {root}/hrm_text --out {new}", "give --text FILE"),
     ("eval {root}/hrm_text --text {root}/latin1.txt --out {new}", "latin1.txt is not UTF-8 text (byte 24)"),
-    ("eval {root}/hrm_text --text {root}/missing.txt --out {new}", "text file not found"),
+    ("eval {root}/hrm_text --text {root}/missing.txt --out {new}", "--text not found"),
     ("eval {root}/hrm_text --text {root} --out {new}", "is a directory, not a text file"),
     (
         "eval {root}/hrm_text --text {root}/short.txt --window 16 --out {new}",

@@ -29,7 +29,9 @@ def smollm2_retrofit(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("smollm2") / "retrofit"
     p, k, c = SPLIT
-    assert main(f"retrofit {smollm2_path()} --prelude {p} --core {k} --coda {c} --injection mix --out {out}".split()) == 0
+    assert (
+        main(f"retrofit {smollm2_path()} --prelude {p} --core {k} --coda {c} --injection mix --out {out}".split()) == 0
+    )
     return out
 
 

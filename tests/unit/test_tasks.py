@@ -103,9 +103,9 @@ def decode_row(task, tokens, labels, length: int) -> tuple[list[str], list[str |
 
 
 def test_every_task_is_registered():
-    # the algorithmic tasks tested here, the text tasks (test_text_task.py, test_reasoning_task.py) and the
-    # puzzles (test_puzzles.py)
-    text = ["kjv", "chain_arithmetic", "chain_trace", "kjv_arithmetic", "kjv_trace"]
+    # the algorithmic tasks tested here, the text tasks (test_text_task.py, test_reasoning_task.py; "text", a model
+    # dir's tokenizer: test_finetune_model_dir.py) and the puzzles (test_puzzles.py)
+    text = ["kjv", "chain_arithmetic", "chain_trace", "kjv_arithmetic", "kjv_trace", "text"]
     extra = text + ["sudoku4", "sudoku9", "sudoku9_hard", "maze"]
     assert sorted(TASKS) == sorted(NAMES + extra)
 
@@ -196,4 +196,5 @@ def test_the_text_tasks_say_so_themselves():
     """Whether a task's tokens are text is the task's own attribute (generation reads runs of these)."""
     text = {name for name, task in TASKS.items() if task.is_text}
     assert text == {"kjv", "kjv_arithmetic", "kjv_trace", "chain_arithmetic", "chain_trace"}
-    assert all(task.is_text for task in TASKS.values() if not task.exact_match)  # language modelling is text
+    # byte-level language modelling is text; task "text" models a model dir's tokens, which are not bytes
+    assert all(task.is_text for name, task in TASKS.items() if not task.exact_match and name != "text")

@@ -1,0 +1,191 @@
+"""Fine-tuning a model dir (``model.pretrained``) as a looplab run: the STARS recipe of the preset
+``model-dir/stars`` (log-normal loops + the JSRR penalty) on a tiny HRM-Text, Inkling-2 loop and a retrofit
+of a Llama whose embedding is tied to its head (as SmolLM2's), on a tiny repeated text read with the dir's
+own tokenizer (task ``text``). Each run's loss falls, its checkpoints hold safetensors only (the tied tensor
+once), a run stopped halfway resumes to the same weights and optimizer state bit for bit, ``looplab eval``
+reads the result, and its checkpoint reloads into the adapter with the same logits. Bad input is refused in
+one line before anything is written. Nothing is downloaded: the dirs are random models written by
+save_pretrained beside a tokenizer trained here (tests/lm_dirs.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("transformers")
+
+from looplab.cli import main  # noqa: E402
+from looplab.config import load_config  # noqa: E402
+from looplab.config.schema import PRESETS  # noqa: E402
+from looplab.experiment import Experiment, check_config  # noqa: E402
+from looplab.lm.evaluate import lm_loss_by_loops  # noqa: E402
+from looplab.rundir import read_log  # noqa: E402
+from looplab.train.trainer import train  # noqa: E402
+from tests.lm_dirs import LLAMA, TEXT, save_model_dir, tiny_tokenizer  # noqa: E402
+from tests.unit.test_native_looped import _randomise  # noqa: E402
+
+FAMILIES = ("hrm_text", "inkling2_loop", "retrofit")
+PRESET = "model-dir/stars"
+STEPS, WINDOW, SAMPLES = 6, 16, 16
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny dir of each family (the retrofit by ``looplab retrofit`` from a tied Llama, which stays as a
+    source that is not looped) and the texts."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("finetune_dirs")
+    for family in ("hrm_text", "inkling2_loop"):
+        save_model_dir(family, root / family)
+    torch.manual_seed(0)
+    _randomise(LlamaForCausalLM(LlamaConfig(**LLAMA, tie_word_embeddings=True)), 0.1).save_pretrained(root / "llama")
+    tiny_tokenizer().save_pretrained(root / "llama")
+    command = f"retrofit {root / 'llama'} --prelude 1 --core 2 --coda 1 --injection mix --out {root / 'retrofit'}"
+    assert main(command.split()) == 0
+    (root / "text.txt").write_text(TEXT * 4, encoding="utf-8")
+    (root / "short.txt").write_text("In the beginning\n", encoding="utf-8")
+    return root
+
+
+def _overrides(root, family: str, steps: int = STEPS) -> list[str]:
+    """The preset at test scale: windows of 16 tokens of the tiny text, loops in 1..4 read at 2, JSRR on one row."""
+    return [
+        f"model.pretrained={root / family}",
+        f"task.text_file={root / 'text.txt'}",
+        f"task.train_min={WINDOW}",
+        f"task.train_max={WINDOW}",
+        f"task.eval_lengths=[{WINDOW}]",
+        f"train.steps={steps}",
+        "train.batch_size=4",
+        "train.lr=3e-2",
+        "train.warmup_steps=0",
+        "train.log_every=1",
+        f"train.checkpoint_every={steps // 2}",
+        "schedule.mu=0.7",
+        "schedule.hi=4",
+        "schedule.depth=2",
+        "eval.max_loops=4",
+        f"eval.samples={SAMPLES}",
+        "eval.exits.fixed.depth=2",
+        "stability.jsrr.rows=1",
+        "run.threads=1",
+    ]
+
+
+def _checkpoint(run_dir, step: int):
+    return run_dir / "checkpoints" / f"step_{step:07d}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_stars_fine_tune_of_a_model_dir_learns_resumes_bit_for_bit_and_evaluates(world, tmp_path, family):
+    config = load_config(PRESET, _overrides(world, family))
+    untrained = Experiment.build(config)
+    before = lm_loss_by_loops(untrained.model, untrained.task, WINDOW, SAMPLES, 4, config.run.seed)
+    straight = tmp_path / "straight"
+    trained = train(config, straight, progress=False)
+    log = read_log(straight)
+    assert [r["step"] for r in log] == list(range(1, STEPS + 1))
+    assert all(r["jsrr"] > 0 for r in log), "the JSRR penalty ran on every step"
+    files = {p.name for p in _checkpoint(straight, STEPS).iterdir()}
+    assert files == {"model.safetensors", "optimizer.safetensors", "optimizer.json", "state.json"}
+
+    assert main(["eval", str(straight)]) == 0  # validation loss at 1..eval.max_loops, the same windows
+    after = pd.read_csv(straight / "eval" / "lm_loops.csv")
+    assert after.loops.tolist() == before.loops.tolist() == [1, 2, 3, 4]
+    drop = before.loss - after.loss
+    assert (drop > 0.1).all(), (before.loss.tolist(), after.loss.tolist())
+
+    stopped = tmp_path / "stopped"  # the run dir of a run killed just after its halfway checkpoint
+    shutil.copytree(straight, stopped)
+    shutil.rmtree(_checkpoint(stopped, STEPS))
+    train(load_config(PRESET, _overrides(world, family)), stopped, progress=False)
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        expected, resumed = (load_file(_checkpoint(run, STEPS) / file) for run in (straight, stopped))
+        assert expected.keys() == resumed.keys()
+        assert all(torch.equal(expected[name], resumed[name]) for name in expected), file
+    assert [r["loss"] for r in read_log(stopped)] == [r["loss"] for r in log]
+
+    reloaded = Experiment.from_run(straight)
+    ids = torch.randint(0, 61, (2, WINDOW), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reloaded.model(ids, loops=3), trained.model(ids, loops=3))
+
+
+def test_tied_weights_are_written_once_and_stay_tied_after_loading(world, tmp_path):
+    run = tmp_path / "run"
+    train(load_config(PRESET, _overrides(world, "retrofit", steps=2)), run, progress=False)
+    saved = load_file(_checkpoint(run, 2) / "model.safetensors")
+    assert "embed.weight" in saved and "lm_head.weight" not in saved
+    model = Experiment.from_run(run).model
+    assert model.lm_head.weight.data_ptr() == model.embed.weight.data_ptr()
+    assert torch.equal(model.lm_head.weight, saved["embed.weight"])
+
+
+def test_the_fine_tune_config_records_the_dir_and_reads_back(world, tmp_path):
+    config = check_config(load_config(PRESET, _overrides(world, "hrm_text", steps=2)))
+    text = config.to_toml()
+    assert f'pretrained = "{world / "hrm_text"}"' in text and "text_file" in text
+    plain = check_config(load_config("demo"))
+    assert "pretrained" not in plain.to_toml() and "text_file" not in plain.to_toml(), "unset keys are not written"
+    assert config.schedule.name == "lognormal" and config.stability["jsrr"]["estimator"] == "jvp"
+
+
+TRAIN = (
+    f"train {PRESET} --out {{new}} --no-progress --set task.text_file={{root}}/text.txt --set task.train_min=16 "
+    "--set task.train_max=16 --set task.eval_lengths=[16]"
+)
+#: (the command, the text of its one line)
+BAD = [
+    (TRAIN + " --set model.pretrained={root}/missing", "model dir not found:"),
+    (TRAIN + " --set model.pretrained={root}/text.txt", "is a file, not a model dir"),
+    (TRAIN + " --set model.pretrained={root}/llama", "is a llama model, not a looped one: make one of it with"),
+    (
+        TRAIN + " --set model.pretrained={root}/hrm_text --set model.d_model=128 --set model.causal=true",
+        "takes its architecture from the model dir: remove model.d_model, model.causal",
+    ),
+    (
+        TRAIN + " --set model.pretrained={root}/hrm_text --set task.name=kjv --set task.text_file=",
+        "it needs task.name = 'text', not 'kjv' (whose tokens are bytes)",
+    ),
+    (TRAIN, "task 'text' reads its tokens with a model dir's tokenizer: set model.pretrained = DIR"),
+    (
+        TRAIN + " --set task.name=kjv --set task.text_file= --set model.pretrained_dtype=bfloat16",
+        "model.pretrained_dtype applies to a model dir",
+    ),
+    (TRAIN + " --set model.pretrained={root}/hrm_text --set model.pretrained_dtype=float16", "'float16'"),
+    (
+        TRAIN + " --set model.pretrained={root}/hrm_text --set task.text_file={root}/short.txt",
+        "a window of 16 tokens needs 17 tokens of text",
+    ),
+    (TRAIN + " --set model.pretrained={root}/hrm_text --set task.text_file={root}/none.txt", "text_file not found"),
+    (
+        TRAIN + " --set model.pretrained={root}/hrm_text --set task.eval_lengths=[16,65]",
+        "task windows reach 65 tokens (task.train_max, task.eval_lengths), beyond the 64",
+    ),
+    (TRAIN + " --set task.name=kjv", "task.text_file applies to task 'text'"),
+]
+
+
+@pytest.mark.parametrize("template, message", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_fine_tune_input_is_one_line_and_writes_nothing(world, tmp_path, capsys, template, message):
+    new = tmp_path / "new"
+    assert main(template.format(root=world, new=new).split(" ")) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("looplab: error: "), err
+    assert message in lines[0], lines[0]
+    assert not new.exists(), "a refused run wrote its run dir"
+
+
+def test_every_model_dir_preset_checks_with_a_dir_of_each_family(world):
+    for preset in sorted((PRESETS / "model-dir").glob("*.toml")):
+        for family in FAMILIES:
+            windows = [f"task.train_min={WINDOW}", f"task.train_max={WINDOW}", f"task.eval_lengths=[{WINDOW}]"]
+            config = check_config(load_config(preset, [f"model.pretrained={world / family}", *windows]))
+            assert config.task.name == "text" and json.loads(json.dumps(config.to_dict()))["model"]["pretrained"]
