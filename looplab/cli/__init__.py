@@ -1,5 +1,5 @@
 """Command line: ``looplab train | eval | config show | analyze | sweep | report | reproduce | results | demo |
-retrofit``.
+retrofit | serve``.
 
 One module per family of commands (``runs``, ``analyze``, ``studies``, ``models``), the parser in ``parser``;
 this module dispatches. User mistakes end in one line on stderr and exit code 2 (no traceback).
@@ -15,6 +15,7 @@ from looplab.cli.analyze import analyze_command
 from looplab.cli.models import retrofit_command
 from looplab.cli.parser import ANALYSES, EXAMPLES, STUDIES, build_parser
 from looplab.cli.runs import config_command, demo_command, eval_command, generate_command, pool_command, train_command
+from looplab.cli.serve import serve_command
 from looplab.cli.studies import report_command, reproduce_command, results_command, sweep_command
 from looplab.config import PRESETS
 from looplab.errors import LooplabError
@@ -37,6 +38,7 @@ COMMANDS = {
     "demo": demo_command,
     "pool": pool_command,
     "retrofit": retrofit_command,
+    "serve": serve_command,
 }
 
 

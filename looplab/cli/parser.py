@@ -75,6 +75,12 @@ EXAMPLES = {
         "looplab generate runs/lm --prompt 'k=7;q=k+1;q?' --stop '\\n' --exit convergence --loops 16",
         "looplab generate runs/lm --prompts-file prompts.txt --temperature 0.8 --top-k 20 --seed 1",
         "looplab generate runs/lm --prompt 'And God said' --exit kl --exit-param eps=0.01 --loops 16",
+        "looplab generate models/hrm --prompt 'And God said' --loops 8 --cache per_loop --json",
+    ],
+    "serve": [
+        "looplab serve runs/lm --port 8000",
+        "looplab serve models/smollm2-retrofit --max-running 16 --max-queue 64",
+        "looplab serve runs/lm --replicas 2 --port 8000",
     ],
 }
 
@@ -267,9 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser(
         "generate",
-        help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic, kjv_trace), depth per token",
+        help="continue text prompts with a trained byte-level LM run (kjv, kjv_arithmetic, kjv_trace) or a model dir "
+        "(a native looped LM or a retrofit, its own tokenizer), depth per token",
     )
-    generate.add_argument("run_dir", help="a trained run of a text task")
+    generate.add_argument(
+        "run_dir", metavar="DIR", help="a trained run of a text task, or a model dir (config.json: native or retrofit)"
+    )
     generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     generate.add_argument("--prompts-file", help="a UTF-8 file of prompts, one per line")
     generate.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add per prompt (default 64)")
@@ -285,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--loops",
         type=int,
-        help=f"the fixed depth, or the cap of an adaptive exit, 1..{MAX_LOOPS} (default: eval.exits.fixed.depth)",
+        help=f"the fixed depth, or the cap of an adaptive exit, 1..{MAX_LOOPS} (default: a run's "
+        "eval.exits.fixed.depth, a model dir's native loop count)",
     )
     generate.add_argument(
         "--exit-param",
@@ -304,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
     generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
+    generate.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per prompt (prompt, prompt_ids, token_ids, text, loops, logprobs) on stdout, "
+        "the summary line on stderr",
+    )
+    generate.add_argument("--dtype", help="a model dir's weights: float32 (default) or bfloat16")
 
     pool = commands.add_parser(
         "pool", help="draw training instances that are slow to draw (9x9 Sudoku, large mazes) once, for task.pool"
@@ -318,4 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="train and evaluate a small binary-addition model (minutes on a CPU)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+
+    serve = commands.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (/v1/completions) with continuous batching, depth per token"
+    )
+    serve.add_argument("model_dir", help="a looplab run dir of a text task, or a model dir")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--dtype", default="float32", help="a model dir's dtype (default float32)")
+    serve.add_argument("--device", default="cpu", help="where the model runs, e.g. cuda (default cpu)")
+    serve.add_argument("--max-running", type=int, default=32, help="requests decoded at once (default 32)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
+    serve.add_argument(
+        "--batching",
+        choices=("exact", "cohort"),
+        default="exact",
+        help="exact: each request's rows alone, results equal to a solo run (default); cohort: batch requests "
+        "admitted together that share exit, cache and greedy picking",
+    )
+    serve.add_argument("--replicas", type=int, default=1, help="N > 1: N replicas behind Ray Serve's HTTP proxy")
+    serve.add_argument("--ray-address", help="a running Ray cluster to deploy the replicas on (default: a local head)")
     return parser

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -73,10 +74,15 @@ def eval_command(args) -> None:
 
 
 def generate_command(args) -> None:
-    """``looplab generate RUN_DIR --prompt TEXT``: continue prompts with a trained text run."""
+    """``looplab generate DIR --prompt TEXT``: continue prompts with a trained text run or a model dir (a native
+    looped LM or a retrofit, with its own tokenizer). ``--json``: one JSON object per prompt on stdout (its
+    prompt and prompt token ids, the new token ids, their text, the loops each ran and its log-probability);
+    the summary line then goes to stderr, so stdout is JSON Lines."""
     from looplab.exits import fixed_depth
     from looplab.generation import GenerationExit, Sampling, token_exit_params
     from looplab.generation.text import generate_text, unescape
+    from looplab.generation.text_lm import open_text_lm
+    from looplab.lm.model_dir import is_model_dir
     from looplab.rundir import load_run_config
 
     prompts = list(args.prompt)
@@ -90,36 +96,56 @@ def generate_command(args) -> None:
     stops = [unescape(text) for text in args.stop]
     if "" in stops:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
-    from looplab.lm.model_dir import is_model_dir
-
+    params = _exit_params(args)
     if is_model_dir(args.run_dir):
-        raise LooplabError(
-            f"{args.run_dir} is a model dir (config.json): generate takes a looplab run dir (config.toml); "
-            "generation on a model dir is not implemented yet"
-        )
-    config = load_run_config(args.run_dir)  # imports the run's plugins: their exits are known from here on
-    loops = args.loops if args.loops is not None else fixed_depth(config.eval)
-    params = token_exit_params(args.exit, config.generate.exits, **_exit_params(args))
+        token_exit_params(args.exit, {}, **params)  # an unknown exit or parameter is refused before any weight is read
+        lm = open_text_lm(args.run_dir, args.dtype or "float32")
+        rule = lm.exit_rule(args.exit, args.loops, **params)
+    else:
+        if args.dtype is not None:
+            raise LooplabError(
+                f"--dtype applies to a model dir (config.json); {args.run_dir} is a looplab run, read as it was trained"
+            )
+        config = load_run_config(args.run_dir)  # imports the run's plugins: their exits are known from here on
+        loops = args.loops if args.loops is not None else fixed_depth(config.eval)
+        rule = GenerationExit(args.exit, loops, token_exit_params(args.exit, config.generate.exits, **params))
+        lm = open_text_lm(args.run_dir)
     completions, result = generate_text(
-        args.run_dir,
+        lm,
         prompts,
         args.max_new_tokens,
-        GenerationExit(args.exit, loops, params),
+        rule,
         args.cache,
         Sampling(args.temperature, args.top_k, args.seed),
         stops,
         args.keep_loops,
         sources,
     )
-    for completion in completions:
+    for completion, logprobs in zip(completions, result.logprobs):
+        if args.json:
+            print(json.dumps(_completion_json(completion, logprobs), ensure_ascii=False))
+            continue
         print(f"{completion.prompt!r} -> {completion.text!r}")
         if args.show_depths:
             print(f"  loops per token: {' '.join(map(str, completion.depths))}")
     depths = [d for c in result.depths for d in c]
     print(
-        f"generate: {len(depths)} tokens, {args.exit} exit (loops {loops}), mean depth {result.mean_depth:.2f} "
-        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
+        f"generate: {len(depths)} tokens, {args.exit} exit (loops {rule.loops}), mean depth {result.mean_depth:.2f} "
+        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB",
+        file=sys.stderr if args.json else sys.stdout,
     )
+
+
+def _completion_json(completion, logprobs: list[float]) -> dict:
+    """The ``--json`` object of one prompt."""
+    return {
+        "prompt": completion.prompt,
+        "prompt_ids": completion.prompt_tokens,
+        "token_ids": completion.tokens,
+        "text": completion.text,
+        "loops": completion.depths,
+        "logprobs": logprobs,
+    }
 
 
 def _read_prompts(path: str) -> list[str]:

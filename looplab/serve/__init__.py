@@ -1,0 +1,21 @@
+"""``looplab serve``: an OpenAI-compatible HTTP server for looped LMs, with continuous batching and a depth
+per token (docs/commands.md, "looplab serve").
+
+    request.py   the checked body of POST /v1/completions (HTTP 400, one line naming the field)
+    choice.py    a prompt's engine jobs and the OpenAI-shaped choice built from their tokens
+    batch.py     a job, and a group of jobs stepped one token at a time by one Decoder
+    engine.py    the thread that admits jobs between steps and steps every running one
+    sampling.py  looplab's picking plus top_p
+    app.py       the FastAPI routes; server.py: uvicorn with a draining SIGTERM
+    replicas.py  N replicas behind Ray Serve
+
+Each request is decoded by :class:`~looplab.generation.decoder.Decoder`, the decoder of
+:func:`looplab.generation.generate`, stepped from outside (:mod:`looplab.serve.batch`), so a greedy
+request's tokens, log-probabilities and loops are those of ``generate`` on its prompt alone, whatever
+runs beside it (:mod:`looplab.serve.engine` says why its rows are kept apart).
+"""
+
+from looplab.serve.app import create_app, model_id
+from looplab.serve.engine import BATCHING, Busy, Closed, Engine
+
+__all__ = ["BATCHING", "Busy", "Closed", "Engine", "create_app", "model_id"]

@@ -1,0 +1,196 @@
+"""The OpenAI-compatible HTTP API of ``looplab serve``: ``GET /v1/models``, ``POST /v1/completions``
+(JSON, or server-sent events with ``stream``), ``GET /health``.
+
+The app owns a :class:`~looplab.serve.engine.Engine` (started and drained by its lifespan): a request is
+checked (:mod:`looplab.serve.request`; HTTP 400 with one line naming the field), turned into engine
+jobs (:mod:`looplab.serve.choice`), queued (HTTP 503 when the queue is full or the server is shutting
+down), and answered as its tokens arrive. A client that disconnects cancels its jobs: their rows leave
+the decode batch at the next step. Every response carries the replica that answered in the
+``x-looplab-replica`` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from uuid import uuid4
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from looplab.generation.cache import POLICIES
+from looplab.generation.exits import EXITS
+from looplab.generation.text_lm import TextLM, open_text_lm
+from looplab.serve.batch import Token
+from looplab.serve.choice import Choice
+from looplab.serve.engine import Busy, Closed, Engine
+from looplab.serve.request import BadRequest, parse_completion
+
+__all__ = ["create_app", "model_id"]
+
+
+def model_id(lm: TextLM) -> str:
+    """The name clients pass as ``model``: the directory's name."""
+    return Path(lm.path).name
+
+
+def create_app(
+    path: str | Path | None = None,
+    *,
+    lm: TextLM | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_running: int = 32,
+    max_queue: int = 64,
+    batching: str = "exact",
+    on_step: Callable[[Engine], None] | None = None,
+) -> FastAPI:
+    """The app serving the model at ``path`` (opened by its lifespan, so a Ray replica opens its own), or
+    an already opened ``lm``; the engine's options as :class:`~looplab.serve.engine.Engine` takes them."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        text_lm = lm if lm is not None else await asyncio.to_thread(open_text_lm, path, dtype, device)
+        engine = Engine(text_lm.model, max_running, max_queue, batching, on_step).start()
+        app.state.lm, app.state.engine, app.state.model_id = text_lm, engine, model_id(text_lm)
+        app.state.replica, app.state.created = f"{socket.gethostname()}:{os.getpid()}", int(time.time())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.close)
+
+    app = FastAPI(title="looplab serve", lifespan=lifespan)
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/health", health, methods=["GET"])
+    return app
+
+
+async def models(request: Request) -> JSONResponse:
+    state = request.app.state
+    lm: TextLM = state.lm
+    card = {
+        "id": state.model_id, "object": "model", "created": state.created, "owned_by": "looplab",
+        "looplab": {
+            "kind": lm.kind, "name": lm.name, "default_loops": lm.default_loops, "loop_cap": lm.loop_cap,
+            "max_context": lm.max_context, "exits": list(EXITS), "caches": list(POLICIES),
+            "halting_head": lm.halts is not None,
+        },
+    }  # fmt: skip
+    return JSONResponse({"object": "list", "data": [card]}, headers=_replica(request))
+
+
+async def health(request: Request) -> JSONResponse:
+    engine: Engine = request.app.state.engine
+    body = {"status": "ok", "running": engine.running, "waiting": engine.waiting, "stats": dict(engine.stats)}
+    return JSONResponse(body, headers=_replica(request))
+
+
+async def completions(request: Request):
+    state = request.app.state
+    try:
+        body = json.loads(await request.body() or b"null")
+    except ValueError as err:
+        return _error(400, "body", f"body: not valid JSON ({str(err).splitlines()[0]})")
+    try:
+        completion = parse_completion(body, state.lm, state.model_id, state.engine.model)
+    except BadRequest as err:
+        return _error(400, err.field, str(err))
+    loop = asyncio.get_running_loop()
+    choices = [Choice(index, completion, state.lm, loop) for index in range(len(completion.prompts))]
+    try:
+        state.engine.submit([job for choice in choices for job in choice.jobs])
+    except (Busy, Closed) as err:
+        return _error(503, None, str(err), "server_overloaded")
+    meta = {"id": f"cmpl-{uuid4().hex}", "object": "text_completion", "created": int(time.time())}
+    meta["model"] = state.model_id
+    if completion.stream:
+        return StreamingResponse(
+            _stream(request, choices, meta), media_type="text/event-stream", headers=_replica(request)
+        )
+    watcher = asyncio.create_task(_watch_disconnect(request, choices))
+    try:
+        for choice in choices:
+            while await choice.next_event() is not None:
+                pass
+    finally:
+        watcher.cancel()
+        for choice in choices:
+            choice.cancel()
+    failed = next((choice.error for choice in choices if choice.error), None)
+    if failed:
+        return _error(500, None, failed, "server_error")
+    prompt_tokens = sum(len(p) for p in completion.prompts)
+    new_tokens = sum(len(choice.generated) for choice in choices)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": new_tokens,
+        "total_tokens": prompt_tokens + new_tokens,
+    }
+    body = {**meta, "choices": [choice.whole() for choice in choices], "usage": usage}
+    return JSONResponse(body, headers=_replica(request))
+
+
+async def _stream(request: Request, choices: list[Choice], meta: dict) -> AsyncIterator[str]:
+    """Server-sent events: per choice its echoed prompt (when asked), a chunk per new token, a last chunk
+    with its ``finish_reason``; then ``[DONE]``."""
+    watcher = asyncio.create_task(_watch_disconnect(request, choices))
+
+    def chunk(choice: Choice, text: str, logprobs, tokens: list[Token], finish=None) -> str:
+        part = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        part["looplab"] = {"loops": [t.depth for t in tokens], "token_ids": [t.token for t in tokens]}
+        return f"data: {json.dumps({**meta, 'choices': [part]})}\n\n"
+
+    try:
+        for choice in choices:
+            echo_due, sent, offset = choice.request.echo, 0, 0
+            scoring = any(job.forced is not None for job in choice.jobs)
+            while True:
+                event = await choice.next_event()
+                if choice.error:
+                    yield f"data: {json.dumps({'error': {'message': choice.error, 'type': 'server_error'}})}\n\n"
+                    return
+                if echo_due and (
+                    not scoring or event is None or (event[0] == "score" and not isinstance(event[1], Token))
+                ):
+                    echoed = choice.logprobs([], choice.echoed())
+                    yield chunk(choice, choice.prompt_text, echoed, [])
+                    echo_due, offset = False, len(choice.prompt_text)
+                if not echo_due and len(choice.generated) > sent:
+                    new = choice.generated[sent:]
+                    sent = len(choice.generated)
+                    yield chunk(choice, choice.delta(False), choice.logprobs(new, start=offset), new)
+                    offset += sum(len(choice.lm.decode([t.token])) for t in new)
+                if event is None:
+                    break
+            yield chunk(choice, choice.delta(True), None, [], choice.finish)
+        yield "data: [DONE]\n\n"
+    finally:
+        watcher.cancel()
+        for choice in choices:
+            choice.cancel()
+
+
+async def _watch_disconnect(request: Request, choices: list[Choice]) -> None:
+    """Cancel the choices' jobs when the client goes away (the body is read: the next message is that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            for choice in choices:
+                choice.cancel()
+            return
+
+
+def _replica(request: Request) -> dict[str, str]:
+    return {"x-looplab-replica": request.app.state.replica}
+
+
+def _error(status: int, field: str | None, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": field, "code": status}}, status)

@@ -1,0 +1,176 @@
+"""What the engine decodes: a :class:`Job` (one prompt's completion, or the scoring of a prompt) and a
+:class:`Group` of jobs decoded together by one :class:`~looplab.generation.decoder.Decoder`.
+
+A group is a Decoder stepped one token at a time from outside: :meth:`Group.step` is one iteration of
+:meth:`Decoder.run <looplab.generation.decoder.Decoder.run>` (pick each live row's token, drop the rows that
+ended, run the next token of the rest through ``Decoder.forward``), so a group of one job computes
+exactly what :func:`looplab.generation.generate` computes for its prompt alone, float for float. The
+decoder itself is not changed: the group reads its ``forward``, ``tokens``, ``slots``, ``lengths`` and
+``generator`` as ``run`` does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from looplab.generation.decoder import Decoder
+from looplab.generation.exits import GenerationExit
+from looplab.serve.sampling import Picking, pick_next
+
+__all__ = ["Job", "Group", "Token", "End", "Failed"]
+
+
+@dataclass(frozen=True)
+class Token:
+    """One new token of a job: its id, log-probability, the loops it ran, and the ``top`` likeliest
+    (token, log-probability) pairs of the distribution it was read from (empty unless asked)."""
+
+    token: int
+    logprob: float
+    depth: int
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class End:
+    """A job finished: ``stop`` (end-of-text or a stop string), ``length`` (its budget), or ``cancelled``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A job could not run (its decoder refused it); ``message`` is one line."""
+
+    message: str
+
+
+@dataclass
+class Job:
+    """One row to decode.
+
+    Attributes:
+        prompt: token ids (non-empty); ``max_new``: its budget of new tokens (≥ 1).
+        exit_rule, cache, keep_loops: the depth of each token and the KV cache policy.
+        picking: how a token is picked; ``forced``: the tokens to feed instead (scoring a text).
+        stops: called with the new ids after each token; True ends the job (``stop``).
+        top: how many likeliest tokens each :class:`Token` lists (0: none).
+        sink: called from the engine's thread with each :class:`Token`, then one :class:`End` or :class:`Failed`.
+    """
+
+    prompt: list[int]
+    max_new: int
+    exit_rule: GenerationExit
+    cache: str
+    keep_loops: int
+    picking: Picking
+    sink: Callable[[Token | End | Failed], None]
+    stops: Callable[[list[int]], bool] | None = None
+    forced: list[int] | None = None
+    top: int = 0
+    tokens: list[int] = field(default_factory=list)
+    closed: bool = False  # its End or Failed was sent
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def cohort(self) -> tuple:
+        """Jobs with equal cohorts may share a decoder: the same exit, cache and greedy picking."""
+        return (self.exit_rule, self.cache, self.keep_loops, self.forced is None and self.picking.greedy)
+
+    def ended(self) -> str | None:
+        """Why the job is done after its latest token, or None."""
+        if self.forced is not None:
+            return "length" if len(self.tokens) == len(self.forced) else None
+        if self.stops is not None and self.stops(self.tokens):
+            return "stop"
+        return "length" if len(self.tokens) >= self.max_new else None
+
+
+class Group:
+    """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts): the prefill runs on
+    construction; each :meth:`step` emits one token per live job."""
+
+    def __init__(self, model, jobs: list[Job]):
+        first = jobs[0]
+        self.jobs = jobs
+        self.budget = max(len(job.forced) if job.forced is not None else job.max_new for job in jobs)
+        forced = [job.forced for job in jobs] if first.forced is not None else None
+        self.decoder = decoder = Decoder(
+            model, [job.prompt for job in jobs], self.budget, first.exit_rule, first.cache,
+            first.picking.sampling, None, first.keep_loops, forced,
+        )  # fmt: skip
+        self.forced = forced
+        self.live = torch.arange(len(jobs), device=decoder.lengths.device)
+        self.logits, self.depths = decoder.forward(
+            decoder.tokens, self.live, slice(0, decoder.width), decoder.lengths - 1, prefill=True
+        )
+        self.step_index = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.live) == 0
+
+    def step(self) -> None:
+        """Pick the next token of every live job, send it, and run the tokens of the jobs still going."""
+        self.drop_cancelled()
+        if self.done:
+            return
+        decoder, step = self.decoder, self.step_index
+        live = self.live.tolist()
+        chosen = self.choose(live, step)
+        logprobs = self.logits.double().log_softmax(-1)
+        picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+        tops = self.tops(logprobs)
+        still = []
+        for i, row in enumerate(live):
+            job = self.jobs[row]
+            job.tokens.append(int(chosen[i]))
+            job.sink(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
+            reason = job.ended()
+            if reason is None:
+                still.append(i)
+            else:
+                job.sink(End(reason))
+        self.step_index += 1
+        if step == self.budget - 1 or not still:
+            self.live = self.live[:0]
+            return
+        keep = torch.tensor(still, device=self.live.device)
+        self.live, chosen = self.live[keep], chosen[keep]
+        slot = decoder.width + step
+        decoder.slots.positions[self.live, slot] = decoder.lengths[self.live] + step
+        decoder.slots.real[self.live, slot] = True
+        self.logits, self.depths = decoder.forward(
+            chosen[:, None], self.live, slice(slot, slot + 1), torch.zeros_like(self.live)
+        )
+
+    def choose(self, live: list[int], step: int) -> Tensor:
+        """[R] each live row's forced token at ``step``, or one picked from its logits."""
+        if self.forced is not None:
+            return torch.tensor([self.forced[row][step] for row in live], dtype=torch.long, device=self.logits.device)
+        return pick_next(self.logits, self.jobs[0].picking, self.decoder.generator)
+
+    def tops(self, logprobs: Tensor) -> list[list[tuple[int, float]]] | None:
+        """The likeliest tokens of each live row's distribution (logprobs [R, V]), as many as its job asks."""
+        count = max(self.jobs[row].top for row in self.live.tolist())
+        if count == 0:
+            return None
+        values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
+        return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
+
+    def drop_cancelled(self) -> None:
+        """Jobs whose client left stop here: their rows leave the batch as a finished row would."""
+        live = self.live.tolist()
+        keep = [i for i, row in enumerate(live) if not self.jobs[row].cancelled.is_set()]
+        if len(keep) == len(live):
+            return
+        for row in live:
+            if self.jobs[row].cancelled.is_set():
+                self.jobs[row].sink(End("cancelled"))
+        index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
+        self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]

@@ -1,0 +1,214 @@
+"""The body of ``POST /v1/completions``, checked: every bad field is a :class:`BadRequest` of one line that
+names the field and what it may be (the server answers it with HTTP 400 and goes on serving).
+
+OpenAI's fields (``model``, ``prompt``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
+``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's own: ``loops`` (the fixed
+depth, or an adaptive exit's cap; default: the model's), ``exit`` (default ``fixed``), ``eps`` and
+``threshold`` (the exit's parameters; default: the run's ``[generate.exits.NAME]``), ``cache`` and
+``keep_loops``. As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from looplab.errors import LooplabError
+from looplab.generation.cache import POLICIES
+from looplab.generation.decode import _check as check_generation  # the refusals generate() makes
+from looplab.generation.exits import EXITS, GenerationExit
+from looplab.generation.sampling import Sampling
+from looplab.generation.text_lm import TextLM
+from looplab.serve.sampling import Picking
+
+__all__ = ["BadRequest", "Completion", "parse_completion", "FIELDS"]
+
+#: the most likeliest tokens a ``logprobs`` request may list per token
+MAX_TOP_LOGPROBS = 20
+
+FIELDS = (
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs",
+    "echo", "n", "user", "loops", "exit", "eps", "threshold", "cache", "keep_loops",
+)  # fmt: skip
+
+
+class BadRequest(LooplabError):
+    """A request the server refuses with HTTP 400; ``field`` is the one at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A checked completion request: ``prompts`` as token ids (one choice each), ``texts`` their text."""
+
+    prompts: list[list[int]]
+    texts: list[str]
+    max_tokens: int
+    picking: Picking
+    stops: list[str]
+    stream: bool
+    logprobs: int | None
+    echo: bool
+    exit_rule: GenerationExit
+    cache: str
+    keep_loops: int
+
+
+def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
+    """The :class:`Completion` of a decoded JSON ``body``, checked against ``lm`` (``model``: its model as the
+    decoder reads it); raises :class:`BadRequest`."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", f"must be a JSON object of fields, got {type(body).__name__}")
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise BadRequest(unknown[0], f"unknown field; valid fields: {', '.join(FIELDS)}")
+    get = _Fields(body)
+    named = get.text("model", model_id)
+    if named != model_id:
+        raise BadRequest("model", f"unknown model {named!r}; valid choices: {model_id}")
+    if get.integer("n", 1, low=1) != 1:
+        raise BadRequest("n", "only n = 1 is served (one choice per prompt; send a prompt list for more)")
+    prompts, texts = _prompts(body.get("prompt"), lm)
+    max_tokens = get.integer("max_tokens", 16, low=0)
+    picking = Picking(
+        Sampling(get.number("temperature", 1.0, low=0.0), get.integer("top_k", 0, low=0), get.integer("seed", 0)),
+        get.number("top_p", 1.0, low=0.0, open_low=True, high=1.0),
+    )
+    stops = _stops(body.get("stop"))
+    logprobs = get.integer("logprobs", None, low=0, high=MAX_TOP_LOGPROBS)
+    cache = get.text("cache", "per_loop")
+    if cache not in POLICIES:
+        raise BadRequest("cache", f"unknown KV cache policy {cache!r}; valid choices: {', '.join(POLICIES)}")
+    keep_loops = get.integer("keep_loops", 2, low=1, high=lm.loop_cap)
+    exit_rule = _exit_rule(get, lm)
+    for prompt in prompts:
+        if len(prompt) > lm.max_context:
+            raise BadRequest("prompt", f"{len(prompt)} tokens, longer than the model's context of {lm.max_context}")
+        if len(prompt) + max_tokens > lm.max_context:
+            raise BadRequest(
+                "max_tokens",
+                f"{max_tokens} new tokens after a prompt of {len(prompt)} exceed the model's context of "
+                f"{lm.max_context}: ask for at most {lm.max_context - len(prompt)}",
+            )
+    try:
+        check_generation(model, prompts, max(max_tokens, 1), exit_rule, cache, keep_loops, None, None)
+    except LooplabError as err:
+        raise BadRequest("request", str(err)) from None
+    return Completion(
+        prompts, texts, max_tokens, picking, stops, get.boolean("stream", False), logprobs,
+        get.boolean("echo", False), exit_rule, cache, keep_loops,
+    )  # fmt: skip
+
+
+class _Fields:
+    """Typed reads of a body's fields (a JSON null is the default), each refusing the wrong type."""
+
+    def __init__(self, body: dict):
+        self.body = body
+
+    def _value(self, name: str):
+        return self.body.get(name)
+
+    def text(self, name: str, default: str | None) -> str | None:
+        value = self._value(name)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise BadRequest(name, f"must be a string, got {_json_type(value)}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._value(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise BadRequest(name, f"must be true or false, got {_json_type(value)}")
+        return value
+
+    def integer(self, name: str, default, low: int | None = None, high: int | None = None):
+        value = self._value(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequest(name, f"must be an integer, got {_json_type(value)}")
+        _check_range(name, value, low, high)
+        return value
+
+    def number(self, name: str, default, low=None, high=None, open_low: bool = False):
+        value = self._value(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BadRequest(name, f"must be a number, got {_json_type(value)}")
+        _check_range(name, value, low, high, open_low)
+        return float(value)
+
+
+def _check_range(name: str, value, low, high, open_low: bool = False) -> None:
+    below = low is not None and (value <= low if open_low else value < low)
+    if below or (high is not None and value > high):
+        lower = "any" if low is None else f"{'>' if open_low else '≥'} {low}"
+        span = f"{lower}" if high is None else f"in {'(' if open_low else '['}{low}, {high}]"
+        raise BadRequest(name, f"must be {span}, got {value}")
+
+
+def _json_type(value) -> str:
+    names = {
+        bool: "a boolean",
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        list: "a list",
+        dict: "an object",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _prompts(prompt, lm: TextLM) -> tuple[list[list[int]], list[str]]:
+    """Token ids and text of each prompt: a string, a list of strings, a list of token ids, or a list of those."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise BadRequest("prompt", "must be a string, a list of strings or a list of token ids (required)")
+    ids, texts = [], []
+    for item in prompt:
+        if isinstance(item, str):
+            ids.append(lm.encode(item, prompt=True))
+            texts.append(item)
+        elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+            bad = [t for t in item if not 0 <= t < lm.vocab_size]
+            if bad:
+                raise BadRequest("prompt", f"token id {bad[0]} is outside the vocabulary 0..{lm.vocab_size - 1}")
+            ids.append(list(item))
+            texts.append(lm.decode(list(item)))
+        else:
+            raise BadRequest("prompt", f"each prompt must be a string or a list of token ids, got {_json_type(item)}")
+        if not ids[-1]:
+            raise BadRequest("prompt", "a prompt must have at least one token")
+    return ids, texts
+
+
+def _stops(stop) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else [] if stop is None else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest("stop", "must be a non-empty string or a list of them (every text holds the empty one)")
+    return stops
+
+
+def _exit_rule(get: _Fields, lm: TextLM) -> GenerationExit:
+    """The request's exit at its loops, with its parameters; each refusal names its field."""
+    name = get.text("exit", "fixed")
+    if name not in EXITS:
+        raise BadRequest("exit", f"unknown exit {name!r}; valid choices: {', '.join(EXITS)}")
+    loops = get.integer("loops", lm.default_loops, low=1, high=lm.loop_cap)
+    params = {key: get.number(key, None) for key in ("eps", "threshold") if get.body.get(key) is not None}
+    try:
+        return lm.exit_rule(name, loops, **params)
+    except LooplabError as err:
+        field = "exit" if not params or "head" in str(err) else next(iter(params))
+        raise BadRequest(field, str(err)) from None

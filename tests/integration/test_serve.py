@@ -1,0 +1,359 @@
+"""``looplab serve`` on a tiny byte-level LM: the OpenAI API through the real ``openai`` client and raw HTTP,
+results equal to ``generate`` / ``score`` (alone or among concurrent requests), faults, bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from looplab.cli import main
+from looplab.config import load_config
+from looplab.generation import generate, score
+from looplab.generation.text_lm import open_text_lm
+from looplab.serve import create_app
+from looplab.serve.server import bind
+from looplab.train.trainer import train
+from tests.integration.test_stars_lm import TINY as TINY_LM
+
+TIMEOUT = 30  # seconds any one request may take here
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("serve") / "lm"
+    train(load_config(None, TINY_LM), run_dir, progress=False)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def lm(lm_run):
+    return open_text_lm(lm_run)
+
+
+@contextmanager
+def serving(lm, **options):
+    """The app on 127.0.0.1 at a free port, in a thread; yields (base URL, engine)."""
+    app = create_app(lm=lm, **options)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app.state.engine
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    with serving(lm) as (url, engine):
+        yield url, engine
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+def reference(lm, prompt: str, max_tokens: int, exit="fixed", loops=None, cache="per_loop", **params):
+    return generate(lm.model, [lm.encode(prompt)], max_tokens, lm.exit_rule(exit, loops, **params), cache)
+
+
+def test_models_lists_the_model_and_its_defaults(server, lm):
+    url, _ = server
+    (card,) = client(url).models.list().data
+    assert card.id == "lm"
+    assert card.looplab["default_loops"] == lm.default_loops
+    assert card.looplab["max_context"] == lm.max_context and "kl" in card.looplab["exits"]
+
+
+@pytest.mark.parametrize(
+    "exit, loops, cache, params",
+    [("fixed", None, "per_loop", {}), ("kl", 6, "per_loop", {"eps": 0.01}), ("convergence", 6, "shared", {})],
+)
+def test_a_completion_equals_generate(server, lm, exit, loops, cache, params):
+    url, _ = server
+    extra = {"exit": exit, "loops": loops, "cache": cache, **params}
+    out = client(url).completions.create(
+        model="lm", prompt="In the beginning", max_tokens=12, temperature=0, logprobs=1, extra_body=extra
+    )
+    (choice,) = out.choices
+    ref = reference(lm, "In the beginning", 12, exit, loops, cache, **params)
+    assert choice.looplab["token_ids"] == ref.tokens[0]
+    assert choice.logprobs.token_logprobs == ref.logprobs[0]  # exactly: the same decoder on the same rows
+    assert choice.looplab["loops"] == ref.depths[0]
+    assert choice.text == lm.decode(ref.tokens[0]) and choice.finish_reason == "length"
+    assert out.usage.completion_tokens == 12
+
+
+def test_streaming_sends_the_same_tokens_one_chunk_at_a_time(server, lm):
+    url, _ = server
+    args = dict(model="lm", prompt=["k=3;", "And God"], max_tokens=9, temperature=0, logprobs=1)
+    whole = client(url).completions.create(**args, extra_body={"exit": "kl", "loops": 6})
+    chunks = list(client(url).completions.create(**args, stream=True, extra_body={"exit": "kl", "loops": 6}))
+    for index, choice in enumerate(whole.choices):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert "".join(c.text for c in mine) == choice.text
+        assert [d for c in mine for d in c.looplab["loops"]] == choice.looplab["loops"]
+        assert [lp for c in mine if c.logprobs for lp in c.logprobs.token_logprobs] == choice.logprobs.token_logprobs
+        assert [c.finish_reason for c in mine][-1] == "length"
+
+
+def test_a_stop_string_ends_the_choice_before_it(server, lm):
+    url, _ = server
+    free = client(url).completions.create(model="lm", prompt="In", max_tokens=20, temperature=0)
+    stop = next(ch for ch in free.choices[0].text[2:] if ch != "\ufffd")
+    cut = client(url).completions.create(model="lm", prompt="In", max_tokens=20, temperature=0, stop=stop)
+    assert cut.choices[0].text == free.choices[0].text[: free.choices[0].text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_score_does(server, lm):
+    url, _ = server
+    text = "And God said, Let there be light"
+    for exit, loops in (("fixed", None), ("kl", 6)):
+        out = client(url).completions.create(
+            model="lm", prompt=text, max_tokens=0, echo=True, logprobs=1, extra_body={"exit": exit, "loops": loops}
+        )
+        (choice,) = out.choices
+        ref = score(lm.model, [lm.encode(text)], lm.exit_rule(exit, loops))
+        assert choice.text == text
+        assert choice.logprobs.token_logprobs == [None, *ref.logprobs[0]]
+        assert choice.looplab["prompt_loops"] == [None, *ref.depths[0]]
+
+
+def test_sampling_is_seeded_and_top_p_narrows_it(server):
+    url, _ = server
+    ask = dict(model="lm", prompt="In", max_tokens=16, temperature=1.0)
+    first, again = (client(url).completions.create(**ask, seed=3).choices[0].text for _ in range(2))
+    assert first == again
+    nucleus = client(url).completions.create(**ask, seed=3, top_p=1e-6).choices[0].text
+    greedy = client(url).completions.create(**{**ask, "temperature": 0}).choices[0].text
+    assert nucleus == greedy  # the likeliest token alone holds any mass ≤ its own
+
+
+# -- concurrency -------------------------------------------------------------------------------------------
+
+#: (prompt, max_tokens, looplab fields, temperature): other lengths, budgets, exits, caches and sampling
+MIX = [
+    ("In the beginning God created", 24, {"exit": "kl", "loops": 6}, 0.0),
+    ("k=3;", 5, {"exit": "fixed", "loops": 3}, 0.0),
+    ("And the earth was without form, and void", 17, {"exit": "convergence", "loops": 8, "cache": "shared"}, 0.0),
+    ("q", 30, {"exit": "fixed", "loops": 2, "cache": "last_m", "keep_loops": 1}, 0.8),
+    ("Let there be light", 11, {"exit": "confidence", "loops": 5}, 0.0),
+    ("k=7;q=k+1;q?", 20, {"exit": "kl", "loops": 4, "cache": "shared"}, 1.0),
+    ("And God saw the light, that it was good", 8, {"exit": "fixed", "loops": 6}, 0.0),
+    ("Z", 3, {"exit": "kl", "loops": 8, "eps": 0.1}, 0.0),
+]
+
+
+async def _complete_all(url: str, bodies: list[dict]) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+        replies = await asyncio.gather(*(http.post("/v1/completions", json=body) for body in bodies))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+    return [r.json()["choices"][0] for r in replies]
+
+
+@pytest.mark.parametrize("batching", ["exact", "cohort"])
+def test_greedy_results_are_those_of_a_solo_run_among_concurrent_requests(lm, batching):
+    """Each greedy request of MIX, run among all of MIX (joining and leaving the decode at other steps), gets
+    the tokens, log-probabilities and loops of ``generate`` on its prompt alone: exactly under ``exact``
+    batching; the same tokens and loops, log-probabilities within 1e-6, under ``cohort``."""
+    most = []
+    bodies = [
+        {"prompt": p, "max_tokens": n, "temperature": t, "logprobs": 0, "seed": i, **fields}
+        for i, (p, n, fields, t) in enumerate(MIX)
+    ]
+    with serving(lm, batching=batching, on_step=lambda engine: most.append(engine.running)) as (url, _):
+        solo = asyncio.run(_complete_all(url, bodies[:1]))[0]
+        together = asyncio.run(_complete_all(url, bodies))
+    assert max(most) >= 4, "the requests did not overlap"
+    assert together[0]["looplab"] == solo["looplab"] and together[0]["logprobs"] == solo["logprobs"]
+    for (prompt, budget, fields, temperature), choice in zip(MIX, together):
+        if temperature:
+            assert len(choice["looplab"]["token_ids"]) == budget
+            continue
+        params = {k: v for k, v in fields.items() if k in ("eps", "threshold")}
+        ref = generate(
+            lm.model, [lm.encode(prompt)], budget, lm.exit_rule(fields["exit"], fields["loops"], **params),
+            fields.get("cache", "per_loop"), keep_loops=fields.get("keep_loops", 2),
+        )  # fmt: skip
+        assert choice["looplab"]["token_ids"] == ref.tokens[0]
+        assert choice["looplab"]["loops"] == ref.depths[0]
+        got = choice["logprobs"]["token_logprobs"]
+        if batching == "exact":
+            assert got == ref.logprobs[0]
+        else:
+            assert max(abs(a - b) for a, b in zip(got, ref.logprobs[0])) < 1e-6
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(lm):
+    with serving(lm, max_running=1, on_step=lambda _: time.sleep(0.002)) as (url, engine):
+        body = {"prompt": "In", "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as reply:
+            lines = reply.iter_lines()
+            assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + TIMEOUT
+        while engine.stats["cancelled"] == 0:
+            assert time.monotonic() < deadline, "the abandoned request kept its slot"
+            time.sleep(0.01)
+        assert engine.running == 0 and engine.stats["finished"] == 0  # cancelled long before its 400 tokens
+        after = client(url).completions.create(model="lm", prompt="In", max_tokens=3, temperature=0)
+        assert len(after.choices[0].looplab["token_ids"]) == 3
+
+
+def test_a_full_queue_answers_503_and_the_server_goes_on(lm):
+    with serving(lm, max_running=1, max_queue=1, on_step=lambda _: time.sleep(0.005)) as (url, engine):
+        long = {"prompt": "In", "max_tokens": 300, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=long, timeout=TIMEOUT) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # admitted: it holds the one slot
+            queued = threading.Thread(
+                target=httpx.post, args=(f"{url}/v1/completions",), kwargs={"json": {"prompt": "k", "max_tokens": 2},
+                                                                            "timeout": TIMEOUT}
+            )  # fmt: skip
+            queued.start()
+            deadline = time.monotonic() + TIMEOUT
+            while engine.waiting == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            with pytest.raises(openai.APIStatusError) as refused:
+                client(url).completions.create(model="lm", prompt="k", max_tokens=2)
+            assert refused.value.status_code == 503 and "busy" in refused.value.message
+        queued.join(TIMEOUT)
+        assert client(url).completions.create(model="lm", prompt="k", max_tokens=2).choices[0].text is not None
+
+
+# -- bad requests ------------------------------------------------------------------------------------------
+
+#: (request fields, the field the 400 names, a fragment of its message): through the openai client
+BAD = [
+    ({"extra_body": {"exit": "nope"}}, "exit", "valid choices: fixed, convergence, kl"),
+    ({"extra_body": {"cache": "huge"}}, "cache", "valid choices: per_loop, shared, last_m"),
+    ({"max_tokens": -1}, "max_tokens", "≥ 0"),
+    ({"max_tokens": 600}, "max_tokens", "context of 512"),
+    ({"prompt": "a" * 600}, "prompt", "longer than the model's context of 512"),
+    ({"extra_body": {"loops": 5000}}, "loops", "[1, 4096]"),
+    ({"extra_body": {"loops": 0}}, "loops", "[1, 4096]"),
+    ({"extra_body": {"exit": "halting"}}, "exit", "needs a halting head"),
+    ({"extra_body": {"exit": "fixed", "eps": 0.1}}, "eps", "no parameters"),
+    ({"extra_body": {"exit": "kl", "eps": -1.0}}, "eps", "eps"),
+    ({"temperature": -0.5}, "temperature", "≥ 0.0"),
+    ({"top_p": 0.0}, "top_p", "(0.0, 1.0]"),
+    ({"top_p": 1.5}, "top_p", "(0.0, 1.0]"),
+    ({"extra_body": {"top_k": -2}}, "top_k", "≥ 0"),
+    ({"logprobs": 50}, "logprobs", "[0, 20]"),
+    ({"n": 2}, "n", "only n = 1"),
+    ({"model": "gpt-4"}, "model", "valid choices: lm"),
+    ({"stop": ""}, "stop", "non-empty"),
+    ({"prompt": [[1, 99999]]}, "prompt", "outside the vocabulary"),
+    ({"extra_body": {"keep_loops": 0}}, "keep_loops", "[1, 4096]"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate", "unknown field; valid fields: model, prompt"),
+]
+
+#: (raw body, the field named, a fragment): wrong JSON types and malformed JSON, through raw HTTP
+BAD_RAW = [
+    (b'{"prompt": "In", "max_tokens": ', "body", "not valid JSON"),
+    (b"[1, 2]", "body", "JSON object"),
+    (b"", "body", "JSON object"),
+    (b'{"max_tokens": 2}', "prompt", "required"),
+    (b'{"prompt": 7}', "prompt", "a string, a list of strings"),
+    (b'{"prompt": "In", "max_tokens": "5"}', "max_tokens", "must be an integer, got a string"),
+    (b'{"prompt": "In", "max_tokens": 2.5}', "max_tokens", "must be an integer, got a number"),
+    (b'{"prompt": "In", "temperature": "hot"}', "temperature", "must be a number"),
+    (b'{"prompt": "In", "stream": "yes"}', "stream", "true or false"),
+    (b'{"prompt": "In", "loops": true}', "loops", "must be an integer, got a boolean"),
+    (b'{"prompt": "In", "exit": 3}', "exit", "must be a string"),
+    (b'{"prompt": ["In", 3]}', "prompt", "each prompt"),
+    (b'\xff\xfe{"prompt"', "body", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("fields, field, fragment", BAD, ids=[case[1] for case in BAD])
+def test_a_bad_request_is_a_400_naming_the_field(server, fields, field, fragment):
+    url, _ = server
+    ask = {"model": "lm", "prompt": "In", "max_tokens": 2, **fields}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(url).completions.create(**ask)
+    error = refused.value.body
+    assert error["param"] == field and error["message"].startswith(f"{field}: ") and fragment in error["message"]
+    assert "\n" not in error["message"]
+    assert client(url).completions.create(model="lm", prompt="In", max_tokens=1).usage.completion_tokens == 1
+
+
+@pytest.mark.parametrize("body, field, fragment", BAD_RAW, ids=[f"raw-{i}" for i in range(len(BAD_RAW))])
+def test_a_malformed_body_is_a_400_naming_the_field(server, body, field, fragment):
+    url, _ = server
+    reply = httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and fragment in error["message"] and "\n" not in error["message"]
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+# -- the command -------------------------------------------------------------------------------------------
+
+
+def _start(lm_run, *flags) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "looplab", "serve", str(lm_run), "--port", "0", *flags]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stderr.readline()
+    assert " on http://127.0.0.1:" in line, line
+    return proc, line.split(" on ")[1].split("/v1")[0]
+
+
+def test_sigterm_finishes_the_requests_in_flight_then_exits_0(lm_run):
+    proc, url = _start(lm_run)
+    try:
+        body = {"prompt": "In", "max_tokens": 100, "temperature": 0, "stream": True, "loops": 16}
+        events = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as reply:
+            lines = reply.iter_lines()
+            events.append(next(lines))
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            events += [line for line in lines if line]
+        assert events[-1] == "data: [DONE]"
+        chunks = [json.loads(e[6:]) for e in events[:-1]]
+        assert sum(len(c["choices"][0]["looplab"]["token_ids"]) for c in chunks) == 100
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        with pytest.raises(httpx.TransportError):  # the socket is closed: no new requests
+            httpx.post(f"{url}/v1/completions", json={"prompt": "In", "max_tokens": 1}, timeout=5)
+        assert proc.wait(TIMEOUT) == 0
+        assert time.monotonic() - signalled < TIMEOUT
+        assert "shutting down" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--replicas", "0"], "--replicas must be ≥ 1"),
+        (["--max-running", "0"], "max running must be ≥ 1"),
+        (["--port", "70000"], "--port must be in 0..65535"),
+        (["--batching", "fast"], "invalid choice"),
+    ],
+)
+def test_bad_serve_flags_are_one_line_errors(lm_run, flags, message, capsys):
+    assert main(["serve", str(lm_run), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
