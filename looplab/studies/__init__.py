@@ -6,6 +6,7 @@ paper description and scripts, in one folder per study.
     mechanistic/  the mechanistic paper: its comparison, the grid, trained-model and SmolLM2 studies
     recursive/    TRM and HRM: the comparison and the recursive-reasoner pages
     earlier.py    blocks of the earlier pages, computed from the seed aggregates committed beside them
+    earlier_paper.py  the earlier pages beside their papers (their "Ours vs paper" blocks)
 
 The dependency is one way: a study imports the engine (:mod:`looplab.report`) and the library below
 it; nothing in the library imports a study. A study registers its paper, page blocks and
@@ -20,6 +21,7 @@ import importlib
 #: the modules that register something (a paper, page blocks, a collector) when imported
 REGISTERING = (
     "looplab.studies.earlier",
+    "looplab.studies.earlier_paper",
     "looplab.studies.stopping.paper",
     "looplab.studies.stopping.confirm",
     "looplab.studies.stopping.verdicts",

@@ -6,6 +6,7 @@ interval of a mean, the χ² interval of a std, the Welch interval of a differen
 the F-interval of a ratio of stds can all be recomputed exactly; a bootstrap or a
 Brown–Forsythe test cannot, so these blocks show none. Where a page has per-seed rows (the
 pilot's cell C read at 15 loops) its effect test is the full one of :mod:`looplab.report.effect`.
+Their "Ours vs paper" blocks are in :mod:`looplab.studies.earlier_paper`.
 """
 
 from __future__ import annotations
@@ -275,62 +276,6 @@ def _stars_lm(results_dir: Path) -> str:
     return aggregate_table(table, [("model", "model"), ("recipe", "recipe")], [(s, s, 1) for s in stems])
 
 
-@register_block("mechanistic-small/vs-paper")
-def _mechanistic_vs_paper(results_dir: Path) -> str:
-    """The norm-ablation rows beside the paper's, with the comparison's verdict (:func:`mechanistic_verdict`)
-    recomputed from the seed means in cells.csv (mean ± std over seeds)."""
-    from looplab.report.comparison import PAPER_TABLES_DIR, read_paper_table
-    from looplab.studies.mechanistic.paper import MECHANISTIC_JUDGED, MECHANISTIC_NORMS, mechanistic_verdict
-
-    cells = _read(results_dir, "mechanistic-small/cells.csv")
-    paper, _ = read_paper_table("mechanistic_norm_ablation.csv", PAPER_TABLES_DIR)
-    judged = dict(zip(MECHANISTIC_JUDGED.values(), MECHANISTIC_JUDGED))  # ours → paper column
-    self_median, cross = (
-        "ours.analysis.fixed_point_self_cos_median",
-        "ours.min_cos_first_layer_to_other_layers_fixed_point",
-    )
-
-    def cell(row: pd.Series, stem: str) -> str:
-        return f"{row[f'{stem}.mean']:.3f} ± {row[f'{stem}.std']:.3f}"
-
-    body = []
-    for _, row in cells.sort_values("variant").iterrows():
-        _, placement, injection = row["variant"].split("-")
-        wanted = "no" if injection == "none" else "yes"
-        printed = paper[paper.norm.str.startswith(MECHANISTIC_NORMS[placement]) & (paper.input_injection == wanted)]
-        printed = printed.iloc[0]
-        values = {
-            self_median: row["fixed_point_self_cos_median.mean"],
-            cross: row["fixed_point_cross_cos_min.mean"],
-            **{f"paper.{column}": printed[column] for column in judged.values()},
-        }
-        body.append(
-            [
-                placement,
-                injection,
-                row["variant"],
-                _seeds(row["fixed_point_self_cos.n"]),
-                f"{printed['norm']} / {wanted}",
-                cell(row, "fixed_point_self_cos_median"),
-                str(printed["cos_first_layer_to_own_fixed_point"]),
-                cell(row, "fixed_point_cross_cos_min"),
-                str(printed["min_cos_first_layer_to_other_layers_fixed_point"]),
-                str(printed["verdict"]),
-                cell(row, "fixed_point_self_cos"),
-                cell(row, "state_norm_first"),
-                cell(row, "state_norm_last"),
-                cell(row, "update_ratio_mean"),
-                mechanistic_verdict(values),
-            ]
-        )
-    header = [
-        "Placement", "Injection", "Variant", "Seeds", "Paper row", "Median per-sample self cos (ours)",
-        "cos to own fixed point (paper)", "min cos to other layers (ours)", "min cos to other layers (paper)",
-        "Verdict paper", "Mean self cos", "‖h‖ loop 1", "‖h‖ last loop", "Layer update ratio", "Reproduced",
-    ]  # fmt: skip
-    return markdown_table(header, body)
-
-
 #: the earlier pages whose run count their first line states, and the cells file it is the sum of the seeds of
 RUN_COUNTS = {
     "mechanistic-small/runs": ("mechanistic-small/cells.csv", "fixed_point_self_cos.n"),
@@ -345,30 +290,18 @@ for _block, (_cells, _column) in RUN_COUNTS.items():
         return f"{int(frame[column].sum())} finished runs ({len(frame)} variants × their seeds, from `{cells}`)."
 
 
-#: the task stars-small ran (every STARS fact's analogue there is read on it)
-STARS_SMALL_TASK = "decimal_addition"
+#: the task mechanistic-small traced (its presets configs/mechanistic/ablation-*.toml)
+MECHANISTIC_SMALL_TASK = "kjv"
 
 
-@register_block("stars-small/facts")
-def _stars_small_facts(results_dir: Path) -> str:
-    """The STARS paper's facts (stars_facts.csv, as printed) beside our analogue's seed aggregate, where one is
-    defined (``studies.stars.paper.STARS_FACTS``), from ``stars-small/scaling.csv``."""
-    from looplab.report.comparison import PAPER_TABLES_DIR, read_paper_table
-    from looplab.report.tables import header
-    from looplab.studies.stars.paper import STARS_FACTS
-
-    facts, notes = read_paper_table("stars_facts.csv", PAPER_TABLES_DIR)
-    if facts is None:
-        return "\n".join(notes)
-    cells = _read(results_dir, "stars-small/scaling.csv").set_index("variant")
-    body = []
-    for fact, printed in zip(facts["fact"], facts["value"]):
-        variant, metric = STARS_FACTS.get(fact, (None, None))
-        stem = header(metric) if metric else None
-        if variant is None or variant not in cells.index or f"{stem}.mean" not in cells.columns:
-            body.append([fact, printed, "–", "–"])
-            continue
-        row = cells.loc[variant]
-        ours = _t_cell(row[f"{stem}.n"], row[f"{stem}.mean"], row[f"{stem}.std"], 1, value_range(stem))
-        body.append([fact, printed, ours, f"{stem}, {STARS_SMALL_TASK} / {variant}"])
-    return markdown_table(["Fact", "Paper", "Ours", "Our analogue"], body)
+@register_block("mechanistic-small/seeds")
+def _mechanistic_small_seeds(results_dir: Path) -> str:
+    """Per variant: its seeds and the runs whose training diverged (``diverged``, as the report counted them
+    from the runs' status). A diverged run has no metrics, so the seeds are the metrics' n plus the diverged."""
+    frame = _read(results_dir, "mechanistic-small/cells.csv")
+    body = [
+        [MECHANISTIC_SMALL_TASK, str(row["variant"]), _seeds(row["fixed_point_self_cos.n"] + row["diverged"])]
+        + [str(int(row["diverged"]))]
+        for _, row in frame.iterrows()
+    ]
+    return markdown_table(["Task", "Variant", "Seeds", "Diverged"], body)

@@ -62,3 +62,17 @@ def names(items: Iterable[str]) -> str:
 def p_cell(value: float) -> str:
     """A p-value as a table shows it: three decimals, "< 0.001" below that, "n/a" when undefined."""
     return "n/a" if not np.isfinite(value) else f"{value:.3f}" if value >= 0.001 else "< 0.001"
+
+
+def holm_cell(verdict: str, holm_verdict: str) -> str:
+    """Holm's verdict as a Holm table shows it: in bold where it differs from the rule's."""
+    return f"**{holm_verdict}**" if holm_verdict != verdict else holm_verdict
+
+
+def holm_summary(
+    m: int, by_rule: int, by_holm: int, changes: list[str], resolved: str = "resolved", head: str = ""
+) -> str:
+    """The line under a Holm table: how many of its ``m`` decisions the rule and Holm resolve, then the
+    ``changes`` Holm makes (one phrase each, after ``head``), or "Holm changes no verdict." when none."""
+    counts = f"{m} decisions: {by_rule} {resolved} by the rule, {by_holm} after Holm. "
+    return counts + (head + "; ".join(changes) + "." if changes else "Holm changes no verdict.")

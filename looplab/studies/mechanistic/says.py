@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from looplab.report.pages import register_block
+from looplab.report.pages import markdown_table, register_block
 from looplab.studies.mechanistic.trained import (
     DISTANCE_LOOPS,
     LAYERS_FILE,
@@ -204,6 +204,41 @@ PILOT_FILE = "sink-pilot/checkpoints.csv"
 #: the share a uniform causal attention puts on the start token, averaged over a window's queries of 128 bytes
 #: after the start token (129 positions): mean over q = 1..129 of 1 / q
 UNIFORM_START = float(np.mean(1.0 / np.arange(1, 130)))
+
+
+#: what each pilot preset is, as the table names it (configs/mechanistic/<preset>.toml: (p, k⊗r, c), injection)
+PILOT_MODELS = {"kjv-feedforward": "feed-forward (2, 16⊗1, 2)", "kjv-looped": "looped (2, 4⊗4, 2), injection"}
+#: the checkpoints the table shows: the first, the middle and the last of the 3000 steps
+PILOT_STEPS = (500, 1500, 3000)
+
+
+def _mlp_name(name: str) -> str:
+    """ "prelude0" → "prelude 0": the part and the layer index of an MLP, as the page names it."""
+    part = name.rstrip("0123456789")
+    return f"{part} {name.removeprefix(part)}"
+
+
+@register_block(f"{STUDY}/pilot")
+def pilot_table(results_dir: Path) -> str:
+    """The pilot's checkpoints at :data:`PILOT_STEPS`, per model: training loss, the largest attention mass on
+    the start token, the largest MLP output (and which MLP), the largest residual activation."""
+    rows = _read(results_dir, PILOT_FILE)
+    body = []
+    for preset, part in rows.groupby("preset", sort=False):
+        shown = part.set_index("step").loc[list(PILOT_STEPS)]
+        for i, (step, row) in enumerate(shown.iterrows()):
+            body.append(
+                [
+                    PILOT_MODELS.get(preset, preset) if i == 0 else "",
+                    str(step),
+                    f"{row.train_loss:.3f}",
+                    f"{row.sink_max:.3f}",
+                    f"{row.largest_mlp_max:.1f} ({_mlp_name(row.largest_mlp)})",
+                    f"{row.top_activation:.1f}",
+                ]
+            )
+    header = ["model", "step", "train loss (nats)", "max sink mass", "largest MLP output", "largest activation"]
+    return markdown_table(header, body)
 
 
 @register_block(f"{STUDY}/says-pilot")

@@ -28,7 +28,7 @@ from looplab.studies.mechanistic.trained import (
     decision_lines,
     stage_table,
 )
-from looplab.studies.prose import p_cell, verdict_of
+from looplab.studies.prose import holm_cell, holm_summary, p_cell, verdict_of
 
 UNRESOLVED = "not resolved"
 
@@ -107,18 +107,15 @@ def holm_block(results_dir: Path) -> str:
             d.question,
             f"{p_cell(d.p)} → {p_cell(d.holm_p)}",
             d.verdict,
-            f"**{d.holm_verdict}**" if d.holm_verdict != d.verdict else d.holm_verdict,
+            holm_cell(d.verdict, d.holm_verdict),
         ]
         for d in found
     ]
-    changed = [d for d in found if d.holm_verdict != d.verdict]
-    summary = f"{len(found)} decisions: {sum(d.verdict != UNRESOLVED for d in found)} resolved by the rule, " + (
-        f"{sum(d.holm_verdict != UNRESOLVED for d in found)} after Holm. "
-        + (
-            "The verdicts Holm changes: " + "; ".join(f"{d.question}: {d.verdict} → {d.holm_verdict}" for d in changed)
-            if changed
-            else "Holm changes no verdict"
-        )
-        + "."
+    summary = holm_summary(
+        len(found),
+        sum(d.verdict != UNRESOLVED for d in found),
+        sum(d.holm_verdict != UNRESOLVED for d in found),
+        [f"{d.question}: {d.verdict} → {d.holm_verdict}" for d in found if d.holm_verdict != d.verdict],
+        head="The verdicts Holm changes: ",
     )
     return markdown_table(["decision", "p → Holm", "verdict (rule)", "verdict (Holm)"], body) + "\n\n" + summary

@@ -27,7 +27,7 @@ import pandas as pd
 
 from looplab.report.effect import ALPHA, direction_p, holm, mean_se, one_sided_p, welch_se, within_p
 from looplab.report.pages import markdown_table, register_block
-from looplab.studies.prose import p_cell, verdict_of
+from looplab.studies.prose import holm_cell, holm_summary, p_cell, verdict_of
 from looplab.studies.recursive.pages import CONFIRM, MAZE, RUNS_FILE, STUDY, _decision_frame, _read
 from looplab.studies.recursive.paper import (
     COMPARISONS,
@@ -169,20 +169,18 @@ def holm_block(results_dir: Path, study: str) -> str:
             "; ".join(f"{name} {p_cell(p)}" for name, p in d.tests.items()) or "n/a",
             f"{p_cell(d.p)} → {p_cell(d.holm_p)}",
             d.verdict,
-            f"**{d.holm_verdict}**" if d.holm_verdict != d.verdict else d.holm_verdict,
+            holm_cell(d.verdict, d.holm_verdict),
         ]
         for d in found
     ]
     header = ["decision", "tests' p", "p → Holm", "verdict (rule)", "verdict (Holm)"]
     changed = [d for d in found if d.holm_verdict != d.verdict]
-    held = sum(d.verdict not in (UNRESOLVED,) and not d.verdict.startswith("n/a") for d in found)
-    held_holm = sum(d.holm_verdict not in (UNRESOLVED,) and not d.holm_verdict.startswith("n/a") for d in found)
-    summary = f"{len(found)} decisions: {held} resolved by the rule, {held_holm} after Holm. " + (
-        f"The verdicts Holm changes ({len(changed)} of {len(found)}): "
-        + "; ".join(f"{line_name(d.line)}: {d.verdict} → {d.holm_verdict}" for d in changed)
-        + "."
-        if changed
-        else "Holm changes no verdict."
+    summary = holm_summary(
+        len(found),
+        sum(d.verdict != UNRESOLVED and not d.verdict.startswith("n/a") for d in found),
+        sum(d.holm_verdict != UNRESOLVED and not d.holm_verdict.startswith("n/a") for d in found),
+        [f"{line_name(d.line)}: {d.verdict} → {d.holm_verdict}" for d in changed],
+        head=f"The verdicts Holm changes ({len(changed)} of {len(found)}): ",
     )
     return markdown_table(header, body) + "\n\n" + summary
 

@@ -20,7 +20,7 @@ from scipy import stats as scipy_stats
 
 from looplab.report.effect import ALPHA, holm, welch_p
 from looplab.report.pages import markdown_table
-from looplab.studies.prose import p_cell, split_decision
+from looplab.studies.prose import holm_cell, holm_summary, p_cell, split_decision
 
 #: the verdict a rule gives when its interval does not exclude the null
 UNRESOLVED = "not resolved"
@@ -94,26 +94,24 @@ def holm_block(found: list[Decided]) -> str:
     body = []
     for d in found:
         question, evidence, _ = split_decision(d.line)
-        changed = d.holm_verdict != d.verdict
         body.append(
             [
                 _label(question, evidence),
                 p_cell(d.p),
                 p_cell(d.holm_p),
                 d.verdict,
-                f"**{d.holm_verdict}**" if changed else d.holm_verdict,
+                holm_cell(d.verdict, d.holm_verdict),
             ]
         )
     header = ["decision", "p", "p after Holm", "verdict (rule)", "verdict (Holm)"]
-    resolved = sum(d.resolved for d in found)
-    after = sum(d.resolved and d.holm_p < ALPHA for d in found)
     changed = [d for d in found if d.holm_verdict != d.verdict]
-    summary = f"{len(found)} decisions: {resolved} name a direction by the rule, {after} after Holm. " + (
-        f"Holm changes {len(changed)}: "
-        + "; ".join(f"{_label(*split_decision(d.line)[:2])} ({d.verdict} → {d.holm_verdict})" for d in changed)
-        + "."
-        if changed
-        else "Holm changes no verdict."
+    summary = holm_summary(
+        len(found),
+        sum(d.resolved for d in found),
+        sum(d.resolved and d.holm_p < ALPHA for d in found),
+        [f"{_label(*split_decision(d.line)[:2])} ({d.verdict} → {d.holm_verdict})" for d in changed],
+        resolved="name a direction",
+        head=f"Holm changes {len(changed)}: ",
     )
     return markdown_table(header, body) + "\n\n" + summary
 

@@ -21,7 +21,7 @@ from scipy import stats as scipy_stats
 from looplab.report.aggregate import t_interval
 from looplab.report.effect import ALPHA, Effect, EffectP, comparison_line, effect_p_values, holm
 from looplab.report.pages import markdown_table, register_block
-from looplab.studies.prose import names, p_cell, span
+from looplab.studies.prose import holm_cell, names, p_cell, span
 from looplab.studies.stopping.confirm import (
     ARMS,
     CLAIM_ARMS,
@@ -483,7 +483,7 @@ def holm_block(results_dir: Path) -> str:
             f"{p_cell(d.p.gap)} → {p_cell(d.gap_holm)}",
             f"{p_cell(d.p.std)} → {p_cell(d.std_holm)}",
             d.effect.verdict,
-            f"**{d.holm_verdict}**" if d.holm_verdict != d.effect.verdict else d.holm_verdict,
+            holm_cell(d.effect.verdict, d.holm_verdict),
         ]
         for d in found
     ]
