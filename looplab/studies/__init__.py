@@ -41,6 +41,7 @@ REGISTERING = (
     "looplab.studies.recursive.pages",
     "looplab.studies.recursive.verdicts",
     "looplab.studies.recursive.says",
+    "looplab.studies.flat_cache",
 )
 #: reproduction studies with a part that is not a sweep of configs: its settings file, run after the sweep
 STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}

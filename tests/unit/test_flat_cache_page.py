@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -42,3 +44,11 @@ def test_fewer_seeds_than_planned_is_not_resolved_and_an_empty_arm_is_na():
     text = page.render(reads, page.READS)
     assert "n/a (0 seeds)" in text  # the arms with no reads
     assert "**lognormal**: `shared` is **not resolved**" in text
+
+
+def test_the_committed_page_is_what_its_reads_give():
+    """docs/results/flat-cache.md is the page writer's output on the committed reads (nothing edited by hand)."""
+    from looplab.studies.flat_cache.page import PAGE, READS, render
+
+    root = Path(__file__).resolve().parents[2]
+    assert (root / PAGE).read_text(encoding="utf-8") == render(pd.read_csv(root / READS), READS)
