@@ -33,6 +33,8 @@ BENCHMARKS = (
     "stabilisers",
     "cli_start",
     "model_dirs",
+    "speculative",
+    "serve",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 

@@ -76,6 +76,7 @@ EXAMPLES = {
         "looplab generate runs/lm --prompts-file prompts.txt --temperature 0.8 --top-k 20 --seed 1",
         "looplab generate runs/lm --prompt 'And God said' --exit kl --exit-param eps=0.01 --loops 16",
         "looplab generate models/hrm --prompt 'And God said' --loops 8 --cache per_loop --json",
+        "looplab generate runs/lm --prompt 'And God said' --loops 8 --draft-loops 2 --draft-tokens 4",
     ],
     "serve": [
         "looplab serve runs/lm --port 8000",
@@ -314,6 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
     generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
+    generate.add_argument(
+        "--draft-loops",
+        type=int,
+        metavar="k",
+        help="self-speculative decoding: draft at k loops, verify at --loops (fixed exit, per_loop cache; greedy)",
+    )
+    generate.add_argument(
+        "--draft-tokens", type=int, metavar="n", help="tokens drafted per round (with --draft-loops; default 4)"
+    )
     generate.add_argument(
         "--json",
         action="store_true",

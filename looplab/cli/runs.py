@@ -97,6 +97,11 @@ def generate_command(args) -> None:
     if "" in stops:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
     params = _exit_params(args)
+    if args.draft_tokens is not None and args.draft_loops is None:
+        raise LooplabError("--draft-tokens needs --draft-loops k (the draft's depth)")
+    draft = (
+        None if args.draft_loops is None else (args.draft_loops, 4 if args.draft_tokens is None else args.draft_tokens)
+    )
     if is_model_dir(args.run_dir):
         token_exit_params(args.exit, {}, **params)  # an unknown exit or parameter is refused before any weight is read
         lm = open_text_lm(args.run_dir, args.dtype or "float32")
@@ -120,6 +125,7 @@ def generate_command(args) -> None:
         stops,
         args.keep_loops,
         sources,
+        draft=draft,
     )
     for completion, logprobs in zip(completions, result.logprobs):
         if args.json:
@@ -131,9 +137,18 @@ def generate_command(args) -> None:
     depths = [d for c in result.depths for d in c]
     print(
         f"generate: {len(depths)} tokens, {args.exit} exit (loops {rule.loops}), mean depth {result.mean_depth:.2f} "
-        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB",
+        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
+        + _draft_summary(draft, result),
         file=sys.stderr if args.json else sys.stdout,
     )
+
+
+def _draft_summary(draft, result) -> str:
+    """The summary line's tail for a speculative generation: the drafts and the share kept."""
+    if draft is None:
+        return ""
+    kept = "n/a" if not result.drafted else f"{100 * result.acceptance:.1f} %"
+    return f", drafts of {draft[1]} at {draft[0]} loops: {result.accepted}/{result.drafted} kept ({kept})"
 
 
 def _completion_json(completion, logprobs: list[float]) -> dict:

@@ -21,6 +21,7 @@ from torch import Tensor
 from looplab.errors import LooplabError
 from looplab.generation.decode import GREEDY, Generation, Sampling, generate
 from looplab.generation.exits import GenerationExit
+from looplab.generation.speculative import generate_speculative
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.schedules import Schedule
 from looplab.tasks.base import START
@@ -96,6 +97,7 @@ def generate_text(
     keep_loops: int = 2,
     sources: list[str] | None = None,
     dtype: str = "float32",
+    draft: tuple[int, int] | None = None,
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with a looped LM: a run dir's latest checkpoint or a model dir (any path
     :func:`~looplab.generation.text_lm.open_text_lm` opens, in ``dtype`` for a model dir), or a
@@ -121,9 +123,28 @@ def generate_text(
         return bool(stops) and cut_at_stop(lm.decode(ids), stops) is not None
 
     prompts_ids = [lm.encode(p) for p in prompts]
-    result = generate(
-        lm.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, sources=sources
-    )
+    if draft is not None:
+        if exit_rule.adaptive or cache != "per_loop":
+            raise LooplabError(
+                f"speculative decoding verifies at a fixed depth through the per_loop cache: use --exit fixed "
+                f"--cache per_loop (got --exit {exit_rule.name} --cache {cache})"
+            )
+        draft_loops, draft_tokens = draft
+        result = generate_speculative(
+            lm.model,
+            prompts_ids,
+            max_new_tokens,
+            exit_rule.loops,
+            draft_loops,
+            draft_tokens,
+            finished,
+            sampling,
+            sources,
+        )
+    else:
+        result = generate(
+            lm.model, prompts_ids, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, sources=sources
+        )
     completions = []
     for prompt, prompt_ids, ids, depths in zip(prompts, prompts_ids, result.tokens, result.depths):
         text = lm.decode(ids)

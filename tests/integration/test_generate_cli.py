@@ -72,6 +72,22 @@ def test_greedy_generation_is_the_same_with_and_without_the_cache(lm_run):
     assert outputs[0] == outputs[1] == outputs[2]
 
 
+def test_speculative_generation_prints_the_fixed_depths_tokens_and_its_drafts(lm_run, capsys):
+    """``--draft-loops k --draft-tokens n``: the same JSON tokens and loops as fixed-K greedy decoding, and the
+    drafts kept on the summary line."""
+    from looplab.cli import main
+
+    argv = ["generate", str(lm_run), "--prompt", "And God said", "--prompt", "k=3;", "--max-new-tokens", "8"]
+    argv += ["--loops", "4", "--json"]
+    assert main(argv) == 0
+    fixed = [json.loads(line)["token_ids"] for line in capsys.readouterr().out.splitlines()]
+    assert main([*argv, "--draft-loops", "2", "--draft-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["token_ids"] for row in rows] == fixed and all(set(row["loops"]) == {4} for row in rows)
+    assert "drafts of 3 at 2 loops: " in err and " kept (" in err
+
+
 def test_the_halting_exit_reads_the_runs_own_head(tmp_path):
     """A text run trained with a halting schedule: the halting exit stops tokens where its head says halt
     (read on each token's state at the loops the schedule decides at), within the cap."""
@@ -145,6 +161,12 @@ def prompt_files(tmp_path_factory):
         (["--prompt", "x", "--exit", "kl", "--eps", "0.1", "--exit-param", "eps=0.2"], "--eps is the earlier spelling"),
         (["--prompt", "x", "--cache", "last_m", "--keep-loops", "0"], "keeps 1..4096 loops per token, got 0"),
         (["--prompt", "x", "--cache", "last_m", "--keep-loops", "100000"], "keeps 1..4096 loops per token"),
+        (["--prompt", "x", "--loops", "4", "--draft-loops", "4"], "--draft-loops must be in 1..3 (below --loops 4)"),
+        (["--prompt", "x", "--loops", "4", "--draft-loops", "2", "--draft-tokens", "0"], "--draft-tokens must be a"),
+        (["--prompt", "x", "--draft-tokens", "3"], "--draft-tokens needs --draft-loops k"),
+        (["--prompt", "x", "--draft-loops", "1", "--exit", "kl"], "use --exit fixed --cache per_loop (got --exit kl"),
+        (["--prompt", "x", "--draft-loops", "1", "--cache", "shared"], "(got --exit fixed --cache shared)"),
+        (["--prompt", "x", "--draft-loops", "1", "--temperature", "0.5"], "speculative decoding is greedy here"),
     ],
 )
 def test_bad_generate_arguments_are_one_line_exit_2(lm_run, prompt_files, extra, message):

@@ -1,0 +1,127 @@
+"""Self-speculative decoding against fixed-depth greedy decoding: tokens/s, acceptance, identical tokens.
+
+The draft is the same model at k loops; n drafted tokens are verified at K loops in one batched pass
+(:mod:`looplab.generation.speculative`). Each cell times fixed-K greedy decoding (the ``per_loop``
+cache) and speculative decoding at (k, n) on the same prompts, interleaved (median of
+``--repeats``), and asserts that both give the same tokens.
+
+1. A byte-level looped LM (``--run-dir``, or the ``generation/kjv_trace`` preset trained here for
+   ``--steps`` steps: d 64, a 2-layer core, loops in [1, 16]): KJV validation prompts of 64 bytes
+   continued by 64, batch 1, 8 and 32, K = 8.
+2. The SmolLM2-135M retrofit (4, 6⊗r, 4), ``mix``, not fine-tuned (d 576; skipped with a note when
+   the model is not installed): KJV prompts of 64 tokens continued by 32, batch 1 and 8, K = 4.
+
+Goal: speculative ≥ 1.5× fixed K's tokens/s at its best (k, n) on one of the two models.
+
+    python bench/speculative.py [--run-dir RUN] [--steps 800] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from timing import machine_line, print_measure, print_table, print_verdict, setup
+
+from looplab.errors import LooplabError
+from looplab.experiment import Experiment
+from looplab.generation import GenerationExit, generate
+from looplab.generation.speculative import generate_speculative
+from looplab.seeding import derive_generator
+from looplab.tasks.corpus import load_corpus
+
+GOAL = 1.5
+PRESET = "generation/kjv_trace"
+
+
+def timed(run, repeats: int, *args) -> tuple[object, float]:
+    """The result of ``run(*args)`` and its median seconds over ``repeats`` calls."""
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        result = run(*args)
+        seconds.append(time.perf_counter() - began)
+    return result, statistics.median(seconds)
+
+
+def cells(model, prompts_by_batch, new_tokens: int, loops: int, grid, repeats: int) -> tuple[list[list], float]:
+    """Rows (batch, k, n, acceptance, tokens/s fixed, tokens/s speculative, ratio) and the best ratio."""
+    rows, best = [], 0.0
+    for batch, prompts in prompts_by_batch.items():
+        fixed, fixed_s = timed(generate, repeats, model, prompts, new_tokens, GenerationExit("fixed", loops))
+        count = sum(map(len, fixed.tokens))
+        for k, n in grid:
+            fast, fast_s = timed(generate_speculative, repeats, model, prompts, new_tokens, loops, k, n)
+            assert fast.tokens == fixed.tokens, f"speculative ({k}, {n}) must give fixed {loops}'s tokens"
+            ratio = fixed_s / fast_s
+            best = max(best, ratio)
+            rows.append(
+                [batch, k, n, f"{100 * fast.acceptance:.1f}", f"{count / fixed_s:.0f}", f"{count / fast_s:.0f}",
+                 f"{ratio:.2f}"]
+            )  # fmt: skip
+    return rows, best
+
+
+HEADER = ["batch", "draft loops k", "draft tokens n", "acceptance %", "fixed K tok/s", "speculative tok/s", "ratio"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", help="a trained byte-level LM run (default: train the preset here)")
+    parser.add_argument("--steps", type=int, default=800, help="training steps when no run is given")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    setup(args.threads, 0)
+    print(machine_line())
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = args.run_dir
+        if run_dir is None:
+            run_dir = str(Path(scratch) / "lm")
+            subprocess.run(
+                [sys.executable, "-m", "looplab", "train", PRESET, "--out", run_dir, "--no-progress",
+                 "--set", f"train.steps={args.steps}", "--set", f"run.threads={args.threads}"],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        exp = Experiment.from_run(run_dir)
+    tokens, _ = exp.task.sample_split(63, 32, derive_generator(0, "bench-speculative"), "val")
+    windows = [row.tolist() for row in tokens]  # the start token, then 63 bytes
+    prompts = {batch: windows[:batch] for batch in (1, 8, 32)}
+    grid = [(1, 4), (2, 4), (2, 8), (4, 4)]
+    rows, best_lm = cells(exp.model, prompts, 64, 8, grid, args.repeats)
+    print("1. byte-level LM (d 64), KJV prompts of 64 bytes + 64, K = 8")
+    print_table(HEADER, rows)
+    best_retrofit = retrofit_section(args.repeats)
+    print_measure("byte-level LM: speculative / fixed 8 tokens/s, best (k, n)", best_lm)
+    best = best_lm if best_retrofit is None else max(best_lm, best_retrofit)
+    if best_retrofit is not None:
+        print_measure("SmolLM2 retrofit: speculative / fixed 4 tokens/s, best (k, n)", best_retrofit)
+    print_verdict("speculative / fixed-K tokens/s, best model and (k, n)", best, GOAL)
+
+
+def retrofit_section(repeats: int) -> float | None:
+    """Part 2 (see the module docstring); the best ratio, or None when SmolLM2 is not installed."""
+    from looplab.lm.pretrained import load_smollm2
+    from looplab.lm.retrofit import RetrofittedLoop
+
+    try:
+        pretrained, tokenizer = load_smollm2()
+    except LooplabError as err:
+        print(f"2. retrofit: skipped ({err})")
+        return None
+    retrofit = RetrofittedLoop(pretrained, 4, 6, 4, inject_init="mix").eval()
+    text = load_corpus().text("val")
+    windows = [tokenizer(text[i * 4000 : i * 4000 + 600])["input_ids"][:64] for i in range(8)]
+    rows, best = cells(retrofit, {1: windows[:1], 8: windows}, 32, 4, [(1, 4), (2, 4), (2, 2)], max(1, repeats - 2))
+    print("2. SmolLM2-135M retrofit (4, 6⊗r, 4), d 576, KJV prompts of 64 tokens + 32, K = 4")
+    print_table(HEADER, rows)
+    return best
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Self-speculative decoding: the draft is the same model at fewer loops.
+
+A looped model at k < K loops is a cheaper model of itself at K. Each round, every live row drafts
+``n`` tokens greedily at k loops, one at a time, through the ``per_loop`` cache; then one batched
+pass continues the n drafted positions from loop k + 1 to K (their loops 1..k are already the
+K-loop model's: under ``per_loop`` a token's loop-t state reads only loop-t keys of tokens before
+it, which the draft computed exactly as a K-loop run does) and reads the K-loop next-token
+distribution at each. The row keeps the longest drafted prefix that K-loop greedy decoding agrees
+with, plus K's own token at the first disagreement, so the tokens are those of fixed-K greedy
+decoding (tested in float64), and a round costs n·k sequential loops and one batched pass of
+n·(K − k) loops instead of n·K sequential loops.
+
+Bookkeeping. The decoder's invariant is: every committed token but the row's last is in the cache
+at all K loops. A round writes its n tokens (the last committed one, then n − 1 drafts) into the
+next n slots of every live row; the slots of rejected drafts are marked not real, so no later
+token attends to them (slots are per row and hold positions, so rows that kept different counts
+still share one slice of slots per round). Slots are allocated for the worst case, n per new token.
+
+What it takes: a fixed exit at K loops, greedy picking, the ``per_loop`` cache, and a model whose
+layers read earlier tokens through attention only (Inkling-2's convolutions over time read the
+slot before, which a rejected draft may hold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError
+from looplab.generation.cache import POLICIES, visible
+from looplab.generation.decode import GREEDY, _check
+from looplab.generation.decoder import Calls, Decoder, coda_pass, core_pass, logits_of, prelude_pass
+from looplab.generation.exits import GenerationExit
+from looplab.generation.sampling import Generation, Sampling, ended
+from looplab.generation.views import decodable
+
+__all__ = ["SpeculativeGeneration", "generate_speculative"]
+
+
+@dataclass
+class SpeculativeGeneration(Generation):
+    """A :class:`Generation` and its drafts: ``drafted`` draft tokens proposed, ``accepted`` of them kept."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted drafts / proposed drafts (NaN when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+
+@torch.no_grad()
+def generate_speculative(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    loops: int,
+    draft_loops: int,
+    draft_tokens: int,
+    finished: Callable[[list[int]], bool] | None = None,
+    sampling: Sampling = GREEDY,
+    sources: list[str] | None = None,
+) -> SpeculativeGeneration:
+    """Greedy decoding at ``loops`` loops, drafted ``draft_tokens`` at a time at ``draft_loops`` loops.
+
+    Args:
+        model: what :func:`looplab.generation.generate` takes.
+        prompts: token ids per row (each non-empty).
+        loops: K, the depth whose greedy tokens are returned.
+        draft_loops: k in 1..K − 1, the draft's depth.
+        draft_tokens: n ≥ 1, the tokens drafted per round.
+        finished: called with a row's generated ids after each token; True ends that row.
+        sampling: must be greedy (temperature 0); sampled speculative decoding needs rejection sampling.
+
+    Returns:
+        tokens, depths (K for every token), log-probabilities under the K-loop distribution, and the
+        draft counts.
+    """
+    view = decodable(model)
+    exit_rule = GenerationExit("fixed", loops)
+    if sampling.temperature != 0:
+        raise LooplabError("speculative decoding is greedy here: --temperature must be 0")
+    if not 1 <= draft_loops < loops:
+        raise LooplabError(f"--draft-loops must be in 1..{loops - 1} (below --loops {loops}), got {draft_loops}")
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
+        raise LooplabError(f"--draft-tokens must be a positive integer, got {draft_tokens}")
+    if tuple(getattr(view, "policies", POLICIES)) != tuple(POLICIES):
+        raise LooplabError(
+            f"speculative decoding is not defined for {type(model).__name__}: its layers read the slot before "
+            "through convolutions over time, which a rejected draft may hold"
+        )
+    _check(view, prompts, max_new_tokens, exit_rule, "per_loop", 2, None, sources)
+    was_training = view.training
+    view.eval()
+    try:
+        return _SpeculativeDecoder(view, prompts, max_new_tokens, exit_rule, draft_loops, draft_tokens, finished).run()
+    finally:
+        view.train(was_training)
+
+
+class _SpeculativeDecoder(Decoder):
+    """The cached decoder's prefill and passes, stepped in draft-and-verify rounds (module docstring)."""
+
+    def __init__(self, model, prompts, max_new_tokens, exit_rule, draft_loops, draft_tokens, finished):
+        super().__init__(model, prompts, max_new_tokens * draft_tokens, exit_rule, "per_loop", GREEDY, finished)
+        self.max_new, self.draft_loops, self.draft_tokens = max_new_tokens, draft_loops, draft_tokens
+
+    def run(self) -> SpeculativeGeneration:
+        batch = len(self.lengths)
+        rows = torch.arange(batch, device=self.lengths.device)
+        logits, _ = self.forward(self.tokens, rows, slice(0, self.width), self.lengths - 1, prefill=True)
+        out = SpeculativeGeneration(*([[] for _ in range(batch)] for _ in range(3)))
+        first = logits.argmax(-1)
+        logprobs = logits.double().log_softmax(-1)
+        live = []
+        for row in range(batch):
+            self._commit(out, row, int(first[row]), float(logprobs[row, first[row]]))
+            if not self._done(out, row):
+                live.append(row)
+        base, n = self.width, self.draft_tokens
+        while live:
+            live_rows = torch.tensor(live, device=rows.device)
+            last = torch.tensor([out.tokens[row][-1] for row in live], device=rows.device)
+            start = self.lengths[live_rows] + torch.tensor(
+                [len(out.tokens[row]) - 1 for row in live], device=rows.device
+            )
+            chunk = slice(base, base + n)
+            self.slots.positions[live_rows, chunk] = start[:, None] + torch.arange(n, device=rows.device)
+            drafts, h, e = self._draft(last, live_rows, base, n)
+            logits = self._verify(h, e, live_rows, chunk)  # [R, n, V] at K loops
+            agreed = logits.argmax(-1)  # [R, n]: K's token after each of the round's inputs
+            logprobs = logits.double().log_softmax(-1)
+            still = []
+            for i, row in enumerate(live):
+                kept = 0  # drafts d_1..d_kept agree with K
+                while kept < n and int(drafts[i, kept]) == int(agreed[i, kept]):
+                    kept += 1
+                out.drafted += n
+                out.accepted += kept
+                for j in range(min(kept + 1, n)):
+                    self._commit(out, row, int(agreed[i, j]), float(logprobs[i, j, agreed[i, j]]))
+                    if self._done(out, row):
+                        break
+                # the round's slots beyond the row's last committed token but one hold rejected drafts
+                self.slots.real[row, base + min(kept + 1, n) : base + n] = False
+                if not self._done(out, row):
+                    still.append(row)
+            live, base = still, base + n
+        out.cache_bytes = self.cache.nbytes()
+        return out
+
+    def _commit(self, out: SpeculativeGeneration, row: int, token: int, logprob: float) -> None:
+        out.tokens[row].append(token)
+        out.depths[row].append(self.exit.loops)
+        out.logprobs[row].append(logprob)
+
+    def _done(self, out: SpeculativeGeneration, row: int) -> bool:
+        return len(out.tokens[row]) >= self.max_new or ended(out.tokens[row], row, self.finished, None)
+
+    def _draft(self, last: Tensor, rows: Tensor, base: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Feed each row's last committed token, then its drafts, one slot at a time at k loops.
+
+        Returns the drafts d_1..d_n [R, n] and the round's n inputs' states h, e [R, n, d] after loop k.
+        """
+        token, drafts, states, injected = last, [], [], []
+        for i in range(n):
+            slot = slice(base + i, base + i + 1)
+            self.slots.real[rows, slot] = True
+            h, e = self._loops(token[:, None], None, None, rows, slot, 1, self.draft_loops)
+            token = self._read(h, rows, slot)[:, 0].argmax(-1)
+            drafts.append(token)
+            states.append(h)
+            injected.append(e)
+        return torch.stack(drafts, 1), torch.cat(states, 1), torch.cat(injected, 1)
+
+    def _verify(self, h: Tensor, e: Tensor, rows: Tensor, chunk: slice) -> Tensor:
+        """Loops k + 1..K of the round's inputs in one pass, then the K-loop logits [R, n, V] at each."""
+        h, _ = self._loops(None, h, e, rows, chunk, self.draft_loops + 1, self.exit.loops)
+        return self._read(h, rows, chunk)
+
+    def _loops(self, tokens, h, e, rows: Tensor, chunk: slice, first: int, last: int) -> tuple[Tensor, Tensor]:
+        """Core loops ``first``..``last`` of the tokens in ``chunk`` of ``rows``: from their ids [R, m] when
+        ``first`` is 1 (the prelude first), else from their states h, e [R, m, d] after loop first − 1."""
+        key, allowed, rope = self._pass(rows, chunk)
+        if first == 1:
+            x = self.model.embedding(tokens)
+            if self.model.positions is not None:
+                x = x + self.model.positions.weight[self.slots.positions[rows, chunk]]
+            e = prelude_pass(self.model, x, Calls(self, "prelude", 0, key, chunk, allowed, rope))
+            h = self.model.initial_state(e)
+        for t in range(first, last + 1):
+            h = core_pass(self.model, h, e, Calls(self, "core", t, key, chunk, allowed, rope))
+        return h, e
+
+    def _read(self, h: Tensor, rows: Tensor, chunk: slice) -> Tensor:
+        """Next-token logits [R, m, V] of states h [R, m, d] after the coda."""
+        key, allowed, rope = self._pass(rows, chunk)
+        return logits_of(self.model, coda_pass(self.model, h, Calls(self, "coda", 0, key, chunk, allowed, rope)))
+
+    def _pass(self, rows: Tensor, chunk: slice):
+        """The cache key (a slice when every row runs), attention mask and RoPE tables of one pass."""
+        key = slice(None) if len(rows) == len(self.lengths) else rows
+        positions = self.slots.positions[rows, chunk]
+        rope = None if self.rope is None else (self.rope[0][positions], self.rope[1][positions])
+        return key, visible(self.slots, key, chunk, self.model.cfg.attention_window), rope
