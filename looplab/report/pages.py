@@ -69,7 +69,8 @@ def register_collector(study: str) -> Callable[[Collector], Collector]:
 
 def register_frozen(study: str, protocol: str) -> None:
     """Declare that ``study`` is decided by the frozen protocol at ``protocol`` (relative to the results
-    folder): ``looplab results --check`` fails when that file is missing."""
+    folder, or absolute for a protocol kept in the package): ``looplab results --check`` fails when that
+    file is missing."""
     FROZEN[study] = protocol
 
 

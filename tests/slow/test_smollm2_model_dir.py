@@ -65,3 +65,46 @@ def test_eval_text_on_the_dir_equals_the_python_path(smollm2_retrofit, tmp_path)
     windows = text_windows(tokenizer, text.read_text(encoding="utf-8"), WINDOW, SAMPLES, str(text))
     reference = text_loss_by_loops(looped, windows, LOOPS)
     assert torch.allclose(torch.tensor(table.loss.values), torch.tensor(reference.loss.values), rtol=0, atol=1e-6)
+
+
+def test_generate_json_on_the_dir_equals_the_python_path(smollm2_retrofit, capsys):
+    """``looplab generate DIR --json`` with SmolLM2's own tokenizer: the prompt's ids are the tokenizer's,
+    and the tokens, log-probabilities and loops equal greedy ``generate`` on the Python-built retrofit."""
+    import json
+
+    from looplab.generation import GenerationExit, generate
+    from looplab.lm.pretrained import load_smollm2
+    from looplab.lm.retrofit import RetrofittedLoop
+
+    prompts, new = ["In the beginning God created", "And the earth was"], 6
+    capsys.readouterr()
+    flags = ["--loops", str(LOOPS), "--cache", "per_loop", "--max-new-tokens", str(new), "--json"]
+    code = main(["generate", str(smollm2_retrofit), *[a for p in prompts for a in ("--prompt", p)], *flags])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    model, tokenizer = load_smollm2()
+    looped = RetrofittedLoop(model, *SPLIT, inject_init="mix").eval()
+    for prompt, row in zip(prompts, rows, strict=True):
+        assert row["prompt_ids"] == tokenizer(prompt)["input_ids"]
+        want = generate(looped, [row["prompt_ids"]], new, GenerationExit("fixed", LOOPS), "per_loop")
+        assert row["token_ids"] == want.tokens[0] and row["loops"] == [LOOPS] * new
+        assert row["text"] == tokenizer.decode(want.tokens[0], skip_special_tokens=True)
+        assert max(abs(a - b) for a, b in zip(row["logprobs"], want.logprobs[0], strict=True)) <= 1e-5
+
+
+def test_lm_eval_on_the_dir_gives_looplabs_numbers(smollm2_retrofit):
+    """lm-eval's ``looplab`` model on the SmolLM2 retrofit dir (the local tasks of tests/data/lm_eval): its
+    log-likelihoods, rolling scores and generations equal looplab's ``score`` / ``generate``, request by request."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    from looplab.harness import register
+    from tests.integration.test_harness import TASKS, _compare, _evaluate
+
+    register()
+    args = f"path={smollm2_retrofit},loops={LOOPS},prefix_token=0,batch_size=1"
+    lm = get_model("looplab").create_from_arg_string(args)
+    _compare(lm, _evaluate(lm, TaskManager(include_path=str(TASKS), include_defaults=False)))
+    assert {d for rows in lm.depths.values() for row in rows for d in row} == {LOOPS}

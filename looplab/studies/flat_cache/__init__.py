@@ -5,8 +5,11 @@
 writer. Importing this package registers the study as frozen.
 """
 
+from pathlib import Path
+
 from looplab.report.pages import register_frozen
 
-#: the study's folder under docs/results, and its protocol relative to that folder (a module, not a PROTOCOL.md)
+#: the study's folder under docs/results; its protocol is a module of this package, not a PROTOCOL.md, so it
+#: is registered by its absolute path (found wherever the results folder is copied to)
 STUDY = "flat-cache"
-register_frozen(STUDY, "../../looplab/studies/flat_cache/protocol.py")
+register_frozen(STUDY, str(Path(__file__).with_name("protocol.py")))

@@ -5,7 +5,8 @@
 2. For each W_I choice in ``--inject`` (default ``state`` = [0 | I], which ignores
    the input after loop 1, and ``mix`` = [I/2 | I/2], which injects it at every
    loop; both keep the exact r = 1 equivalence), retrofit the model into
-   (p, k⊗r, c) = (4, 6⊗r, 4) and measure it as is, then after a short
+   (p, k⊗r, c) = (4, 6⊗r, 4) through ``looplab retrofit``'s writer (a model dir under
+   ``OUT/models/<inject>``, loaded back as every command loads it) and measure it as is, then after a short
    fine-tune at ``--train-loops`` loops on KJV training text.
 3. Each measurement: held-out KJV loss against test loops, and a ``--loops``-loop
    trace: the first core layer's fixed-point self cosine (batch mean and median
@@ -42,12 +43,15 @@ from looplab.lm.finetune import (
     next_token_loss,
     token_mean_loss,
 )
-from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages
+from looplab.lm.model_dir import ModelDir, RetrofitSplit, is_model_dir, open_gguf, open_model_dir, write_retrofit
+from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages, smollm2_path
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
 from looplab.tasks.corpus import load_corpus
 
 TEST_LOOPS = (1, 2, 4, 8, 16, 32)
+#: (prelude, core, coda) layers of the retrofit
+SPLIT = (4, 6, 4)
 
 
 def text_chunks(split: str, count: int, chars: int, seed: int) -> list[str]:
@@ -101,6 +105,14 @@ def measure(looped: RetrofittedLoop, batch, loops: int, out: Path, name: str) ->
     }
 
 
+def retrofit_dir(path: Path, inject: str) -> ModelDir:
+    """The (4, 6⊗r, 4) retrofit with W_I ``inject`` as ``looplab retrofit SMOLLM2.gguf`` writes it into
+    ``path`` (written once; a later run reads it back): the study measures what every command loads."""
+    if not is_model_dir(path):
+        write_retrofit(open_gguf(smollm2_path()), RetrofitSplit(*SPLIT, inject), path)
+    return open_model_dir(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/smollm2")
@@ -137,8 +149,8 @@ def main() -> None:
     val_batch = encode(text_chunks("val", 8, 400, args.seed))
     rows = []
     for inject in args.inject.split(","):
-        torch.manual_seed(args.seed)  # the same fine-tuning randomness (and random W_I) for every choice
-        looped = RetrofittedLoop(model, prelude=4, core=6, coda=4, inject_init=inject)
+        torch.manual_seed(args.seed)  # the same fine-tuning randomness for every choice (loading draws from it)
+        looped = retrofit_dir(out / "models" / inject, inject).load().train()
         before = measure(looped, val_batch, args.loops, out, f"{inject}-as_is")
         began = time.perf_counter()
         log = fine_tune(
