@@ -34,6 +34,7 @@ BENCHMARKS = (
     "cli_start",
     "model_dirs",
     "speculative",
+    "depthwise",
     "serve",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")

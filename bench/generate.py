@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
+from lms import smollm2_retrofit, trained_lm
 from timing import machine_line, print_measure, print_table, print_verdict, setup
 
-from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate, score
 from looplab.generation.reasoning import decode_answers
@@ -53,7 +50,6 @@ from looplab.tasks.reasoning import ChainTrace
 from looplab.tasks.text import BYTE_OFFSET
 
 GOAL = 2.0
-PRESET = "generation/kjv_trace"
 CAP = 16
 FIXED_DEPTHS = (1, 2, 4, 8)
 ADAPTIVE = (
@@ -108,15 +104,7 @@ def main() -> None:
     setup(args.threads, 0)
     print(machine_line())
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir = args.run_dir
-        if run_dir is None:
-            run_dir = str(Path(scratch) / "lm")
-            subprocess.run(
-                [sys.executable, "-m", "looplab", "train", PRESET, "--out", run_dir, "--no-progress",
-                 "--set", f"train.steps={args.steps}", "--set", f"run.threads={args.threads}"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-        exp = Experiment.from_run(run_dir)
+        exp = Experiment.from_run(trained_lm(args.run_dir, scratch, args.steps, args.threads))
     model = exp.model
     prompts = kjv_prompts(exp, 8, 32)
 
@@ -223,15 +211,10 @@ def memory_rows(model, prompts, new_tokens: int, digits: int) -> list[list]:
 
 def retrofit_section() -> float | None:
     """Part 5 (see the module docstring); returns the cached / uncached ratio, or None when skipped."""
-    from looplab.lm.pretrained import load_smollm2
-    from looplab.lm.retrofit import RetrofittedLoop
-
-    try:
-        pretrained, tokenizer = load_smollm2()
-    except LooplabError as err:
-        print(f"5. retrofit: skipped ({err})")
+    loaded = smollm2_retrofit("5. retrofit")
+    if loaded is None:
         return None
-    retrofit = RetrofittedLoop(pretrained, 4, 6, 4, inject_init="mix").eval()
+    retrofit, tokenizer = loaded
     text = load_corpus().text("val")
     starts = range(0, 4 * 4000, 4000)
     passages = [tokenizer(text[start : start + 400])["input_ids"][:48] for start in starts]

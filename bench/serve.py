@@ -26,15 +26,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import httpx
+from lms import PRESET, trained_lm
 from timing import machine_line, print_measure, print_table, setup
 
 from looplab.experiment import Experiment
 from looplab.seeding import derive_generator
 
-PRESET = "generation/kjv_trace"
 EXITS = {"kl (cap 16)": {"exit": "kl", "loops": 16, "eps": 0.01}, "fixed 4": {"exit": "fixed", "loops": 4}}
 CLIENTS = (1, 8, 32)
 
@@ -101,16 +100,10 @@ def main() -> None:
     setup(args.threads, 0)
     print(machine_line())
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir = args.run_dir
-        if run_dir is None:
-            run_dir = str(Path(scratch) / "lm")
-            began = time.perf_counter()
-            subprocess.run(
-                [sys.executable, "-m", "looplab", "train", PRESET, "--out", run_dir, "--no-progress",
-                 "--set", f"train.steps={args.steps}", "--set", "train.batch_size=16",
-                 "--set", f"train.warmup_steps={max(1, args.steps // 8)}", "--set", "run.threads=2"],
-                check=True, capture_output=True,
-            )  # fmt: skip
+        began = time.perf_counter()
+        sets = ("train.batch_size=16", f"train.warmup_steps={max(1, args.steps // 8)}")
+        run_dir = trained_lm(args.run_dir, scratch, args.steps, 2, sets)
+        if args.run_dir is None:
             print(f"trained {PRESET} for {args.steps} steps in {time.perf_counter() - began:.0f} s")
         windows = prompts(run_dir, args.requests)
         rows = []

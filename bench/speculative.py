@@ -6,37 +6,31 @@ cache) and speculative decoding at (k, n) on the same prompts, interleaved (medi
 ``--repeats``), and asserts that both give the same tokens.
 
 1. A byte-level looped LM (``--run-dir``, or the ``generation/kjv_trace`` preset trained here for
-   ``--steps`` steps: d 64, a 2-layer core, loops in [1, 16]): KJV validation prompts of 64 bytes
+   ``--steps`` steps: d 64, a 2-layer core, loops in [1, 16]; ``--run-dir`` a run of
+   ``generation/kjv_trace_d256`` for d 256): KJV validation prompts of 64 bytes
    continued by 64, batch 1, 8 and 32, K = 8.
 2. The SmolLM2-135M retrofit (4, 6⊗r, 4), ``mix``, not fine-tuned (d 576; skipped with a note when
    the model is not installed): KJV prompts of 64 tokens continued by 32, batch 1 and 8, K = 4.
 
 Goal: speculative ≥ 1.5× fixed K's tokens/s at its best (k, n) on one of the two models.
 
-    python bench/speculative.py [--run-dir RUN] [--steps 800] [--repeats 3]
+    python bench/speculative.py [--run-dir RUN] [--steps 800] [--repeats 3] [--no-retrofit]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
+from lms import kjv_byte_windows, kjv_token_windows, lm_bench_arguments, smollm2_retrofit, trained_lm
 from timing import machine_line, print_measure, print_table, print_verdict, setup
 
-from looplab.errors import LooplabError
 from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate
 from looplab.generation.speculative import generate_speculative
-from looplab.seeding import derive_generator
-from looplab.tasks.corpus import load_corpus
 
 GOAL = 1.5
-PRESET = "generation/kjv_trace"
 
 
 def timed(run, repeats: int, *args) -> tuple[object, float]:
@@ -71,32 +65,18 @@ HEADER = ["batch", "draft loops k", "draft tokens n", "acceptance %", "fixed K t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", help="a trained byte-level LM run (default: train the preset here)")
-    parser.add_argument("--steps", type=int, default=800, help="training steps when no run is given")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = lm_bench_arguments(__doc__.splitlines()[0])
     setup(args.threads, 0)
     print(machine_line())
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir = args.run_dir
-        if run_dir is None:
-            run_dir = str(Path(scratch) / "lm")
-            subprocess.run(
-                [sys.executable, "-m", "looplab", "train", PRESET, "--out", run_dir, "--no-progress",
-                 "--set", f"train.steps={args.steps}", "--set", f"run.threads={args.threads}"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-        exp = Experiment.from_run(run_dir)
-    tokens, _ = exp.task.sample_split(63, 32, derive_generator(0, "bench-speculative"), "val")
-    windows = [row.tolist() for row in tokens]  # the start token, then 63 bytes
+        exp = Experiment.from_run(trained_lm(args.run_dir, scratch, args.steps, args.threads))
+    windows = kjv_byte_windows(exp, "bench-speculative")
     prompts = {batch: windows[:batch] for batch in (1, 8, 32)}
     grid = [(1, 4), (2, 4), (2, 8), (4, 4)]
     rows, best_lm = cells(exp.model, prompts, 64, 8, grid, args.repeats)
-    print("1. byte-level LM (d 64), KJV prompts of 64 bytes + 64, K = 8")
+    print(f"1. byte-level LM (d {exp.model.cfg.d_model}), KJV prompts of 64 bytes + 64, K = 8")
     print_table(HEADER, rows)
-    best_retrofit = retrofit_section(args.repeats)
+    best_retrofit = None if args.no_retrofit else retrofit_section(args.repeats)
     print_measure("byte-level LM: speculative / fixed 8 tokens/s, best (k, n)", best_lm)
     best = best_lm if best_retrofit is None else max(best_lm, best_retrofit)
     if best_retrofit is not None:
@@ -106,17 +86,10 @@ def main() -> None:
 
 def retrofit_section(repeats: int) -> float | None:
     """Part 2 (see the module docstring); the best ratio, or None when SmolLM2 is not installed."""
-    from looplab.lm.pretrained import load_smollm2
-    from looplab.lm.retrofit import RetrofittedLoop
-
-    try:
-        pretrained, tokenizer = load_smollm2()
-    except LooplabError as err:
-        print(f"2. retrofit: skipped ({err})")
+    loaded = smollm2_retrofit("2. retrofit")
+    if loaded is None:
         return None
-    retrofit = RetrofittedLoop(pretrained, 4, 6, 4, inject_init="mix").eval()
-    text = load_corpus().text("val")
-    windows = [tokenizer(text[i * 4000 : i * 4000 + 600])["input_ids"][:64] for i in range(8)]
+    retrofit, windows = loaded[0], kjv_token_windows(loaded[1])
     rows, best = cells(retrofit, {1: windows[:1], 8: windows}, 32, 4, [(1, 4), (2, 4), (2, 2)], max(1, repeats - 2))
     print("2. SmolLM2-135M retrofit (4, 6⊗r, 4), d 576, KJV prompts of 64 tokens + 32, K = 4")
     print_table(HEADER, rows)

@@ -19,8 +19,10 @@ is the :class:`GenerationExit` being run (its ``params``, an instance of the ``P
 registers with, read from ``[generate.exits.NAME]`` and ``looplab generate --exit-param KEY=VALUE``;
 fields made with :func:`looplab.params.param`; and ``halts``, the run's halting head). Decorate it with
 ``@register_token_exit(name, reads_logits=..., first_loop=..., params=Params)`` in a plugin module. An
-entry also says whether a token may stop before the cap (``adaptive``; only ``fixed`` never does) and
-whether it reads the run's halting head (``needs_head``).
+entry also says whether a token may stop before the cap (``adaptive``; only ``fixed`` never does),
+whether it reads the run's halting head (``needs_head``), and whether its test reads the loop number t
+(``reads_loop``, the safe default: depth-wise batching, whose rows are at different loops, then tests
+each loop's rows apart; an entry that ignores t is tested once for all rows past its first loop).
 
 This registry sits below :mod:`looplab.experiment`, so a config's ``[generate.exits]`` tables are checked
 with the rest of it; :mod:`looplab.generation` decodes with the exits.
@@ -69,6 +71,7 @@ class TokenExit:
     adaptive: bool = True
     needs_head: bool = False
     params: type = NoParams
+    reads_loop: bool = True
 
     @property
     def origin(self) -> str:
@@ -85,12 +88,13 @@ def register_token_exit(
     adaptive: bool = True,
     needs_head: bool = False,
     params: type = NoParams,
+    reads_loop: bool = True,
 ):
     """Function decorator: make ``stops`` available as the generation exit ``name``; its
     ``[generate.exits.NAME]`` table is read into ``params`` (a dataclass of :func:`looplab.params.param` fields)."""
 
     def register(stops):
-        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head, params)
+        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head, params, reads_loop)
         register_entry(EXITS, name, entry, "generation exit")
         return stops
 
@@ -191,8 +195,30 @@ class GenerationExit:
             return torch.zeros(rows, dtype=torch.bool, device=h.device)
         return entry.stops(self, t, h, h_prev, logp, logp_prev)
 
+    def stop_rows(
+        self, loops: Tensor, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None
+    ) -> Tensor:
+        """[R] bool: :meth:`stop` for rows each after its own loop ``loops`` [R] (depth-wise batching);
+        ``logp_prev`` is read only for rows past loop 1. One test per loop present when the exit reads t."""
+        entry = EXITS[self.name]
+        stop = loops >= self.loops
+        tested = (loops >= entry.first_loop) & ~stop
+        if not bool(tested.any()):
+            return stop
+        if entry.reads_loop:
+            groups = [(t, tested & (loops == t)) for t in loops[tested].unique().tolist()]
+        else:  # one test past loop 1 (the t it is given is not read), loop 1 apart: it has no earlier logp
+            groups = [(1, tested & (loops == 1)), (2, tested & (loops > 1))]
+        for t, at in groups:
+            rows = at.nonzero(as_tuple=True)[0]
+            if not len(rows):
+                continue
+            earlier = None if logp_prev is None or t == 1 else logp_prev[rows]
+            stop[rows] = entry.stops(self, t, h[rows], h_prev[rows], None if logp is None else logp[rows], earlier)
+        return stop
 
-@register_token_exit("fixed", reads_logits=False, adaptive=False)
+
+@register_token_exit("fixed", reads_logits=False, adaptive=False, reads_loop=False)
 def _fixed(rule, t, h, h_prev, logp, logp_prev):
     return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)  # only the cap stops it
 
@@ -202,7 +228,7 @@ class ConvergenceParams:
     eps: float = param(1e-3, POSITIVE, "stop once ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps")
 
 
-@register_token_exit("convergence", reads_logits=False, first_loop=2, params=ConvergenceParams)
+@register_token_exit("convergence", reads_logits=False, first_loop=2, params=ConvergenceParams, reads_loop=False)
 def _convergence(rule, t, h, h_prev, logp, logp_prev):
     return (h - h_prev).norm(dim=-1) < rule.params.eps * h.norm(dim=-1)
 
@@ -212,7 +238,7 @@ class KLParams:
     eps: float = param(1e-3, POSITIVE, "stop once KL(p_t ‖ p_{t−1}) < eps nats")
 
 
-@register_token_exit("kl", reads_logits=True, first_loop=2, params=KLParams)
+@register_token_exit("kl", reads_logits=True, first_loop=2, params=KLParams, reads_loop=False)
 def _kl(rule, t, h, h_prev, logp, logp_prev):
     return (logp.exp() * (logp - logp_prev)).sum(-1) < rule.params.eps
 
@@ -222,7 +248,7 @@ class ConfidenceParams:
     threshold: float = param(0.9, Domain(0.0, 1.0, low_open=True), "stop once max p_t >= threshold")
 
 
-@register_token_exit("confidence", reads_logits=True, params=ConfidenceParams)
+@register_token_exit("confidence", reads_logits=True, params=ConfidenceParams, reads_loop=False)
 def _confidence(rule, t, h, h_prev, logp, logp_prev):
     return logp.max(dim=-1).values.exp() >= rule.params.threshold
 

@@ -7,7 +7,7 @@ import argparse
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import PRESETS
-from looplab.generation import EXITS, MAX_LOOPS, POLICIES
+from looplab.generation import BATCHING, EXITS, MAX_LOOPS, POLICIES
 from looplab.lm.model_dir import INJECTIONS
 from looplab.plotting import FIGURE_PRESETS
 
@@ -323,6 +323,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument(
         "--draft-tokens", type=int, metavar="n", help="tokens drafted per round (with --draft-loops; default 4)"
+    )
+    generate.add_argument(
+        "--batching",
+        choices=BATCHING,
+        default="step",
+        help="step: a step's tokens run together; depth: each core call advances every row by one loop of its own "
+        "token (per_loop cache)",
+    )
+    generate.add_argument(
+        "--max-batch",
+        type=int,
+        metavar="N",
+        help="with --batching depth: decode N prompts at once; the others wait and take the rows of finished ones",
     )
     generate.add_argument(
         "--json",

@@ -126,6 +126,8 @@ def generate_command(args) -> None:
         args.keep_loops,
         sources,
         draft=draft,
+        batching=args.batching,
+        max_batch=args.max_batch,
     )
     for completion, logprobs in zip(completions, result.logprobs):
         if args.json:

@@ -23,6 +23,7 @@ from looplab.errors import LooplabError
 from looplab.generation.budget import check_budget
 from looplab.generation.cache import POLICIES
 from looplab.generation.decoder import Decoder
+from looplab.generation.depthwise import DepthwiseDecoder, check_depthwise
 from looplab.generation.exits import MAX_LOOPS, GenerationExit
 from looplab.generation.sampling import Generation, Sampling, choose, ended
 from looplab.generation.views import decodable
@@ -34,6 +35,8 @@ from looplab.tasks.base import PAD
 __all__ = ["Generation", "Sampling", "generate", "score", "GREEDY", "FIXED_EXIT"]
 
 
+#: how a step's rows share core calls: all at one token (``step``), or each at its own loop and token (``depth``)
+BATCHING = ("step", "depth")
 #: the defaults of :func:`generate`: greedy decoding at a fixed 4 loops
 GREEDY = Sampling()
 FIXED_EXIT = GenerationExit()
@@ -51,6 +54,8 @@ def generate(
     keep_loops: int = 2,
     forced: list[list[int]] | None = None,
     sources: list[str] | None = None,
+    batching: str = "step",
+    max_batch: int | None = None,
 ) -> Generation:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -66,14 +71,31 @@ def generate(
             :func:`score`); a row ends with its forced tokens.
         sources: where each prompt came from (``prompts.txt line 3``), for the error that refuses one
             too long to continue (:mod:`looplab.generation.budget`; default: its index).
+        batching: ``step`` (every row's token of a step runs before the next step) or ``depth`` (each
+            core call advances every running row by one loop of its own token: :mod:`looplab.generation.depthwise`;
+            ``per_loop`` cache only).
+        max_batch: with ``depth`` batching, decode at most this many prompts at once; the others wait, and each
+            takes the row of the next prompt to finish (prefilled there while the other rows go on).
     """
     model = decodable(model)
-    _check(model, prompts, max_new_tokens, exit_rule, cache, keep_loops, forced, sources)
+    if batching not in BATCHING:
+        raise LooplabError(f"unknown batching {batching!r}; valid choices: {', '.join(BATCHING)}")
+    if batching == "depth":
+        check_depthwise(model, cache)
+    if max_batch is not None:
+        if batching != "depth":
+            raise LooplabError("--max-batch lets waiting prompts take finished rows: it needs --batching depth")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise LooplabError(f"--max-batch must be a positive integer, got {max_batch!r}")
+    _check(model, prompts, max_new_tokens, exit_rule, cache, keep_loops, forced, sources, max_batch)
     was_training = model.training
     model.eval()
     try:
         if cache == "none":
             return _generate_uncached(model, prompts, max_new_tokens, exit_rule.loops, sampling, finished, forced)
+        if batching == "depth":
+            decoder = DepthwiseDecoder(model, prompts, max_new_tokens, exit_rule, sampling, finished, forced, max_batch)
+            return decoder.run()
         decoder = Decoder(model, prompts, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, forced)
         return decoder.run()
     finally:
@@ -107,6 +129,7 @@ def _check(
     keep_loops,
     forced,
     sources,
+    max_batch=None,
 ):
     cfg = model.cfg
     if not cfg.causal:
@@ -147,7 +170,13 @@ def _check(
     vocab = model.head.out_features
     if any(not 0 <= token < vocab for row in (*prompts, *(forced or [])) for token in row):
         raise LooplabError(f"token ids must be in 0..{vocab - 1} (the model's vocabulary)")
-    check_budget(model, [len(p) for p in prompts], max_new_tokens, exit_rule.loops, cache, keep_loops, sources)
+    # rows held at once: every prompt, or max_batch rows as wide as the longest prompt
+    lengths = [len(p) for p in prompts]
+    if max_batch is not None and max_batch < len(prompts):
+        held = sorted(sorted(range(len(prompts)), key=lengths.__getitem__)[-max_batch:])
+        sources = [sources[i] if sources else f"prompts[{i}]" for i in held]
+        lengths = [lengths[i] for i in held]
+    check_budget(model, lengths, max_new_tokens, exit_rule.loops, cache, keep_loops, sources)
 
 
 def _generate_uncached(model, prompts, max_new_tokens, loops, sampling, finished, forced) -> Generation:

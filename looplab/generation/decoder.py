@@ -46,7 +46,7 @@ class Decoder:
     """One generation with a KV cache (see :func:`generate`)."""
 
     def __init__(
-        self, model, prompts, max_new_tokens, exit_rule, policy, sampling, finished, keep_loops=2, forced=None
+        self, model, prompts, max_new_tokens, exit_rule, policy, sampling, finished, keep_loops=2, forced=None, width=0
     ):
         self.model, self.exit, self.sampling, self.finished = model, exit_rule, sampling, finished
         self.forced = forced
@@ -54,7 +54,7 @@ class Decoder:
         cfg = model.cfg
         device, dtype = model.head.weight.device, model.head.weight.dtype
         self.lengths = torch.tensor([len(p) for p in prompts], device=device)
-        self.width = int(self.lengths.max())
+        self.width = max(int(self.lengths.max()), width)  # more when later prompts will take over rows
         slots = self.width + max_new_tokens
         batch = len(prompts)
         self.tokens = torch.full((batch, self.width), PAD, dtype=torch.long, device=device)
@@ -68,7 +68,7 @@ class Decoder:
         self.cache = KVCache(policy, batch, kv_heads, head_dim, self.slots, dtype, device, keep_loops)
         self.rope = None
         if cfg.positional == "rope":
-            length = int(self.lengths.max()) + max_new_tokens
+            length = self.width + max_new_tokens
             if hasattr(model, "rope_tables"):  # a pretrained model's own rotary tables
                 self.rope = model.rope_tables(length, device, dtype)
             else:

@@ -88,6 +88,22 @@ def test_speculative_generation_prints_the_fixed_depths_tokens_and_its_drafts(lm
     assert "drafts of 3 at 2 loops: " in err and " kept (" in err
 
 
+def test_depth_wise_batching_prints_the_step_decoders_tokens_and_loops(lm_run, capsys):
+    """``--batching depth``, and with one row that the prompts take in turn (``--max-batch 1``): each prompt's
+    JSON tokens and loops are the step decoder's (rows at mixed depths are tests/unit/test_depthwise.py's, in
+    float64: this tiny run's exits sit at float32 noise)."""
+    from looplab.cli import main
+
+    argv = ["generate", str(lm_run), "--prompt", "And God said", "--prompt", "k=3;", "--max-new-tokens", "8"]
+    argv += ["--loops", "5", "--json"]
+    runs = []
+    for flags in (["--batching", "step"], ["--batching", "depth"], ["--batching", "depth", "--max-batch", "1"]):
+        assert main([*argv, *flags]) == 0
+        runs.append([(r["token_ids"], r["loops"]) for r in map(json.loads, capsys.readouterr().out.splitlines())])
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert all(loops == [5] * 8 for _, loops in runs[1])
+
+
 def test_the_halting_exit_reads_the_runs_own_head(tmp_path):
     """A text run trained with a halting schedule: the halting exit stops tokens where its head says halt
     (read on each token's state at the loops the schedule decides at), within the cap."""
@@ -167,6 +183,11 @@ def prompt_files(tmp_path_factory):
         (["--prompt", "x", "--draft-loops", "1", "--exit", "kl"], "use --exit fixed --cache per_loop (got --exit kl"),
         (["--prompt", "x", "--draft-loops", "1", "--cache", "shared"], "(got --exit fixed --cache shared)"),
         (["--prompt", "x", "--draft-loops", "1", "--temperature", "0.5"], "speculative decoding is greedy here"),
+        (["--prompt", "x", "--batching", "depth", "--cache", "shared"], "use --cache per_loop, not shared"),
+        (["--prompt", "x", "--batching", "depth", "--draft-loops", "1"], "use --batching step"),
+        (["--prompt", "x", "--batching", "loop"], "argument --batching: invalid choice: 'loop'"),
+        (["--prompt", "x", "--max-batch", "2"], "--max-batch lets waiting prompts take finished rows: it needs"),
+        (["--prompt", "x", "--batching", "depth", "--max-batch", "0"], "--max-batch must be a positive integer"),
     ],
 )
 def test_bad_generate_arguments_are_one_line_exit_2(lm_run, prompt_files, extra, message):

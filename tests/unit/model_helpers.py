@@ -54,3 +54,25 @@ def assert_close_on(a, b, mask, atol=TOL):
     assert diff.numel() > 0
     worst = float(diff.detach().max())
     assert worst <= atol, worst
+
+
+def tiny_llama_retrofit():
+    """A (1, 2⊗r, 1) retrofit with W_I = [I/2 | I/2] of a random 5-layer Llama in float64 with grouped keys
+    and values (4 heads, 2 key/value heads; eager attention), in eval mode. Needs transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from looplab.lm.retrofit import RetrofittedLoop
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        max_position_embeddings=128,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    source = LlamaForCausalLM(config).to(torch.float64).eval()
+    return RetrofittedLoop(source, 1, 2, 1, inject_init="mix").eval()

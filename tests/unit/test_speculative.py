@@ -12,7 +12,7 @@ import torch
 from looplab.errors import LooplabError
 from looplab.generation import GenerationExit, Sampling, generate
 from looplab.generation.speculative import generate_speculative
-from tests.unit.model_helpers import make_model
+from tests.unit.model_helpers import make_model, tiny_llama_retrofit
 
 #: mixed lengths, one of them a single token
 PROMPTS = [[3, 5, 6, 2, 1], [3, 4], [3, 4, 4, 6, 1, 5, 2, 2], [1]]
@@ -78,25 +78,9 @@ def test_a_row_that_finishes_mid_round_stops_there():
 
 def test_speculative_on_a_retrofit_and_hrm_text():
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from looplab.lm.retrofit import RetrofittedLoop
     from tests.lm_dirs import tiny_model
 
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=5,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        max_position_embeddings=128,
-    )
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    source = LlamaForCausalLM(config).to(torch.float64).eval()
-    retrofit = RetrofittedLoop(source, 1, 2, 1, inject_init="mix").eval()
-    _assert_identical(retrofit, PROMPTS, 4, 2, 3)
+    _assert_identical(tiny_llama_retrofit(), PROMPTS, 4, 2, 3)
     from looplab.lm.hrm_text import HrmTextLoop
 
     hrm = HrmTextLoop(tiny_model("hrm_text").to(torch.float64)).eval()

@@ -1,0 +1,322 @@
+"""Depth-wise batching: rows at different loops of different tokens share one core call.
+
+The step-synchronous decoder (:mod:`looplab.generation.decoder`) runs a decode step's loops until
+its deepest token exits, so a step costs as many sequential core calls as its deepest token's
+loops, however few rows are still running. Here every row runs its own tokens at its own pace:
+each core call advances every running row by one loop — row a at loop 3 of its 10th token beside
+row b at loop 1 of its 12th — and a row whose token exits reads its next-token distribution, picks
+its next token and joins the next call at loop 1 of it. A row's call count is the sum of its
+tokens' depths, and the generation's is the largest row's, instead of the sum over steps of each
+step's deepest token.
+
+Bookkeeping. Under ``per_loop`` a core layer's keys and values of every loop are one tensor
+[K, B, H_kv, S, Dh] (loop, row, head, slot), so a call writes and reads each row at its own loop by
+indexing, with no grouping by loop. A token at loop t writes its keys and values to loops t..K:
+the entries of loops it will not run are the ones an exited token lends (``per_loop``'s rule), and
+a deeper loop overwrites its own. Slots are per row: a row's g-th new token is in slot W + g (W the
+longest prompt), whichever call it runs in, and attends to its own row's slots up to it. When every
+row of the batch is at one slot and loop (a fixed depth keeps them so) the caches are read and written
+by slices, as the step decoder does; otherwise by gathers and scatters (measured in bench/depthwise.py).
+
+A prompt runs only as deep as its tokens need where the step decoder's does (``per_loop``, an adaptive
+exit, no coda): a row's prompt runs loop t before the first call that takes one of its tokens to loop t.
+
+Across requests (``max_batch``): that many rows decode at once; the row of a prompt that finishes is
+given the next waiting one, prefilled there while the other rows keep their place.
+
+The tokens are those of the step-synchronous decoder (the same sums per row; equal within float
+rounding, tested in float64); sampled tokens draw from the seeded generator in the order rows pick,
+which is not the step-synchronous order. What it takes: the ``per_loop`` cache and a model whose
+passes are chains of pre-norm layers (a looplab model or a retrofit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError
+from looplab.generation.cache import LayerCache, output, project
+from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of, prelude_pass
+from looplab.generation.sampling import Generation, choose, ended
+from looplab.model.attention import SelfAttention, apply_rope
+from looplab.tasks.base import PAD
+
+__all__ = ["DepthwiseDecoder", "check_depthwise"]
+
+#: the passes a decoding view overrides when its loop is not a chain of layers (HRM-Text, Inkling-2)
+_OWN_PASSES = ("prelude_pass", "core_pass", "coda_pass")
+
+
+def check_depthwise(model, cache: str) -> None:
+    """One-line errors for what depth-wise batching does not take (``model`` is a decoding view)."""
+    if cache != "per_loop":
+        raise LooplabError(f"depth-wise batching keeps every loop's keys and values: use --cache per_loop, not {cache}")
+    own = [name for name in _OWN_PASSES if hasattr(model, name)]
+    if own:
+        raise LooplabError(
+            f"depth-wise batching runs chains of pre-norm layers; {type(model).__name__} has its own {own[0]}: "
+            "valid models: a looplab run or a retrofit"
+        )
+
+
+class DepthwiseDecoder(Decoder):
+    """The cached decoder's prefill, then calls that advance each running row by one loop (module docstring)."""
+
+    def __init__(self, model, prompts, max_new_tokens, exit_rule, sampling, finished, forced=None, max_batch=None):
+        batch = len(prompts) if max_batch is None else min(max_batch, len(prompts))
+        width = max(map(len, prompts))  # every prompt fits the rows' prompt slots, whichever row it takes
+        first = prompts[:batch]
+        super().__init__(model, first, max_new_tokens, exit_rule, "per_loop", sampling, finished, 2, forced, width)
+        self.stacks = self._stack_core_entries()
+        self.prompts = prompts
+        self.request = list(range(batch))  # row → the prompt it decodes now
+        self.waiting = batch  # the next prompt to take a row
+
+    def _stack_core_entries(self) -> list[tuple[Tensor, Tensor]]:
+        """Per core layer call, keys and values [K, B, H_kv, S, Dh]; the cache's per-loop entries are views of
+        them, so the prefill writes into the stacks."""
+        cfg = self.model.cfg
+        head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
+        heads = getattr(cfg, "kv_heads", cfg.n_heads)
+        loops, batch, slots = self.exit.loops, len(self.lengths), self.slots.positions.shape[1]
+        dtype, device = self.cache.dtype, self.cache.device
+        stacks = []
+        for index in range(len(self.model.core)):
+            k = torch.zeros(loops, batch, heads, slots, head_dim, dtype=dtype, device=device)
+            v = torch.zeros_like(k)
+            for t in range(1, loops + 1):
+                self.cache.layers[("core", t, index)] = LayerCache(k[t - 1], v[t - 1])
+            stacks.append((k, v))
+        return stacks
+
+    def run(self) -> Generation:
+        batch, device = len(self.lengths), self.lengths.device
+        every = torch.arange(batch, device=device)
+        logits, depths = self.forward(self.tokens, every, slice(0, self.width), self.lengths - 1, prefill=True)
+        out = Generation(*([[] for _ in self.prompts] for _ in range(3)))
+        state = _Rows.empty(batch, self.width, logits if self.exit.reads_logits else None, device)
+        starting = self._pick(out, state, every, logits, depths)
+        while True:
+            if len(starting):
+                latest = [out.tokens[self.request[row]][-1] for row in starting.tolist()]
+                self._start(state, starting, torch.tensor(latest, device=device))
+            running = state.running.nonzero(as_tuple=True)[0]
+            if not len(running):
+                break
+            exited, exit_h = self._loop(state, running)
+            starting = exited[:0]
+            if len(exited):
+                read = exit_h
+                if len(self.model.coda):
+                    read = coda_pass(self.model, exit_h[:, None], self._calls(state, "coda", exited))[:, 0]
+                starting = self._pick(out, state, exited, logits_of(self.model, read), state.loop[exited])
+        out.cache_bytes = self.cache.nbytes()
+        return out
+
+    def _pick(self, out: Generation, state: _Rows, rows: Tensor, logits: Tensor, depths: Tensor) -> Tensor:
+        """Record each row's next token from its logits [R, V] (picked in row order); a row whose prompt is
+        done takes the next waiting prompt. The rows that go on to a next token, in batch order."""
+        go_on, free = [], []
+        logprobs = logits.double().log_softmax(-1)
+        for i, row in enumerate(rows.tolist()):
+            request = self.request[row]
+            step = len(out.tokens[request])
+            token = int(choose(logits[i : i + 1], [request], step, self.forced, self.sampling, self.generator)[0])
+            out.tokens[request].append(token)
+            out.depths[request].append(int(depths[i]))
+            out.logprobs[request].append(float(logprobs[i, token]))
+            done = step + 1 >= self.max_new or ended(out.tokens[request], request, self.finished, self.forced)
+            (free if done else go_on).append(row)
+        free = free[: len(self.prompts) - self.waiting]
+        if free:
+            go_on += self._admit(out, state, torch.tensor(free, device=rows.device)).tolist()
+        return torch.tensor(sorted(go_on), dtype=torch.long, device=rows.device)
+
+    def _admit(self, out: Generation, state: _Rows, rows: Tensor) -> Tensor:
+        """Give ``rows`` the next waiting prompts and prefill them there (their earlier slots are no longer
+        real, so nothing attends to them); :meth:`_pick` their first tokens."""
+        count = len(rows)
+        prompts = self.prompts[self.waiting : self.waiting + count]
+        for row, request in zip(rows.tolist(), range(self.waiting, self.waiting + count)):
+            self.request[row] = request
+        self.waiting += count
+        lengths = torch.tensor([len(p) for p in prompts], device=rows.device)
+        tokens = torch.full((count, self.width), PAD, dtype=torch.long, device=rows.device)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor(prompt, device=rows.device)
+        slots = torch.arange(self.slots.positions.shape[1], device=rows.device)
+        self.lengths[rows] = lengths
+        self.slots.positions[rows] = slots
+        self.slots.real[rows] = slots[None, :] < lengths[:, None]
+        state.slot[rows] = self.width - 1
+        earlier = self.prompt
+        logits, depths = self.forward(tokens, rows, slice(0, self.width), lengths - 1, prefill=True)
+        if earlier is not None:  # the lazy prompts of the other rows stand; these rows' are the new ones
+            fresh, self.prompt = self.prompt, earlier
+            earlier.h[rows], earlier.e[rows], earlier.allowed[rows] = fresh.h, fresh.e, fresh.allowed
+            earlier.depth[rows] = fresh.depth
+            if earlier.rope is not None:
+                earlier.rope[0][rows], earlier.rope[1][rows] = fresh.rope
+            earlier.shallowest = int(earlier.depth.min())
+        return self._pick(out, state, rows, logits, depths)
+
+    def _start(self, state: _Rows, rows: Tensor, tokens: Tensor) -> None:
+        """Put each row's latest token [R] in its next slot and run its prelude: the row is at loop 0 of it."""
+        state.slot[rows] += 1
+        slot = state.slot[rows]
+        self.slots.positions[rows, slot] = self.lengths[rows] + slot - self.width
+        self.slots.real[rows, slot] = True
+        x = self.model.embedding(tokens[:, None])
+        if self.model.positions is not None:
+            x = x + self.model.positions.weight[self.slots.positions[rows, slot]][:, None]
+        e = (
+            prelude_pass(self.model, x, self._calls(state, "prelude", rows))[:, 0]
+            if len(self.model.prelude)
+            else x[:, 0]
+        )
+        h = self.model.initial_state(e)
+        if state.h is None:
+            state.h, state.e = h.new_zeros(len(self.lengths), h.shape[-1]), e.new_zeros(len(self.lengths), e.shape[-1])
+        state.e[rows], state.h[rows] = e, h
+        state.loop[rows] = 0
+        state.running[rows] = True
+
+    def _loop(self, state: _Rows, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """One loop of every running row's token, each at its own loop; the rows that exit and their states."""
+        loop = state.loop[rows] + 1
+        if self.prompt is not None:  # a lazy prompt runs a loop when a later token of its row first needs it
+            behind = loop > self.prompt.depth[rows]
+            for t in loop[behind].unique().tolist():
+                self.deepen_prompt(rows[behind & (loop == t)], t)
+        h_prev = state.h[rows]
+        h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], self._calls(state, "core", rows, loop))[:, 0]
+        logp = logits_of(self.model, h).log_softmax(-1) if self.exit.reads_logits else None
+        stop = self.exit.stop_rows(loop, h, h_prev, logp, None if logp is None else state.logp[rows])
+        state.h[rows], state.loop[rows] = h, loop
+        if logp is not None:
+            state.logp[rows] = logp
+        exited = rows[stop]
+        state.running[exited] = False
+        return exited, h[stop]
+
+    def _calls(self, state: _Rows, site: str, rows: Tensor, loop: Tensor | None = None) -> DepthCalls:
+        """The layer calls of one pass of ``rows``' tokens in flight at ``site`` (``loop`` [R] for the core): each
+        row's mask over its own slots up to its token's, its RoPE tables, and how the caches are indexed."""
+        slot = state.slot[rows]
+        key_slots = torch.arange(int(slot.max()) + 1, device=rows.device)
+        allowed = (key_slots[None, :] <= slot[:, None]) & self.slots.real[rows, : len(key_slots)]
+        window = self.model.cfg.attention_window
+        if window > 0:
+            query = self.slots.positions[rows, slot]
+            allowed &= query[:, None] - self.slots.positions[rows, : len(key_slots)] <= window
+        rope = None
+        if self.rope is not None:
+            positions = self.slots.positions[rows, slot]
+            rope = (self.rope[0][positions][:, None], self.rope[1][positions][:, None])
+        lockstep = None
+        # rows come sorted (nonzero, or sorted lists), so every row of the batch is rows 0..B-1 in order
+        if len(rows) == len(self.lengths) and bool((slot == slot[0]).all()):
+            if loop is None or bool((loop == loop[0]).all()):  # every row at one slot and loop: slices, no gathers
+                lockstep = (int(slot[0]), 0 if loop is None else int(loop[0]))
+        writes = None
+        if loop is not None and lockstep is None:
+            # (loop, row) pairs: the token's loop and every later one (what it lends when it exits there)
+            later = torch.arange(1, self.exit.loops + 1, device=rows.device)[None, :] >= loop[:, None]
+            which, loops = later.nonzero(as_tuple=True)
+            writes = (which, loops, rows[which], slot[which])
+        return DepthCalls(self, site, rows, slot, loop, allowed[:, None], rope, lockstep, writes)
+
+
+@dataclass
+class _Rows:
+    """Each row's token in flight: its slot [B] (the latest token's), loop [B] (loops run), whether it is
+    ``running`` [B], its states h, e [B, d] (allocated at the first prelude) and, for an exit that reads
+    them, its last loop's log-probabilities [B, V]."""
+
+    slot: Tensor
+    loop: Tensor
+    running: Tensor
+    h: Tensor | None
+    e: Tensor | None
+    logp: Tensor | None
+
+    @classmethod
+    def empty(cls, batch: int, width: int, logits: Tensor | None, device) -> _Rows:
+        """No token in flight; the first new token goes into slot ``width`` (W), so each row starts one before.
+        ``logits`` [B, V] (the prefill's) size the log-probabilities of an exit that reads them."""
+        slot = torch.full((batch,), width - 1, dtype=torch.long, device=device)
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        return cls(slot, zeros, zeros.bool(), None, None, None if logits is None else torch.zeros_like(logits))
+
+
+@dataclass
+class DepthCalls:
+    """The layer calls of one depth-wise pass: one new token per row of ``rows`` [R] in its own ``slot`` [R],
+    at core ``loop`` [R] (None outside the core); ``allowed`` [R, 1, S'] and ``rope`` as in
+    :class:`looplab.generation.decoder.Calls`. ``lockstep`` (slot, loop) when every row of the batch is at
+    one slot and loop (then the caches are read and written by slices); else for the core ``writes``, the
+    (pair → row of x, loop index, batch row, slot) indices of each token's loop and the later ones."""
+
+    decoder: DepthwiseDecoder
+    site: str
+    rows: Tensor
+    slot: Tensor
+    loop: Tensor | None
+    allowed: Tensor
+    rope: tuple[Tensor, Tensor] | None
+    lockstep: tuple[int, int] | None
+    writes: tuple[Tensor, Tensor, Tensor, Tensor] | None
+
+    def layer(self, index: int, layer, x: Tensor) -> Tensor:
+        """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
+        if self.loop is None:
+            entry = self.decoder.cache.layer(self.site, 0, index)
+            keys = (entry.k, entry.v)
+        else:
+            keys = self.decoder.stacks[index]
+
+        def attend(y: Tensor) -> Tensor:
+            return self.attention(layer.attn, y, *keys)
+
+        return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
+
+    def attention(self, attn, x: Tensor, k_store: Tensor, v_store: Tensor) -> Tensor:
+        """Attention of x [R, 1, d] over its row's slots, after writing its keys and values: into
+        [B, H, S, Dh] at its slot, or into [K, B, H, S, Dh] at its slot for its loop and every later one."""
+        q, k, v = project(attn, x)
+        if self.rope is not None:
+            cos, sin = (t[:, None] for t in self.rope)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        stop = self.allowed.shape[-1]
+        if self.lockstep is not None:
+            slot, loop = self.lockstep
+            if self.loop is not None:  # this loop and, lent until they are run, the later ones
+                k_store, v_store = k_store[loop - 1 :], v_store[loop - 1 :]
+            k_store[..., slot, :] = k[:, :, 0]
+            v_store[..., slot, :] = v[:, :, 0]
+            keys, values = k_store[..., :stop, :], v_store[..., :stop, :]
+            if self.loop is not None:
+                keys, values = keys[0], values[0]
+        elif self.loop is None:
+            k_store[self.rows, :, self.slot] = k[:, :, 0]
+            v_store[self.rows, :, self.slot] = v[:, :, 0]
+            keys, values = k_store[self.rows, :, :stop], v_store[self.rows, :, :stop]
+        else:
+            which, loops, rows, slots = self.writes
+            k_store[loops, rows, :, slots] = k[which, :, 0]
+            v_store[loops, rows, :, slots] = v[which, :, 0]
+            own = self.loop - 1
+            keys, values = k_store[own, self.rows, :, :stop], v_store[own, self.rows, :, :stop]
+        if keys.shape[1] != q.shape[1]:  # grouped-query attention
+            groups = q.shape[1] // keys.shape[1]
+            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        scores = q @ keys.transpose(-1, -2)
+        # as cached_attention scales, so that both paths round alike
+        scores = scores / math.sqrt(q.shape[-1]) if isinstance(attn, SelfAttention) else scores * attn.scaling
+        scores = scores.masked_fill(~self.allowed[:, None], float("-inf"))
+        y = scores.softmax(dim=-1) @ values
+        return output(attn, y.transpose(1, 2).reshape(len(self.rows), 1, -1), x)

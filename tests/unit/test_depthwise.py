@@ -1,0 +1,189 @@
+"""Depth-wise batching (looplab/generation/depthwise.py): rows at different loops of different tokens in one
+core call give the step-synchronous decoder's tokens, depths and log-probabilities (float64) on every
+placement and injection, every position scheme and a window, a retrofit, rows that finish early and a
+kl exit; sampling is reproducible by its seed; what it does not take is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from looplab.errors import LooplabError
+from looplab.generation import GenerationExit, Sampling, generate
+from tests.unit.model_helpers import make_model, tiny_llama_retrofit
+from tests.unit.test_speculative import NEW, PROMPTS, STRUCTURES  # mixed prompt lengths; 16 placements × injections
+
+#: thresholds that put these random models' tokens at one depth, or at several (measured per structure)
+EXITS = [GenerationExit("fixed", 5)] + [GenerationExit("convergence", 8, {"eps": eps}) for eps in (0.05, 0.2, 0.5)]
+
+
+def _causal(**overrides):
+    return make_model(**{**dict(causal=True, core_layers=2, max_len=96), **overrides})
+
+
+def _assert_same(model, prompts, rule, finished=None):
+    step = generate(model, prompts, NEW, rule, "per_loop", finished=finished)
+    depth = generate(model, prompts, NEW, rule, "per_loop", finished=finished, batching="depth")
+    assert depth.tokens == step.tokens
+    assert depth.depths == step.depths
+    for ours, theirs in zip(depth.logprobs, step.logprobs, strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-9)
+    return depth
+
+
+@pytest.mark.parametrize("structure", STRUCTURES, ids=lambda s: f"{s['placement']}-{s['injection']}")
+def test_depth_wise_batching_is_the_step_decoder_on_every_structure(structure):
+    model = _causal(**structure, prelude_layers=1, coda_layers=1)
+    depths = set()
+    for rule in EXITS:
+        depths |= {d for row in _assert_same(model, PROMPTS, rule).depths for d in row}
+    assert depths >= {5}
+
+
+def test_rows_at_many_depths_share_calls_and_finish_apart():
+    """A structure whose tokens exit at five depths: rows drift apart (a row's tokens are at different
+    positions from the others' in one call), rows that finish early leave, and it all equals the step decoder."""
+    model = _causal(placement="post_sandwich", injection="add", prelude_layers=1, coda_layers=1)
+    rule = GenerationExit("convergence", 8, {"eps": 0.05})
+    out = _assert_same(model, PROMPTS, rule)
+    assert len({d for row in out.depths for d in row}) >= 4
+    sums = [sum(row) for row in out.depths]
+    assert len(set(sums)) > 1  # rows spent different numbers of loops on the same number of tokens
+    stop_token = out.tokens[1][2]
+    finished = _assert_same(model, PROMPTS, rule, finished=lambda ids: ids[-1] == stop_token)
+    assert finished.tokens[1][-1] == stop_token and len(finished.tokens[1]) <= 3
+
+
+@pytest.mark.parametrize("positional, window", [("rope", 0), ("learned", 0), ("nope", 0), ("rope", 3)])
+def test_every_position_scheme_and_a_window(positional, window):
+    model = _causal(positional=positional, attention_window=window, injection="contractive")
+    for rule in (GenerationExit("fixed", 4), GenerationExit("convergence", 8, {"eps": 0.2})):
+        _assert_same(model, PROMPTS, rule)
+
+
+def test_an_exit_that_reads_the_logits_of_every_loop():
+    model = _causal(injection="contractive")
+    out = _assert_same(model, PROMPTS, GenerationExit("kl", 8, {"eps": 0.01}))
+    assert len({d for row in out.depths for d in row}) >= 4
+
+
+def test_a_retrofit_with_grouped_keys_and_values():
+    pytest.importorskip("transformers")
+    retrofit = tiny_llama_retrofit()
+    for rule in (GenerationExit("fixed", 4), GenerationExit("convergence", 8, {"eps": 0.1})):
+        _assert_same(retrofit, PROMPTS, rule)
+
+
+def test_sampling_is_reproducible_by_its_seed():
+    model = _causal(injection="contractive")
+    rule = GenerationExit("convergence", 8, {"eps": 0.2})
+    runs = [
+        generate(model, PROMPTS, NEW, rule, sampling=Sampling(temperature=1.0, seed=seed), batching="depth")
+        for seed in (5, 5, 6)
+    ]
+    assert runs[0].tokens == runs[1].tokens and runs[0].depths == runs[1].depths
+    assert runs[0].tokens != runs[2].tokens
+
+
+@pytest.mark.parametrize(
+    "model_kind, cache, batching, message",
+    [
+        ("looplab", "shared", "depth", "depth-wise batching keeps every loop's keys and values: use --cache per_loop"),
+        ("looplab", "last_m", "depth", "use --cache per_loop, not last_m"),
+        ("looplab", "per_loop", "loop", "unknown batching 'loop'; valid choices: step, depth"),
+        ("hrm_text", "per_loop", "depth", "HrmTextDecoding has its own core_pass: valid models: a looplab run or a"),
+    ],
+)
+def test_what_depth_wise_batching_does_not_take_is_one_line(model_kind, cache, batching, message):
+    if model_kind == "hrm_text":
+        pytest.importorskip("transformers")
+        from looplab.lm.hrm_text import HrmTextLoop
+        from tests.lm_dirs import tiny_model
+
+        model = HrmTextLoop(tiny_model("hrm_text")).eval()
+    else:
+        model = _causal()
+    with pytest.raises(LooplabError) as err:
+        generate(model, PROMPTS, 4, GenerationExit("fixed", 4), cache, batching=batching)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "structure, rule",
+    [
+        (dict(injection="add", prelude_layers=1, coda_layers=1), GenerationExit("convergence", 8, {"eps": 0.05})),
+        (dict(injection="contractive"), GenerationExit("kl", 8, {"eps": 0.01})),  # no coda: lazy prompts
+    ],
+    ids=["coda", "lazy-prompt"],
+)
+def test_waiting_prompts_take_the_rows_of_finished_ones(structure, rule):
+    """``max_batch`` rows decode more prompts: each prompt's tokens, depths and log-probabilities are what it
+    gets in one batch with all the others, whichever row it took and whatever that row held before (a
+    model without a coda runs each prompt only as deep as its tokens need, deepening it on demand)."""
+    model = _causal(placement="post_sandwich", **structure)
+    prompts = PROMPTS + [[2, 6, 1], [5], [3, 3, 4, 1, 6, 2, 5, 4, 1], [6, 2]]
+    whole = generate(model, prompts, NEW, rule)
+
+    def stop_early(ids):
+        return len(ids) == 4 and ids[0] % 2 == 0  # some prompts end early, so rows free at different times
+
+    early = generate(model, prompts, NEW, rule, finished=stop_early)
+    for max_batch in (1, 3, 8):
+        for reference, finished in ((whole, None), (early, stop_early)):
+            out = generate(model, prompts, NEW, rule, finished=finished, batching="depth", max_batch=max_batch)
+            assert out.tokens == reference.tokens and out.depths == reference.depths
+            for ours, theirs in zip(out.logprobs, reference.logprobs, strict=True):
+                assert ours == pytest.approx(theirs, abs=1e-9)
+    assert len({len(row) for row in early.tokens}) > 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_batch=2), "--max-batch lets waiting prompts take finished rows: it needs --batching depth"),
+        (dict(max_batch=0, batching="depth"), "--max-batch must be a positive integer, got 0"),
+    ],
+)
+def test_a_bad_max_batch_is_one_line(kwargs, message):
+    with pytest.raises(LooplabError) as err:
+        generate(_causal(), PROMPTS, 4, GenerationExit("fixed", 4), **kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _stops_on_even_loops(rule, t, h, h_prev, logp, logp_prev):
+    """An exit whose test reads only its loop number: stop after an even loop."""
+    return torch.full((h.shape[0],), t % 2 == 0)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        GenerationExit("kl", 6, {"eps": 0.05}),
+        GenerationExit("convergence", 6, {"eps": 0.5}),
+        GenerationExit("confidence", 6, {"threshold": 0.5}),
+        GenerationExit("fixed", 3),
+        "even_loops",
+    ],
+    ids=lambda r: r if isinstance(r, str) else r.name,
+)
+def test_stop_rows_is_stop_row_by_row(monkeypatch, rule):
+    """Rows after different loops tested in one call give what each row's own ``stop(t, ...)`` gives; an exit
+    that reads t (the default for a plugin) is tested per loop."""
+    from looplab.token_exits import EXITS, TokenExit
+
+    if rule == "even_loops":
+        monkeypatch.setitem(EXITS, rule, TokenExit(rule, False, 1, _stops_on_even_loops))
+        rule = GenerationExit(rule, 6)
+    generator = torch.Generator().manual_seed(0)
+    rows = 24
+    loops = torch.arange(rows) % 7 + 1  # loops 1..7, past the cap too
+    h, h_prev = torch.randn(rows, 8, generator=generator), torch.randn(rows, 8, generator=generator)
+    logp = torch.randn(rows, 5, generator=generator).log_softmax(-1)
+    logp_prev = (logp + 0.3 * torch.randn(rows, 5, generator=generator)).log_softmax(-1)
+    together = rule.stop_rows(loops, h, h_prev, logp, logp_prev)
+    alone = []
+    for i, t in enumerate(loops.tolist()):
+        row = slice(i, i + 1)
+        alone.append(bool(rule.stop(t, h[row], h_prev[row], logp[row], None if t == 1 else logp_prev[row])))
+    assert together.tolist() == alone
+    assert 0 < sum(alone) < rows  # the test decides both ways
