@@ -36,14 +36,12 @@ models. The rest is reported.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 
 import torch
-from lms import kjv_byte_windows, kjv_token_windows, lm_bench_arguments, smollm2_retrofit, trained_lm
-from timing import machine_line, print_measure, print_table, print_verdict, setup
+from lms import kjv_byte_windows, kjv_token_windows, smollm2_retrofit, start_lm_bench
+from timing import print_measure, print_table, print_verdict
 
-from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate, score
 from looplab.generation.text import cut_at_stop, decode, encode
 from looplab.seeding import derive_generator
@@ -102,11 +100,7 @@ def cells(model, prompts_by_batch, new_tokens: int, rules, repeats: int) -> tupl
 
 
 def main() -> None:
-    args = lm_bench_arguments(__doc__.splitlines()[0])
-    setup(args.threads, 0)
-    print(machine_line())
-    with tempfile.TemporaryDirectory() as scratch:
-        exp = Experiment.from_run(trained_lm(args.run_dir, scratch, args.steps, args.threads))
+    args, exp = start_lm_bench(__doc__.splitlines()[0])
     windows = kjv_byte_windows(exp, "bench-depthwise")
     rows, ratios = cells(exp.model, {batch: windows[:batch] for batch in (1, 8, 32)}, 64, LM_EXITS, args.repeats)
     print(f"1. byte-level LM (d {exp.model.cfg.d_model}), KJV prompts of 64 bytes + 64, per_loop cache")

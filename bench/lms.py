@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from looplab.errors import LooplabError
@@ -40,16 +41,25 @@ def smollm2_retrofit(section: str):
     return RetrofittedLoop(pretrained, 4, 6, 4, inject_init="mix").eval(), tokenizer
 
 
-def lm_bench_arguments(description: str) -> argparse.Namespace:
-    """The options of a benchmark on the byte-level LM and the retrofit: ``--run-dir``, ``--steps``, ``--repeats``,
-    ``--threads``, ``--no-retrofit``."""
+def start_lm_bench(description: str):
+    """Parse the options of a benchmark on the byte-level LM and the retrofit (``--run-dir``, ``--steps``,
+    ``--repeats``, ``--threads``, ``--no-retrofit``), fix threads and seeds, print the machine, and open the LM
+    (trained here when no run is given). Returns (options, the LM's Experiment)."""
+    from timing import machine_line, setup
+
+    from looplab.experiment import Experiment
+
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--run-dir", help="a trained byte-level LM run (default: train the preset here)")
     parser.add_argument("--steps", type=int, default=800, help="training steps when no run is given")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-retrofit", action="store_true", help="time the byte-level LM only")
-    return parser.parse_args()
+    args = parser.parse_args()
+    setup(args.threads, 0)
+    print(machine_line())
+    with tempfile.TemporaryDirectory() as scratch:
+        return args, Experiment.from_run(trained_lm(args.run_dir, scratch, args.steps, args.threads))
 
 
 def kjv_byte_windows(exp, salt: str, count: int = 32, length: int = 63) -> list[list[int]]:

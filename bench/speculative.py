@@ -20,13 +20,11 @@ Goal: speculative ≥ 1.5× fixed K's tokens/s at its best (k, n) on one of the 
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 
-from lms import kjv_byte_windows, kjv_token_windows, lm_bench_arguments, smollm2_retrofit, trained_lm
-from timing import machine_line, print_measure, print_table, print_verdict, setup
+from lms import kjv_byte_windows, kjv_token_windows, smollm2_retrofit, start_lm_bench
+from timing import print_measure, print_table, print_verdict
 
-from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate
 from looplab.generation.speculative import generate_speculative
 
@@ -65,11 +63,7 @@ HEADER = ["batch", "draft loops k", "draft tokens n", "acceptance %", "fixed K t
 
 
 def main() -> None:
-    args = lm_bench_arguments(__doc__.splitlines()[0])
-    setup(args.threads, 0)
-    print(machine_line())
-    with tempfile.TemporaryDirectory() as scratch:
-        exp = Experiment.from_run(trained_lm(args.run_dir, scratch, args.steps, args.threads))
+    args, exp = start_lm_bench(__doc__.splitlines()[0])
     windows = kjv_byte_windows(exp, "bench-speculative")
     prompts = {batch: windows[:batch] for batch in (1, 8, 32)}
     grid = [(1, 4), (2, 4), (2, 8), (4, 4)]

@@ -254,13 +254,25 @@ def cached_attention(
     Returns:
         [R, m, d]: the attention sublayer's output (before its residual).
     """
-    count, width, _ = x.shape
+    q, k, v = rotated_projection(attn, x, rope)
+    cache.write(rows, chunk, k, v, loop)
+    keys, values = cache.read(rows, chunk, loop)
+    return attend(attn, x, q, keys, values, allowed)
+
+
+def rotated_projection(attn, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`project`, then RoPE (cos, sin) [R, m, Dh] on q and k when given."""
     q, k, v = project(attn, x)
     if rope is not None:
         cos, sin = (t[:, None] for t in rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    cache.write(rows, chunk, k, v, loop)
-    keys, values = cache.read(rows, chunk, loop)
+    return q, k, v
+
+
+def attend(attn, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
+    """The attention sublayer's output [R, m, d] for new tokens x [R, m, d] with queries q [R, H, m, Dh] over
+    keys and values [R, H_kv, S', Dh], where ``allowed`` [R, m, S'] lets them look."""
+    count, width, _ = x.shape
     if keys.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group of heads
         groups = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)

@@ -41,6 +41,13 @@ class _Prompt:
     depth: Tensor
     shallowest: int
 
+    def take(self, rows: Tensor, fresh: _Prompt) -> None:
+        """Put ``fresh`` (the prompts of ``rows`` only, a later prefill's) in the place of those rows' prompts."""
+        self.h[rows], self.e[rows], self.allowed[rows], self.depth[rows] = fresh.h, fresh.e, fresh.allowed, fresh.depth
+        if self.rope is not None:
+            self.rope[0][rows], self.rope[1][rows] = fresh.rope
+        self.shallowest = int(self.depth.min())
+
 
 class Decoder:
     """One generation with a KV cache (see :func:`generate`)."""

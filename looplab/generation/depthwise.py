@@ -32,17 +32,15 @@ passes are chains of pre-norm layers (a looplab model or a retrofit).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.generation.cache import LayerCache, output, project
+from looplab.generation.cache import LayerCache, attend, rotated_projection
 from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, choose, ended
-from looplab.model.attention import SelfAttention, apply_rope
 from looplab.tasks.base import PAD
 
 __all__ = ["DepthwiseDecoder", "check_depthwise"]
@@ -156,12 +154,8 @@ class DepthwiseDecoder(Decoder):
         earlier = self.prompt
         logits, depths = self.forward(tokens, rows, slice(0, self.width), lengths - 1, prefill=True)
         if earlier is not None:  # the lazy prompts of the other rows stand; these rows' are the new ones
-            fresh, self.prompt = self.prompt, earlier
-            earlier.h[rows], earlier.e[rows], earlier.allowed[rows] = fresh.h, fresh.e, fresh.allowed
-            earlier.depth[rows] = fresh.depth
-            if earlier.rope is not None:
-                earlier.rope[0][rows], earlier.rope[1][rows] = fresh.rope
-            earlier.shallowest = int(earlier.depth.min())
+            earlier.take(rows, self.prompt)
+            self.prompt = earlier
         return self._pick(out, state, rows, logits, depths)
 
     def _start(self, state: _Rows, rows: Tensor, tokens: Tensor) -> None:
@@ -287,10 +281,7 @@ class DepthCalls:
     def attention(self, attn, x: Tensor, k_store: Tensor, v_store: Tensor) -> Tensor:
         """Attention of x [R, 1, d] over its row's slots, after writing its keys and values: into
         [B, H, S, Dh] at its slot, or into [K, B, H, S, Dh] at its slot for its loop and every later one."""
-        q, k, v = project(attn, x)
-        if self.rope is not None:
-            cos, sin = (t[:, None] for t in self.rope)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = rotated_projection(attn, x, self.rope)
         stop = self.allowed.shape[-1]
         if self.lockstep is not None:
             slot, loop = self.lockstep
@@ -311,12 +302,4 @@ class DepthCalls:
             v_store[loops, rows, :, slots] = v[which, :, 0]
             own = self.loop - 1
             keys, values = k_store[own, self.rows, :, :stop], v_store[own, self.rows, :, :stop]
-        if keys.shape[1] != q.shape[1]:  # grouped-query attention
-            groups = q.shape[1] // keys.shape[1]
-            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        scores = q @ keys.transpose(-1, -2)
-        # as cached_attention scales, so that both paths round alike
-        scores = scores / math.sqrt(q.shape[-1]) if isinstance(attn, SelfAttention) else scores * attn.scaling
-        scores = scores.masked_fill(~self.allowed[:, None], float("-inf"))
-        y = scores.softmax(dim=-1) @ values
-        return output(attn, y.transpose(1, 2).reshape(len(self.rows), 1, -1), x)
+        return attend(attn, x, q, keys, values, self.allowed)
