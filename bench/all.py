@@ -35,6 +35,8 @@ BENCHMARKS = (
     "model_dirs",
     "speculative",
     "depthwise",
+    "row_selection",
+    "wavefront",
     "serve",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")

@@ -27,6 +27,12 @@ on the step decoder.
    batch after another, against depth-wise batching with ``max_batch`` 8 (a waiting problem takes the
    row of the next one to finish); problems/s and the answers both give.
 
+5. Matched exact match on the byte-level LM, 8 rows: the 64 problems of part 4 at each fixed depth
+   and under each adaptive exit, each run three ways (the step decoder 8 at a time, depth-wise with
+   ``max_batch`` 8, and wavefront decoding 8 at a time with 8 positions in flight per row); the cheapest
+   fixed depth whose exact match (the least of its ways) is at least the exit's, and the exit's problems/s
+   against that depth's, each at its fastest way (the issue's other 1.5× test).
+
 Goal: depth-wise ≥ the step decoder's tokens/s for an adaptive exit at batch 8 on one of the two
 models. The rest is reported.
 
@@ -57,6 +63,8 @@ LM_EXITS = (
 )
 RETROFIT_EXITS = (GenerationExit("convergence", 8, {"eps": 0.05}), BASELINE)
 FIXED_DEPTHS = (1, 2, 3, 4, 6, 8, 16)
+#: the positions in flight per row of part 5's wavefront decoding
+WAVEFRONT = 8
 #: how much worse (nats per token) an adaptive exit's loss may be than a fixed depth's that "matches" it
 LOSS_MARGIN = 0.01
 HEADER = ["batch", "exit", "mean depth", "same rows", "step tok/s", "depth-wise tok/s", "ratio", "vs fixed 4 step"]
@@ -111,6 +119,8 @@ def main() -> None:
     print_measure("byte-level LM, batch 8: depth-wise adaptive / matched fixed depth tokens/s, best exit", matched)
     queued = requests_section(exp, args.repeats)
     print_measure("byte-level LM, 64 problems, 8 rows: depth-wise with waiting prompts / step in batches", queued)
+    traced = matched_trace_section(exp, args.repeats)
+    print_measure("byte-level LM, 64 problems, 8 rows: adaptive / matched fixed depth problems/s, best exit", traced)
     retrofit = None if args.no_retrofit else retrofit_section(args.repeats)
     if retrofit is not None:
         print_measure("SmolLM2 retrofit, batch 8: depth-wise / step tokens/s, convergence exit", retrofit)
@@ -155,36 +165,55 @@ def matched_section(exp, prompts, repeats: int) -> float:
     return best
 
 
-def requests_section(exp, repeats: int, rows: int = 8) -> float:
-    """Part 4 (see the module docstring); depth-wise with waiting prompts / step in batches, problems/s."""
+def trace_problems() -> list[tuple[str, str]]:
+    """The 64 chain-trace problems of parts 4 and 5 (16 of each of 1..4 steps), in a seeded mixed order."""
     generator = derive_generator(0, "bench-depthwise", "trace")
     problems = [p for n in range(1, 5) for p in ChainTrace().draw(n, 16, generator)]
     order = torch.randperm(len(problems), generator=derive_generator(0, "bench-depthwise", "order")).tolist()
-    problems = [problems[i] for i in order]  # sizes mixed, so rows finish at different times
+    return [problems[i] for i in order]  # sizes mixed, so rows finish at different times
+
+
+def solve(
+    exp, problems, rule: GenerationExit, rows: int, repeats: int, wavefront: bool = False
+) -> dict[str, tuple[float, int, float]]:
+    """The problems under ``rule`` by the step decoder ``rows`` at a time, depth-wise with ``max_batch`` ``rows``
+    and (``wavefront``) by wavefront decoding ``rows`` at a time, interleaved: per way, (problems/s from the
+    median seconds, exact matches, loops per token)."""
     prompts = [encode(question) for question, _ in problems]
     longest = max(len(answer) for _, answer in problems)
-    rule = LM_EXITS[0]
 
     def finished(ids: list[int]) -> bool:
         return cut_at_stop(decode(ids), [ANSWER_END]) is not None
 
-    def in_batches():
-        out = [generate(exp.model, prompts[i : i + rows], longest, rule, finished=finished)
-               for i in range(0, len(prompts), rows)]  # fmt: skip
-        return [ids for part in out for ids in part.tokens]
+    def in_batches(**options):
+        return [generate(exp.model, prompts[i : i + rows], longest, rule, finished=finished, **options)
+                for i in range(0, len(prompts), rows)]  # fmt: skip
 
     def queued():
-        return generate(exp.model, prompts, longest, rule, finished=finished, batching="depth", max_batch=rows).tokens
+        return [generate(exp.model, prompts, longest, rule, finished=finished, batching="depth", max_batch=rows)]
 
-    seconds, right = {"step": [], "depth": []}, {}
+    ways = [("step", in_batches), ("depth", queued)]
+    if wavefront:
+        ways.append(("wavefront", lambda: in_batches(batching="wavefront", front=WAVEFRONT)))
+    seconds, right, depth = {name: [] for name, _ in ways}, {}, {}
     for _ in range(repeats):
-        for name, run in (("step", in_batches), ("depth", queued)):
+        for name, run in ways:
             began = time.perf_counter()
-            tokens = run()
+            parts = run()
             seconds[name].append(time.perf_counter() - began)
-            texts = [cut_at_stop(decode(ids), [ANSWER_END]) for ids in tokens]
+            texts = [cut_at_stop(decode(ids), [ANSWER_END]) for part in parts for ids in part.tokens]
             right[name] = sum(text == answer for text, (_, answer) in zip(texts, problems))
-    rates = {name: len(problems) / statistics.median(values) for name, values in seconds.items()}
+            depths = [d for part in parts for row in part.depths for d in row]
+            depth[name] = sum(depths) / len(depths)
+    return {name: (len(problems) / statistics.median(seconds[name]), right[name], depth[name]) for name in seconds}
+
+
+def requests_section(exp, repeats: int, rows: int = 8) -> float:
+    """Part 4 (see the module docstring); depth-wise with waiting prompts / step in batches, problems/s."""
+    problems, rule = trace_problems(), LM_EXITS[0]
+    solved = solve(exp, problems, rule, rows, repeats)
+    rates = {name: rate for name, (rate, _, _) in solved.items()}
+    right = {name: count for name, (_, count, _) in solved.items()}
     print(f"4. across requests: {len(problems)} chain-trace problems (1..4 steps), {label(rule)}, {rows} rows")
     print_table(
         ["decoder", "problems/s", "exact match"],
@@ -192,6 +221,38 @@ def requests_section(exp, repeats: int, rows: int = 8) -> float:
          [f"depth-wise, max_batch {rows}", f"{rates['depth']:.1f}", f"{right['depth']}/{len(problems)}"]],
     )  # fmt: skip
     return rates["depth"] / rates["step"]
+
+
+def matched_trace_section(exp, repeats: int, rows: int = 8) -> float:
+    """Part 5 (see the module docstring); the best adaptive / matched fixed problems/s ratio (0 when no fixed
+    depth matches)."""
+    problems = trace_problems()
+    fixed = {k: solve(exp, problems, GenerationExit("fixed", k), rows, repeats, True) for k in FIXED_DEPTHS}
+
+    def line(name, runs):
+        right = min(count for _, count, _ in runs.values())
+        return [name, f"{right}/{len(problems)}", *(f"{runs[way][0]:.1f}" for way in ("step", "depth", "wavefront"))]
+
+    table = [line(f"fixed {k}", runs) for k, runs in fixed.items()]
+    rows_out, best = [], 0.0
+    for rule in (r for r in LM_EXITS if r.adaptive):
+        runs = solve(exp, problems, rule, rows, repeats, True)
+        right = min(count for _, count, _ in runs.values())
+        rate = max(rate for rate, _, _ in runs.values())
+        table.append(line(label(rule), runs))
+        cheapest = next((k for k in FIXED_DEPTHS if min(c for _, c, _ in fixed[k].values()) >= right), None)
+        if cheapest is None:
+            rows_out.append([label(rule), f"{runs['depth'][2]:.2f}", f"none of {FIXED_DEPTHS}", ""])
+            continue
+        ratio = rate / max(rate for rate, _, _ in fixed[cheapest].values())
+        best = max(best, ratio)
+        rows_out.append([label(rule), f"{runs['depth'][2]:.2f}", f"fixed {cheapest}", f"{ratio:.2f}"])
+    print(f"5. matched exact match: the {len(problems)} problems of part 4, {rows} rows, problems/s")
+    ways = [f"step, batches of {rows}", f"depth-wise, max_batch {rows}", f"wavefront {WAVEFRONT}, batches of {rows}"]
+    print_table(["exit", "exact match", *ways], table)
+    print_table(["adaptive exit", "loops per token", "matched by (exact match ≥)", "adaptive / fixed, faster ways"],
+                rows_out)  # fmt: skip
+    return best
 
 
 def retrofit_section(repeats: int) -> float | None:

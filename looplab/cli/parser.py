@@ -329,13 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=BATCHING,
         default="step",
         help="step: a step's tokens run together; depth: each core call advances every row by one loop of its own "
-        "token (per_loop cache)",
+        "token (per_loop cache); wavefront: also many positions of a row at once, each a guess checked by greedy "
+        "decoding (per_loop cache, greedy, no coda)",
     )
     generate.add_argument(
         "--max-batch",
         type=int,
         metavar="N",
         help="with --batching depth: decode N prompts at once; the others wait and take the rows of finished ones",
+    )
+    generate.add_argument(
+        "--front",
+        type=int,
+        metavar="N",
+        help="with --batching wavefront: the positions of a row in flight at once (default: the exit's loops)",
     )
     generate.add_argument(
         "--json",

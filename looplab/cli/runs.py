@@ -128,6 +128,7 @@ def generate_command(args) -> None:
         draft=draft,
         batching=args.batching,
         max_batch=args.max_batch,
+        front=args.front,
     )
     for completion, logprobs in zip(completions, result.logprobs):
         if args.json:

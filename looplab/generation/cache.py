@@ -149,6 +149,11 @@ class KVCache:
     :class:`RingLayerCache` of ``keep_loops`` loops). ``index`` numbers a site's layer calls in
     one pass (a loop that calls a layer twice has two indices); a convolution's
     :class:`SlotStore` is keyed (site, loop, (index, name)).
+
+    Under ``per_loop`` with ``loops`` (the deepest loop a token may run) given, the keys and values of
+    core call ``index`` at every loop are one tensor each, ``stacks[index]`` = (k, v) [K, B, H, S, Dh],
+    and each loop's :class:`LayerCache` is a view of its slice: a lend is then one write per call
+    instead of one per later loop, and depth-wise batching indexes the loop like any other dimension.
     """
 
     policy: str
@@ -159,7 +164,9 @@ class KVCache:
     dtype: torch.dtype
     device: torch.device
     keep_loops: int = 2
+    loops: int = 0
     layers: dict[tuple, LayerCache | RingLayerCache | SlotStore] = field(default_factory=dict)
+    stacks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -177,7 +184,10 @@ class KVCache:
         if key not in self.layers:
             heads, head_dim = heads or self.heads, head_dim or self.head_dim
             shape = (self.batch, heads, self.slots.positions.shape[1], head_dim)
-            if site == "core" and self.policy == "last_m":
+            if site == "core" and self.policy == "per_loop" and self.loops:
+                k, v = self.stack(index, heads, head_dim)
+                self.layers[key] = LayerCache(k[loop - 1], v[loop - 1])
+            elif site == "core" and self.policy == "last_m":
                 zeros = torch.zeros((self.keep_loops, *shape), dtype=self.dtype, device=self.device)
                 last = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
                 self.layers[key] = RingLayerCache(zeros, zeros.clone(), last)
@@ -185,6 +195,15 @@ class KVCache:
                 zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 self.layers[key] = LayerCache(zeros, zeros.clone())
         return self.layers[key]
+
+    def stack(self, index: int, heads: int | None = None, head_dim: int | None = None) -> tuple[Tensor, Tensor]:
+        """``per_loop`` with ``loops``: core call ``index``'s keys and values of every loop, [K, B, H, S, Dh] each."""
+        if index not in self.stacks:
+            heads, head_dim = heads or self.heads, head_dim or self.head_dim
+            shape = (self.loops, self.batch, heads, self.slots.positions.shape[1], head_dim)
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.stacks[index] = (k, torch.zeros_like(k))
+        return self.stacks[index]
 
     def history(self, site: str, loop: int, index, channels: int, dtype: torch.dtype | None = None) -> SlotStore:
         """The :class:`SlotStore` of ``channels`` per slot (in ``dtype``, default the cache's) keyed ``index`` (a
@@ -200,7 +219,14 @@ class KVCache:
         keys, values and convolution inputs alike — to the loops up to ``last_loop``."""
         if self.policy != "per_loop":
             return
-        sources = [(key[2], entry) for key, entry in self.layers.items() if key[:2] == ("core", exit_loop)]
+        for k, v in self.stacks.values():  # the exit loop's slice, broadcast over the later ones
+            k[exit_loop:last_loop, rows, :, chunk] = k[exit_loop - 1, rows, :, chunk]
+            v[exit_loop:last_loop, rows, :, chunk] = v[exit_loop - 1, rows, :, chunk]
+        sources = [
+            (key[2], entry)
+            for key, entry in self.layers.items()
+            if key[:2] == ("core", exit_loop) and not (isinstance(key[2], int) and key[2] in self.stacks)
+        ]
         for index, source in sources:
             for loop in range(exit_loop + 1, last_loop + 1):
                 key = ("core", loop, index)
@@ -210,7 +236,9 @@ class KVCache:
 
     def nbytes(self) -> int:
         """Bytes held by the keys and values (and convolution inputs)."""
-        return sum(entry.nbytes() for entry in self.layers.values())
+        stacked = sum(2 * k.numel() * k.element_size() for k, _ in self.stacks.values())
+        views = [key for key in self.layers if key[0] == "core" and isinstance(key[2], int) and key[2] in self.stacks]
+        return stacked + sum(entry.nbytes() for key, entry in self.layers.items() if key not in views)
 
 
 def visible(slots: Slots, rows: Tensor | slice, chunk: slice, window: int) -> Tensor:
@@ -239,6 +267,7 @@ def cached_attention(
     allowed: Tensor,
     rope: tuple[Tensor, Tensor] | None,
     loop: int = 0,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """Self-attention of new tokens over the cache, writing their keys and values first.
 
@@ -250,11 +279,16 @@ def cached_attention(
         allowed: [R, m, chunk.stop] bool, from :func:`visible`.
         rope: (cos, sin) [R, m, Dh] for the new tokens' own positions, or None.
         loop: the core loop these tokens are at (what a ``last_m`` cache reads; 0 elsewhere).
+        keep: [R] bool, or None for every row: the rows whose keys and values are written (a
+            :class:`LayerCache`'s rows outside it keep their entries, and attend to them).
 
     Returns:
         [R, m, d]: the attention sublayer's output (before its residual).
     """
     q, k, v = rotated_projection(attn, x, rope)
+    if keep is not None:
+        written = keep[:, None, None, None]
+        k, v = torch.where(written, k, cache.k[rows, :, chunk]), torch.where(written, v, cache.v[rows, :, chunk])
     cache.write(rows, chunk, k, v, loop)
     keys, values = cache.read(rows, chunk, loop)
     return attend(attn, x, q, keys, values, allowed)

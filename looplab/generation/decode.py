@@ -27,6 +27,7 @@ from looplab.generation.depthwise import DepthwiseDecoder, check_depthwise
 from looplab.generation.exits import MAX_LOOPS, GenerationExit
 from looplab.generation.sampling import Generation, Sampling, choose, ended
 from looplab.generation.views import decodable
+from looplab.generation.wavefront import WavefrontDecoder, check_wavefront
 from looplab.lm.native import NativeLoop
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.model import LoopedTransformer
@@ -35,8 +36,9 @@ from looplab.tasks.base import PAD
 __all__ = ["Generation", "Sampling", "generate", "score", "GREEDY", "FIXED_EXIT"]
 
 
-#: how a step's rows share core calls: all at one token (``step``), or each at its own loop and token (``depth``)
-BATCHING = ("step", "depth")
+#: how a step's rows share core calls: all at one token (``step``), each at its own loop and token (``depth``),
+#: or many positions of each row at once, each at its own loop (``wavefront``)
+BATCHING = ("step", "depth", "wavefront")
 #: the defaults of :func:`generate`: greedy decoding at a fixed 4 loops
 GREEDY = Sampling()
 FIXED_EXIT = GenerationExit()
@@ -56,6 +58,7 @@ def generate(
     sources: list[str] | None = None,
     batching: str = "step",
     max_batch: int | None = None,
+    front: int | None = None,
 ) -> Generation:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -76,12 +79,21 @@ def generate(
             ``per_loop`` cache only).
         max_batch: with ``depth`` batching, decode at most this many prompts at once; the others wait, and each
             takes the row of the next prompt to finish (prefilled there while the other rows go on).
+        front: with ``wavefront`` batching (:mod:`looplab.generation.wavefront`; greedy, no coda), the positions
+            of a row in flight at once (default: the exit's cap).
     """
     model = decodable(model)
     if batching not in BATCHING:
         raise LooplabError(f"unknown batching {batching!r}; valid choices: {', '.join(BATCHING)}")
     if batching == "depth":
         check_depthwise(model, cache)
+    if batching == "wavefront":
+        front = exit_rule.loops if front is None else front
+        check_wavefront(model, cache, sampling, front)
+        if forced is not None:
+            raise LooplabError("wavefront decoding guesses its tokens; teacher-forced scoring: use --batching step")
+    elif front is not None:
+        raise LooplabError("--front sets the positions in flight per row: it needs --batching wavefront")
     if max_batch is not None:
         if batching != "depth":
             raise LooplabError("--max-batch lets waiting prompts take finished rows: it needs --batching depth")
@@ -96,6 +108,8 @@ def generate(
         if batching == "depth":
             decoder = DepthwiseDecoder(model, prompts, max_new_tokens, exit_rule, sampling, finished, forced, max_batch)
             return decoder.run()
+        if batching == "wavefront":
+            return WavefrontDecoder(model, prompts, max_new_tokens, exit_rule, sampling, finished, front).run()
         decoder = Decoder(model, prompts, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, forced)
         return decoder.run()
     finally:

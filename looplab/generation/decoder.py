@@ -28,6 +28,12 @@ from looplab.model.attention import rope_tables
 from looplab.model.layer import Layer
 from looplab.tasks.base import PAD
 
+#: a decode step's loop runs every row of the step, masking the cache writes of rows whose token has
+#: exited, while at least this fraction of them still runs; below it, it gathers the running rows
+#: (measured in bench/row_selection.py: at d 64 the two cost the same; at d 256 masks lose up to 21 % where
+#: most rows have exited, and win up to 3 % where nearly all run)
+MASK_AT = 0.75
+
 
 @dataclass
 class _Prompt:
@@ -72,7 +78,7 @@ class Decoder:
         self.slots = Slots(positions, real)
         head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
         kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)  # a retrofit's grouped keys and values
-        self.cache = KVCache(policy, batch, kv_heads, head_dim, self.slots, dtype, device, keep_loops)
+        self.cache = KVCache(policy, batch, kv_heads, head_dim, self.slots, dtype, device, keep_loops, exit_rule.loops)
         self.rope = None
         if cfg.positional == "rope":
             length = self.width + max_new_tokens
@@ -85,6 +91,10 @@ class Decoder:
         # when a later token first reaches a loop it has not run (its keys and values are the same
         # whenever they are computed). A coda would read the prompt's states at that depth, not the cap.
         self.lazy_prompt = policy == "per_loop" and exit_rule.adaptive and not cfg.coda_layers
+        # a decode step may run its exited rows too, their cache writes masked (MASK_AT), where the model's
+        # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
+        own_passes = any(hasattr(model, name) for name in ("prelude_pass", "core_pass", "coda_pass"))
+        self.masks = policy == "per_loop" and exit_rule.adaptive and not own_passes
         self.prompt: _Prompt | None = None
 
     def run(self) -> Generation:
@@ -145,25 +155,28 @@ class Decoder:
         for t in range(1, self.exit.loops + 1):
             if not prefill and self.prompt is not None and t > self.prompt.shallowest:
                 self.deepen_prompt(rows[active], t)
+            # every row runs: all of them, or (masked) also those that exited, whose writes are masked out
             everyone = len(active) == count
-            sub_key = key if everyone else rows[active]
-            sub_allowed = allowed if everyone else allowed[active]
-            sub_rope = rope if rope is None or everyone else (rope[0][active], rope[1][active])
-            calls = Calls(self, "core", t, sub_key, chunk, sub_allowed, sub_rope)
-            xa = core_pass(model, h if everyone else h[active], e if everyone else e[active], calls)
-            h_prev_query = h[active, query[active]]
-            if everyone:
+            whole = everyone or (not prefill and self.masks and len(active) >= MASK_AT * count)
+            run, keep = (picks, None if everyone else running) if whole else (active, None)
+            sub_key = key if whole else rows[active]
+            sub_allowed = allowed if whole else allowed[active]
+            sub_rope = rope if rope is None or whole else (rope[0][active], rope[1][active])
+            calls = Calls(self, "core", t, sub_key, chunk, sub_allowed, sub_rope, keep)
+            xa = core_pass(model, h if whole else h[active], e if whole else e[active], calls)
+            h_prev_query = h[run, query[run]]
+            if whole:  # an exited row's state is its ``read`` (a decode step has one token per row)
                 h = xa
             else:
                 h = h.clone()
                 h[active] = xa
-            h_query = xa[torch.arange(len(active), device=rows.device), query[active]]
+            h_query = xa[torch.arange(len(run), device=rows.device), query[run]]
             if read is None:
                 read = h_query.clone()
             logp = logits_of(model, h_query).log_softmax(-1) if self.exit.reads_logits else None
-            stop = self.exit.stop(t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[active])
-            stop = stop & running[active]
-            stopping = active[stop]
+            stop = self.exit.stop(t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[run])
+            stop = stop & running[run]
+            stopping = run[stop]
             read[stopping] = h_query[stop]
             depth[stopping] = t
             running[stopping] = False
@@ -171,7 +184,7 @@ class Decoder:
                 self.cache.lend(rows[stopping], chunk, t, self.exit.loops)
             if logp is not None:
                 logp_prev = torch.zeros(count, logp.shape[-1], dtype=logp.dtype, device=logp.device)
-                logp_prev[active] = logp
+                logp_prev[run] = logp
             if prefill and not self.lazy_prompt:  # every loop's keys and values of the prompt are needed
                 continue
             if not running.any():
@@ -207,7 +220,8 @@ class Calls:
     runs its own layer modules reads its entries with :meth:`entry` and :meth:`history`.
 
     ``allowed`` [R, m, chunk.stop] is :func:`~looplab.generation.cache.visible`'s mask under the model's
-    window, ``rope`` the new tokens' (cos, sin) [R, m, Dh] or None.
+    window, ``rope`` the new tokens' (cos, sin) [R, m, Dh] or None; ``keep`` [R] bool, when given, says
+    which rows' keys and values are written (the others run, but their cache entries stay as they were).
     """
 
     decoder: Decoder
@@ -217,6 +231,7 @@ class Calls:
     chunk: slice
     allowed: Tensor
     rope: tuple[Tensor, Tensor] | None
+    keep: Tensor | None = None
 
     @property
     def slots(self) -> Slots:
@@ -241,7 +256,9 @@ class Calls:
         cache = self.entry(index)
 
         def attend(y: Tensor) -> Tensor:
-            return cached_attention(layer.attn, y, self.rows, self.chunk, cache, self.allowed, self.rope, self.loop)
+            return cached_attention(
+                layer.attn, y, self.rows, self.chunk, cache, self.allowed, self.rope, self.loop, self.keep
+            )
 
         return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
 

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.generation.cache import LayerCache, attend, rotated_projection
+from looplab.generation.cache import attend, rotated_projection
 from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.tasks.base import PAD
@@ -69,27 +69,10 @@ class DepthwiseDecoder(Decoder):
         width = max(map(len, prompts))  # every prompt fits the rows' prompt slots, whichever row it takes
         first = prompts[:batch]
         super().__init__(model, first, max_new_tokens, exit_rule, "per_loop", sampling, finished, 2, forced, width)
-        self.stacks = self._stack_core_entries()
+        self.stacks = [self.cache.stack(index) for index in range(len(self.model.core))]
         self.prompts = prompts
         self.request = list(range(batch))  # row → the prompt it decodes now
         self.waiting = batch  # the next prompt to take a row
-
-    def _stack_core_entries(self) -> list[tuple[Tensor, Tensor]]:
-        """Per core layer call, keys and values [K, B, H_kv, S, Dh]; the cache's per-loop entries are views of
-        them, so the prefill writes into the stacks."""
-        cfg = self.model.cfg
-        head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
-        heads = getattr(cfg, "kv_heads", cfg.n_heads)
-        loops, batch, slots = self.exit.loops, len(self.lengths), self.slots.positions.shape[1]
-        dtype, device = self.cache.dtype, self.cache.device
-        stacks = []
-        for index in range(len(self.model.core)):
-            k = torch.zeros(loops, batch, heads, slots, head_dim, dtype=dtype, device=device)
-            v = torch.zeros_like(k)
-            for t in range(1, loops + 1):
-                self.cache.layers[("core", t, index)] = LayerCache(k[t - 1], v[t - 1])
-            stacks.append((k, v))
-        return stacks
 
     def run(self) -> Generation:
         batch, device = len(self.lengths), self.lengths.device
@@ -110,7 +93,7 @@ class DepthwiseDecoder(Decoder):
             if len(exited):
                 read = exit_h
                 if len(self.model.coda):
-                    read = coda_pass(self.model, exit_h[:, None], self._calls(state, "coda", exited))[:, 0]
+                    read = coda_pass(self.model, exit_h[:, None], self._calls("coda", exited, state.slot[exited]))[:, 0]
                 starting = self._pick(out, state, exited, logits_of(self.model, read), state.loop[exited])
         out.cache_bytes = self.cache.nbytes()
         return out
@@ -168,7 +151,7 @@ class DepthwiseDecoder(Decoder):
         if self.model.positions is not None:
             x = x + self.model.positions.weight[self.slots.positions[rows, slot]][:, None]
         e = (
-            prelude_pass(self.model, x, self._calls(state, "prelude", rows))[:, 0]
+            prelude_pass(self.model, x, self._calls("prelude", rows, slot))[:, 0]
             if len(self.model.prelude)
             else x[:, 0]
         )
@@ -187,7 +170,8 @@ class DepthwiseDecoder(Decoder):
             for t in loop[behind].unique().tolist():
                 self.deepen_prompt(rows[behind & (loop == t)], t)
         h_prev = state.h[rows]
-        h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], self._calls(state, "core", rows, loop))[:, 0]
+        calls = self._calls("core", rows, state.slot[rows], loop)
+        h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], calls)[:, 0]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exit.reads_logits else None
         stop = self.exit.stop_rows(loop, h, h_prev, logp, None if logp is None else state.logp[rows])
         state.h[rows], state.loop[rows] = h, loop
@@ -197,10 +181,10 @@ class DepthwiseDecoder(Decoder):
         state.running[exited] = False
         return exited, h[stop]
 
-    def _calls(self, state: _Rows, site: str, rows: Tensor, loop: Tensor | None = None) -> DepthCalls:
-        """The layer calls of one pass of ``rows``' tokens in flight at ``site`` (``loop`` [R] for the core): each
-        row's mask over its own slots up to its token's, its RoPE tables, and how the caches are indexed."""
-        slot = state.slot[rows]
+    def _calls(self, site: str, rows: Tensor, slot: Tensor, loop: Tensor | None = None) -> DepthCalls:
+        """The layer calls of one pass of tokens in flight at ``site``, the token of batch row ``rows`` [R] in
+        ``slot`` [R] (at core ``loop`` [R]): each one's mask over its row's slots up to its own, its RoPE tables,
+        and how the caches are indexed."""
         key_slots = torch.arange(int(slot.max()) + 1, device=rows.device)
         allowed = (key_slots[None, :] <= slot[:, None]) & self.slots.real[rows, : len(key_slots)]
         window = self.model.cfg.attention_window

@@ -170,8 +170,9 @@ class _SpeculativeDecoder(Decoder):
         for i in range(n):
             slot = slice(base + i, base + i + 1)
             self.slots.real[rows, slot] = True
-            h, e = self._loops(token[:, None], None, None, rows, slot, 1, self.draft_loops)
-            token = self._read(h, rows, slot)[:, 0].argmax(-1)
+            one_pass = self._pass(rows, slot)
+            h, e = self._loops(token[:, None], None, None, one_pass, slot, 1, self.draft_loops)
+            token = self._read(h, one_pass, slot)[:, 0].argmax(-1)
             drafts.append(token)
             states.append(h)
             injected.append(e)
@@ -179,31 +180,34 @@ class _SpeculativeDecoder(Decoder):
 
     def _verify(self, h: Tensor, e: Tensor, rows: Tensor, chunk: slice) -> Tensor:
         """Loops k + 1..K of the round's inputs in one pass, then the K-loop logits [R, n, V] at each."""
-        h, _ = self._loops(None, h, e, rows, chunk, self.draft_loops + 1, self.exit.loops)
-        return self._read(h, rows, chunk)
+        one_pass = self._pass(rows, chunk)
+        h, _ = self._loops(None, h, e, one_pass, chunk, self.draft_loops + 1, self.exit.loops)
+        return self._read(h, one_pass, chunk)
 
-    def _loops(self, tokens, h, e, rows: Tensor, chunk: slice, first: int, last: int) -> tuple[Tensor, Tensor]:
-        """Core loops ``first``..``last`` of the tokens in ``chunk`` of ``rows``: from their ids [R, m] when
-        ``first`` is 1 (the prelude first), else from their states h, e [R, m, d] after loop first − 1."""
-        key, allowed, rope = self._pass(rows, chunk)
+    def _loops(self, tokens, h, e, one_pass, chunk: slice, first: int, last: int) -> tuple[Tensor, Tensor]:
+        """Core loops ``first``..``last`` of the tokens in ``chunk`` of one pass's rows (:meth:`_pass`): from their
+        ids [R, m] when ``first`` is 1 (the prelude first), else from their states h, e [R, m, d] after loop
+        first − 1."""
+        key, allowed, rope, positions = one_pass
         if first == 1:
             x = self.model.embedding(tokens)
             if self.model.positions is not None:
-                x = x + self.model.positions.weight[self.slots.positions[rows, chunk]]
+                x = x + self.model.positions.weight[positions]
             e = prelude_pass(self.model, x, Calls(self, "prelude", 0, key, chunk, allowed, rope))
             h = self.model.initial_state(e)
         for t in range(first, last + 1):
             h = core_pass(self.model, h, e, Calls(self, "core", t, key, chunk, allowed, rope))
         return h, e
 
-    def _read(self, h: Tensor, rows: Tensor, chunk: slice) -> Tensor:
+    def _read(self, h: Tensor, one_pass, chunk: slice) -> Tensor:
         """Next-token logits [R, m, V] of states h [R, m, d] after the coda."""
-        key, allowed, rope = self._pass(rows, chunk)
+        key, allowed, rope, _ = one_pass
         return logits_of(self.model, coda_pass(self.model, h, Calls(self, "coda", 0, key, chunk, allowed, rope)))
 
     def _pass(self, rows: Tensor, chunk: slice):
-        """The cache key (a slice when every row runs), attention mask and RoPE tables of one pass."""
+        """The cache key (a slice when every row runs), attention mask, RoPE tables and positions [R, m] of the
+        pass of ``rows``' tokens in ``chunk``."""
         key = slice(None) if len(rows) == len(self.lengths) else rows
         positions = self.slots.positions[rows, chunk]
         rope = None if self.rope is None else (self.rope[0][positions], self.rope[1][positions])
-        return key, visible(self.slots, key, chunk, self.model.cfg.attention_window), rope
+        return key, visible(self.slots, key, chunk, self.model.cfg.attention_window), rope, positions

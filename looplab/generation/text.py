@@ -100,6 +100,7 @@ def generate_text(
     draft: tuple[int, int] | None = None,
     batching: str = "step",
     max_batch: int | None = None,
+    front: int | None = None,
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with a looped LM: a run dir's latest checkpoint or a model dir (any path
     :func:`~looplab.generation.text_lm.open_text_lm` opens, in ``dtype`` for a model dir), or a
@@ -109,8 +110,8 @@ def generate_text(
     dir's native loop count); the ``halting`` exit is given the run's halting head. A row stops after
     the model's end-of-text token or at its first stop string (kept in its text); ``sources`` name the
     prompts in errors (``prompts.txt line 3``); an empty stop string is refused (every text holds it).
-    ``draft`` (k, n) decodes self-speculatively (:mod:`looplab.generation.speculative`); ``batching`` and
-    ``max_batch`` are :func:`~looplab.generation.decode.generate`'s.
+    ``draft`` (k, n) decodes self-speculatively (:mod:`looplab.generation.speculative`); ``batching``,
+    ``max_batch`` and ``front`` are :func:`~looplab.generation.decode.generate`'s.
     """
     for stop in stops:
         if not isinstance(stop, str) or not stop:
@@ -133,9 +134,10 @@ def generate_text(
                 f"speculative decoding verifies at a fixed depth through the per_loop cache: use --exit fixed "
                 f"--cache per_loop (got --exit {exit_rule.name} --cache {cache})"
             )
-        if batching != "step" or max_batch is not None:
+        if batching != "step" or max_batch is not None or front is not None:
             raise LooplabError(
-                "speculative decoding verifies drafts of all rows in one pass: use --batching step without --max-batch"
+                "speculative decoding verifies drafts of all rows in one pass: use --batching step without "
+                "--max-batch or --front"
             )
         draft_loops, draft_tokens = draft
         result = generate_speculative(
@@ -162,6 +164,7 @@ def generate_text(
             sources=sources,
             batching=batching,
             max_batch=max_batch,
+            front=front,
         )
     completions = []
     for prompt, prompt_ids, ids, depths in zip(prompts, prompts_ids, result.tokens, result.depths):

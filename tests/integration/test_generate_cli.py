@@ -89,18 +89,26 @@ def test_speculative_generation_prints_the_fixed_depths_tokens_and_its_drafts(lm
 
 
 def test_depth_wise_batching_prints_the_step_decoders_tokens_and_loops(lm_run, capsys):
-    """``--batching depth``, and with one row that the prompts take in turn (``--max-batch 1``): each prompt's
-    JSON tokens and loops are the step decoder's (rows at mixed depths are tests/unit/test_depthwise.py's, in
-    float64: this tiny run's exits sit at float32 noise)."""
+    """``--batching depth``, with one row that the prompts take in turn (``--max-batch 1``), and ``--batching
+    wavefront`` (every front, and 2): each prompt's JSON tokens and loops are the step decoder's (rows at mixed
+    depths are tests/unit/test_depthwise.py's and test_wavefront.py's, in float64: this tiny run's exits sit at
+    float32 noise)."""
     from looplab.cli import main
 
     argv = ["generate", str(lm_run), "--prompt", "And God said", "--prompt", "k=3;", "--max-new-tokens", "8"]
     argv += ["--loops", "5", "--json"]
     runs = []
-    for flags in (["--batching", "step"], ["--batching", "depth"], ["--batching", "depth", "--max-batch", "1"]):
+    ways = (
+        ["--batching", "step"],
+        ["--batching", "depth"],
+        ["--batching", "depth", "--max-batch", "1"],
+        ["--batching", "wavefront"],
+        ["--batching", "wavefront", "--front", "2"],
+    )
+    for flags in ways:
         assert main([*argv, *flags]) == 0
         runs.append([(r["token_ids"], r["loops"]) for r in map(json.loads, capsys.readouterr().out.splitlines())])
-    assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert all(run == runs[0] for run in runs[1:])
     assert all(loops == [5] * 8 for _, loops in runs[1])
 
 
@@ -188,6 +196,10 @@ def prompt_files(tmp_path_factory):
         (["--prompt", "x", "--batching", "loop"], "argument --batching: invalid choice: 'loop'"),
         (["--prompt", "x", "--max-batch", "2"], "--max-batch lets waiting prompts take finished rows: it needs"),
         (["--prompt", "x", "--batching", "depth", "--max-batch", "0"], "--max-batch must be a positive integer"),
+        (["--prompt", "x", "--front", "2"], "--front sets the positions in flight per row: it needs --batching"),
+        (["--prompt", "x", "--batching", "wavefront", "--front", "0"], "--front (positions in flight per row) must"),
+        (["--prompt", "x", "--batching", "wavefront", "--temperature", "0.7"], "wavefront decoding is greedy"),
+        (["--prompt", "x", "--batching", "wavefront", "--draft-loops", "1"], "use --batching step without"),
     ],
 )
 def test_bad_generate_arguments_are_one_line_exit_2(lm_run, prompt_files, extra, message):

@@ -145,6 +145,29 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     assert deepened == sorted(deepened) and max(deepened, default=0) <= max(d for row in lazy_run.depths for d in row)
 
 
+@pytest.mark.parametrize("structure", STRUCTURES[::3], ids=lambda s: f"{s['placement']}-{s['injection']}")
+def test_masked_and_gathered_loops_give_each_prompt_alone(structure, monkeypatch):
+    """A decode step's loop that some rows no longer need runs every row with their cache writes masked
+    (MASK_AT 0) or the running rows alone (MASK_AT ∞): both give what each prompt gives alone."""
+    from looplab.generation import decoder as decoder_module
+
+    model = causal_model(prelude_layers=1, **structure)
+    weight = torch.randn(16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    # a bar that falls with the loop, so tokens halt at different loops whatever the scale of h
+    rule = GenerationExit("halting", 7, halts=lambda h, t: (h @ weight) / h.norm(dim=-1) > 0.6 - 0.2 * t)
+    prompts = [*PROMPTS, [3, 6, 6, 1]]
+    runs = {}
+    for at in (0.0, float("inf")):
+        monkeypatch.setattr(decoder_module, "MASK_AT", at)
+        runs[at] = generate(model, prompts, 6, rule, "per_loop")
+    assert len({d for row in runs[0.0].depths for d in row}) > 1  # rows exit at different loops
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, [prompt], 6, rule, "per_loop")
+        for run in runs.values():
+            assert run.tokens[row] == alone.tokens[0] and run.depths[row] == alone.depths[0]
+            assert run.logprobs[row] == pytest.approx(alone.logprobs[0], abs=1e-10)
+
+
 def test_one_token_prompts_are_prefilled_to_the_cap():
     model = causal_model()
     cached = generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("fixed", 3), "per_loop")
