@@ -164,8 +164,13 @@ def test_an_exited_token_lends_every_call_site_its_exit_entries(lms, family):
     lm, rule = lms[family], ADAPTIVE[family]
     decoder = Decoder(decodable(lm.model), [lm.encode(p) for p in PROMPTS], NEW, rule, "per_loop", Sampling(), None)
     result = decoder.run()
-    entries = decoder.cache.layers
+    cache = decoder.cache
+    entries = cache.layers
     calls = {key[2] for key in entries if key[0] == "core"}
+
+    def entry(loop, index):  # a stacked call's loop is a view of its stack, made on first read
+        return cache.layer("core", loop, index) if index in cache.stacks else entries[("core", loop, index)]
+
     assert len(calls) >= len(decoder.model.core)
     lent = 0
     for row, depths in enumerate(result.depths):
@@ -173,7 +178,7 @@ def test_an_exited_token_lends_every_call_site_its_exit_entries(lms, family):
             slot = decoder.width + step
             for index in calls:
                 for loop in range(depth + 1, rule.loops + 1):
-                    own, later = entries[("core", depth, index)], entries[("core", loop, index)]
+                    own, later = entry(depth, index), entry(loop, index)
                     pairs = [(own.k, later.k), (own.v, later.v)] if hasattr(own, "k") else [(own.values, later.values)]
                     for mine, theirs in pairs:
                         at = (row, slice(None), slot) if mine.dim() == 4 else (row, slot)
