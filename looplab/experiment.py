@@ -127,6 +127,7 @@ def check_config(config: Config) -> Config:
     instance = config_task(config, opened)
     deepest = int(instance.steps(torch.tensor([config.task.train_max])))
     check_deep_supervision(schedule, params, config, deepest)
+    check_shared_view(schedule, config)
     placement(config.model.placement)
     if config.model.recurrence == "trm" and config.model.injection != "add":
         raise LooplabError(
@@ -235,6 +236,32 @@ def check_pool(config: Config) -> None:
         )
 
 
+def check_shared_view(schedule: type[Schedule], config: Config) -> None:
+    """A one-line error when ``train.shared_view_weight`` > 0 meets what its two unrolls do not cover: the shared
+    cache's view is a causal looped LM's (one core call per layer and loop, looplab's own model), trained at one
+    depth per row by a rule schedule, without deep supervision or a regulariser of the loop."""
+    if config.train.shared_view_weight == 0:
+        return
+    model, what = config.model, f"train.shared_view_weight = {config.train.shared_view_weight:g}"
+    refusals = [
+        (not model.causal, "needs model.causal = true (the shared cache is a causal decoder's)"),
+        (bool(model.pretrained), "applies to looplab's own model, not a model dir (model.pretrained)"),
+        (model.recurrence != "standard", "needs model.recurrence = 'standard' (one core call per layer and loop)"),
+        (config.train.segment_loops > 0, "does not combine with deep supervision (train.segment_loops > 0)"),
+        (
+            not issubclass(schedule, DepthRule) or schedule.several_depths,
+            f"needs a rule schedule with one depth per row, not {config.schedule.name!r}: valid choices: "
+            + ", ".join(
+                sorted(n for n, cls in SCHEDULES.items() if issubclass(cls, DepthRule) and not cls.several_depths)
+            ),
+        ),
+        (bool(build_regularisers(config)), "does not combine with a [stability] regulariser (its probe states)"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise LooplabError(f"{what} {why}")
+
+
 def check_deep_supervision(schedule: type[Schedule], params, config: Config, deepest: int) -> None:
     """A one-line error when ``train.segment_loops`` and the schedule do not go together: deep supervision cuts
     the deepest training unroll (T_train, from ``deepest`` = T(train_max)) into whole segments of k loops, for a
@@ -336,7 +363,10 @@ class Experiment:
             )
             model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
             width = config.model.d_model
-        context = ScheduleContext(task, width, parallel, config.train.backprop_loops, config.train.segment_loops)
+        train = config.train
+        context = ScheduleContext(
+            task, width, parallel, train.backprop_loops, train.segment_loops, train.shared_view_weight
+        )
         schedule = make_schedule(config.schedule, context)
         if schedule.module is not None:
             schedule.module.to(config.run.device)

@@ -135,6 +135,9 @@ class TrainConfig:
     ``segment_loops`` = k > 0 trains under deep supervision: each row's unroll cut into segments
     of k loops, a loss at every segment's end, the state detached between segments
     (``backprop_loops`` then counts within each segment).
+    ``shared_view_weight`` w > 0 trains in the ``shared`` KV cache's view as well: the loss is
+    (1 − w) × the ordinary unroll's + w × the shared view's (:mod:`looplab.model.shared_view`, two
+    unrolls a step).
     ``checkpoint_minutes`` > 0 also checkpoints when that much wall-clock time has passed since
     the last checkpoint (besides every ``checkpoint_every`` steps); 0 checkpoints by steps only.
     """
@@ -154,6 +157,7 @@ class TrainConfig:
     keep_checkpoints: int = param(2, at_least(1))
     backprop_loops: int = param(0, at_least(0), "0: through every loop")
     segment_loops: int = param(0, at_least(0), "0: no deep supervision")
+    shared_view_weight: float = param(0.0, UNIT, "0: the ordinary unroll only")
     init_from: str = param(
         "", doc="a run dir whose latest checkpoint's model weights start this run (fine-tuning); empty: fresh"
     )

@@ -83,6 +83,11 @@ class AttentionContext:
             causal kernel without a mask computes the same (faster: no mask to materialise per
             call); the fused path then drops the mask, and only padded queries differ
             (they attend to their valid prefix and the padding up to themselves).
+        record: when a dict, each attention module called stores its keys and values there (after
+            RoPE), ``record[module] = (k, v)`` [B, H, L, Dh], the last call's standing.
+        earlier: when a dict, an attention module found in it attends to the keys and values
+            ``earlier[module]`` [B, H, L, Dh] for every earlier position and to its own for itself
+            (:func:`attend_earlier`): the ``shared`` cache's view, for training in it.
     """
 
     mask: Tensor | None
@@ -90,6 +95,8 @@ class AttentionContext:
     rope: tuple[Tensor, Tensor] | None
     use_math: bool = False
     causal_suffices: bool = False
+    record: dict | None = None
+    earlier: dict | None = None
 
     @staticmethod
     def build(
@@ -123,7 +130,10 @@ class AttentionContext:
 
     def select(self, rows: Tensor | slice) -> AttentionContext:
         """The context restricted to some rows of the batch (an index tensor, boolean mask or slice)."""
-        return replace(self, mask=None if self.mask is None else self.mask[rows])
+        earlier = None
+        if self.earlier is not None:
+            earlier = {module: (k[rows], v[rows]) for module, (k, v) in self.earlier.items()}
+        return replace(self, mask=None if self.mask is None else self.mask[rows], earlier=earlier)
 
 
 def _right_padded(valid: Tensor) -> bool:
@@ -142,6 +152,24 @@ def attention_probs(q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1)
+
+
+def attend_earlier(
+    q: Tensor, k: Tensor, v: Tensor, k_earlier: Tensor, v_earlier: Tensor, ctx: AttentionContext
+) -> Tensor:
+    """Causal attention in which query i reads position j < i through ``k_earlier``, ``v_earlier`` and itself
+    through its own k, v (all [B, H, L, Dh]) → [B, H, L, Dh]. With the keys and values of each earlier
+    position's last loop as ``k_earlier``, ``v_earlier``, this is what the ``shared`` KV cache gives a token
+    at every loop (docs/methods.md §9). The mask is the context's (or a causal one) without its diagonal."""
+    length = q.shape[2]
+    before = torch.ones(length, length, dtype=torch.bool, device=q.device).tril(-1)
+    if ctx.mask is not None:
+        before = ctx.mask & before
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = (q @ k_earlier.transpose(-1, -2) * scale).masked_fill(~before, float("-inf"))
+    own = (q * k).sum(-1, keepdim=True) * scale  # [B, H, L, 1]: every query reads itself, so no row is empty
+    probs = torch.cat([scores, own], dim=-1).softmax(dim=-1)
+    return probs[..., :length] @ v_earlier + probs[..., length:] * v
 
 
 def split_heads(qkv: Tensor, n_heads: int, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -179,7 +207,11 @@ class SelfAttention(nn.Module):
         """x [B, L, d] → [B, L, d]."""
         batch, length, d_model = x.shape
         q, k, v = split_heads(self.qkv(x), self.n_heads, ctx.rope)
-        if ctx.use_math or self.weights._forward_hooks:  # an observer of the probabilities needs them formed
+        if ctx.record is not None:
+            ctx.record[self] = (k, v)
+        if ctx.earlier is not None and self in ctx.earlier:
+            y = attend_earlier(q, k, v, *ctx.earlier[self], ctx)
+        elif ctx.use_math or self.weights._forward_hooks:  # an observer of the probabilities needs them formed
             y = self.weights(attention_probs(q, k, ctx)) @ v
         else:
             mask = None if ctx.causal_suffices else ctx.mask

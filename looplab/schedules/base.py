@@ -60,6 +60,7 @@ from looplab.config import ScheduleConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.model import LoopedTransformer
 from looplab.model.protocol import LoopProbe
+from looplab.model.shared_view import shared_view_at_depths
 from looplab.parallel import SINGLE, Parallel
 from looplab.params import at_least, domain_of, fill, param
 from looplab.plugins import check_complete, register_entry
@@ -94,6 +95,8 @@ class ScheduleContext:
         backprop_loops: k > 0 backpropagates through each row's last k loops only (each segment's,
             under deep supervision).
         segment_loops: k > 0 trains under deep supervision with segments of k loops (``segments.py``).
+        shared_view_weight: w > 0 also trains in the ``shared`` KV cache's view
+            (:mod:`looplab.model.shared_view`): the loss is (1 − w) × the ordinary one + w × the view's.
     """
 
     task: Task | None = None
@@ -101,6 +104,7 @@ class ScheduleContext:
     parallel: Parallel = SINGLE
     backprop_loops: int = 0
     segment_loops: int = 0
+    shared_view_weight: float = 0.0
 
 
 @dataclass
@@ -138,6 +142,8 @@ class Schedule(ABC):
     halt_every: int = 1
     #: what a report calls it, formatted with its parameters ("fixed K = {depth}")
     label: ClassVar[str] = ""
+    #: whether a row may be supervised at several depths in one step ([B, J] depths)
+    several_depths: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -254,6 +260,8 @@ class DepthRule(Schedule):
         depths = self.train_depths(batch.lengths, generator)
         if self.context.segment_loops > 0:
             return self._segmented_loss(model, batch, depths, generator, probe)
+        if self.context.shared_view_weight > 0:
+            return self._shared_view_loss(model, batch, depths, generator)
         args = (batch.tokens, batch.valid, depths, self.parallel.fork(generator), self.context.backprop_loops)
         logits, found = model.probe_at_depths(*args) if probe else (model.forward_at_depths(*args), None)
         loss = depth_supervised_loss(logits, batch.labels, depths.to(logits.device))
@@ -261,6 +269,19 @@ class DepthRule(Schedule):
 
     def test_depths(self, lengths, hazard_logits):
         return self.policy_depth(lengths)
+
+    def _shared_view_loss(self, model, batch, depths, generator):
+        """(1 − w) × the ordinary unroll's loss + w × the shared cache view's, each at the row's depth."""
+        ordinary, viewed = shared_view_at_depths(
+            model, batch.tokens, batch.valid, depths, self.parallel.fork(generator), self.context.backprop_loops
+        )
+        labels, at = batch.labels, depths.to(ordinary.device)
+        losses = depth_supervised_loss(ordinary, labels, at), depth_supervised_loss(viewed, labels, at)
+        weight = self.context.shared_view_weight
+        stats = depth_stats(depths)
+        stats["block_evals"] *= 2  # two unrolls
+        stats |= {"loss_ordinary": float(losses[0].detach()), "loss_shared_view": float(losses[1].detach())}
+        return StepOutput((1 - weight) * losses[0] + weight * losses[1], stats)
 
     def _segmented_loss(self, model, batch, depths, generator, probe):
         cap = depths.view(depths.shape[0], -1).max(dim=1).values

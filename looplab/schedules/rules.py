@@ -119,6 +119,7 @@ class MultiDepth(Matched):
     name = "multi_depth"
     label = "all of T(n) ± {window}"
     Params = DepthWindow
+    several_depths = True
     # Window's rules, bound to this class (Window.check_task would be bound to Window, and name it)
     check_task = classmethod(Window.check_task.__func__)
     training_depth = classmethod(Window.training_depth.__func__)

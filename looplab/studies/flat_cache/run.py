@@ -19,17 +19,18 @@ from looplab.studies.flat_cache import protocol as P
 READS = "reads.csv"
 
 
-def train_run(arm: str, seed: int, run_dir: Path, threads: int) -> None:
-    """Train (or finish training) one run of the protocol."""
+def train_run(arm: str, seed: int, run_dir: Path, threads: int, protocol=P) -> None:
+    """Train (or finish training) one run of ``protocol`` (a module with PRESET, STEPS and ARMS)."""
     from looplab.checkpoint import latest_checkpoint
     from looplab.config import load_config
     from looplab.train.trainer import train
 
-    overrides = [*P.ARMS[arm], f"run.seed={seed}", f"train.steps={P.STEPS}", f"run.threads={threads}"]
+    steps = protocol.STEPS
+    overrides = [*protocol.ARMS[arm], f"run.seed={seed}", f"train.steps={steps}", f"run.threads={threads}"]
     checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-    if checkpoint is not None and checkpoint.name == f"step_{P.STEPS:07d}":
+    if checkpoint is not None and checkpoint.name == f"step_{steps:07d}":
         return
-    train(load_config(P.PRESET, overrides), run_dir, progress=False)
+    train(load_config(protocol.PRESET, overrides), run_dir, progress=False)
 
 
 def read_run(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
@@ -68,11 +69,12 @@ def read_run(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(protocol=P, study: str = "flat-cache", description: str = __doc__.splitlines()[0]) -> None:
+    """The command line of ``protocol``'s runner (this study's, or one that reads its runs the same way)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="the study's run folder")
-    parser.add_argument("--arms", nargs="+", choices=list(P.ARMS), default=list(P.ARMS))
-    parser.add_argument("--seeds", nargs="+", type=int, choices=P.SEEDS, default=list(P.SEEDS))
+    parser.add_argument("--arms", nargs="+", choices=list(protocol.ARMS), default=list(protocol.ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, choices=protocol.SEEDS, default=list(protocol.SEEDS))
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     import torch
@@ -82,11 +84,11 @@ def main() -> None:
     for seed in args.seeds:  # seed-major: a partial study has every arm at its first seeds
         for arm in args.arms:
             run_dir = out / f"{arm}-{seed}"
-            train_run(arm, seed, run_dir, args.threads)
+            train_run(arm, seed, run_dir, args.threads, protocol)
             reads = run_dir / READS
             if not reads.is_file():
                 read_run(arm, seed, run_dir).to_csv(reads, index=False)
-            print(f"flat-cache: {arm} seed {seed} read", flush=True)
+            print(f"{study}: {arm} seed {seed} read", flush=True)
     frames = [pd.read_csv(path) for path in sorted(out.glob(f"*/{READS}"))]
     pd.concat(frames).sort_values(["arm", "seed", "loops", "cache"]).to_csv(out / READS, index=False)
     print(f"wrote {out / READS}")
