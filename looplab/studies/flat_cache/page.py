@@ -44,18 +44,20 @@ def interval(values) -> tuple[float, float, float, int]:
     return float(values.mean()), float(low), float(high), len(values)
 
 
-def verdict(frame: pd.DataFrame) -> tuple[str, list[str]]:
-    """The protocol's rule on one arm's gaps (all read loop counts), and the reason in words."""
+def verdict(frame: pd.DataFrame, protocol=P) -> tuple[str, list[str]]:
+    """The protocol's rule on one arm's gaps (all read loop counts), and the reason in words; ``protocol`` is
+    this study's or one that takes its rule (READ_LOOPS, SEEDS, EM_MARGIN, LOSS_MARGIN)."""
     reasons, every_within = [], True
-    for loops in P.READ_LOOPS:
+    seeds = len(protocol.SEEDS)
+    for loops in protocol.READ_LOOPS:
         at = frame[frame.loops == loops]
         em, loss = interval(at.em_gap), interval(at.loss_gap)
-        if em[3] < len(P.SEEDS) or loss[3] < len(P.SEEDS):
-            return OPEN, [f"{em[3]} of {len(P.SEEDS)} seeds read at {loops} loops"]
-        if em[1] > P.EM_MARGIN or loss[1] > P.LOSS_MARGIN:
-            what = "exact-match gap" if em[1] > P.EM_MARGIN else "loss gap"
+        if em[3] < seeds or loss[3] < seeds:
+            return OPEN, [f"{em[3]} of {seeds} seeds read at {loops} loops"]
+        if em[1] > protocol.EM_MARGIN or loss[1] > protocol.LOSS_MARGIN:
+            what = "exact-match gap" if em[1] > protocol.EM_MARGIN else "loss gap"
             return NOT_FREE, [f"at {loops} loops the {what}'s lower bound exceeds its margin"]
-        if em[2] > P.EM_MARGIN or loss[2] > P.LOSS_MARGIN:
+        if em[2] > protocol.EM_MARGIN or loss[2] > protocol.LOSS_MARGIN:
             every_within = False
             reasons.append(f"at {loops} loops an upper bound exceeds its margin")
     return (FREE, ["every upper bound within its margin"]) if every_within else (OPEN, reasons)
@@ -69,21 +71,22 @@ def cell(mean: float, low: float, high: float, n: int, digits: int) -> str:
     return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
-def gap_table(reads: pd.DataFrame, flat: str) -> tuple[list[str], dict[str, str]]:
-    """The markdown table of one flat cache's gaps by arm and loops, and each arm's verdict."""
+def gap_table(reads: pd.DataFrame, flat: str, protocol=P) -> tuple[list[str], dict[str, str]]:
+    """The markdown table of one flat cache's gaps by arm and loops, and each arm's verdict (``protocol``'s
+    arms and rule)."""
     frame = gaps(reads, flat)
     lines = [
         f"| arm | loops | EM gap, points (per_loop − {flat}) | loss gap, nats/byte ({flat} − per_loop) | seeds |",
         "|---|---|---|---|---|",
     ]
     verdicts = {}
-    for arm in P.ARMS:
+    for arm in protocol.ARMS:
         mine = frame[frame.arm == arm]
-        for loops in P.READ_LOOPS:
+        for loops in protocol.READ_LOOPS:
             at = mine[mine.loops == loops]
             em, loss = interval(at.em_gap), interval(at.loss_gap)
             lines.append(f"| {arm} | {loops} | {cell(*em, 1)} | {cell(*loss, 3)} | {em[3]} |")
-        verdicts[arm] = verdict(mine)
+        verdicts[arm] = verdict(mine, protocol)
     return lines, verdicts
 
 

@@ -4,7 +4,9 @@
 
 Each (arm, seed) trains into OUT/<arm>-<seed> (skipped when its last checkpoint is there; a killed run
 resumes) and is read once into OUT/<arm>-<seed>/reads.csv; OUT/reads.csv gathers every run's rows
-(arm, seed, loops, cache, exact_match, loss, mean_depth, cache_mib), the file the page reads.
+(arm, seed, loops, cache, exact_match, loss, mean_depth, cache_mib), the file the page reads, and
+OUT/provenance.csv each run's start time, commit and whether its checkout was clean (``looplab results --check``
+holds them against the protocol's commit).
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ def main(protocol=P, study: str = "flat-cache", description: str = __doc__.split
             print(f"{study}: {arm} seed {seed} read", flush=True)
     frames = [pd.read_csv(path) for path in sorted(out.glob(f"*/{READS}"))]
     pd.concat(frames).sort_values(["arm", "seed", "loops", "cache"]).to_csv(out / READS, index=False)
-    print(f"wrote {out / READS}")
+    from looplab.report.preregistration import PROVENANCE_CSV, provenance_rows
+
+    provenance_rows([out]).to_csv(out / PROVENANCE_CSV, index=False)  # each run's start, commit and checkout
+    print(f"wrote {out / READS} and {out / PROVENANCE_CSV}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""The shared-view arms' page from their committed reads (:mod:`looplab.studies.flat_cache_view.protocol`).
+
+    python -m looplab.studies.flat_cache_view.page [--reads docs/results/flat-cache-view/reads.csv]
+                                                  [--base docs/results/flat-cache/reads.csv]
+                                                  [--out docs/results/flat-cache-view.md]
+
+Every number comes from the per-seed reads; the verdicts from the flat-cache study's rule on this
+protocol's arms and seeds; the comparison with the flat-cache study's arms (``--base``) is described, not
+decided. A metric with no seeds behind it is n/a with its count.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from looplab.report.effect import welch_interval
+from looplab.studies.flat_cache import page as flat_page
+from looplab.studies.flat_cache_view import protocol as P
+
+READS = Path("docs/results/flat-cache-view/reads.csv")
+BASE = flat_page.READS
+PAGE = Path("docs/results/flat-cache-view.md")
+LOOPS = 8  # the loop count of the described comparisons, as in the flat-cache study
+
+
+def welch_cell(mine, base, digits: int) -> str:
+    """Mean difference with Welch's 95 % interval, or n/a with the counts where either side has < 2 seeds."""
+    if len(mine) < 2 or len(base) < 2:
+        return f"n/a ({len(mine)} and {len(base)} seeds)"
+    low, high = welch_interval(mine, base)
+    return f"{mine.mean() - base.mean():+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def against_bases(reads: pd.DataFrame, base: pd.DataFrame) -> list[str]:
+    """Each arm against the flat-cache study's arm of the same base at :data:`LOOPS` loops: its shared-cache
+    gaps and its ``per_loop`` exact match and loss (differences, Welch's 95 % interval)."""
+    lines = [
+        "| arm − base | EM gap, points | loss gap, nats/byte | per_loop EM, points | per_loop loss, nats/byte "
+        "| seeds |",
+        "|---|---|---|---|---|---|",
+    ]
+    mine_gaps, base_gaps = flat_page.gaps(reads, "shared"), flat_page.gaps(base, "shared")
+    for arm, other in P.BASES.items():
+        ours = mine_gaps[(mine_gaps.arm == arm) & (mine_gaps.loops == LOOPS)]
+        theirs = base_gaps[(base_gaps.arm == other) & (base_gaps.loops == LOOPS)]
+        exact = reads[(reads.arm == arm) & (reads.loops == LOOPS) & (reads.cache == "per_loop")]
+        exact_base = base[(base.arm == other) & (base.loops == LOOPS) & (base.cache == "per_loop")]
+        cells = [
+            welch_cell(ours.em_gap.to_numpy(), theirs.em_gap.to_numpy(), 1),
+            welch_cell(ours.loss_gap.to_numpy(), theirs.loss_gap.to_numpy(), 3),
+            welch_cell(exact.exact_match.to_numpy(), exact_base.exact_match.to_numpy(), 1),
+            welch_cell(exact.loss.to_numpy(), exact_base.loss.to_numpy(), 3),
+        ]
+        lines.append(f"| {arm} − {other} | {' | '.join(cells)} | {len(ours)} vs {len(theirs)} |")
+    return lines
+
+
+def render(reads: pd.DataFrame, source: Path, base: pd.DataFrame, base_source: Path) -> str:
+    shared, shared_verdicts = flat_page.gap_table(reads, "shared", P)
+    last_m, last_m_verdicts = flat_page.gap_table(reads, "last_m", P)
+    seeds = reads.groupby("arm").seed.nunique().to_dict()
+    free = [arm for arm, (word, _) in shared_verdicts.items() if word == flat_page.FREE]
+    lines = [
+        "# Does training in the shared cache's view make it free?",
+        "",
+        f"Protocol: `looplab/studies/flat_cache_view/protocol.py`, frozen before the first run. Reads: `{source}`",
+        "(one row per arm, seed, loops and cache; the flat-cache study's reads); this page:",
+        "`python -m looplab.studies.flat_cache_view.page`. The flat-cache study's arms, compared below: "
+        f"`{base_source}`.",
+        f"Few seeds: {', '.join(f'{arm} {seeds.get(arm, 0)}' for arm in P.ARMS)} (of {len(P.SEEDS)} planned).",
+        "",
+        "Training in the view: half the loss is the ordinary unroll's, half a second unroll's in which each core "
+        "layer reads every earlier token through the first unroll's last-loop keys and values, and itself through "
+        "its own (docs/methods.md §9).",
+        "",
+        "## Verdicts (the flat-cache study's rule)",
+        "",
+    ]
+    for arm in P.ARMS:
+        word, why = shared_verdicts[arm]
+        lines.append(f"- **{arm}**: `shared` is **{word}** ({'; '.join(why)}).")
+    lines += [
+        "",
+        (
+            f"An arm whose `shared` cache is free by the rule: {', '.join(free)}."
+            if free
+            else "No arm's `shared` cache is free by the rule."
+        ),
+        "",
+        f"## `shared` against `per_loop` (mean over seeds, 95 % Student-t; margins {P.EM_MARGIN:g} "
+        f"point{'' if P.EM_MARGIN == 1 else 's'} and {P.LOSS_MARGIN:g} nats)",
+        "",
+        *shared,
+        "",
+        f"## `last_m` (m = {P.KEEP_LOOPS}) against `per_loop`",
+        "",
+        *last_m,
+        "",
+        "By the same rule: " + "; ".join(f"{arm} {word}" for arm, (word, _) in last_m_verdicts.items()) + ".",
+        "",
+        "## Against the flat-cache study's arms (described, not a decision)",
+        "",
+        f"At {LOOPS} loops, each arm minus the flat-cache study's arm of the same base (its seeds 7101–7103), "
+        "Welch's 95 % interval: the `shared` cache's gaps, and the exact `per_loop` cache's exact match and loss "
+        "(what training in the view costs the exact cache).",
+        "",
+        *against_bases(reads, base),
+        "",
+        "## Levels (seed means; a description)",
+        "",
+        *flat_page.levels_table(reads),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reads", type=Path, default=READS)
+    parser.add_argument("--base", type=Path, default=BASE)
+    parser.add_argument("--out", type=Path, default=PAGE)
+    args = parser.parse_args()
+    text = render(pd.read_csv(args.reads), args.reads, pd.read_csv(args.base), args.base)
+    args.out.write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
