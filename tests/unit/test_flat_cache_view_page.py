@@ -3,6 +3,8 @@ counts, and the described comparison with the flat-cache study's arms."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from looplab.studies.flat_cache import page as flat_page
@@ -36,3 +38,10 @@ def test_the_rule_is_the_flat_cache_rule_on_this_protocols_arms():
     assert row.split(" | ")[1].startswith("-52.0 [") and row.split(" | ")[3].startswith("-10.0")
     assert "| contractive_view − contractive | n/a (2 and 0 seeds)" in text
     assert flat_page.verdict(flat_page.gaps(reads[reads.arm == "lognormal_view"], "shared"), P)[0] == flat_page.FREE
+
+
+def test_the_committed_page_is_what_its_reads_give():
+    """docs/results/flat-cache-view.md is the page writer's output on the committed reads of both studies."""
+    root = Path(__file__).resolve().parents[2]
+    text = page.render(pd.read_csv(root / page.READS), page.READS, pd.read_csv(root / page.BASE), page.BASE)
+    assert (root / page.PAGE).read_text(encoding="utf-8") == text
