@@ -40,8 +40,27 @@ def test_the_rule_is_the_flat_cache_rule_on_this_protocols_arms():
     assert flat_page.verdict(flat_page.gaps(reads[reads.arm == "lognormal_view"], "shared"), P)[0] == flat_page.FREE
 
 
+def test_the_exploratory_exits_pair_each_seeds_caches():
+    rows = []
+    for seed, em_flat in zip(P.SEEDS, [98.0, 97.0, 96.0], strict=True):
+        for cache, em, loss, depth, mib in (("per_loop", 99.0, 1.80, 3.0, 16.25), ("shared", em_flat, 1.81, 3.5, 1.0)):
+            base = {"arm": "contractive_view", "seed": seed, "exit": "kl", "byte_depth": depth}
+            rows.append(
+                {**base, "cache": cache, "exact_match": em, "loss": loss, "answer_depth": depth, "cache_mib": mib}
+            )
+    rows.append({**rows[0], "exit": "confidence"})  # a per_loop read without its shared one is left out
+    lines = page.exits_section(pd.DataFrame(rows), page.EXITS_CSV)
+    assert lines[0].startswith("## Exploratory")
+    (row,) = [line for line in lines if line.startswith("| contractive_view")]
+    cells = row.split(" | ")
+    assert cells[2].startswith("+2.0 [") and cells[3].startswith("+0.010 [")  # gaps 1, 2, 3 points; 0.01 nats
+    assert cells[4] == "3.00 / 3.50" and cells[5] == "16.25 / 1.00" and cells[6] == "3 |"
+
+
 def test_the_committed_page_is_what_its_reads_give():
     """docs/results/flat-cache-view.md is the page writer's output on the committed reads of both studies."""
     root = Path(__file__).resolve().parents[2]
-    text = page.render(pd.read_csv(root / page.READS), page.READS, pd.read_csv(root / page.BASE), page.BASE)
+    exits = pd.read_csv(root / page.EXITS_CSV)
+    base = pd.read_csv(root / page.BASE)
+    text = page.render(pd.read_csv(root / page.READS), page.READS, base, page.BASE, exits)
     assert (root / page.PAGE).read_text(encoding="utf-8") == text

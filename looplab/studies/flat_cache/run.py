@@ -35,21 +35,28 @@ def train_run(arm: str, seed: int, run_dir: Path, threads: int, protocol=P) -> N
     train(load_config(protocol.PRESET, overrides), run_dir, progress=False)
 
 
-def read_run(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
-    """The protocol's reads of one trained run: a row per (loops, cache)."""
-    from looplab.experiment import Experiment
-    from looplab.generation import GenerationExit, score
-    from looplab.generation.reasoning import decode_answers
+def study_inputs(exp) -> tuple[list[tuple[str, str]], list[list[int]]]:
+    """The protocol's chain-trace problems ((question, answer) texts) and KJV passages (byte ids) for the
+    run ``exp`` (an Experiment): the same for every run."""
     from looplab.seeding import derive_generator
     from looplab.tasks.reasoning import ChainTrace
 
-    exp = Experiment.from_run(run_dir)
     generator = derive_generator(0, "flat-cache", "problems")
     problems = [p for n in range(1, 5) for p in ChainTrace().draw(n, P.PROBLEMS, generator)]
     passages, _ = exp.task.sample_split(
         P.PASSAGE_BYTES, P.PASSAGES, derive_generator(0, "flat-cache", "passages"), "val"
     )
-    passages = [row.tolist() for row in passages]
+    return problems, [row.tolist() for row in passages]
+
+
+def read_run(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
+    """The protocol's reads of one trained run: a row per (loops, cache)."""
+    from looplab.experiment import Experiment
+    from looplab.generation import GenerationExit, score
+    from looplab.generation.reasoning import decode_answers
+
+    exp = Experiment.from_run(run_dir)
+    problems, passages = study_inputs(exp)
     rows = []
     for loops in P.READ_LOOPS:
         rule = GenerationExit("fixed", loops)

@@ -2,11 +2,13 @@
 
     python -m looplab.studies.flat_cache_view.page [--reads docs/results/flat-cache-view/reads.csv]
                                                   [--base docs/results/flat-cache/reads.csv]
+                                                  [--exits docs/results/flat-cache-view/exploratory-exits.csv]
                                                   [--out docs/results/flat-cache-view.md]
 
 Every number comes from the per-seed reads; the verdicts from the flat-cache study's rule on this
 protocol's arms and seeds; the comparison with the flat-cache study's arms (``--base``) is described, not
-decided. A metric with no seeds behind it is n/a with its count.
+decided, and so are the exploratory per-token exits (``--exits``, :mod:`looplab.studies.flat_cache_view.exits`;
+left out when that file is absent). A metric with no seeds behind it is n/a with its count.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pandas as pd
 from looplab.report.effect import welch_interval
 from looplab.studies.flat_cache import page as flat_page
 from looplab.studies.flat_cache_view import protocol as P
+from looplab.studies.flat_cache_view.exits import CAP, EXITS_CSV
 
 READS = Path("docs/results/flat-cache-view/reads.csv")
 BASE = flat_page.READS
@@ -58,7 +61,53 @@ def against_bases(reads: pd.DataFrame, base: pd.DataFrame) -> list[str]:
     return lines
 
 
-def render(reads: pd.DataFrame, source: Path, base: pd.DataFrame, base_source: Path) -> str:
+def exits_section(exits: pd.DataFrame, source: Path) -> list[str]:
+    """The exploratory per-token exits: per arm and exit, ``shared`` against ``per_loop`` (95 % Student-t of the
+    paired per-seed gaps) beside each cache's loops per answer token and keys and values held."""
+    keys = ["arm", "seed", "exit"]
+    exact = exits[exits.cache == "per_loop"].set_index(keys)
+    flat = exits[exits.cache == "shared"].set_index(keys)
+    paired = pd.DataFrame(
+        {
+            "em_gap": exact.exact_match - flat.exact_match,
+            "loss_gap": flat.loss - exact.loss,
+            "depth_exact": exact.answer_depth,
+            "depth_flat": flat.answer_depth,
+            "mib_exact": exact.cache_mib,
+            "mib_flat": flat.cache_mib,
+        }
+    ).dropna()
+    lines = [
+        "## Exploratory: per-token exits through the flat cache (chosen after the reads above; no rule)",
+        "",
+        f"Each run read with an adaptive exit (cap {CAP}) instead of a fixed depth: a token that stopped early is "
+        "read at its own last loop by every later token under `shared`. Reads: "
+        f"`{source}` (`python -m looplab.studies.flat_cache_view.exits`); the study's problems and passages.",
+        "",
+        "| arm | exit | EM gap, points (per_loop − shared) | loss gap, nats/byte (shared − per_loop) "
+        "| loops per answer token, per_loop / shared | KV MiB, per_loop / shared | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (arm, name), group in paired.groupby(level=["arm", "exit"], sort=True):
+        em, loss = flat_page.interval(group.em_gap), flat_page.interval(group.loss_gap)
+        lines.append(
+            f"| {arm} | {name} | {flat_page.cell(*em, 1)} | {flat_page.cell(*loss, 3)} "
+            f"| {group.depth_exact.mean():.2f} / {group.depth_flat.mean():.2f} "
+            f"| {group.mib_exact.mean():.2f} / {group.mib_flat.mean():.2f} | {len(group)} |"
+        )
+    return lines
+
+
+def render(
+    reads: pd.DataFrame,
+    source: Path,
+    base: pd.DataFrame,
+    base_source: Path,
+    exits: pd.DataFrame | None = None,
+    exits_source: Path = EXITS_CSV,
+) -> str:
+    """The page: the verdicts and tables of ``reads``, the comparison with ``base`` (the flat-cache study's
+    reads) and, when given, the exploratory ``exits`` reads."""
     shared, shared_verdicts = flat_page.gap_table(reads, "shared", P)
     last_m, last_m_verdicts = flat_page.gap_table(reads, "last_m", P)
     seeds = reads.groupby("arm").seed.nunique().to_dict()
@@ -114,6 +163,8 @@ def render(reads: pd.DataFrame, source: Path, base: pd.DataFrame, base_source: P
         *flat_page.levels_table(reads),
         "",
     ]
+    if exits is not None:
+        lines += [*exits_section(exits, exits_source), ""]
     return "\n".join(lines)
 
 
@@ -121,9 +172,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reads", type=Path, default=READS)
     parser.add_argument("--base", type=Path, default=BASE)
+    parser.add_argument("--exits", type=Path, default=EXITS_CSV)
     parser.add_argument("--out", type=Path, default=PAGE)
     args = parser.parse_args()
-    text = render(pd.read_csv(args.reads), args.reads, pd.read_csv(args.base), args.base)
+    exits = pd.read_csv(args.exits) if args.exits.is_file() else None
+    text = render(pd.read_csv(args.reads), args.reads, pd.read_csv(args.base), args.base, exits, args.exits)
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
 
