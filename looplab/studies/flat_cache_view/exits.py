@@ -1,6 +1,7 @@
 """Exploratory, chosen after the study's reads: per-token exits through the flat cache on the study's runs.
 
-    python -m looplab.studies.flat_cache_view.exits --runs runs/flat-cache-view [--out .../exits.csv]
+    python -m looplab.studies.flat_cache_view.exits --runs runs/flat-cache-view [--threads 2]
+                                                   [--out docs/results/flat-cache-view/exploratory-exits.csv]
 
 The frozen protocol reads every token at one fixed depth. Once the ``shared`` cache was found free at a
 fixed depth, the question a user asks next is whether it stays so when each token stops at its own loop
