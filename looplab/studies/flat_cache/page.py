@@ -125,25 +125,25 @@ def welch_lines(reads: pd.DataFrame) -> list[str]:
     return lines
 
 
-def render(reads: pd.DataFrame, source: Path) -> str:
-    shared, shared_verdicts = gap_table(reads, "shared")
-    last_m, last_m_verdicts = gap_table(reads, "last_m")
+def seeds_line(reads: pd.DataFrame, protocol=P) -> str:
+    """How many seeds each of ``protocol``'s arms has read, of those planned."""
     seeds = reads.groupby("arm").seed.nunique().to_dict()
+    counts = ", ".join(f"{arm} {seeds.get(arm, 0)}" for arm in protocol.ARMS)
+    return f"Few seeds: {counts} (of {len(protocol.SEEDS)} planned)."
+
+
+def rule_sections(reads: pd.DataFrame, protocol=P) -> list[str]:
+    """The decided part of a page under ``protocol``'s rule: each arm's verdict on ``shared``, the ``shared`` and
+    ``last_m`` gap tables, and ``last_m``'s verdicts (this study's, or one that takes its rule)."""
+    shared, shared_verdicts = gap_table(reads, "shared", protocol)
+    last_m, last_m_verdicts = gap_table(reads, "last_m", protocol)
     free = [arm for arm, (word, _) in shared_verdicts.items() if word == FREE]
-    lines = [
-        "# Which training makes the flat-memory cache free?",
-        "",
-        f"Protocol: `looplab/studies/flat_cache/protocol.py`, frozen before the first run. Reads: `{source}`",
-        "(one row per arm, seed, loops and cache); this page: `python -m looplab.studies.flat_cache.page`.",
-        f"Few seeds: {', '.join(f'{arm} {seeds.get(arm, 0)}' for arm in P.ARMS)} (of {len(P.SEEDS)} planned).",
-        "",
-        "## Verdicts (the protocol's rule)",
-        "",
-    ]
-    for arm in P.ARMS:
+    lines = []
+    for arm in protocol.ARMS:
         word, why = shared_verdicts[arm]
         lines.append(f"- **{arm}**: `shared` is **{word}** ({'; '.join(why)}).")
-    lines += [
+    return [
+        *lines,
         "",
         (
             f"An arm whose `shared` cache is free by the rule: {', '.join(free)}."
@@ -151,16 +151,30 @@ def render(reads: pd.DataFrame, source: Path) -> str:
             else "No arm's `shared` cache is free by the rule."
         ),
         "",
-        f"## `shared` against `per_loop` (mean over seeds, 95 % Student-t; margins {P.EM_MARGIN:g} "
-        f"point{'' if P.EM_MARGIN == 1 else 's'} and {P.LOSS_MARGIN:g} nats)",
+        f"## `shared` against `per_loop` (mean over seeds, 95 % Student-t; margins {protocol.EM_MARGIN:g} "
+        f"point{'' if protocol.EM_MARGIN == 1 else 's'} and {protocol.LOSS_MARGIN:g} nats)",
         "",
         *shared,
         "",
-        f"## `last_m` (m = {P.KEEP_LOOPS}) against `per_loop`",
+        f"## `last_m` (m = {protocol.KEEP_LOOPS}) against `per_loop`",
         "",
         *last_m,
         "",
         "By the same rule: " + "; ".join(f"{arm} {word}" for arm, (word, _) in last_m_verdicts.items()) + ".",
+    ]
+
+
+def render(reads: pd.DataFrame, source: Path) -> str:
+    lines = [
+        "# Which training makes the flat-memory cache free?",
+        "",
+        f"Protocol: `looplab/studies/flat_cache/protocol.py`, frozen before the first run. Reads: `{source}`",
+        "(one row per arm, seed, loops and cache); this page: `python -m looplab.studies.flat_cache.page`.",
+        seeds_line(reads),
+        "",
+        "## Verdicts (the protocol's rule)",
+        "",
+        *rule_sections(reads),
         "",
         "## Between arms (described, not a decision)",
         "",

@@ -108,10 +108,6 @@ def render(
 ) -> str:
     """The page: the verdicts and tables of ``reads``, the comparison with ``base`` (the flat-cache study's
     reads) and, when given, the exploratory ``exits`` reads."""
-    shared, shared_verdicts = flat_page.gap_table(reads, "shared", P)
-    last_m, last_m_verdicts = flat_page.gap_table(reads, "last_m", P)
-    seeds = reads.groupby("arm").seed.nunique().to_dict()
-    free = [arm for arm, (word, _) in shared_verdicts.items() if word == flat_page.FREE]
     lines = [
         "# Does training in the shared cache's view make it free?",
         "",
@@ -119,7 +115,7 @@ def render(
         "(one row per arm, seed, loops and cache; the flat-cache study's reads); this page:",
         "`python -m looplab.studies.flat_cache_view.page`. The flat-cache study's arms, compared below: "
         f"`{base_source}`.",
-        f"Few seeds: {', '.join(f'{arm} {seeds.get(arm, 0)}' for arm in P.ARMS)} (of {len(P.SEEDS)} planned).",
+        flat_page.seeds_line(reads, P),
         "",
         "Training in the view: half the loss is the ordinary unroll's, half a second unroll's in which each core "
         "layer reads every earlier token through the first unroll's last-loop keys and values, and itself through "
@@ -127,28 +123,7 @@ def render(
         "",
         "## Verdicts (the flat-cache study's rule)",
         "",
-    ]
-    for arm in P.ARMS:
-        word, why = shared_verdicts[arm]
-        lines.append(f"- **{arm}**: `shared` is **{word}** ({'; '.join(why)}).")
-    lines += [
-        "",
-        (
-            f"An arm whose `shared` cache is free by the rule: {', '.join(free)}."
-            if free
-            else "No arm's `shared` cache is free by the rule."
-        ),
-        "",
-        f"## `shared` against `per_loop` (mean over seeds, 95 % Student-t; margins {P.EM_MARGIN:g} "
-        f"point{'' if P.EM_MARGIN == 1 else 's'} and {P.LOSS_MARGIN:g} nats)",
-        "",
-        *shared,
-        "",
-        f"## `last_m` (m = {P.KEEP_LOOPS}) against `per_loop`",
-        "",
-        *last_m,
-        "",
-        "By the same rule: " + "; ".join(f"{arm} {word}" for arm, (word, _) in last_m_verdicts.items()) + ".",
+        *flat_page.rule_sections(reads, P),
         "",
         "## Against the flat-cache study's arms (described, not a decision)",
         "",
