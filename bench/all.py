@@ -33,6 +33,7 @@ BENCHMARKS = (
     "stabilisers",
     "cli_start",
     "model_dirs",
+    "published_shapes",
     "speculative",
     "depthwise",
     "row_selection",

@@ -49,7 +49,8 @@ from lms import kjv_byte_windows, kjv_token_windows, smollm2_retrofit, start_lm_
 from timing import print_measure, print_table, print_verdict
 
 from looplab.generation import GenerationExit, generate, score
-from looplab.generation.text import cut_at_stop, decode, encode
+from looplab.generation.byte_text import decode, encode
+from looplab.generation.text import cut_at_stop
 from looplab.seeding import derive_generator
 from looplab.tasks.reasoning import ANSWER_END, ChainTrace
 

@@ -364,6 +364,7 @@ class Experiment:
             model = LoopedTransformer(config.model, task.vocab_size).to(config.run.device)
             width = config.model.d_model
         train = config.train
+        model.checkpoint_loops = train.checkpoint_loops  # read by looplab.model.depths.at_depths
         context = ScheduleContext(
             task, width, parallel, train.backprop_loops, train.segment_loops, train.shared_view_weight
         )

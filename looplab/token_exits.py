@@ -13,6 +13,14 @@ returns [R] bool: stop here. Loop ``cap`` always stops.
     halting      the run's own halting head says halt on the token's state (its logit > 0,
                  at the loops where its schedule decides: every segment's end for act_bce
                  and q_halt, every loop for rl_halting and pondernet)
+    gate         C_t ≥ threshold: a learned exit gate's cumulative exit               [generate.exits.gate] threshold
+                 probability (Ouro's: λ_t = σ(gate(h_t)), C_t = Σ_{j≤t} λ_j ∏_{i<j}(1 − λ_i); the
+                 model's gated decoding view carries C_t in its state)
+    latent-diff  ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps (Huginn's, eps 0.03)      (t ≥ 2)   [generate.exits.latent-diff] eps
+    cosine       1 − cos(h_t, h_{t−1}) < eps (Huginn's, eps 1e-3)        (t ≥ 2)   [generate.exits.cosine] eps
+    entropy-diff |H(p_t) − H(p_{t−1})| < eps (Huginn's, eps 1e-3)         (t ≥ 2)   [generate.exits.entropy-diff] eps
+    minp-kl      KL(q_{t−1} ‖ q_t) < eps, q: p with the probabilities     (t ≥ 2)   [generate.exits.minp-kl] eps
+                 below 0.1 · max p set to 1/V, renormalised (Huginn's, eps 1e-5)
 
 The contract of an entry: a function ``(rule, t, h, h_prev, logp, logp_prev) -> [R] bool``, where ``rule``
 is the :class:`GenerationExit` being run (its ``params``, an instance of the ``Params`` dataclass the exit
@@ -20,9 +28,10 @@ registers with, read from ``[generate.exits.NAME]`` and ``looplab generate --exi
 fields made with :func:`looplab.params.param`; and ``halts``, the run's halting head). Decorate it with
 ``@register_token_exit(name, reads_logits=..., first_loop=..., params=Params)`` in a plugin module. An
 entry also says whether a token may stop before the cap (``adaptive``; only ``fixed`` never does),
-whether it reads the run's halting head (``needs_head``), and whether its test reads the loop number t
-(``reads_loop``, the safe default: depth-wise batching, whose rows are at different loops, then tests
-each loop's rows apart; an entry that ignores t is tested once for all rows past its first loop).
+whether it reads the run's halting head (``needs_head``) or a learned exit gate (``needs_gate``), and
+whether its test reads the loop number t (``reads_loop``, the safe default: depth-wise batching, whose
+rows are at different loops, then tests each loop's rows apart; an entry that ignores t is tested once
+for all rows past its first loop).
 
 This registry sits below :mod:`looplab.experiment`, so a config's ``[generate.exits]`` tables are checked
 with the rest of it; :mod:`looplab.generation` decodes with the exits.
@@ -72,6 +81,7 @@ class TokenExit:
     needs_head: bool = False
     params: type = NoParams
     reads_loop: bool = True
+    needs_gate: bool = False
 
     @property
     def origin(self) -> str:
@@ -89,12 +99,13 @@ def register_token_exit(
     needs_head: bool = False,
     params: type = NoParams,
     reads_loop: bool = True,
+    needs_gate: bool = False,
 ):
     """Function decorator: make ``stops`` available as the generation exit ``name``; its
     ``[generate.exits.NAME]`` table is read into ``params`` (a dataclass of :func:`looplab.params.param` fields)."""
 
     def register(stops):
-        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head, params, reads_loop)
+        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head, params, reads_loop, needs_gate)
         register_entry(EXITS, name, entry, "generation exit")
         return stops
 
@@ -144,7 +155,7 @@ class GenerationExit:
     ``params``: the exit's ``Params`` instance, or a dict of its keys (the rest at their defaults; checked
     as ``[generate.exits.NAME]`` is), or None for every default. ``halts`` (the ``halting`` exit's):
     ``(h [R, d], t) -> [R] bool``, the run's halting head's decision on each token's state after loop t
-    (:func:`looplab.generation.text.head_halts`).
+    (:func:`looplab.generation.byte_text.head_halts`).
     """
 
     name: str = "fixed"
@@ -184,6 +195,11 @@ class GenerationExit:
     def needs_head(self) -> bool:
         """Whether the exit reads the run's halting head (``halts``)."""
         return EXITS[self.name].needs_head
+
+    @property
+    def needs_gate(self) -> bool:
+        """Whether the exit reads a learned exit gate's decision off the token's state (a gated decoding view)."""
+        return EXITS[self.name].needs_gate
 
     def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
         """[R] bool: the rows whose token stops after loop t."""
@@ -258,3 +274,70 @@ def _halting(rule, t, h, h_prev, logp, logp_prev):
     if rule.halts is None:
         raise LooplabError("the halting exit needs the run's halting head (a run trained with a halting schedule)")
     return rule.halts(h, t)
+
+
+@dataclass
+class GateParams:
+    threshold: float = param(
+        1.0,
+        Domain(0.0, 1.0, low_open=True),
+        "stop once the cumulative exit probability reaches threshold (Ouro's "
+        "early_exit_threshold; a model dir's config gives the default)",
+    )
+
+
+@register_token_exit("gate", reads_logits=False, params=GateParams, reads_loop=False, needs_gate=True)
+def _gate(rule, t, h, h_prev, logp, logp_prev):
+    return h[:, -1] >= rule.params.threshold  # the gated view's last channel: C_t
+
+
+@dataclass
+class LatentDiffParams:
+    eps: float = param(0.03, POSITIVE, "stop once ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps (Huginn's latent-diff)")
+
+
+@register_token_exit("latent-diff", reads_logits=False, first_loop=2, params=LatentDiffParams, reads_loop=False)
+def _latent_diff(rule, t, h, h_prev, logp, logp_prev):
+    return (h - h_prev).norm(dim=-1) < rule.params.eps * h.norm(dim=-1)
+
+
+@dataclass
+class CosineParams:
+    eps: float = param(1e-3, POSITIVE, "stop once 1 − cos(h_t, h_{t−1}) < eps (Huginn's cosine)")
+
+
+@register_token_exit("cosine", reads_logits=False, first_loop=2, params=CosineParams, reads_loop=False)
+def _cosine(rule, t, h, h_prev, logp, logp_prev):
+    return 1 - torch.nn.functional.cosine_similarity(h, h_prev, dim=-1, eps=0.0) < rule.params.eps
+
+
+@dataclass
+class EntropyDiffParams:
+    eps: float = param(1e-3, POSITIVE, "stop once |H(p_t) − H(p_{t−1})| < eps nats (Huginn's entropy-diff)")
+
+
+def _entropy(logp: Tensor) -> Tensor:
+    return -(logp.exp() * logp).sum(-1)
+
+
+@register_token_exit("entropy-diff", reads_logits=True, first_loop=2, params=EntropyDiffParams, reads_loop=False)
+def _entropy_diff(rule, t, h, h_prev, logp, logp_prev):
+    return (_entropy(logp) - _entropy(logp_prev)).abs() < rule.params.eps
+
+
+@dataclass
+class MinpKLParams:
+    eps: float = param(1e-5, POSITIVE, "stop once the min-p filtered KL(q_{t−1} ‖ q_t) < eps (Huginn's minp-kl)")
+
+
+def _minp(logp: Tensor) -> Tensor:
+    """log q: the probabilities below 0.1 · max p set to 1/V, renormalised (Huginn's min-p filter)."""
+    p = logp.exp()
+    q = torch.where(p < 0.1 * p.max(dim=-1, keepdim=True).values, 1.0 / p.shape[-1], p)
+    return (q / q.sum(dim=-1, keepdim=True)).log()
+
+
+@register_token_exit("minp-kl", reads_logits=True, first_loop=2, params=MinpKLParams, reads_loop=False)
+def _minp_kl(rule, t, h, h_prev, logp, logp_prev):
+    now, before = _minp(logp), _minp(logp_prev)
+    return (before.exp() * (before - now)).sum(-1) < rule.params.eps

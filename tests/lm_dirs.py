@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -61,6 +62,52 @@ def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
 def save_model_dir(family: str, path: Path, tokenizer: bool = True) -> Path:
     """Write a tiny model of ``family`` (and the tokenizer) into ``path`` with save_pretrained."""
     tiny_model(family).save_pretrained(path)
+    if tokenizer:
+        tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+#: the published configs (test data: shared/reference_configs, as published), by family
+PUBLISHED = Path(__file__).parent / "data" / "reference_configs"
+#: tiny sizes for the families looplab builds, over their published config files
+OURO_TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=128, total_ut_steps=3)  # fmt: skip
+HUGINN_TINY = dict(vocab_size=VOCAB, n_embd=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=48,
+                   block_size=128, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1,
+                   mean_recurrence=4)  # fmt: skip
+
+
+def published_config(family: str, **sizes) -> dict:
+    """The published config.json of ``family`` (ouro: Ouro-1.4B's; huginn: Huginn-0125's) with ``sizes`` over it."""
+    name = {"ouro": "ouro-1.4b_config.json", "huginn": "huginn-0125_raven_config_minimal.json"}[family]
+    raw = json.loads((PUBLISHED / name).read_text())
+    if family == "ouro" and "num_hidden_layers" in sizes:
+        raw["layer_types"] = ["full_attention"] * sizes["num_hidden_layers"]
+    return {**raw, **sizes}
+
+
+def save_own_family(family: str, path: Path, seed: int = 0, tokenizer: bool = True, **sizes) -> Path:
+    """A tiny random Ouro or Huginn model dir in the published layout: the published config.json with tiny
+    sizes (:data:`OURO_TINY`, :data:`HUGINN_TINY`, then ``sizes``), model.safetensors under the published
+    names (Huginn's tied head not stored), and the tokenizer."""
+    from safetensors.torch import save_file
+
+    from looplab.lm.huginn import HuginnConfig, RavenForCausalLM
+    from looplab.lm.ouro import OuroConfig, OuroForCausalLM
+
+    raw = published_config(family, **{**(OURO_TINY if family == "ouro" else HUGINN_TINY), **sizes})
+    config_cls, model_cls = (OuroConfig, OuroForCausalLM) if family == "ouro" else (HuginnConfig, RavenForCausalLM)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls.from_dict(raw, "test"))
+    with torch.no_grad():
+        for parameter in model.parameters():  # norms off 1 and the gate's bias off 0, so their order shows
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    skip = {"lm_head.weight"} if family == "huginn" else set()
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items() if k not in skip}, str(path / "model.safetensors")
+    )
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
     if tokenizer:
         tiny_tokenizer().save_pretrained(path)
     return path

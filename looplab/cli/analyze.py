@@ -54,6 +54,7 @@ def _mechanistic(args, out: Path) -> None:
 
 def _spectral(args, out: Path) -> None:
     from looplab.analysis.run import analyze_spectral, format_spectral
+    from looplab.cli.models import exact_loops
 
     if args.iters < 1:
         raise LooplabError(f"--iters must be >= 1, got {args.iters}")
@@ -99,19 +100,3 @@ def check_analysis_out(out: Path) -> None:
     ):
         if (out / marker).is_file():
             raise LooplabError(f"--out {out} is {kind} dir (it holds {marker}); write the analysis elsewhere")
-
-
-def exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int] | None:
-    """``--exact-at``: None (the default loops), [] for ``none``, every loop for ``all``, or the listed loops."""
-    if text is None:
-        return None
-    if text == "none":
-        return []
-    if text == "all":
-        from looplab.rundir import load_run_config
-
-        return list(range(1, (loops or load_run_config(run_dir).eval.max_loops) + 1))
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise LooplabError(f"--exact-at takes loops like 1,8,64, or all, or none; got {text!r}") from None

@@ -139,7 +139,6 @@ def analyze_model_dir(args, kind: str) -> None:
         print(f"wrote {out}: {written}")
         return
     _refuse(args, {"length": "--length"}, "read in --window tokens of --text")
-    from looplab.cli.analyze import exact_loops
 
     exact = "all" if args.exact_at == "all" else exact_loops(args.exact_at, args.loops, args.run_dir)
     summary = analyze_text_spectral(
@@ -174,3 +173,19 @@ def retrofit_command(args) -> None:
     )
     print(f"wrote {out}")
     print(f"next: looplab eval {out} --text FILE --max-loops 8")
+
+
+def exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int] | None:
+    """``--exact-at``: None (the default loops), [] for ``none``, every loop for ``all``, or the listed loops."""
+    if text is None:
+        return None
+    if text == "none":
+        return []
+    if text == "all":
+        from looplab.rundir import load_run_config
+
+        return list(range(1, (loops or load_run_config(run_dir).eval.max_loops) + 1))
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise LooplabError(f"--exact-at takes loops like 1,8,64, or all, or none; got {text!r}") from None

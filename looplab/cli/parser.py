@@ -311,10 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache", choices=(*POLICIES, "none"), default="per_loop", help="KV cache across loops (default per_loop)"
     )
     generate.add_argument(
-        "--keep-loops", type=int, default=2, help="loops kept per token by the last_m cache (default 2)"
+        "--keep-loops", type=int, help="loops kept per token by the last_m cache (default 2; with --cache last_m)"
     )
     generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
     generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
+    generate.add_argument(
+        "--read-only-exit",
+        action="store_true",
+        help="run every token to --loops and only read it at its exit's loop (Ouro's own forward; saves no "
+        "compute); default: a token that exits stops computing",
+    )
     generate.add_argument(
         "--draft-loops",
         type=int,
@@ -372,10 +378,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model_dir", help="a looplab run dir of a text task, or a model dir")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    serve.add_argument("--dtype", default="float32", help="a model dir's dtype (default float32)")
+    serve.add_argument("--dtype", help="a model dir's dtype, float32 or bfloat16 (default float32)")
     serve.add_argument("--device", default="cpu", help="where the model runs, e.g. cuda (default cpu)")
     serve.add_argument("--max-running", type=int, default=32, help="requests decoded at once (default 32)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
+    serve.add_argument(
+        "--max-token-loops",
+        type=int,
+        default=2**20,
+        metavar="W",
+        help="the most one request may cost: (prompt + max_tokens) × loops over its prompts; more get 400 "
+        "(default 1,048,576)",
+    )
     serve.add_argument(
         "--batching",
         choices=("exact", "cohort"),

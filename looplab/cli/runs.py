@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -97,6 +98,9 @@ def generate_command(args) -> None:
     if "" in stops:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
     params = _exit_params(args)
+    if args.keep_loops is not None and args.cache != "last_m":
+        raise LooplabError(f"--keep-loops sets the loops the last_m cache keeps; this generation's cache: {args.cache}")
+    keep_loops = 2 if args.keep_loops is None else args.keep_loops
     if args.draft_tokens is not None and args.draft_loops is None:
         raise LooplabError("--draft-tokens needs --draft-loops k (the draft's depth)")
     draft = (
@@ -123,12 +127,13 @@ def generate_command(args) -> None:
         args.cache,
         Sampling(args.temperature, args.top_k, args.seed),
         stops,
-        args.keep_loops,
+        keep_loops,
         sources,
         draft=draft,
         batching=args.batching,
         max_batch=args.max_batch,
         front=args.front,
+        read_only_exit=args.read_only_exit,
     )
     for completion, logprobs in zip(completions, result.logprobs):
         if args.json:
@@ -162,7 +167,7 @@ def _completion_json(completion, logprobs: list[float]) -> dict:
         "token_ids": completion.tokens,
         "text": completion.text,
         "loops": completion.depths,
-        "logprobs": logprobs,
+        "logprobs": [lp if math.isfinite(lp) else None for lp in logprobs],  # JSON has no NaN: null
     }
 
 

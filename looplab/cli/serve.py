@@ -13,11 +13,27 @@ def serve_command(args) -> None:
         raise LooplabError(f"--replicas must be ≥ 1, got {args.replicas}")
     if not 0 <= args.port <= 65535:
         raise LooplabError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_queue < 1:
+        raise LooplabError(f"--max-queue must be ≥ 1 (a queue of 0 refuses every request), got {args.max_queue}")
+    if args.max_token_loops < 1:
+        raise LooplabError(f"--max-token-loops must be ≥ 1, got {args.max_token_loops}")
+    from looplab.experiment import check_device
+    from looplab.lm.model_dir import is_model_dir
+
+    try:
+        check_device(args.device)
+    except LooplabError as err:
+        raise LooplabError(str(err).replace("run.device", "--device")) from None
+    if args.dtype is not None and not is_model_dir(args.model_dir):
+        raise LooplabError(
+            f"--dtype applies to a model dir (config.json); {args.model_dir} is a looplab run, served as it was trained"
+        )
+    dtype = args.dtype or "float32"
     options = {"max_running": args.max_running, "max_queue": args.max_queue, "batching": args.batching}
     if args.replicas > 1 or args.ray_address:
         from looplab.serve.replicas import serve_replicas
 
-        serve_replicas(args.model_dir, args.replicas, args.host, args.port, args.ray_address, args.dtype,
+        serve_replicas(args.model_dir, args.replicas, args.host, args.port, args.ray_address, dtype,
                        args.device, **options)  # fmt: skip
         return
     from looplab.generation.text_lm import open_text_lm
@@ -25,9 +41,9 @@ def serve_command(args) -> None:
     from looplab.serve.engine import Engine
     from looplab.serve.server import bind, run_app
 
-    lm = open_text_lm(args.model_dir, args.dtype, args.device)
+    lm = open_text_lm(args.model_dir, dtype, args.device)
     Engine(lm.model, **options)  # the options' one-line errors before the socket is taken
-    app = create_app(lm=lm, **options)
+    app = create_app(lm=lm, max_token_loops=args.max_token_loops, **options)
     try:
         sock = bind(args.host, args.port)
     except OSError as err:

@@ -140,6 +140,8 @@ class TrainConfig:
     unrolls a step).
     ``checkpoint_minutes`` > 0 also checkpoints when that much wall-clock time has passed since
     the last checkpoint (besides every ``checkpoint_every`` steps); 0 checkpoints by steps only.
+    ``checkpoint_loops`` keeps no loop's activations for the backward pass but its input, and recomputes
+    them there (gradient checkpointing per loop: activation memory of one loop, about one more forward).
     """
 
     steps: int = param(2000, at_least(0), "0: keep the initialisation")
@@ -158,6 +160,9 @@ class TrainConfig:
     backprop_loops: int = param(0, at_least(0), "0: through every loop")
     segment_loops: int = param(0, at_least(0), "0: no deep supervision")
     shared_view_weight: float = param(0.0, UNIT, "0: the ordinary unroll only")
+    checkpoint_loops: bool = param(
+        False, doc="recompute each loop's activations in the backward pass (memory: one loop)"
+    )
     init_from: str = param(
         "", doc="a run dir whose latest checkpoint's model weights start this run (fine-tuning); empty: fresh"
     )

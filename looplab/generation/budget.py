@@ -5,7 +5,9 @@ values of every layer call for every slot (the longest prompt's W tokens plus N 
 core layer, one cache per loop under ``per_loop``, one under ``shared``, ``keep_loops`` under
 ``last_m``), the prefill's attention scores and mask over the prompts (B × H × W × W) and its states.
 Without a cache every step recomputes each row whole (B × H × S × S scores and [B, S, V] logits, S = W + N).
-Learned positions end at ``model.max_len``. A request over either bound is refused with the range that
+Positions end at the model's ``max_len`` (learned positions have no row past it; RoPE and relative
+positions were trained within it, and the server and ``eval --window`` hold every model to it too). A
+request over either bound is refused with the range that
 fits; one that fits comfortably never is. The loop cap is bounded by the exit
 (:data:`looplab.token_exits.MAX_LOOPS`).
 """
@@ -61,17 +63,17 @@ def check_budget(
     cfg = model.cfg
     device = str(model.head.weight.device)
     available = device_bytes(device)
-    learned = cfg.positional == "learned"
     batch, width = len(lengths), max(lengths)
 
     def fits(prompt: int, count: int) -> bool:
-        if learned and prompt + count > cfg.max_len:
+        if prompt + count > cfg.max_len:
             return False
         return generation_bytes(model, batch, prompt, count, loops, cache, keep_loops) <= available
 
     def why(prompt: int, count: int) -> str:
-        if learned and prompt + count > cfg.max_len:
-            return f"learned positions end at model.max_len = {cfg.max_len}"
+        if prompt + count > cfg.max_len:
+            kind = "learned positions" if cfg.positional == "learned" else "the model's positions"
+            return f"{kind} end at {cfg.max_len} (max_len)"
         needed = generation_bytes(model, batch, prompt, count, loops, cache, keep_loops)
         return (
             f"{batch} row(s) at {loops} loops with the {cache} cache need an estimated {needed / GIB:,.1f} GiB, "

@@ -319,16 +319,24 @@ def attend(attn, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, allowed: Te
 
 
 def project(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q [R, H, m, Dh] and k, v [R, H_kv, m, Dh] of new tokens x [R, m, d]: from looplab's fused ``qkv``,
-    or from a transformers attention's ``q_proj``, ``k_proj``, ``v_proj`` (H_kv ≤ H heads of keys and
-    values), with its per-head ``q_norm`` / ``k_norm`` where it has them (Qwen3), before RoPE as there."""
+    """q [R, H, m, Dh] and k, v [R, H_kv, m, Dh] of new tokens x [R, m, d]: from the attention's own
+    ``project_heads`` where it has one (Huginn's), from looplab's fused ``qkv``, or from a transformers
+    attention's ``q_proj``, ``k_proj``, ``v_proj`` (H_kv ≤ H heads of keys and values), with its per-head
+    ``q_norm`` / ``k_norm`` where it has them (Qwen3: per head; OLMo-2: over every head's projection), before
+    RoPE as there."""
     count, width, _ = x.shape
+    if hasattr(attn, "project_heads"):  # a family's own attention (Huginn's fused, biased, de-interleaved heads)
+        return attn.project_heads(x)
     if isinstance(attn, SelfAttention):
         qkv = attn.qkv(x).view(count, width, 3, attn.n_heads, -1).permute(2, 0, 3, 1, 4)
         return qkv.unbind(0)
     head_dim = attn.head_dim
-    q, k, v = (proj(x).view(count, width, -1, head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-    if getattr(attn, "q_norm", None) is not None:
+    q, k, v = (proj(x) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    whole = getattr(attn, "q_norm", None) is not None and attn.q_norm.weight.shape[-1] != head_dim
+    if whole:  # OLMo-2's norms span every head's projection
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = (t.view(count, width, -1, head_dim) for t in (q, k, v))
+    if getattr(attn, "q_norm", None) is not None and not whole:  # Qwen3's: one norm per head
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -338,6 +346,8 @@ def output(attn, y: Tensor, x: Tensor) -> Tensor:
     sigmoid gate of the attention's input x [R, m, d] where the attention has one (HRM-Text's ``gate_proj``)."""
     if isinstance(attn, SelfAttention):
         return attn.out(y)
+    if hasattr(attn, "merge_heads"):
+        return attn.merge_heads(y)
     if getattr(attn, "gate_proj", None) is not None:
         y = torch.sigmoid(attn.gate_proj(x)) * y
     return attn.o_proj(y)

@@ -59,6 +59,7 @@ def generate(
     batching: str = "step",
     max_batch: int | None = None,
     front: int | None = None,
+    read_only_exit: bool = False,
 ) -> Generation:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -81,8 +82,17 @@ def generate(
             takes the row of the next prompt to finish (prefilled there while the other rows go on).
         front: with ``wavefront`` batching (:mod:`looplab.generation.wavefront`; greedy, no coda), the positions
             of a row in flight at once (default: the exit's cap).
+        read_only_exit: every token runs every loop to the cap and is only *read* at its exit's loop (Ouro's
+            own forward: no compute saved); by default a token that exits stops computing, and later tokens
+            read its keys and values as the cache policy says (step batching only).
     """
-    model = decodable(model)
+    model = decodable(model, gated=exit_rule.needs_gate)
+    if exit_rule.needs_gate and not getattr(model, "gated", False):
+        raise LooplabError(
+            f"the {exit_rule.name} exit reads a learned exit gate, which this model lacks (Ouro has one)"
+        )
+    if read_only_exit and (batching != "step" or cache == "none"):
+        raise LooplabError("a read-only exit runs every token to the cap: it needs --batching step and a KV cache")
     if batching not in BATCHING:
         raise LooplabError(f"unknown batching {batching!r}; valid choices: {', '.join(BATCHING)}")
     if batching == "depth":
@@ -110,7 +120,10 @@ def generate(
             return decoder.run()
         if batching == "wavefront":
             return WavefrontDecoder(model, prompts, max_new_tokens, exit_rule, sampling, finished, front).run()
-        decoder = Decoder(model, prompts, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, forced)
+        decoder = Decoder(
+            model, prompts, max_new_tokens, exit_rule, cache, sampling, finished, keep_loops, forced,
+            read_only=read_only_exit,
+        )  # fmt: skip
         return decoder.run()
     finally:
         model.train(was_training)
@@ -174,10 +187,6 @@ def _check(
     if exit_rule.needs_head and exit_rule.halts is None:
         raise LooplabError(
             f"the {exit_rule.name} exit needs the run's halting head (a run trained with a halting schedule)"
-        )
-    if exit_rule.reads_logits and cfg.coda_layers:
-        raise LooplabError(
-            f"the {exit_rule.name} exit reads the logits after every loop; with coda layers it is not supported"
         )
     if not prompts or any(len(p) == 0 for p in prompts):
         raise LooplabError("every prompt needs at least one token")

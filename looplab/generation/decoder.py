@@ -59,9 +59,22 @@ class Decoder:
     """One generation with a KV cache (see :func:`generate`)."""
 
     def __init__(
-        self, model, prompts, max_new_tokens, exit_rule, policy, sampling, finished, keep_loops=2, forced=None, width=0
+        self,
+        model,
+        prompts,
+        max_new_tokens,
+        exit_rule,
+        policy,
+        sampling,
+        finished,
+        keep_loops=2,
+        forced=None,
+        width=0,
+        read_only=False,
     ):
         self.model, self.exit, self.sampling, self.finished = model, exit_rule, sampling, finished
+        # a read-only exit runs every token to the cap and reads it at its exit (writes every loop's keys)
+        self.read_only = read_only
         self.forced = forced
         self.max_new = max_new_tokens
         cfg = model.cfg
@@ -90,11 +103,11 @@ class Decoder:
         # per_loop with an adaptive exit runs the prompt only as deep as its tokens need, and deepens it
         # when a later token first reaches a loop it has not run (its keys and values are the same
         # whenever they are computed). A coda would read the prompt's states at that depth, not the cap.
-        self.lazy_prompt = policy == "per_loop" and exit_rule.adaptive and not cfg.coda_layers
+        self.lazy_prompt = policy == "per_loop" and exit_rule.adaptive and not cfg.coda_layers and not read_only
         # a decode step may run its exited rows too, their cache writes masked (MASK_AT), where the model's
         # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
         own_passes = any(hasattr(model, name) for name in ("prelude_pass", "core_pass", "coda_pass"))
-        self.masks = policy == "per_loop" and exit_rule.adaptive and not own_passes
+        self.masks = policy == "per_loop" and exit_rule.adaptive and not own_passes and not read_only
         self.prompt: _Prompt | None = None
 
     def run(self) -> Generation:
@@ -173,19 +186,26 @@ class Decoder:
             h_query = xa[torch.arange(len(run), device=rows.device), query[run]]
             if read is None:
                 read = h_query.clone()
-            logp = logits_of(model, h_query).log_softmax(-1) if self.exit.reads_logits else None
+            logp = None
+            if self.exit.reads_logits and model.cfg.coda_layers:
+                # the logits follow the coda: run it on this loop's states, the earlier tokens' coda entries
+                # being their exits' (the final coda pass below writes this token's)
+                coda = coda_pass(model, xa, Calls(self, "coda", 0, sub_key, chunk, sub_allowed, sub_rope, keep))
+                logp = logits_of(model, coda[torch.arange(len(run), device=rows.device), query[run]]).log_softmax(-1)
+            elif self.exit.reads_logits:
+                logp = logits_of(model, h_query).log_softmax(-1)
             stop = self.exit.stop(t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[run])
             stop = stop & running[run]
             stopping = run[stop]
             read[stopping] = h_query[stop]
             depth[stopping] = t
             running[stopping] = False
-            if not prefill and len(stopping) and t < self.exit.loops:
+            if not prefill and len(stopping) and t < self.exit.loops and not self.read_only:
                 self.cache.lend(rows[stopping], chunk, t, self.exit.loops)
             if logp is not None:
                 logp_prev = torch.zeros(count, logp.shape[-1], dtype=logp.dtype, device=logp.device)
                 logp_prev[run] = logp
-            if prefill and not self.lazy_prompt:  # every loop's keys and values of the prompt are needed
+            if (prefill and not self.lazy_prompt) or self.read_only:  # every row runs every loop
                 continue
             if not running.any():
                 break

@@ -49,15 +49,16 @@ __all__ = ["DepthwiseDecoder", "check_depthwise"]
 _OWN_PASSES = ("prelude_pass", "core_pass", "coda_pass")
 
 
-def check_depthwise(model, cache: str) -> None:
-    """One-line errors for what depth-wise batching does not take (``model`` is a decoding view)."""
+def check_depthwise(model, cache: str, batching: str = "depth-wise batching") -> None:
+    """One-line errors for what depth-wise batching (or ``batching``, a decoder built on it) does not take
+    (``model`` is a decoding view)."""
     if cache != "per_loop":
-        raise LooplabError(f"depth-wise batching keeps every loop's keys and values: use --cache per_loop, not {cache}")
+        raise LooplabError(f"{batching} keeps every loop's keys and values: use --cache per_loop, not {cache}")
     own = [name for name in _OWN_PASSES if hasattr(model, name)]
     if own:
         raise LooplabError(
-            f"depth-wise batching runs chains of pre-norm layers; {type(model).__name__} has its own {own[0]}: "
-            "valid models: a looplab run or a retrofit"
+            f"{batching} runs chains of pre-norm layers; {type(model).__name__} has its own {own[0]}: "
+            "valid models: a looplab run, a retrofit or Ouro (without the gate exit)"
         )
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from looplab.generation.byte_text import decode, encode
 from looplab.generation.decode import Sampling, generate
 from looplab.generation.exits import GenerationExit
-from looplab.generation.text import cut_at_stop, decode, encode
+from looplab.generation.text import cut_at_stop
 from looplab.tasks.reasoning import ANSWER_END
 
 

@@ -37,6 +37,9 @@ from looplab.generation.exits import GenerationExit
 from looplab.generation.sampling import Generation, Sampling, ended
 from looplab.generation.views import decodable
 
+#: the most tokens one round may draft (a round's drafts take cache slots whether kept or not)
+MAX_DRAFT = 64
+
 __all__ = ["SpeculativeGeneration", "generate_speculative"]
 
 
@@ -86,20 +89,39 @@ def generate_speculative(
         raise LooplabError("speculative decoding is greedy here: --temperature must be 0")
     if not 1 <= draft_loops < loops:
         raise LooplabError(f"--draft-loops must be in 1..{loops - 1} (below --loops {loops}), got {draft_loops}")
-    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
-        raise LooplabError(f"--draft-tokens must be a positive integer, got {draft_tokens}")
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens <= MAX_DRAFT:
+        raise LooplabError(f"--draft-tokens must be an integer in 1..{MAX_DRAFT}, got {draft_tokens}")
     if tuple(getattr(view, "policies", POLICIES)) != tuple(POLICIES):
         raise LooplabError(
             f"speculative decoding is not defined for {type(model).__name__}: its layers read the slot before "
             "through convolutions over time, which a rejected draft may hold"
         )
     _check(view, prompts, max_new_tokens, exit_rule, "per_loop", 2, None, sources)
+    _check_draft_slots(view, prompts, max_new_tokens, loops, draft_tokens)
     was_training = view.training
     view.eval()
     try:
         return _SpeculativeDecoder(view, prompts, max_new_tokens, exit_rule, draft_loops, draft_tokens, finished).run()
     finally:
         view.train(was_training)
+
+
+def _check_draft_slots(view, prompts, max_new_tokens: int, loops: int, draft_tokens: int) -> None:
+    """Refuse, before allocating, the cache slots a speculative generation holds: a round's n drafts take n
+    slots whatever is kept, so the cache holds the prompts and max_new_tokens × n slots."""
+    from looplab.generation.budget import generation_bytes
+    from looplab.memory import GIB, device_bytes
+
+    device = str(view.head.weight.device)
+    width = max(map(len, prompts))
+    needed = generation_bytes(view, len(prompts), width, max_new_tokens * draft_tokens, loops, "per_loop", 2)
+    available = device_bytes(device)
+    if needed > available:
+        raise LooplabError(
+            f"speculative decoding of {max_new_tokens} tokens in drafts of {draft_tokens} holds "
+            f"{max_new_tokens * draft_tokens} cache slots per row, an estimated {needed / GIB:,.1f} GiB, more than "
+            f"the {available / GIB:,.1f} GiB of {device}: use fewer --draft-tokens or --max-new-tokens"
+        )
 
 
 class _SpeculativeDecoder(Decoder):
@@ -129,7 +151,10 @@ class _SpeculativeDecoder(Decoder):
                 [len(out.tokens[row]) - 1 for row in live], device=rows.device
             )
             chunk = slice(base, base + n)
-            self.slots.positions[live_rows, chunk] = start[:, None] + torch.arange(n, device=rows.device)
+            # a draft past a row's last new token is never kept; its position is held within the model's
+            # (the budget keeps every kept token's there), so a learned position table is never overrun
+            drafted = start[:, None] + torch.arange(n, device=rows.device)
+            self.slots.positions[live_rows, chunk] = drafted.clamp(max=self.model.cfg.max_len - 1)
             drafts, h, e = self._draft(last, live_rows, base, n)
             logits = self._verify(h, e, live_rows, chunk)  # [R, n, V] at K loops
             agreed = logits.argmax(-1)  # [R, n]: K's token after each of the round's inputs

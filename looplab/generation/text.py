@@ -15,27 +15,12 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
-from torch import Tensor
-
 from looplab.errors import LooplabError
+from looplab.generation.byte_text import no_head_message
 from looplab.generation.decode import GREEDY, Generation, Sampling, generate
 from looplab.generation.exits import GenerationExit
 from looplab.generation.speculative import generate_speculative
 from looplab.generation.text_lm import TextLM, open_text_lm
-from looplab.schedules import Schedule
-from looplab.tasks.base import START
-from looplab.tasks.text import BYTE_OFFSET
-
-
-def encode(text: str) -> list[int]:
-    """``<s>`` and the UTF-8 bytes of ``text`` as token ids."""
-    return [START] + [BYTE_OFFSET + b for b in text.encode("utf-8")]
-
-
-def decode(ids: list[int]) -> str:
-    """The text of byte token ids (special tokens dropped)."""
-    return bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < BYTE_OFFSET + 256).decode("utf-8", "replace")
 
 
 @dataclass
@@ -64,28 +49,6 @@ def cut_at_stop(text: str, stops: list[str]) -> str | None:
     return text[: min(ends)] if ends else None
 
 
-def head_halts(schedule: Schedule):
-    """The ``halting`` exit's decision from a run's halting head: ``(h [R, d], t) -> [R] bool``, the head
-    read on each token's state alone (a sequence of one) at the loops its schedule decides at.
-
-    Raises LooplabError when the schedule has no head.
-    """
-    if schedule.module is None:
-        raise LooplabError(no_head_message(schedule.name))
-
-    def halts(h: Tensor, t: int) -> Tensor:
-        return schedule.halts(h[:, None], torch.ones(h.shape[0], 1, dtype=torch.bool, device=h.device), t)
-
-    return halts
-
-
-def no_head_message(schedule: str) -> str:
-    return (
-        f"the halting exit needs a halting head; this run's {schedule!r} schedule has none "
-        "(runs trained with act_bce, q_halt, rl_halting or pondernet have one)"
-    )
-
-
 def generate_text(
     source: str | Path | TextLM,
     prompts: list[str],
@@ -101,6 +64,7 @@ def generate_text(
     batching: str = "step",
     max_batch: int | None = None,
     front: int | None = None,
+    read_only_exit: bool = False,
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with a looped LM: a run dir's latest checkpoint or a model dir (any path
     :func:`~looplab.generation.text_lm.open_text_lm` opens, in ``dtype`` for a model dir), or a
@@ -111,7 +75,7 @@ def generate_text(
     the model's end-of-text token or at its first stop string (kept in its text); ``sources`` name the
     prompts in errors (``prompts.txt line 3``); an empty stop string is refused (every text holds it).
     ``draft`` (k, n) decodes self-speculatively (:mod:`looplab.generation.speculative`); ``batching``,
-    ``max_batch`` and ``front`` are :func:`~looplab.generation.decode.generate`'s.
+    ``max_batch``, ``front`` and ``read_only_exit`` are :func:`~looplab.generation.decode.generate`'s.
     """
     for stop in stops:
         if not isinstance(stop, str) or not stop:
@@ -165,6 +129,7 @@ def generate_text(
             batching=batching,
             max_batch=max_batch,
             front=front,
+            read_only_exit=read_only_exit,
         )
     completions = []
     for prompt, prompt_ids, ids, depths in zip(prompts, prompts_ids, result.tokens, result.depths):

@@ -25,6 +25,7 @@ from torch import nn
 
 from looplab.errors import LooplabError
 from looplab.generation.exits import MAX_LOOPS, GenerationExit, token_exit_params
+from looplab.lm.families import family_of
 
 __all__ = ["TextLM", "open_text_lm"]
 
@@ -41,7 +42,8 @@ class TextLM:
             dir's native loop count).
         max_context: the longest sequence (prompt + new tokens) the model takes.
         eos: the end-of-text token a generation stops at (None: none; a byte LM has none).
-        exit_tables: the run's ``[generate.exits.NAME]`` tables (a model dir: none).
+        exit_tables: the run's ``[generate.exits.NAME]`` tables (a model dir: its config's, e.g. Ouro's
+            ``early_exit_threshold`` as the ``gate`` exit's threshold).
         halts: the ``halting`` exit's decision from the run's halting head (None without one).
     """
 
@@ -82,6 +84,8 @@ class TextLM:
         if isinstance(loops, bool) or not isinstance(loops, int) or not 1 <= loops <= self.loop_cap:
             raise LooplabError(f"loops must be an integer in 1..{self.loop_cap}, got {loops!r}")
         rule = GenerationExit(name, loops, token_exit_params(name, self.exit_tables, **params))
+        if rule.needs_gate and not getattr(getattr(family_of(self.model), "view", None), "exit_gate", False):
+            raise LooplabError(f"the {name} exit reads a learned exit gate, which {self.name} lacks (Ouro has one)")
         if rule.needs_head:
             if self.halts is None:
                 raise LooplabError(
@@ -114,7 +118,7 @@ def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu") 
         eos = tokenizer.eos_token_id
         return TextLM(
             model, path, model_dir.kind, model_dir.name, model_dir.native_loops, model_dir.max_window,
-            None if eos is None else int(eos), encode, decode,
+            None if eos is None else int(eos), encode, decode, model_dir.exit_defaults,
         )  # fmt: skip
     return _open_run(path, device)
 
@@ -122,7 +126,7 @@ def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu") 
 def _open_run(path: Path, device: str) -> TextLM:
     from looplab.exits import fixed_depth
     from looplab.experiment import Experiment
-    from looplab.generation.text import decode, encode, head_halts
+    from looplab.generation.byte_text import decode, encode, head_halts
     from looplab.tasks.base import TASKS
 
     exp = Experiment.from_run(path)

@@ -1,26 +1,28 @@
 """The decoding view of each kind of model :func:`looplab.generation.generate` takes: a looplab model
-as it is, a retrofit (:mod:`looplab.generation.retrofit`), a native looped LM from transformers
-(:mod:`looplab.generation.native`). A new looped family is one more view and one more line here."""
+as it is, a retrofit (:mod:`looplab.generation.retrofit`), a native looped LM through its family's view
+(the family record's ``view``, :data:`looplab.lm.families.FAMILIES`)."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from looplab.generation.native import HrmTextDecoding, Inkling2LoopDecoding
 from looplab.generation.retrofit import RetrofitDecoding
-from looplab.lm.hrm_text import HrmTextLoop
-from looplab.lm.inkling2_loop import Inkling2Loop
+from looplab.lm.families import family_of
 from looplab.lm.retrofit import RetrofittedLoop
 
-__all__ = ["VIEWS", "decodable"]
-
-#: adapter class → the decoding view that wraps it
-VIEWS = {RetrofittedLoop: RetrofitDecoding, HrmTextLoop: HrmTextDecoding, Inkling2Loop: Inkling2LoopDecoding}
+__all__ = ["decodable"]
 
 
-def decodable(model: nn.Module) -> nn.Module:
-    """``model`` as the decoder reads it: an adapter in its view, anything else (a looplab model) as is."""
-    for adapter, view in VIEWS.items():
-        if isinstance(model, adapter):
-            return view(model)
-    return model
+def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
+    """``model`` as the decoder reads it: an adapter in its view, anything else (a looplab model, a view) as is.
+
+    ``gated``: the view carries the exit gate's decision in its state (the ``gate`` exit; a family whose
+    view has ``exit_gate`` and ``with_gate``)."""
+    if gated and not getattr(model, "gated", True):  # an ungated view: view its adapter again, gated
+        model = model.loop
+    if isinstance(model, RetrofittedLoop):
+        return RetrofitDecoding(model)
+    family = family_of(model)
+    if family is None:
+        return model
+    return family.view.with_gate(model) if gated and getattr(family.view, "exit_gate", False) else family.view(model)

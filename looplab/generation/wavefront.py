@@ -40,7 +40,7 @@ __all__ = ["WavefrontDecoder", "check_wavefront"]
 
 def check_wavefront(model, cache: str, sampling, front) -> None:
     """One-line errors for what wavefront decoding does not take (``model`` is a decoding view)."""
-    check_depthwise(model, cache)
+    check_depthwise(model, cache, "wavefront decoding")
     if isinstance(front, bool) or not isinstance(front, int) or front < 1:
         raise LooplabError(f"--front (positions in flight per row) must be a positive integer, got {front!r}")
     if sampling.temperature != 0:

@@ -22,8 +22,10 @@ unless it registers itself. The ways to get there, and why this one:
 setuptools cannot ship a ``.pth`` from configuration alone, so ``[tool.setuptools.cmdclass]`` points
 ``build_py`` at :mod:`looplab.harness.build`, which writes it into wheels and editable installs
 alike. ``python -m looplab.harness`` remains as lm-eval's own CLI with the model registered, for a
-checkout used without installing, and it turns a :class:`~looplab.errors.LooplabError` into one line
-on stderr and exit 2 (``lm_eval`` prints a traceback).
+checkout used without installing. Either way a :class:`~looplab.errors.LooplabError` that leaves lm-eval
+uncaught (a bad model_arg, ``--batch_size``, a generation argument) is one line on stderr and exit 2,
+not a traceback: :func:`register` installs a ``sys.excepthook`` for it (``LOOPLAB_DEBUG=1`` keeps the
+traceback).
 """
 
 from __future__ import annotations
@@ -43,3 +45,27 @@ def register() -> None:
 
     if MODEL_NAME not in model_registry:
         model_registry.register(MODEL_NAME, target=TARGET)
+    _one_line_errors()
+
+
+def _one_line_errors() -> None:
+    """Make an uncaught :class:`~looplab.errors.LooplabError` one line on stderr and exit status 2."""
+    import os
+    import sys
+
+    from looplab.errors import LooplabError
+
+    previous = sys.excepthook
+    if getattr(previous, "looplab", False) or os.environ.get("LOOPLAB_DEBUG"):
+        return
+
+    def hook(kind, error, traceback) -> None:
+        if not issubclass(kind, LooplabError):
+            previous(kind, error, traceback)
+            return
+        sys.stdout.flush()
+        print(f"looplab: error: {error}", file=sys.stderr, flush=True)
+        os._exit(2)  # the interpreter would exit 1 after an excepthook returns
+
+    hook.looplab = True
+    sys.excepthook = hook

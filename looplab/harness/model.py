@@ -105,6 +105,27 @@ class LooplabLM(TemplateLM):
         #: request type → per request, the loops each of its scored or generated tokens ran (latest call)
         self.depths: dict[str, list[list[int]]] = {}
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> LooplabLM:
+        """The model of ``--model_args`` (each key once) and lm-eval's own options (``--batch_size``,
+        ``--device``): a key in both is the model_args' (lm-eval passes its defaults too)."""
+        from lm_eval.utils import handle_arg_string
+
+        args: dict = {}
+        for item in filter(None, (arg_string or "").split(",")):
+            key, equals, value = item.partition("=")
+            if not equals:
+                raise LooplabError(f"model_args entry {item!r} is not KEY=VALUE")
+            if key in args:
+                raise LooplabError(f"model_arg {key} is given twice in --model_args; give each once")
+            args[key] = handle_arg_string(value)
+        return cls.create_from_arg_obj(args, additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> LooplabLM:
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
     # the tokenizer lm-eval sees ------------------------------------------------------------------
 
     @property

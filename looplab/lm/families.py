@@ -1,42 +1,42 @@
-"""The registry of transformers' native looped LMs: model_type → the adapter that wraps a loaded model
-into the looped-model protocol (``looplab.model.protocol``).
+"""The registry of looped-LM families a model dir may hold, one record each (:class:`looplab.lm.native.ModelFamily`):
 
-    hrm_text             HrmTextForCausalLM                     one loop = one H cycle
-    inkling2_loop_text   Inkling2LoopForCausalLM                one loop = one pass through the looped layers
-    inkling2_loop        Inkling2LoopForConditionalGeneration   the same, on its text path
+    family        model_type                                    one loop
+    HRM-Text      hrm_text                                      one H cycle (L_cycles L passes, then H)
+    Inkling-2     inkling2_loop_text, inkling2_loop             one pass through the looped layers
+    Ouro          ouro                                          the L layers and the norm closing them
+    Huginn-0125   huginn_raven                                  the concat adapter and the 4 core blocks
 
-(:mod:`looplab.lm.hrm_text`, :mod:`looplab.lm.inkling2_loop`). An entry receives the loaded model
-(and the adapter's keyword options) and returns the adapter, which shares the model's modules; its
-``native_loops`` is the config's own loop count, at which the adapter's logits are the model's. A
-new family is one adapter module (a :class:`looplab.lm.native.NativeLoop` subclass) and one line here.
+HRM-Text and Inkling-2 are built by transformers; Ouro and Huginn, whose only published code is hub
+remote code, are built by looplab from their config.json and safetensors (no remote code runs).
+A family is one module ending in its record (the adapter, its decoding view, how it is built and how
+many loops it runs by itself) and one entry in :data:`FAMILIES`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
 from looplab.errors import LooplabError
-from looplab.lm.hrm_text import HrmTextLoop
-from looplab.lm.inkling2_loop import Inkling2Loop
-from looplab.lm.native import NativeLoop
+from looplab.lm import hrm_text, huginn, inkling2_loop, ouro
+from looplab.lm.native import ModelFamily, NativeLoop
 
-__all__ = ["LOOPED_FAMILIES", "native_loop"]
+__all__ = ["FAMILIES", "LOOPED_FAMILIES", "family_of", "native_loop"]
 
-#: model_type → builder(model, **options) -> adapter
-LOOPED_FAMILIES: dict[str, Callable[..., NativeLoop]] = {
-    "hrm_text": HrmTextLoop.from_pretrained_model,
-    "inkling2_loop_text": Inkling2Loop.from_pretrained_model,
-    "inkling2_loop": Inkling2Loop.from_pretrained_model,
-}
+FAMILIES: tuple[ModelFamily, ...] = (hrm_text.FAMILY, inkling2_loop.FAMILY, ouro.FAMILY, huginn.FAMILY)
+#: model_type → its family
+LOOPED_FAMILIES: dict[str, ModelFamily] = {kind: family for family in FAMILIES for kind in family.model_types}
+
+
+def family_of(adapter: nn.Module) -> ModelFamily | None:
+    """The family whose adapter ``adapter`` is (None for a looplab model or a retrofit)."""
+    return next((family for family in FAMILIES if isinstance(adapter, family.adapter)), None)
 
 
 def native_loop(model: nn.Module, **options) -> NativeLoop:
-    """The looped-model adapter of a loaded transformers native looped LM, chosen by its config's model_type."""
+    """The looped-model adapter of a loaded native looped LM, chosen by its config's model_type."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in LOOPED_FAMILIES:
         raise LooplabError(
             f"no native looped adapter for model_type {model_type!r}; supported: {', '.join(sorted(LOOPED_FAMILIES))}"
         )
-    return LOOPED_FAMILIES[model_type](model, **options)
+    return LOOPED_FAMILIES[model_type].adapter.from_pretrained_model(model, **options)

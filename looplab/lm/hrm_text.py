@@ -36,6 +36,17 @@ the protocol's context is built from the validity mask alone, which is what tran
 when no ``token_type_ids`` are given) and the KV cache. Layer hooks see site ``"core"`` with
 index ℓ ∈ 0..n−1 for L-stack layer ℓ (called L_cycles times per loop, so a trace keeps the
 last L pass of each loop) and n + ℓ for H-stack layer ℓ.
+
+Decoding. :class:`HrmTextDecoding` puts the adapter in the shape the cached decoder reads
+(:mod:`looplab.generation.decoder`): it runs transformers' own layer modules in the order ``step`` does and
+gives every decoder-layer call of a loop its own cache entry, so ``per_loop`` holds what the model computes when
+it reruns the whole sequence (as transformers' own generate does: HRM-Text's ``cycle_offset`` gives each (pass,
+layer) its own cache slot). One loop is one H cycle: L_cycles passes of the L stack, then the H stack, on the
+state h = [z_H | z_L]. Its layers are Llama-like pre-norm layers whose attention (full heads, no q/k norm, RoPE,
+scale head_dim^-½) gates its output with sigmoid(gate_proj(x)) before o_proj;
+:func:`looplab.generation.cache.cached_attention` runs them. Call index c·n + ℓ is L-stack layer ℓ in L pass c,
+L_cycles·n + ℓ is H-stack layer ℓ. The next-token logits are lm_head(z_H), so every exit applies, the logit-
+reading ones included.
 """
 
 from __future__ import annotations
@@ -47,9 +58,17 @@ import torch
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
-from looplab.lm.native import NativeLoop, prepare_model, select_rows
+from looplab.lm.native import (
+    DecodingShape,
+    LlamaLayerView,
+    ModelFamily,
+    NativeLoop,
+    prepare_model,
+    rotary_tables,
+    select_rows,
+)
 
-__all__ = ["HrmTextLoop", "HrmTextContext"]
+__all__ = ["HrmTextLoop", "HrmTextContext", "HrmTextDecoding"]
 
 
 @dataclass
@@ -169,3 +188,69 @@ class HrmTextLoop(NativeLoop):
             )
 
         return self._run(site, index, layer, x, run)
+
+
+class HrmTextDecoding(nn.Module):
+    """An :class:`HrmTextLoop` in the shape the generation decoder reads (see the module docstring)."""
+
+    def __init__(self, loop: HrmTextLoop):
+        super().__init__()
+        self.loop = loop
+        config = loop.config
+        self.cfg = DecodingShape(
+            n_heads=config.num_attention_heads,
+            kv_heads=config.num_attention_heads,  # HRM-Text's attention has no grouped keys and values
+            d_model=config.hidden_size,
+            head_dim=loop.core[0].self_attn.head_dim,
+            coda_layers=0,
+            max_len=config.max_position_embeddings,
+        )
+        views = [LlamaLayerView(layer) for layer in loop.core]
+        low, high = views[: loop.n_stack], views[loop.n_stack :]
+        # one view per layer call of a loop: the L stack once per L pass, then the H stack
+        self.core = low * loop.l_cycles + high
+        self.prelude, self.coda, self.positions, self.head = [], [], None, loop.lm_head
+
+    def embedding(self, tokens: Tensor) -> Tensor:
+        return self.loop.embed(tokens) * self.loop.embedding_scale
+
+    def initial_state(self, e: Tensor) -> Tensor:
+        """h_0 = [e | z_L_init] [.., 2d], as the adapter's ``start``."""
+        z_low = self.loop.z_L_init.to(dtype=e.dtype, device=e.device).expand_as(e)
+        return torch.cat([e, z_low], dim=-1)
+
+    def core_pass(self, h: Tensor, e: Tensor, calls) -> Tensor:
+        """One H cycle on h = [z_H | z_L] [R, m, 2d]: L_cycles passes z_L = L(z_L + z_H), then z_H = H(z_H + z_L)."""
+        loop, n = self.loop, self.loop.n_stack
+        z_high, z_low = h.chunk(2, dim=-1)
+        for cycle in range(loop.l_cycles):
+            z_low = self._stack(calls, cycle * n, z_low + z_high, loop.L_norm)
+        z_high = self._stack(calls, loop.l_cycles * n, z_high + z_low, loop.H_norm)
+        return torch.cat([z_high, z_low], dim=-1)
+
+    def _stack(self, calls, first: int, x: Tensor, norm: nn.Module) -> Tensor:
+        for index in range(first, first + self.loop.n_stack):
+            x = calls.layer(index, self.core[index], x)
+        return norm(x)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return self.loop.readout(h, None)
+
+    def rope_tables(self, length: int, device, dtype) -> tuple[Tensor, Tensor]:
+        return rotary_tables(self.loop.rotary, self.cfg.d_model, length, device, dtype)
+
+    def forward(self, tokens: Tensor, valid: Tensor, loops: int) -> Tensor:
+        """Logits [B, T, V] recomputed whole (the uncached reference)."""
+        return self.loop(tokens, valid.long(), loops)
+
+
+FAMILY = ModelFamily(
+    name="HRM-Text",
+    model_types={"hrm_text": "HrmTextForCausalLM"},
+    adapter=HrmTextLoop,
+    view=HrmTextDecoding,
+    native_loops=lambda config: config.H_cycles,
+    one_loop="one H cycle: L_cycles passes of the L stack, then the H stack",
+    core_layers=lambda config: 2 * config.num_hidden_layers,
+    state_width=lambda config: 2 * config.hidden_size,  # [z_H | z_L]
+)

@@ -3,9 +3,11 @@
 
 What the directory holds decides what it is (a looplab run dir holds ``config.toml`` instead):
 
-    native     config.json's model_type is one of transformers' native looped LMs
-               (:data:`looplab.lm.families.LOOPED_FAMILIES`: hrm_text, inkling2_loop,
-               inkling2_loop_text); its adapter wraps transformers' model, sharing its weights
+    native     config.json's model_type is one of the looped-LM families
+               (:data:`looplab.lm.families.FAMILIES`: hrm_text, inkling2_loop, inkling2_loop_text,
+               ouro, huginn_raven); its adapter wraps the model — transformers' where transformers has
+               the family, looplab's own (built from config.json, no remote code) where it has not —
+               sharing its weights. ``auto_map`` is never read
     retrofit   a Llama-family decoder (:data:`RETROFIT_SOURCES`) beside ``retrofit.json`` (the split and
                the injection) and ``injection.safetensors`` (W_I), as ``looplab retrofit`` writes
                them: a :class:`looplab.lm.retrofit.RetrofittedLoop` of the source's own layers
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,6 @@ __all__ = [
     "DTYPES",
     "INJECTIONS",
     "LOOP_CAP",
-    "NATIVE_CLASSES",
     "RETROFIT_FILE",
     "RETROFIT_SOURCES",
     "ModelDir",
@@ -64,12 +66,6 @@ LOOP_CAP = MAX_LOOPS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: the W_I choices ``looplab retrofit`` writes (``looplab.model.looped.injection_weight``)
 INJECTIONS = ("mix", "state", "input", "sum")
-#: model_type → the transformers class that loads it, for the native looped LMs
-NATIVE_CLASSES = {
-    "hrm_text": "HrmTextForCausalLM",
-    "inkling2_loop_text": "Inkling2LoopForCausalLM",
-    "inkling2_loop": "Inkling2LoopForConditionalGeneration",
-}
 #: model_type → (causal LM class, decoder layer class) of the decoders a retrofit takes: each one's
 #: ``Model.forward`` is embed → decoder layers → final norm → lm_head, which RetrofittedLoop reproduces
 RETROFIT_SOURCES = {
@@ -77,12 +73,7 @@ RETROFIT_SOURCES = {
     "mistral": ("MistralForCausalLM", "MistralDecoderLayer"),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2DecoderLayer"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3DecoderLayer"),
-}
-#: model_type → its native loop count, from the config alone
-_NATIVE_LOOPS = {
-    "hrm_text": lambda config: config.H_cycles,
-    "inkling2_loop_text": lambda config: config.loop_num_passes,
-    "inkling2_loop": lambda config: config.text_config.loop_num_passes,
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2DecoderLayer"),  # norms after attention and MLP, q/k norms over all heads
 }
 
 
@@ -152,6 +143,12 @@ class ModelDir:
     gguf_file: str | None = None  # a GGUF source: the file's name in ``path``, its folder
 
     @property
+    def exit_defaults(self) -> dict[str, dict]:
+        """The generation exits' parameters this model's config sets (``[generate.exits.NAME]`` tables)."""
+        family = LOOPED_FAMILIES.get(self.model_type) if self.kind == "native" else None
+        return {} if family is None or family.exit_defaults is None else family.exit_defaults(self.config)
+
+    @property
     def loop_cap(self) -> int:
         """The most loops a command runs this model at."""
         return LOOP_CAP
@@ -204,19 +201,35 @@ class ModelDir:
         options = {"dtype": dtype, "attn_implementation": "eager", "local_files_only": True, "use_safetensors": True}
         if eager_experts:
             options["experts_implementation"] = "eager"
-        if self.kind == "native":
-            cls = getattr(transformers, NATIVE_CLASSES[self.model_type])
-            model = cls.from_pretrained(self.path, **options).to(device).eval()
-            from looplab.lm.families import native_loop
+        from looplab.lm.weights import check_files, check_finite, check_transformers_load
 
-            looped = native_loop(model)
+        options.update(output_loading_info=True, ignore_mismatched_sizes=True)  # refused below, with the key
+
+        if self.kind == "native":
+            family = LOOPED_FAMILIES[self.model_type]
+            if family.model is not None:
+                model = family.model.from_dir(self.path, self.config, dtype, device)
+            else:
+                cls = getattr(transformers, family.model_types[self.model_type])
+                # transformers starts a missing weight at random and answers a mis-shaped one with an option
+                # the user cannot set: the files are checked first, what it reports after
+                check_files(self.path)
+                model, info = cls.from_pretrained(self.path, **options)
+                check_transformers_load(info, self.path)
+                model = model.to(device).eval()
+                check_finite(model, self.path)
+            looped = family.adapter.from_pretrained_model(model)
         else:
             from safetensors.torch import load_file
 
             from looplab.lm.retrofit import RetrofittedLoop
 
             cls = getattr(transformers, RETROFIT_SOURCES[self.model_type][0])
-            model = cls.from_pretrained(self.path, **options).to(device).eval()
+            check_files(self.path)
+            model, info = cls.from_pretrained(self.path, **options)
+            check_transformers_load(info, self.path)
+            model = model.to(device).eval()
+            check_finite(model, self.path)
             s = self.split
             looped = RetrofittedLoop(
                 model, s.prelude, s.core, s.coda, copy_weights=False, inject_init=s.injection
@@ -275,12 +288,23 @@ def _check_files(path: Path) -> None:
 
 def _load_tokenizer(path: Path):
     from transformers import AutoTokenizer
+    from transformers.utils import logging
 
+    # AutoTokenizer reads config.json as a bare config (never its auto_map: no remote code runs, and no
+    # prompt asks whether it may), and warns that a model_type it does not know (ouro, huginn_raven: the
+    # families looplab builds) is not that config's, or that Ouro's published rope_scaling field is deprecated;
+    # the tokenizer is unaffected
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # transformers raises many kinds here; each is one line for the user
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise LooplabError(f"cannot load the tokenizer of {path}: {first}") from None
+    finally:
+        logging.set_verbosity(verbosity)
     return tokenizer
 
 
@@ -288,6 +312,19 @@ def _meta_model(cls, config) -> nn.Module:
     """The model built on the meta device: its shapes and classes, no memory."""
     with torch.device("meta"):
         return cls(config)
+
+
+def _built(cls, config, path: Path) -> nn.Module:
+    """:func:`_meta_model`, a config the class cannot build from refused in one line."""
+    try:
+        return _meta_model(cls, config)
+    except LooplabError:
+        raise
+    except Exception as err:  # a field out of the class's range fails somewhere inside its constructor
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LooplabError(
+            f"{path}/{CONFIG_FILE}: {getattr(cls, '__name__', cls)} cannot be built from it ({first})"
+        ) from None
 
 
 def _read_split(path: Path, layers: int, width: int) -> RetrofitSplit:
@@ -340,27 +377,42 @@ def open_model_dir(path: str | Path) -> ModelDir:
         raise LooplabError(f"{path} is a file, not a model dir (a directory holding config.json)")
     if not (path / CONFIG_FILE).is_file():
         raise LooplabError(f"{path} is not a model dir (no {CONFIG_FILE}, as save_pretrained writes it)")
-    model_type = _read_config_json(path)["model_type"]
-    if model_type not in NATIVE_CLASSES and model_type not in RETROFIT_SOURCES:
+    if (path / "config.toml").is_file():
+        raise LooplabError(
+            f"{path} holds both {CONFIG_FILE} (a model dir) and config.toml (a looplab run dir): keep the one it is"
+        )
+    raw = _read_config_json(path)
+    model_type = raw["model_type"]
+    if model_type not in LOOPED_FAMILIES and model_type not in RETROFIT_SOURCES:
         raise LooplabError(f"{path} holds model_type {model_type!r}, which looplab does not loop; {_supported()}")
     _check_files(path)
     _offline()
     import transformers
 
-    try:
-        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as err:  # a config transformers cannot build: one line with its reason
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise LooplabError(f"{path}/{CONFIG_FILE} is not a valid {model_type} config: {first}") from None
+    family = LOOPED_FAMILIES.get(model_type)
+    if family is not None and family.config_reader is not None:  # looplab builds it: its own config reader
+        config = family.config_reader(raw, f"{path}/{CONFIG_FILE}")
+    else:
+        try:
+            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        except Exception as err:  # a config transformers cannot build: one line with its reason
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise LooplabError(f"{path}/{CONFIG_FILE} is not a valid {model_type} config: {first}") from None
     text = getattr(config, "text_config", None) or config
     width = int(text.hidden_size)
     heads = max(int(getattr(text, key, 0) or 0) for key in ("num_attention_heads", "swa_num_attention_heads"))
-    if model_type in NATIVE_CLASSES:
-        meta = _meta_model(getattr(transformers, NATIVE_CLASSES[model_type]), config)
-        kind, layers, split, native = "native", None, None, int(_NATIVE_LOOPS[model_type](config))
+    if family is not None:
+        builder = family.model or getattr(transformers, family.model_types[model_type])
+        meta = _built(builder, config, path)
+        kind, layers, split, native = "native", None, None, int(family.native_loops(config))
+        if native < 1:
+            raise LooplabError(
+                f"{path}/{CONFIG_FILE}: the model runs {native} loops by itself ({family.name}: {family.one_loop}); "
+                "its loop count must be ≥ 1"
+            )
     else:
         model_class, layer_class = RETROFIT_SOURCES[model_type]
-        meta = _meta_model(getattr(transformers, model_class), config)
+        meta = _built(getattr(transformers, model_class), config, path)
         found = sorted({type(layer).__name__ for layer in getattr(getattr(meta, "model", None), "layers", [])})
         if found != [layer_class]:
             raise LooplabError(

@@ -1,10 +1,10 @@
-"""What the adapters of transformers' native looped LMs share (:mod:`looplab.lm.hrm_text`,
-:mod:`looplab.lm.inkling2_loop`; the registry is :mod:`looplab.lm.families`).
+"""What the adapters of native looped LMs share (:mod:`looplab.lm.hrm_text`, :mod:`looplab.lm.inkling2_loop`,
+:mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`; the registry is :mod:`looplab.lm.families`).
 
 A native looped LM already has a loop of its own, so its adapter adds no parameters: it
-calls transformers' own layers, norms, rotary tables and mask builders in the order the
+calls the model's own layers, norms, rotary tables and mask builders in the order the
 model's ``forward`` does, with the loop cut at its natural boundary, so that
-``start``, ``step`` × K, ``readout`` gives the logits of transformers' forward with the
+``start``, ``step`` × K, ``readout`` gives the logits of the model's forward with the
 config's loop count set to K. The adapter shares the wrapped model's modules (one copy
 of the weights) unless ``copy_weights`` is set.
 
@@ -13,14 +13,21 @@ What this module gives them:
     NativeLoop          ``forward`` / ``unroll`` (K defaults to the config's ``native_loops``),
                         ``watch_attention`` for transformers' attention modules, and the
                         checks ``from_pretrained_model`` runs
+    ModelFamily         the record of a family: its classes, adapter, decoding view, loops
     prepare_model       the copy (optional) and the attention kernel the adapter runs
     select_rows         a context tensor restricted to some rows of the batch
+    DecodingShape       the model facts a decoding view gives the cached decoder
+    LlamaLayerView, Olmo2LayerView, layer_view
+                        a Llama-family decoder layer as the decoder's two residual sublayers
+    rotary_tables       a transformers rotary module's tables in the form the decoder applies
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +37,15 @@ from looplab.lm.retrofit import watch_decoder_attention
 from looplab.model.depths import ReadAtDepths
 from looplab.model.protocol import ObservedLayers
 
-__all__ = ["NativeLoop", "prepare_model", "select_rows"]
+__all__ = [
+    "DecodingShape",
+    "LlamaLayerView",
+    "ModelFamily",
+    "NativeLoop",
+    "prepare_model",
+    "rotary_tables",
+    "select_rows",
+]
 
 
 def prepare_model(model: nn.Module, copy_weights: bool, attn_implementation: str | None) -> nn.Module:
@@ -102,3 +117,97 @@ class NativeLoop(ReadAtDepths, ObservedLayers, nn.Module):
         """Record a decoder layer's attention input (its ``hidden_states``, after the layer's norm: for a
         layer with separate query / key / value inputs, the query's) and its eager attention probabilities."""
         return watch_decoder_attention(layer)
+
+
+@dataclass(frozen=True)
+class DecodingShape:
+    """The model facts the decoder checks and sizes its caches by (the fields of a looplab model config it
+    reads), for a pretrained model's decoding view."""
+
+    n_heads: int
+    kv_heads: int
+    d_model: int
+    head_dim: int
+    coda_layers: int
+    max_len: int
+    causal: bool = True
+    init_state: str = "embed"  # h_0 = e
+    injection: str = "concat"
+    positional: str = "rope"
+    attention_window: int = 0
+    recurrence: str = "standard"  # one carried state, as the decoder requires
+
+
+def rotary_tables(rotary: nn.Module, width: int, length: int, device, dtype) -> tuple[Tensor, Tensor]:
+    """A transformers rotary module's (cos, signed sin) tables [L, Dh] for positions 0..L−1, in the form
+    :func:`looplab.model.attention.apply_rope` takes (rotate-half's sign folded into the first half of sin)."""
+    probe = torch.zeros(1, length, width, device=device, dtype=dtype)
+    cos, sin = rotary(probe, position_ids=torch.arange(length, device=device)[None])
+    half = sin.shape[-1] // 2
+    return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+
+class LlamaLayerView:
+    """A Llama decoder layer as two pre-norm residual sublayers: x + attn(norm₁ x), then x + mlp(norm₂ x)."""
+
+    def __init__(self, layer: nn.Module):
+        self.layer, self.attn, self.mlp = layer, layer.self_attn, layer.mlp
+
+    def attn_residual(self, x: Tensor, attend) -> Tensor:
+        return x + attend(self.layer.input_layernorm(x))
+
+    def mlp_residual(self, x: Tensor, mlp) -> Tensor:
+        return x + mlp(self.layer.post_attention_layernorm(x))
+
+
+class Olmo2LayerView(LlamaLayerView):
+    """An OLMo-2 decoder layer: its norms sit after the sublayers, x + norm₁(attn(x)), then x + norm₂(mlp(x))."""
+
+    def attn_residual(self, x: Tensor, attend) -> Tensor:
+        return x + self.layer.post_attention_layernorm(attend(x))
+
+    def mlp_residual(self, x: Tensor, mlp) -> Tensor:
+        return x + self.layer.post_feedforward_layernorm(mlp(x))
+
+
+def layer_view(layer: nn.Module) -> LlamaLayerView:
+    """The residual view of a Llama-family decoder layer: post-norm where it has OLMo-2's norms, else pre-norm."""
+    return Olmo2LayerView(layer) if hasattr(layer, "post_feedforward_layernorm") else LlamaLayerView(layer)
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family of looped LM, everything a tool needs to open, loop, decode and describe it
+    (the registry is :data:`looplab.lm.families.FAMILIES`; each family's module ends with its record).
+
+    Attributes:
+        name: how docs and messages name it.
+        model_types: config.json's ``model_type`` → the transformers class that builds it, or None where
+            looplab builds it itself (``config_reader`` and ``model``: families transformers does not have).
+        adapter: the :class:`NativeLoop` subclass that puts the loaded model on the looped-model protocol.
+        view: the decoding view class (the adapter in the shape the cached decoder reads).
+        native_loops: config → the loop count the model runs by itself.
+        one_loop: what one loop is, in a few words.
+        core_layers: config → the layer calls a trace records per loop.
+        state_width: config → an upper bound of the loop state's width per token (memory estimates).
+        config_reader: (config.json as a dict, where) → config, for a family looplab builds.
+        model: the model class looplab builds, with ``from_dir(path, config, dtype, device)``.
+        exit_defaults: config → the generation exits' parameters the config sets (``[generate.exits.NAME]``).
+    """
+
+    name: str
+    model_types: dict[str, str | None]
+    adapter: type
+    view: type
+    native_loops: Callable[[Any], int]
+    one_loop: str
+    core_layers: Callable[[Any], int]
+    state_width: Callable[[Any], int]
+    config_reader: Callable[[dict, str], Any] | None = None
+    model: type | None = None
+    exit_defaults: Callable[[Any], dict[str, dict]] | None = None
+
+    @property
+    def caches(self) -> tuple[str, ...]:
+        """The KV-cache policies its decoding view supports (every policy unless the view names its own)."""
+        return getattr(self.view, "policies", ("per_loop", "shared", "last_m"))

@@ -60,14 +60,16 @@ from looplab.model.depths import ReadAtDepths
 from looplab.model.looped import injection_weight
 from looplab.model.protocol import AttentionWatch, ObservedLayers
 
-__all__ = ["RetrofittedLoop", "RetrofitContext", "causal_mask", "watch_decoder_attention"]
+__all__ = ["RetrofittedLoop", "LayerContext", "causal_mask", "watch_decoder_attention"]
 
 
 @contextmanager
-def watch_decoder_attention(layer: nn.Module) -> Iterator[AttentionWatch]:
+def watch_decoder_attention(layer: nn.Module, attention: nn.Module | None = None) -> Iterator[AttentionWatch]:
     """Record a transformers decoder layer's attention input (the ``hidden_states`` its ``self_attn`` is
     called with: after the layer's norm, for separate query / key / value inputs the query's) and its eager
-    attention probabilities, one entry per call."""
+    attention probabilities, one entry per call; ``attention``: the layer's attention module where it is not
+    ``self_attn``."""
+    attention = layer.self_attn if attention is None else attention
     seen = AttentionWatch()
 
     def before(_module, args, kwargs):
@@ -79,8 +81,8 @@ def watch_decoder_attention(layer: nn.Module) -> Iterator[AttentionWatch]:
         seen.probs.append(output[1])
 
     handles = [
-        layer.self_attn.register_forward_pre_hook(before, with_kwargs=True),
-        layer.self_attn.register_forward_hook(after),
+        attention.register_forward_pre_hook(before, with_kwargs=True),
+        attention.register_forward_hook(after),
     ]
     try:
         yield seen
@@ -101,15 +103,15 @@ def causal_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 @dataclass
-class RetrofitContext:
+class LayerContext:
     """What every layer call of one batch shares: rotary ``rope`` (cos, sin), the additive ``mask``
-    [B, 1, T, T] and ``valid`` [B, T] bool."""
+    [B, 1, T, T] and ``valid`` [B, T] bool (a retrofit's, Ouro's and Huginn's context)."""
 
     rope: tuple[Tensor, Tensor]
     mask: Tensor
     valid: Tensor | None = None
 
-    def select(self, rows: Tensor | slice) -> RetrofitContext:
+    def select(self, rows: Tensor | slice) -> LayerContext:
         """The context restricted to some rows of the batch (an index tensor, boolean mask or slice)."""
         return replace(self, mask=self.mask[rows], valid=None if self.valid is None else self.valid[rows])
 
@@ -190,7 +192,7 @@ class RetrofittedLoop(ReadAtDepths, ObservedLayers, nn.Module):
 
     def start(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor, RetrofitContext]:
+    ) -> tuple[Tensor, Tensor, LayerContext]:
         """(h_0, e, ctx): the prelude output e [B, T, d] is both the injected input and h_0."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -200,22 +202,22 @@ class RetrofittedLoop(ReadAtDepths, ObservedLayers, nn.Module):
             x = self._call("prelude", index, layer, x, ctx)
         return x, x, ctx
 
-    def context(self, valid: Tensor) -> RetrofitContext:
+    def context(self, valid: Tensor) -> LayerContext:
         """The context of a batch from its validity mask [B, T] (bool, or the 0/1 attention mask) alone."""
         dtype, device = self.embed.weight.dtype, self.embed.weight.device
         positions = torch.arange(valid.shape[1], device=device)[None]
         # the rotary tables take their dtype and device from x, nothing else of it
         rope = self.rotary(torch.zeros((), dtype=dtype, device=device), position_ids=positions)
-        return RetrofitContext(rope, causal_mask(valid, dtype), valid.bool())
+        return LayerContext(rope, causal_mask(valid, dtype), valid.bool())
 
-    def step(self, h: Tensor, e: Tensor, ctx: RetrofitContext) -> Tensor:
+    def step(self, h: Tensor, e: Tensor, ctx: LayerContext) -> Tensor:
         """One loop: h_t = core(W_I [e; h_{t−1}])."""
         x = self.inject(torch.cat([e, h], dim=-1))
         for index, layer in enumerate(self.core):
             x = self._call("core", index, layer, x, ctx)
         return x
 
-    def readout(self, h: Tensor, ctx: RetrofitContext, at: Tensor | None = None) -> Tensor:
+    def readout(self, h: Tensor, ctx: LayerContext, at: Tensor | None = None) -> Tensor:
         """Logits [B, T, V] from the last core state (middle, coda, final norm, head); with ``at``
         ([B, T] bool) only at those positions, [N, V] — the head is the costliest matmul here."""
         for index, layer in enumerate(self.middle):
@@ -228,7 +230,7 @@ class RetrofittedLoop(ReadAtDepths, ObservedLayers, nn.Module):
         """Record a decoder layer's attention input (after its RMSNorm) and eager attention probabilities."""
         return watch_decoder_attention(layer)
 
-    def _call(self, site: str, index: int, layer: nn.Module, x: Tensor, ctx: RetrofitContext) -> Tensor:
+    def _call(self, site: str, index: int, layer: nn.Module, x: Tensor, ctx: LayerContext) -> Tensor:
         def run(y: Tensor) -> Tensor:
             out = layer(y, attention_mask=ctx.mask, position_embeddings=ctx.rope, use_cache=False)
             return out[0] if isinstance(out, tuple) else out

@@ -30,6 +30,7 @@ from torch import Tensor
 from looplab.errors import LooplabError
 from looplab.io import atomic_write, read_utf8_text
 from looplab.lm.evaluate import next_token_nll, plot_lm_loops
+from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.model_dir import DTYPES, ModelDir, not_looped, open_model_dir
 from looplab.model.protocol import readouts_by_loops
 from looplab.progress import Progress
@@ -312,25 +313,17 @@ def analyze_text_mechanistic(
 
 
 def _core_layers(model_dir: ModelDir) -> int:
-    """The layers a trace records per loop: the looped core's (for HRM-Text both stacks)."""
-    config = getattr(model_dir.config, "text_config", None) or model_dir.config
+    """The layers a trace records per loop: the looped core's (its family's record says how many)."""
     if model_dir.split is not None:
         return model_dir.split.core
-    if model_dir.model_type == "hrm_text":
-        return 2 * config.num_hidden_layers
-    return config.loop_layer_index_end - config.loop_layer_index_start
+    return LOOPED_FAMILIES[model_dir.model_type].core_layers(model_dir.config)
 
 
 def _state_width(model_dir: ModelDir) -> int:
-    """An upper bound of the loop state's width per token: d for a retrofit, [z_H | z_L] for HRM-Text, and
-    for Inkling-2 every block state the layers can append plus x."""
-    config = getattr(model_dir.config, "text_config", None) or model_dir.config
-    if model_dir.model_type == "hrm_text":
-        return 2 * model_dir.width
-    if model_dir.model_type.startswith("inkling2"):
-        blocks = config.num_hidden_layers // max(1, config.n_layers_per_attn_res_block) + 1
-        return (blocks + 1) * model_dir.width
-    return model_dir.width
+    """An upper bound of the loop state's width per token: d for a retrofit, its family's record's otherwise."""
+    if model_dir.split is not None:
+        return model_dir.width
+    return LOOPED_FAMILIES[model_dir.model_type].state_width(model_dir.config)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from looplab.model.protocol import LoopedModel, LoopProbe
 
@@ -36,6 +37,9 @@ def at_depths(
             depths[i, j] loops. Entries <= 0 are unused slots (their logits are 0).
         backprop_loops: if k > 0, gradients flow through each row's last k loops only
             (truncated backprop: the state is detached k loops before the row's last depth).
+
+    A model whose ``checkpoint_loops`` is set keeps only each loop's input for the backward pass and
+    recomputes the loop there (``train.checkpoint_loops``).
 
     Returns:
         (logits [B, L, V] for [B] depths or [B, J, L, V] for [B, J] depths, a :class:`LoopProbe` of each
@@ -59,7 +63,10 @@ def at_depths(
         if backprop_loops > 0:
             cut = (last[:active] - (t - 1)) == backprop_loops
             h = torch.where(cut[:, None, None], h.detach(), h)
-        h = model.step(h, e, ctx)
+        if getattr(model, "checkpoint_loops", False) and torch.is_grad_enabled():  # recomputed in the backward
+            h = checkpoint(model.step, h, e, ctx, use_reentrant=False)
+        else:
+            h = model.step(h, e, ctx)
         rows, cols = (depths[:active] == t).nonzero(as_tuple=True)
         if len(rows):
             states.append(_select_rows(h, rows))

@@ -23,6 +23,8 @@ from uuid import uuid4
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from looplab.generation.cache import POLICIES
 from looplab.generation.exits import EXITS
@@ -32,7 +34,14 @@ from looplab.serve.choice import Choice
 from looplab.serve.engine import Busy, Closed, Engine
 from looplab.serve.request import BadRequest, parse_completion
 
-__all__ = ["create_app", "model_id"]
+__all__ = ["create_app", "model_id", "MAX_BODY_BYTES", "MAX_TOKEN_LOOPS"]
+
+#: the largest request body read (a prompt list of token ids within any model's context fits many times over)
+MAX_BODY_BYTES = 4 * 2**20
+#: the default bound on one request's work: (prompt + new tokens) × loops, summed over its prompts
+MAX_TOKEN_LOOPS = 2**20
+#: the routes, for the error a request to any other names
+ROUTES = "GET /v1/models, POST /v1/completions, GET /health"
 
 
 def model_id(lm: TextLM) -> str:
@@ -50,9 +59,11 @@ def create_app(
     max_queue: int = 64,
     batching: str = "exact",
     on_step: Callable[[Engine], None] | None = None,
+    max_token_loops: int = MAX_TOKEN_LOOPS,
 ) -> FastAPI:
     """The app serving the model at ``path`` (opened by its lifespan, so a Ray replica opens its own), or
-    an already opened ``lm``; the engine's options as :class:`~looplab.serve.engine.Engine` takes them."""
+    an already opened ``lm``; the engine's options as :class:`~looplab.serve.engine.Engine` takes them;
+    ``max_token_loops`` bounds one request's work, (prompt + new tokens) × loops over its prompts."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -60,6 +71,7 @@ def create_app(
         engine = Engine(text_lm.model, max_running, max_queue, batching, on_step).start()
         app.state.lm, app.state.engine, app.state.model_id = text_lm, engine, model_id(text_lm)
         app.state.replica, app.state.created = f"{socket.gethostname()}:{os.getpid()}", int(time.time())
+        app.state.max_token_loops = max_token_loops
         try:
             yield
         finally:
@@ -69,7 +81,15 @@ def create_app(
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_exception_handler(HTTPException, _unknown_route)
     return app
+
+
+async def _unknown_route(request: Request, exc: HTTPException) -> JSONResponse:
+    """OpenAI's error object for a route or method this server does not answer (chat completions among them)."""
+    route = f"{request.method} {request.url.path}"
+    hint = " (chat completions are not served: send the prompt to POST /v1/completions)" if "chat" in route else ""
+    return _error(exc.status_code, None, f"{route} is not served{hint}; the routes: {ROUTES}", "invalid_request_error")
 
 
 async def models(request: Request) -> JSONResponse:
@@ -95,11 +115,13 @@ async def health(request: Request) -> JSONResponse:
 async def completions(request: Request):
     state = request.app.state
     try:
-        body = json.loads(await request.body() or b"null")
-    except ValueError as err:
-        return _error(400, "body", f"body: not valid JSON ({str(err).splitlines()[0]})")
-    try:
-        completion = parse_completion(body, state.lm, state.model_id, state.engine.model)
+        raw = await _read_body(request)
+    except ClientDisconnect:  # the client went away mid-body: nobody to answer
+        return _error(400, "body", "body: the client disconnected before sending it whole")
+    except BadRequest as err:
+        return _error(400, err.field, str(err))
+    try:  # parsed and checked off the event loop: a large body holds no other client
+        completion = await asyncio.to_thread(_parse, raw, state)
     except BadRequest as err:
         return _error(400, err.field, str(err))
     loop = asyncio.get_running_loop()
@@ -110,6 +132,7 @@ async def completions(request: Request):
         return _error(503, None, str(err), "server_overloaded")
     meta = {"id": f"cmpl-{uuid4().hex}", "object": "text_completion", "created": int(time.time())}
     meta["model"] = state.model_id
+    meta["looplab"] = {"seed": completion.picking.sampling.seed}  # drawn for the request unless it gave one
     if completion.stream:
         return StreamingResponse(
             _stream(request, choices, meta), media_type="text/event-stream", headers=_replica(request)
@@ -135,6 +158,48 @@ async def completions(request: Request):
     }
     body = {**meta, "choices": [choice.whole() for choice in choices], "usage": usage}
     return JSONResponse(body, headers=_replica(request))
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request's body, refused past :data:`MAX_BODY_BYTES` before more of it is read."""
+    declared = request.headers.get("content-length")
+    too_big = BadRequest("body", f"larger than the {MAX_BODY_BYTES // 2**20} MiB a request may send")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _parse(raw: bytes, state):
+    """The checked completion of a raw body (on a worker thread): JSON, the fields, what the server can hold."""
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError as err:
+        raise BadRequest("body", f"not valid JSON ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise BadRequest("body", "nested too deeply to be a completion request") from None
+    completion = parse_completion(body, state.lm, state.model_id, state.engine.model)
+    engine: Engine = state.engine
+    holds = engine.max_running + engine.max_queue
+    if len(completion.prompts) > holds:
+        raise BadRequest(
+            "prompt",
+            f"{len(completion.prompts)} prompts in one request, more than this server ever holds at once "
+            f"({engine.max_running} running + {engine.max_queue} waiting): send at most {holds} per request",
+        )
+    work = sum(len(p) + completion.max_tokens for p in completion.prompts) * completion.exit_rule.loops
+    if work > state.max_token_loops:
+        raise BadRequest(
+            "loops",
+            f"(prompt + max_tokens) × loops = {work:,} token-loops, more than the {state.max_token_loops:,} one "
+            "request may cost on this server (looplab serve --max-token-loops): ask for fewer loops or tokens",
+        )
+    return completion
 
 
 async def _stream(request: Request, choices: list[Choice], meta: dict) -> AsyncIterator[str]:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from looplab.generation.decoder import Decoder
 from looplab.generation.exits import GenerationExit
+from looplab.generation.views import decodable
 from looplab.serve.sampling import Picking, pick_next
 
 __all__ = ["Job", "Group", "Token", "End", "Failed"]
@@ -100,6 +101,7 @@ class Group:
         self.jobs = jobs
         self.budget = max(len(job.forced) if job.forced is not None else job.max_new for job in jobs)
         forced = [job.forced for job in jobs] if first.forced is not None else None
+        model = decodable(model, gated=first.exit_rule.needs_gate)  # the gate exit reads a gated view
         self.decoder = decoder = Decoder(
             model, [job.prompt for job in jobs], self.budget, first.exit_rule, first.cache,
             first.picking.sampling, None, first.keep_loops, forced,

@@ -110,11 +110,20 @@ class Choice:
             piece = self.lm.decode([token.token]) if token is not None else ""
             out["tokens"].append(piece)
             out["token_logprobs"].append(None if token is None or token.logprob is None else token.logprob)
-            out["top_logprobs"].append(
-                None if token is None or not token.top else {self.lm.decode([t]): lp for t, lp in token.top}
-            )
+            out["top_logprobs"].append(None if token is None or not token.top else self._top(token.top))
             out["text_offset"].append(offset)
             offset += len(piece)
+        return out
+
+    def _top(self, top: list[tuple[int, float]]) -> dict[str, float]:
+        """The likeliest tokens keyed by their text; a token whose text is another's, or no text alone (a
+        byte of a longer character), keyed ``token_id:N`` instead, so none is lost."""
+        out: dict[str, float] = {}
+        for token, logprob in top:
+            key = self.lm.decode([token])
+            if key in out or "\ufffd" in key:
+                key = f"token_id:{token}"
+            out[key] = logprob
         return out
 
     def echoed(self) -> list[Token | None]:

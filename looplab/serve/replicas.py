@@ -26,6 +26,23 @@ from looplab.serve.app import create_app
 __all__ = ["serve_replicas"]
 
 
+def _check_reachable(address: str, seconds: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` Ray address nothing answers at within ``seconds`` (Ray itself retries for
+    minutes without a word); other forms (``auto``, ``ray://``) are left to Ray."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+    except OSError as err:
+        raise LooplabError(
+            f"cannot reach the Ray cluster at {address}: {err.strerror or err} (start it with `ray start --head`, "
+            "or leave out --ray-address for a local one)"
+        ) from None
+
+
 class LooplabReplica:
     """One replica: the routes are the app's (``serve.ingress``), the state its lifespan's."""
 
@@ -47,6 +64,8 @@ def serve_replicas(
     except ImportError:
         raise LooplabError("--replicas needs Ray Serve, which is not installed: pip install 'looplab[ray]'") from None
     path = str(Path(path).resolve())  # the replicas open it themselves, from their own working dirs
+    if address:
+        _check_reachable(address)
     try:
         ray.init(address=address, log_to_driver=False, **({} if address else {"include_dashboard": False}))
     except (ConnectionError, RuntimeError, ValueError) as err:

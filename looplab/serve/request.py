@@ -5,11 +5,15 @@ OpenAI's fields (``model``, ``prompt``, ``max_tokens``, ``temperature``, ``top_p
 ``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's own: ``loops`` (the fixed
 depth, or an adaptive exit's cap; default: the model's), ``exit`` (default ``fixed``), ``eps`` and
 ``threshold`` (the exit's parameters; default: the run's ``[generate.exits.NAME]``), ``cache`` and
-``keep_loops``. As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16.
+``keep_loops``. As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16. A request
+without ``seed`` samples with a fresh one, drawn for it and returned in the response (``looplab.seed``);
+numbers must be finite (NaN and infinities are refused).
 """
 
 from __future__ import annotations
 
+import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,8 @@ __all__ = ["BadRequest", "Completion", "parse_completion", "FIELDS"]
 
 #: the most likeliest tokens a ``logprobs`` request may list per token
 MAX_TOP_LOGPROBS = 20
+#: seeds a request may give: what torch's generators take
+MAX_SEED = 2**63 - 1
 
 FIELDS = (
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs",
@@ -73,8 +79,11 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
         raise BadRequest("n", "only n = 1 is served (one choice per prompt; send a prompt list for more)")
     prompts, texts = _prompts(body.get("prompt"), lm)
     max_tokens = get.integer("max_tokens", 16, low=0)
+    # an unseeded request draws a fresh seed (returned in the response), so N sampled requests are N samples
+    seed = get.integer("seed", None, low=0, high=MAX_SEED)
+    seed = secrets.randbelow(MAX_SEED + 1) if seed is None else seed
     picking = Picking(
-        Sampling(get.number("temperature", 1.0, low=0.0), get.integer("top_k", 0, low=0), get.integer("seed", 0)),
+        Sampling(get.number("temperature", 1.0, low=0.0), get.integer("top_k", 0, low=0), seed),
         get.number("top_p", 1.0, low=0.0, open_low=True, high=1.0),
     )
     stops = _stops(body.get("stop"))
@@ -82,6 +91,8 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
     cache = get.text("cache", "per_loop")
     if cache not in POLICIES:
         raise BadRequest("cache", f"unknown KV cache policy {cache!r}; valid choices: {', '.join(POLICIES)}")
+    if body.get("keep_loops") is not None and cache != "last_m":
+        raise BadRequest("keep_loops", f"sets the loops the last_m cache keeps; this request's cache is {cache}")
     keep_loops = get.integer("keep_loops", 2, low=1, high=lm.loop_cap)
     exit_rule = _exit_rule(get, lm)
     for prompt in prompts:
@@ -143,6 +154,8 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise BadRequest(name, f"must be a number, got {_json_type(value)}")
+        if not math.isfinite(value):
+            raise BadRequest(name, f"must be a finite number, got {value}")
         _check_range(name, value, low, high, open_low)
         return float(value)
 
@@ -178,6 +191,12 @@ def _prompts(prompt, lm: TextLM) -> tuple[list[list[int]], list[str]]:
     ids, texts = [], []
     for item in prompt:
         if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise BadRequest(
+                    "prompt", f"is not valid Unicode text (a lone surrogate at character {err.start})"
+                ) from None
             ids.append(lm.encode(item, prompt=True))
             texts.append(item)
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):

@@ -43,6 +43,7 @@ REGISTERING = (
     "looplab.studies.recursive.says",
     "looplab.studies.flat_cache",
     "looplab.studies.flat_cache_view",
+    "looplab.studies.flat_cache_confirm",
 )
 #: reproduction studies with a part that is not a sweep of configs: its settings file, run after the sweep
 STUDY_EXTRAS = {"stars-lm": "stars-lm/retrofit.toml"}

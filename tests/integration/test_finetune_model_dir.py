@@ -1,6 +1,6 @@
 """Fine-tuning a model dir (``model.pretrained``) as a looplab run: the STARS recipe of the preset
-``model-dir/stars`` (log-normal loops + the JSRR penalty) on a tiny HRM-Text, Inkling-2 loop and a retrofit
-of a Llama whose embedding is tied to its head (as SmolLM2's), on a tiny repeated text read with the dir's
+``model-dir/stars`` (log-normal loops + the JSRR penalty) on a tiny HRM-Text, Inkling-2 loop, Ouro, Huginn and a
+retrofit of a Llama whose embedding is tied to its head (as SmolLM2's), on a tiny repeated text read with the dir's
 own tokenizer (task ``text``). Each run's loss falls, its checkpoints hold safetensors only (the tied tensor
 once), a run stopped halfway resumes to the same weights and optimizer state bit for bit, ``looplab eval``
 reads the result, and its checkpoint reloads into the adapter with the same logits. Bad input is refused in
@@ -26,10 +26,10 @@ from looplab.experiment import Experiment, check_config  # noqa: E402
 from looplab.lm.evaluate import lm_loss_by_loops  # noqa: E402
 from looplab.rundir import read_log  # noqa: E402
 from looplab.train.trainer import train  # noqa: E402
-from tests.lm_dirs import LLAMA, TEXT, save_model_dir, tiny_tokenizer  # noqa: E402
+from tests.lm_dirs import LLAMA, TEXT, save_model_dir, save_own_family, tiny_tokenizer  # noqa: E402
 from tests.unit.test_native_looped import _randomise  # noqa: E402
 
-FAMILIES = ("hrm_text", "inkling2_loop", "retrofit")
+FAMILIES = ("hrm_text", "inkling2_loop", "retrofit", "ouro", "huginn")
 PRESET = "model-dir/stars"
 STEPS, WINDOW, SAMPLES = 6, 16, 16
 
@@ -43,6 +43,8 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune_dirs")
     for family in ("hrm_text", "inkling2_loop"):
         save_model_dir(family, root / family)
+    for family in ("ouro", "huginn"):
+        save_own_family(family, root / family)
     torch.manual_seed(0)
     _randomise(LlamaForCausalLM(LlamaConfig(**LLAMA, tie_word_embeddings=True)), 0.1).save_pretrained(root / "llama")
     tiny_tokenizer().save_pretrained(root / "llama")

@@ -9,7 +9,8 @@ import pytest
 from looplab.config import load_config
 from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate
-from looplab.generation.text import encode, generate_text, head_halts
+from looplab.generation.byte_text import encode, head_halts
+from looplab.generation.text import generate_text
 from looplab.train.trainer import train
 from tests.conftest import run_cli, train_tiny_run
 from tests.integration.test_stars_lm import TINY as TINY_LM
@@ -43,7 +44,7 @@ def test_json_output_has_one_object_per_prompt_and_the_summary_on_stderr(lm_run,
     """``--json`` on a run dir: JSON Lines on stdout (the byte tokens of each prompt after ``<s>``, the new ids,
     their text, loops and log-probabilities), the summary line on stderr; ``--dtype`` is a model dir's."""
     from looplab.cli import main
-    from looplab.generation.text import decode
+    from looplab.generation.byte_text import decode
 
     prompts = ["In the beginning", "k=7;"]
     argv = ["generate", str(lm_run), *(arg for p in prompts for arg in ("--prompt", p)), "--max-new-tokens", "5"]
@@ -240,7 +241,10 @@ def test_a_plugin_generation_exit_reads_its_parameter_from_the_run_and_the_comma
         refused.returncode == 2 and "generate.exits.top_margin.margin must be in (0, inf), got -1.0" in refused.stderr
     )
     elsewhere = run_cli("generate", str(tmp_path / "lm-plugin"), "--prompt", "In", "--exit", "top_margin2")
-    assert "valid choices: confidence, convergence, fixed, halting, kl, top_margin" in elsewhere.stderr
+    assert (
+        "valid choices: confidence, convergence, cosine, entropy-diff, fixed, gate, halting, kl, latent-diff, minp-kl, "
+        "top_margin" in elsewhere.stderr
+    )
 
 
 def test_a_run_of_a_non_text_task_is_refused(tmp_path):

@@ -233,7 +233,6 @@ def test_a_row_stops_after_the_models_end_of_text_token(lms):
         ("hrm_text", ["--exit", "kl", "--exit-param", "eps=-1"], "generate.exits.kl.eps must be in (0, inf)"),
         ("hrm_text", ["--exit", "halting"], "the halting exit needs a halting head, which hrm_text lacks"),
         ("llama", [], "is a llama model, not a looped one: make one of it with `looplab retrofit"),
-        ("inkling2_loop", ["--exit", "kl"], "the kl exit reads the logits after every loop; with coda layers"),
         ("inkling2_loop", ["--cache", "last_m"], "the last_m cache is not defined for Inkling2Loop"),
         ("retrofit", ["--cache", "none", "--exit", "convergence"], "use the fixed exit"),
         ("hrm_text", ["--dtype", "float16"], "unknown dtype 'float16'; valid choices: float32, bfloat16"),

@@ -198,9 +198,10 @@ def test_sampling_follows_do_sample_and_temperature(paths):
 
 BAD_ARGS = [
     ("", "needs path=DIR"),
+    ("loops=2,loops=3", "model_arg loops is given twice"),
     ("loops=0", "loops must be an integer in 1..4096"),
     ("loops=two", "loops must be an integer"),
-    ("exit=sometimes", "unknown generation exit 'sometimes'; valid choices: confidence, convergence, fixed"),
+    ("exit=sometimes", "unknown generation exit 'sometimes'; valid choices: confidence, convergence, cosine"),
     ("exit=fixed,eps=0.1", "unknown key in [generate.exits.fixed] 'eps'"),
     ("exit=kl,eps=-1", "eps"),
     ("exit=halting", "needs a halting head"),
@@ -223,13 +224,9 @@ def test_bad_model_args_are_one_line_errors(paths, args, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_retrofit_refuses_an_exit_that_reads_logits_and_a_missing_prefix(paths):
-    for args, message in [
-        ("prefix_token=0,exit=kl", "with coda layers it is not supported"),
-        ("", "give model_arg prefix_token"),
-    ]:
-        with pytest.raises(LooplabError, match=message):
-            get_model("looplab").create_from_arg_string(",".join(filter(None, [f"path={paths['retrofit']}", args])))
+def test_a_retrofit_refuses_a_missing_prefix(paths):
+    with pytest.raises(LooplabError, match="give model_arg prefix_token"):
+        get_model("looplab").create_from_arg_string(f"path={paths['retrofit']}")
 
 
 BAD_GEN_KWARGS = [
@@ -291,3 +288,38 @@ def test_pyproject_builds_the_pth_and_lm_eval_is_imported_by_the_harness_only():
         if re.search(r"^\s*(import|from) lm_eval\b", path.read_text(), re.MULTILINE) and path.parent.name != "harness"
     ]
     assert importers == []
+
+
+#: (model_args tail, lm_eval flags, the one line's text): bad input through lm-eval's own CLI entry point
+CLI_BAD = [
+    ("loops=0", [], "loops must be an integer in 1..4096, got 0"),
+    ("cache=bogus", [], "unknown model_arg cache 'bogus'; valid choices: last_m, none, per_loop, shared"),
+    ("", ["--batch_size", "auto"], "batch_size must be a positive integer, got 'auto'"),
+    ("", ["--gen_kwargs", "top_p=0.9"], "top_p must be 1"),
+]
+
+
+def _lm_eval_cli(paths, tail: str, flags: list[str]) -> subprocess.CompletedProcess:
+    """``lm_eval --model looplab`` (the installed entry point) on the local generation task, 2 documents."""
+    command = [
+        str(Path(sys.executable).parent / "lm_eval"), "--model", "looplab",
+        "--model_args", f"path={paths['run']}{',' if tail and not tail.startswith(',') else ''}{tail}",
+        "--include_path", str(TASKS), "--tasks", "looplab_generate", "--limit", "2", *flags,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOOPLAB_DEBUG": ""}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("tail, flags, message", CLI_BAD, ids=[f"cli-{i}" for i in range(len(CLI_BAD))])
+def test_lm_evals_cli_prints_one_line_and_exits_2_on_bad_input(paths, tail, flags, message):
+    done = _lm_eval_cli(paths, tail, flags)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("looplab: error: ") and message in last, last
+
+
+def test_lm_evals_own_device_and_batch_size_may_also_be_model_args(paths):
+    done = _lm_eval_cli(paths, "device=cpu,batch_size=2", [])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "looplab_generate" in done.stdout

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from looplab.cli import main  # noqa: E402
 from looplab.lm.model_dir import RetrofitSplit, open_model_dir, write_retrofit  # noqa: E402
-from tests.lm_dirs import TEXT, save_model_dir, tiny_tokenizer  # noqa: E402
+from tests.lm_dirs import TEXT, published_config, save_model_dir, save_own_family, tiny_tokenizer  # noqa: E402
 
 
 def _fake_model_dir(path: Path, config: dict, weights: str = "model.safetensors") -> None:
@@ -57,6 +57,8 @@ def world(tmp_path_factory):
     (root / "bad_split" / "retrofit.json").write_text(json.dumps({"prelude": 1, "core": 2}))
     shutil.copytree(root / "retrofit", root / "no_injection")
     (root / "no_injection" / "injection.safetensors").unlink()
+    _own_family_dirs(root)
+    _broken_hrm_dirs(root)
     (root / "text.txt").write_text(TEXT * 2, encoding="utf-8")
     (root / "fake.gguf").write_bytes(b"GGUF but not really")
     (root / "latin1.txt").write_bytes("In the beginning Dieu créa".encode("latin-1"))
@@ -65,6 +67,56 @@ def world(tmp_path_factory):
     (root / "full").mkdir()
     (root / "full" / "kept.txt").write_text("an existing output\n")
     return root
+
+
+def _own_family_dirs(root: Path) -> None:
+    """Ouro and Huginn dirs, good and bad: a weight missing or mis-shaped, pickle only, no tokenizer, a
+    remote-code-only model_type, a config field out of its domain."""
+    from safetensors.torch import load_file, save_file
+
+    for family in ("ouro", "huginn"):
+        save_own_family(family, root / family)
+    save_own_family("huginn", root / "huginn_no_tokenizer", tokenizer=False)
+    weights = load_file(root / "ouro" / "model.safetensors")
+    for name, change in (("ouro_missing", "drop"), ("ouro_misshaped", "shape")):
+        shutil.copytree(root / "ouro", root / name)
+        edited = dict(weights)
+        if change == "drop":
+            del edited["model.norm.weight"]
+        else:
+            edited["model.layers.1.mlp.up_proj.weight"] = torch.zeros(65, 32)
+        save_file(edited, str(root / name / "model.safetensors"))
+    _fake_model_dir(root / "ouro_pickled", published_config("ouro"), weights="pytorch_model.bin")
+    remote = {"model_type": "raven_custom", "auto_map": {"AutoModelForCausalLM": "modeling.RavenForCausalLM"}}
+    _fake_model_dir(root / "remote_only", remote)
+    _fake_model_dir(root / "ouro_bad_config", published_config("ouro", num_attention_heads=0))
+    _fake_model_dir(root / "ouro_sliding", published_config("ouro", use_sliding_window=True))
+
+
+def _broken_hrm_dirs(root: Path) -> None:
+    """HRM-Text dirs (a family transformers builds) with broken weights or config."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(root / "hrm_text" / "model.safetensors")
+    edits = {
+        "hrm_no_head": lambda w: {k: v for k, v in w.items() if k != "lm_head.weight"},
+        "hrm_misshaped": lambda w: {**w, "lm_head.weight": torch.zeros(7, 32)},
+        "hrm_nan": lambda w: {**w, "lm_head.weight": torch.full_like(w["lm_head.weight"], float("nan"))},
+        "hrm_int8": lambda w: {**w, "lm_head.weight": w["lm_head.weight"].to(torch.int8)},
+    }
+    for name, edit in edits.items():
+        shutil.copytree(root / "hrm_text", root / name)
+        save_file(edit(weights), str(root / name / "model.safetensors"))
+    shutil.copytree(root / "hrm_text", root / "hrm_truncated")
+    data = (root / "hrm_text" / "model.safetensors").read_bytes()
+    (root / "hrm_truncated" / "model.safetensors").write_bytes(data[: len(data) // 2])
+    shutil.copytree(root / "hrm_text", root / "hrm_empty")
+    (root / "hrm_empty" / "model.safetensors").write_bytes(b"")
+    shutil.copytree(root / "hrm_text", root / "hrm_and_run")
+    (root / "hrm_and_run" / "config.toml").write_text("[task]\nname = 'addition'\n")
+    shutil.copytree(root / "hrm_text", root / "hrm_no_cycles")
+    config = json.loads((root / "hrm_text" / "config.json").read_text())
+    (root / "hrm_no_cycles" / "config.json").write_text(json.dumps({**config, "H_cycles": 0}))
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -86,9 +138,49 @@ CASES = [
     (f"eval {{root}}/no_tokenizer {TEXT_ARG} --out {{new}}", "holds no tokenizer (tokenizer.json / tokenizer_config"),
     (
         f"eval {{root}}/gpt2 {TEXT_ARG} --out {{new}}",
-        "holds model_type 'gpt2', which looplab does not loop; supported: hrm_text, inkling2_loop, "
-        "inkling2_loop_text (native looped LMs), and retrofits of llama, mistral, qwen2, qwen3",
+        "holds model_type 'gpt2', which looplab does not loop; supported: hrm_text, huginn_raven, inkling2_loop, "
+        "inkling2_loop_text, ouro (native looped LMs), and retrofits of llama, mistral, olmo2, qwen2, qwen3",
     ),
+    # ---- broken weights and configs (a family transformers builds)
+    (f"eval {{root}}/hrm_no_head {TEXT_ARG} --out {{new}}", "lacks 1 weight(s) the model needs: lm_head.weight"),
+    (
+        f"eval {{root}}/hrm_misshaped {TEXT_ARG} --out {{new}}",
+        "weight lm_head.weight has shape [7, 32], the config needs [61, 32]",
+    ),
+    (f"eval {{root}}/hrm_nan {TEXT_ARG} --out {{new}}", "weight lm_head.weight holds NaN or infinite values"),
+    (f"eval {{root}}/hrm_int8 {TEXT_ARG} --out {{new}}", "weight lm_head.weight is stored as I8 in model.safetensors"),
+    (f"eval {{root}}/hrm_truncated {TEXT_ARG} --out {{new}}", "model.safetensors is not a readable safetensors file"),
+    (f"eval {{root}}/hrm_empty {TEXT_ARG} --out {{new}}", "model.safetensors is not a readable safetensors file"),
+    (f"eval {{root}}/hrm_and_run {TEXT_ARG} --out {{new}}", "holds both config.json (a model dir) and config.toml"),
+    (f"eval {{root}}/hrm_no_cycles {TEXT_ARG} --out {{new}}", "the model runs 0 loops by itself (HRM-Text"),
+    ("generate {root}/hrm_nan --prompt In --json", "weight lm_head.weight holds NaN or infinite values"),
+    # ---- Ouro and Huginn dirs
+    (f"eval {{root}}/remote_only {TEXT_ARG} --out {{new}}", "model_type 'raven_custom', which looplab does not loop"),
+    (f"eval {{root}}/ouro_missing {TEXT_ARG} --out {{new}}", "lacks 1 weight(s) the model needs: model.norm.weight"),
+    (
+        f"eval {{root}}/ouro_misshaped {TEXT_ARG} --out {{new}}",
+        "weight model.layers.1.mlp.up_proj.weight has shape [65, 32] in model.safetensors, the config needs [64, 32]",
+    ),
+    (
+        f"eval {{root}}/ouro_pickled {TEXT_ARG} --out {{new}}",
+        "as pytorch_model.bin (pickle); looplab reads safetensors",
+    ),
+    (f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}", "holds no tokenizer"),
+    (
+        f"eval {{root}}/ouro_bad_config {TEXT_ARG} --out {{new}}",
+        "num_attention_heads must be a positive integer, got 0",
+    ),
+    (f"eval {{root}}/ouro_sliding {TEXT_ARG} --out {{new}}", "sliding-window layers are not supported"),
+    (f"eval {{root}}/huginn {TEXT_ARG} --max-loops 4097 --out {{new}}", "--max-loops must lie in 1..4096"),
+    ("generate {root}/ouro --prompt In --loops 5000", "loops must be an integer in 1..4096, got 5000"),
+    ("generate {root}/ouro --prompt In --exit gate --exit-param threshold=0", "threshold"),
+    ("generate {root}/ouro --prompt In --exit gate --exit-param threshold=1.5", "threshold"),
+    (
+        "generate {root}/huginn --prompt In --exit gate",
+        "the gate exit reads a learned exit gate, which huginn_raven lacks",
+    ),
+    ("generate {root}/ouro --prompt In --exit gate --read-only-exit --batching depth", "a read-only exit runs every"),
+    ("generate {root}/huginn --prompt In --batching depth", "depth-wise batching runs chains of pre-norm layers"),
     (
         f"eval {{root}}/pickled {TEXT_ARG} --out {{new}}",
         "as pytorch_model.bin (pickle); looplab reads safetensors only",
@@ -173,4 +265,4 @@ def test_bad_model_dir_input_is_one_line_and_harmless(world, tmp_path, capsys, t
 
 
 def test_the_table_covers_every_kind_of_bad_input():
-    assert len(CASES) >= 40
+    assert len(CASES) >= 63

@@ -263,7 +263,12 @@ BAD = [
     ({"model": "gpt-4"}, "model", "valid choices: lm"),
     ({"stop": ""}, "stop", "non-empty"),
     ({"prompt": [[1, 99999]]}, "prompt", "outside the vocabulary"),
-    ({"extra_body": {"keep_loops": 0}}, "keep_loops", "[1, 4096]"),
+    ({"extra_body": {"keep_loops": 0, "cache": "last_m"}}, "keep_loops", "[1, 4096]"),
+    ({"extra_body": {"keep_loops": 4}}, "keep_loops", "the last_m cache keeps; this request's cache is per_loop"),
+    ({"extra_body": {"seed": 2**64}}, "seed", "[0, 9223372036854775807]"),
+    ({"extra_body": {"seed": -1}}, "seed", "[0, 9223372036854775807]"),
+    ({"prompt": ["In"] * 97}, "prompt", "97 prompts in one request, more than this server ever holds at once"),
+    ({"max_tokens": 400, "extra_body": {"loops": 4096}}, "loops", "token-loops, more than the 1,048,576 one"),
     ({"extra_body": {"frobnicate": 1}}, "frobnicate", "unknown field; valid fields: model, prompt"),
 ]
 
@@ -282,6 +287,13 @@ BAD_RAW = [
     (b'{"prompt": "In", "exit": 3}', "exit", "must be a string"),
     (b'{"prompt": ["In", 3]}', "prompt", "each prompt"),
     (b'\xff\xfe{"prompt"', "body", "not valid JSON"),
+    (b'{"prompt": "In", "temperature": NaN}', "temperature", "must be a finite number, got nan"),
+    (b'{"prompt": "In", "temperature": Infinity}', "temperature", "must be a finite number, got inf"),
+    (b'{"prompt": "In", "temperature": 1e400}', "temperature", "must be a finite number, got inf"),
+    (b'{"prompt": "In", "top_p": NaN}', "top_p", "must be a finite number"),
+    (b"[" * 100_000, "body", "nested too deeply"),
+    (b'{"prompt": "In \\ud800 the"}', "prompt", "not valid Unicode text (a lone surrogate at character 3)"),
+    (b'{"prompt": "' + b"a" * (5 * 2**20) + b'"}', "body", "larger than the 4 MiB a request may send"),
 ]
 
 
@@ -305,6 +317,37 @@ def test_a_malformed_body_is_a_400_naming_the_field(server, body, field, fragmen
     error = reply.json()["error"]
     assert error["param"] == field and fragment in error["message"] and "\n" not in error["message"]
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("method, route", [("POST", "/v1/chat/completions"), ("GET", "/v1/models/lm"),
+                                           ("POST", "/v1/embeddings"), ("GET", "/v1/completions")])  # fmt: skip
+def test_an_unserved_route_answers_openais_error_object(server, method, route):
+    url, _ = server
+    reply = httpx.request(method, f"{url}{route}", json={"model": "lm"})
+    assert reply.status_code in (404, 405)
+    error = reply.json()["error"]
+    assert f"{method} {route} is not served" in error["message"] and "POST /v1/completions" in error["message"]
+    if "chat" in route:
+        assert "send the prompt to POST /v1/completions" in error["message"]
+    with pytest.raises(openai.NotFoundError, match="is not served"):
+        client(url).chat.completions.create(model="lm", messages=[{"role": "user", "content": "In"}])
+
+
+def test_every_likeliest_token_is_listed_even_where_texts_collide(server):
+    url, _ = server
+    out = client(url).completions.create(model="lm", prompt="In", max_tokens=12, temperature=0, logprobs=5)
+    tops = out.choices[0].logprobs.top_logprobs
+    assert len(tops) == 12 and all(len(top) == 5 for top in tops)
+
+
+def test_unseeded_samples_differ_and_say_their_seed(server):
+    url, _ = server
+    ask = dict(model="lm", prompt="In", max_tokens=16, temperature=1.0)
+    replies = [client(url).completions.create(**ask) for _ in range(4)]
+    seeds = [reply.looplab["seed"] for reply in replies]
+    assert len(set(seeds)) == 4 and len({reply.choices[0].text for reply in replies}) > 1
+    again = client(url).completions.create(**ask, seed=seeds[0])
+    assert again.choices[0].text == replies[0].choices[0].text and again.looplab["seed"] == seeds[0]
 
 
 # -- the command -------------------------------------------------------------------------------------------
@@ -351,6 +394,11 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(lm_run):
         (["--max-running", "0"], "max running must be ≥ 1"),
         (["--port", "70000"], "--port must be in 0..65535"),
         (["--batching", "fast"], "invalid choice"),
+        (["--max-queue", "0"], "--max-queue must be ≥ 1 (a queue of 0 refuses every request), got 0"),
+        (["--max-token-loops", "0"], "--max-token-loops must be ≥ 1, got 0"),
+        (["--device", "cuda:7"], "--device = 'cuda:7', but this machine has"),
+        (["--dtype", "bfloat16"], "--dtype applies to a model dir (config.json)"),
+        (["--ray-address", "127.0.0.1:1"], "cannot reach the Ray cluster at 127.0.0.1:1"),
     ],
 )
 def test_bad_serve_flags_are_one_line_errors(lm_run, flags, message, capsys):

@@ -91,7 +91,7 @@ def test_sampling_is_reproducible_by_its_seed():
         ("looplab", "shared", "depth", "depth-wise batching keeps every loop's keys and values: use --cache per_loop"),
         ("looplab", "last_m", "depth", "use --cache per_loop, not last_m"),
         ("looplab", "per_loop", "loop", "unknown batching 'loop'; valid choices: step, depth"),
-        ("hrm_text", "per_loop", "depth", "HrmTextDecoding has its own core_pass: valid models: a looplab run or a"),
+        ("hrm_text", "per_loop", "depth", "HrmTextDecoding has its own core_pass: valid models: a looplab run, a"),
     ],
 )
 def test_what_depth_wise_batching_does_not_take_is_one_line(model_kind, cache, batching, message):

@@ -9,7 +9,8 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import GenerationExit, Sampling, generate, score
-from looplab.generation.text import cut_at_stop, decode, encode, unescape
+from looplab.generation.byte_text import decode, encode
+from looplab.generation.text import cut_at_stop, unescape
 from tests.unit.model_helpers import make_model
 
 PROMPTS = [[3, 5, 6, 2, 1], [3, 4], [3, 4, 4, 6, 1, 5, 2, 2]]
@@ -335,14 +336,18 @@ def test_a_finished_row_stops_and_the_others_go_on():
         (lambda m: generate(m, PROMPTS, 10**9), "max new tokens must be in 1.."),
         (
             lambda m: generate(causal_model(positional="learned"), [[3] * 60], 10),
-            "max new tokens must be in 1..4 for prompts of up to 60 tokens (learned positions end at model.max_len",
+            "max new tokens must be in 1..4 for prompts of up to 60 tokens (learned positions end at 64 (max_len)",
         ),
         (
             lambda m: generate(causal_model(positional="learned"), [[3], [3] * 70], 1),
-            "prompts[1]: its 70 tokens leave no room for new ones (learned positions end at model.max_len = 64): "
+            "prompts[1]: its 70 tokens leave no room for new ones (learned positions end at 64 (max_len)): "
             "prompts of at most 63 tokens fit with 1 new",
         ),
         (lambda m: generate(m, [[3] * 10**6], 1, sources=["f.txt line 2"]), "f.txt line 2: its 1000000 tokens"),
+        (
+            lambda m: generate(causal_model(positional="rope"), [[3] * 65], 1),
+            "prompts[0]: its 65 tokens leave no room for new ones (the model's positions end at 64 (max_len))",
+        ),
         (lambda m: GenerationExit("halt"), "unknown generation exit 'halt'; valid choices: confidence, convergence"),
         (lambda m: GenerationExit("fixed", 0), "must be in 1..4096, got 0"),
         (lambda m: GenerationExit("fixed", 10**7), "must be in 1..4096, got 10000000"),

@@ -98,6 +98,39 @@ def test_no_import_cycles_between_units():
             visit(unit, [unit])
 
 
+def _module_edges() -> dict[str, set[str]]:
+    """module → the modules of its own package it imports (anywhere in the file), ``__init__`` left out:
+    a package's ``__init__`` gathers its modules' names, and that is not a circle between two files."""
+    files = {_module(path): path for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    edges = defaultdict(set)
+    for module, path in files.items():
+        package = module.rsplit(".", 1)[0]
+        for target in _imports(path):
+            if target in files and target != module and target.rsplit(".", 1)[0] == package:
+                edges[module].add(target)
+    return edges
+
+
+def test_no_import_cycles_between_the_files_of_one_package():
+    """Two files of one package never import each other, directly or around a ring, not even inside a
+    function (which would hide the circle from Python's import order, not from the design)."""
+    edges = _module_edges()
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(target) :] + [target]))
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+
+
 def test_the_study_code_is_never_imported_by_the_library():
     """The engine and everything below it name no study: only the command line and the examples import one."""
     importers = sorted(source for source, targets in _edges().items() if "studies" in targets)

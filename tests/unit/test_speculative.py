@@ -92,7 +92,8 @@ def test_speculative_on_a_retrofit_and_hrm_text():
     [
         (dict(draft_loops=4), "--draft-loops must be in 1..3 (below --loops 4), got 4"),
         (dict(draft_loops=0), "--draft-loops must be in 1..3"),
-        (dict(draft_tokens=0), "--draft-tokens must be a positive integer, got 0"),
+        (dict(draft_tokens=0), "--draft-tokens must be an integer in 1..64, got 0"),
+        (dict(draft_tokens=1_000_000), "--draft-tokens must be an integer in 1..64, got 1000000"),
         (dict(sampling=Sampling(temperature=0.7)), "speculative decoding is greedy here"),
     ],
 )
@@ -101,3 +102,20 @@ def test_bad_speculative_arguments_are_one_line(kwargs, message):
     with pytest.raises(LooplabError) as err:
         generate_speculative(_causal(), PROMPTS, 4, **args)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_drafts_past_a_learned_position_tables_end_are_never_read_there():
+    """A valid request whose last round drafts past max_len: the tokens are fixed K's, no index error."""
+    model = _causal(positional="learned", max_len=24)
+    prompts = [[3] * 10, [4] * 17]
+    fast = generate_speculative(model, prompts, 24 - 17, 4, 1, 8)
+    fixed = generate(model, prompts, 24 - 17, GenerationExit("fixed", 4), "per_loop")
+    assert fast.tokens == fixed.tokens
+
+
+def test_a_speculative_generation_too_large_to_hold_is_refused_before_allocating(monkeypatch):
+    import looplab.memory
+
+    monkeypatch.setattr(looplab.memory, "device_bytes", lambda device: 2**20)
+    with pytest.raises(LooplabError, match="holds 4096 cache slots per row, an estimated"):
+        generate_speculative(_causal(max_len=4096), PROMPTS, 64, 4, 2, 64)

@@ -83,7 +83,11 @@ def test_guesses_that_hold_save_sequential_calls(injection):
 @pytest.mark.parametrize(
     "model_kind, kwargs, message",
     [
-        ("looplab", dict(cache="shared"), "keeps every loop's keys and values: use --cache per_loop, not shared"),
+        (
+            "looplab",
+            dict(cache="shared"),
+            "wavefront decoding keeps every loop's keys and values: use --cache per_loop",
+        ),
         ("looplab", dict(front=0), "--front (positions in flight per row) must be a positive integer, got 0"),
         ("looplab", dict(front=True), "--front (positions in flight per row) must be a positive integer, got True"),
         ("looplab", dict(sampling=Sampling(temperature=1.0)), "wavefront decoding is greedy"),

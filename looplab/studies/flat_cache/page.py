@@ -170,6 +170,9 @@ def render(reads: pd.DataFrame, source: Path) -> str:
         "",
         f"Protocol: `looplab/studies/flat_cache/protocol.py`, frozen before the first run. Reads: `{source}`",
         "(one row per arm, seed, loops and cache); this page: `python -m looplab.studies.flat_cache.page`.",
+        "Its runs recorded no start time or code (they predate per-run provenance, and their run dirs are gone): "
+        "`looplab results --check` holds this study by git dates alone (its reads first committed after the "
+        "protocol).",
         seeds_line(reads),
         "",
         "## Verdicts (the protocol's rule)",
@@ -190,9 +193,10 @@ def render(reads: pd.DataFrame, source: Path) -> str:
         "`last_m` holds m of them; `per_loop` one per loop (the KV MiB column).",
         "",
         "Not among the arms: training with the shared cache's own view of earlier tokens (at every loop, "
-        "each earlier token's keys and values from its last loop). It needs a training forward with two "
-        "unrolls per step (the last loop's keys and values first, then the loops that read them), which "
-        "looplab's trainer does not have yet.",
+        "each earlier token's keys and values from its last loop), which needs two unrolls per step. The "
+        "trainer had none when this protocol was frozen; it has it now (`train.shared_view_weight`), and "
+        "its arms are studied in [flat-cache-view.md](flat-cache-view.md) and, with 20 seeds per arm, "
+        "equivalence tests and Holm, in the confirmation study ([flat-cache-confirm.md](flat-cache-confirm.md)).",
         "",
     ]
     return "\n".join(lines)

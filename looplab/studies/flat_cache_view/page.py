@@ -117,6 +117,10 @@ def render(
         f"`{base_source}`.",
         flat_page.seeds_line(reads, P),
         "",
+        "This study is the pilot of the confirmation study ([flat-cache-confirm.md](flat-cache-confirm.md): "
+        "20 seeds per arm, two one-sided tests, Holm across its decisions, the view's contrast at one commit); "
+        "its verdicts below are its own frozen rule's, on 3 seeds.",
+        "",
         "Training in the view: half the loss is the ordinary unroll's, half a second unroll's in which each core "
         "layer reads every earlier token through the first unroll's last-loop keys and values, and itself through "
         "its own (docs/methods.md §9).",
@@ -129,7 +133,8 @@ def render(
         "",
         f"At {LOOPS} loops, each arm minus the flat-cache study's arm of the same base (its seeds 7101–7103), "
         "Welch's 95 % interval: the `shared` cache's gaps, and the exact `per_loop` cache's exact match and loss "
-        "(what training in the view costs the exact cache).",
+        "(what training in the view changes in the exact cache; each interval here that includes 0 does not "
+        "decide a change).",
         "",
         *against_bases(reads, base),
         "",

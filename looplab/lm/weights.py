@@ -1,0 +1,177 @@
+"""Reading a model directory's safetensors weights into a module built by looplab (the families transformers
+does not have: :mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`), with every key and shape checked first.
+
+    weight_files(path)           the weight files of a dir: ``model.safetensors`` or the shards its
+                                 ``model.safetensors.index.json`` names (every other ``*.safetensors``
+                                 but looplab's own files, when there is no index)
+    check_weights(module, path)  every key and shape against a module built on the meta device
+    check_files(path)            the files readable and their weights floats (before transformers loads
+                                 a dir: its own key renaming is checked after, check_transformers_load)
+    load_weights(module, path)   the checked weights copied into ``module`` (built on the meta device:
+                                 parameters are materialised in ``dtype`` on ``device`` as they are read)
+
+A missing key, an unexpected one and a mis-shaped one are each refused in one line naming the first few,
+before any tensor is read; a weight stored as integers (a quantised checkpoint) is refused rather than
+cast; a file that safetensors cannot read is named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from looplab.errors import LooplabError
+
+__all__ = ["check_files", "check_finite", "check_transformers_load", "check_weights", "load_weights", "weight_files"]
+
+INDEX_FILE = "model.safetensors.index.json"
+#: files in a model dir that are looplab's own, not the model's weights
+OWN_FILES = ("injection.safetensors",)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files holding a model dir's weights (see the module docstring)."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise LooplabError(f"{index} is not a safetensors index (JSON with a weight_map)") from None
+        missing = [name for name in names if not (path / name).is_file()]
+        if missing:
+            raise LooplabError(f"{index} names {missing[0]}, which {path} does not hold")
+        return [path / name for name in names]
+    return sorted(p for p in path.glob("*.safetensors") if p.name not in OWN_FILES)
+
+
+def _headers(files: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
+    """key → (file, shape, dtype name) of every tensor in ``files``, read from their headers alone."""
+    from safetensors import safe_open
+
+    found: dict[str, tuple[Path, list[int], str]] = {}
+    for file in files:
+        try:
+            with safe_open(file, "pt") as handle:
+                for key in handle.keys():
+                    piece = handle.get_slice(key)
+                    found[key] = (file, list(piece.get_shape()), piece.get_dtype())
+        except Exception as err:  # safetensors raises its own kinds for a truncated or foreign file
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise LooplabError(f"{file} is not a readable safetensors file: {first}") from None
+    return found
+
+
+def _first(keys, count: int = 3) -> str:
+    keys = sorted(keys)
+    more = f" and {len(keys) - count} more" if len(keys) > count else ""
+    return ", ".join(keys[:count]) + more
+
+
+def _shared_keys(module: nn.Module) -> dict[str, set[str]]:
+    """key → the other keys of ``module``'s state dict that are the same tensor (tied weights)."""
+    by_tensor: dict[int, set[str]] = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        by_tensor.setdefault(id(tensor), set()).add(key)
+    return {key: group - {key} for group in by_tensor.values() for key in group}
+
+
+def check_weights(
+    module: nn.Module,
+    path: Path,
+    ignored: tuple[str, ...] = (),
+    tied: dict[str, str] | None = None,
+    strict: bool = True,
+) -> dict[str, tuple[Path, list[int], str]]:
+    """Check the weights of the model dir ``path`` against ``module`` (on the meta device) from the files'
+    headers alone, before any tensor is read; returns the headers (key → file, shape, dtype).
+
+    Refused in one line: an unreadable file (named), a weight the module needs and no file holds (a
+    weight tied to a stored one, by ``tied`` or by sharing its tensor in ``module``, need not be stored),
+    a mis-shaped one (its key, both shapes and its file), one stored as integers (a quantised checkpoint),
+    and — with ``strict`` — a stored key the module does not have (other than ``ignored``).
+    """
+    stored = _headers(weight_files(path))
+    tied = tied or {}
+    wanted = {key: tuple(t.shape) for key, t in module.state_dict(keep_vars=True).items()}
+    shared = _shared_keys(module)
+    optional = {key for key in wanted if key in tied or shared[key] & stored.keys()}
+    missing = wanted.keys() - stored.keys() - optional
+    if missing:
+        raise LooplabError(f"{path} lacks {len(missing)} weight(s) the model needs: {_first(missing)}")
+    unexpected = stored.keys() - wanted.keys() - set(ignored)
+    if strict and unexpected:
+        raise LooplabError(f"{path} holds {len(unexpected)} weight(s) this model does not have: {_first(unexpected)}")
+    for key in sorted(wanted.keys() & stored.keys()):
+        file, shape, dtype = stored[key]
+        if tuple(shape) != wanted[key]:
+            raise LooplabError(
+                f"{path}: weight {key} has shape {list(shape)} in {file.name}, the config needs {list(wanted[key])}"
+            )
+        if not dtype.startswith(("F", "BF")):
+            raise LooplabError(
+                f"{path}: weight {key} is stored as {dtype} in {file.name} (a quantised checkpoint); looplab "
+                "reads float weights (float32, float16, bfloat16)"
+            )
+    return stored
+
+
+def check_files(path: Path) -> None:
+    """The model dir's weight files readable and their weights stored as floats (for the families
+    transformers loads, whose own key renaming :func:`check_transformers_load` follows)."""
+    for key, (file, _, dtype) in _headers(weight_files(path)).items():
+        if key.endswith(".weight") and not dtype.startswith(("F", "BF")):
+            raise LooplabError(
+                f"{path}: weight {key} is stored as {dtype} in {file.name} (a quantised checkpoint); looplab "
+                "reads float weights (float32, float16, bfloat16)"
+            )
+
+
+def check_transformers_load(info: dict, path: Path) -> None:
+    """Refuse what transformers' ``from_pretrained`` reported (``output_loading_info``) but went on with: a
+    weight no file held (started at random) or one of another shape (the key and both shapes)."""
+    missing = info.get("missing_keys") or []
+    if missing:
+        raise LooplabError(f"{path} lacks {len(missing)} weight(s) the model needs: {_first(missing)}")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        key, stored, needed = next(iter(sorted(mismatched)))
+        raise LooplabError(f"{path}: weight {key} has shape {list(stored)}, the config needs {list(needed)}")
+
+
+def check_finite(module: nn.Module, path: Path) -> None:
+    """Refuse a loaded model with a NaN or infinite weight, naming the first."""
+    bad = next(
+        (key for key, t in module.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()), None
+    )
+    if bad is not None:
+        raise LooplabError(f"{path}: weight {bad} holds NaN or infinite values")
+
+
+def load_weights(
+    module: nn.Module,
+    path: Path,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    ignored: tuple[str, ...] = (),
+    tied: dict[str, str] | None = None,
+) -> None:
+    """Copy the weights of the model dir ``path`` into ``module`` (parameters on the meta device, or real),
+    checked first by :func:`check_weights` (``ignored``: stored keys the module need not read, a stored rotary
+    table; ``tied``: module key → the stored key it shares its tensor with, an LM head tied to the embedding)."""
+    from safetensors import safe_open
+
+    stored = check_weights(module, path, ignored, tied)
+    wanted = module.state_dict(keep_vars=True).keys()
+    tensors = {}
+    for file in sorted({file for file, _, _ in stored.values()}):
+        with safe_open(file, "pt", device="cpu") as handle:
+            for key in handle.keys():
+                if key in wanted:
+                    tensors[key] = handle.get_tensor(key).to(dtype=dtype, device=device)
+    for key, source in (tied or {}).items():
+        tensors[key] = tensors[source]
+    module.load_state_dict(tensors, strict=True, assign=True)
+    check_finite(module, path)
