@@ -243,9 +243,14 @@ def check_shared_view(schedule: type[Schedule], config: Config) -> None:
     if config.train.shared_view_weight == 0:
         return
     model, what = config.model, f"train.shared_view_weight = {config.train.shared_view_weight:g}"
-    refusals = [
-        (not model.causal, "needs model.causal = true (the shared cache is a causal decoder's)"),
+    refusals = [  # a model dir first: the other advice is about looplab's own model's settings
         (bool(model.pretrained), "applies to looplab's own model, not a model dir (model.pretrained)"),
+        (not model.causal, "needs model.causal = true (the shared cache is a causal decoder's)"),
+        (
+            model.init_state == "noise" and model.injection != "none",
+            "trains for decoding, which a loop started from noise (model.init_state = 'noise') cannot do "
+            "(each token would need its own draw): use model.init_state = 'embed' or 'zeros'",
+        ),
         (model.recurrence != "standard", "needs model.recurrence = 'standard' (one core call per layer and loop)"),
         (config.train.segment_loops > 0, "does not combine with deep supervision (train.segment_loops > 0)"),
         (

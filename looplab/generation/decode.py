@@ -222,9 +222,7 @@ def _generate_uncached(model, prompts, max_new_tokens, loops, sampling, finished
         for i, row in enumerate(live):
             token = int(chosen[i])
             sequences[row].append(token)
-            out.tokens[row].append(token)
-            out.depths[row].append(loops)
-            out.logprobs[row].append(logprobs[i])
+            out.record(row, token, loops, logprobs[i])
             if not ended(out.tokens[row], row, finished, forced):
                 still.append(row)
         live = still

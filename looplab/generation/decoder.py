@@ -121,9 +121,7 @@ class Decoder:
             logprobs = logits.double().log_softmax(-1).gather(1, chosen[:, None]).squeeze(1).tolist()
             still = []
             for i, row in enumerate(live.tolist()):
-                out.tokens[row].append(int(chosen[i]))
-                out.depths[row].append(int(depths[i]))
-                out.logprobs[row].append(logprobs[i])
+                out.record(row, int(chosen[i]), int(depths[i]), logprobs[i])
                 if not ended(out.tokens[row], row, self.finished, self.forced):
                     still.append(i)
             if step == self.max_new - 1 or not still:

@@ -108,9 +108,7 @@ class DepthwiseDecoder(Decoder):
             request = self.request[row]
             step = len(out.tokens[request])
             token = int(choose(logits[i : i + 1], [request], step, self.forced, self.sampling, self.generator)[0])
-            out.tokens[request].append(token)
-            out.depths[request].append(int(depths[i]))
-            out.logprobs[request].append(float(logprobs[i, token]))
+            out.record(request, token, int(depths[i]), float(logprobs[i, token]))
             done = step + 1 >= self.max_new or ended(out.tokens[request], request, self.finished, self.forced)
             (free if done else go_on).append(row)
         free = free[: len(self.prompts) - self.waiting]

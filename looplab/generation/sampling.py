@@ -34,6 +34,12 @@ class Generation:
     logprobs: list[list[float]] = field(default_factory=list)
     cache_bytes: int = 0
 
+    def record(self, row: int, token: int, depth: int, logprob: float) -> None:
+        """Append one new token of ``row``: its id, the loops it was read after and its log-probability."""
+        self.tokens[row].append(token)
+        self.depths[row].append(depth)
+        self.logprobs[row].append(logprob)
+
     @property
     def mean_depth(self) -> float:
         """Mean loops per generated token over every row (NaN when nothing was generated)."""

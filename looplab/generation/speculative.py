@@ -179,9 +179,7 @@ class _SpeculativeDecoder(Decoder):
         return out
 
     def _commit(self, out: SpeculativeGeneration, row: int, token: int, logprob: float) -> None:
-        out.tokens[row].append(token)
-        out.depths[row].append(self.exit.loops)
-        out.logprobs[row].append(logprob)
+        out.record(row, token, self.exit.loops, logprob)
 
     def _done(self, out: SpeculativeGeneration, row: int) -> bool:
         return len(out.tokens[row]) >= self.max_new or ended(out.tokens[row], row, self.finished, None)

@@ -93,9 +93,7 @@ class WavefrontDecoder(DepthwiseDecoder):
 
     def _commit(self, out: Generation, row: int, token: int, logprob: float, depth: int) -> bool:
         """Append a final token to ``row``'s output; whether the row goes on."""
-        out.tokens[row].append(token)
-        out.depths[row].append(depth)
-        out.logprobs[row].append(logprob)
+        out.record(row, token, depth, logprob)
         return len(out.tokens[row]) < self.max_new and not ended(out.tokens[row], row, self.finished, self.forced)
 
     def _enter(self, row: int, slot: int, token: int) -> None:

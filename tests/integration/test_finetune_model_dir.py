@@ -167,6 +167,10 @@ BAD = [
     ),
     (TRAIN + " --set model.pretrained={root}/hrm_text --set task.text_file={root}/none.txt", "text_file not found"),
     (
+        TRAIN + " --set model.pretrained={root}/ouro --set train.shared_view_weight=0.5",
+        "train.shared_view_weight = 0.5 applies to looplab's own model, not a model dir (model.pretrained)",
+    ),
+    (
         TRAIN + " --set model.pretrained={root}/hrm_text --set task.eval_lengths=[16,65]",
         "task windows reach 65 tokens (task.train_max, task.eval_lengths), beyond the 64",
     ),

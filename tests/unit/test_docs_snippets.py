@@ -212,3 +212,37 @@ def test_analyze_without_a_kind_is_the_mechanistic_analysis(argv, kind):
 
     args = parse(argv)
     assert args.kind == kind and args.run_dir == "RUN"
+
+
+def test_the_readmes_python_snippet_runs_as_printed(tmp_path, monkeypatch, capsys):
+    """README's snippet, with 20 training steps instead of 300: it trains, reads the loss at 1..16 loops
+    and generates with the kl exit, each token at its own depth."""
+    readme = (DOCS.parent / "README.md").read_text()
+    code = readme[readme.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert "train.steps=300" in code
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code.replace("train.steps=300", "train.steps=20"), "README.md", "exec"), scope)
+    completion = scope["completions"][0]
+    assert completion.depths and all(1 <= d <= 16 for d in completion.depths)
+    summary = scope["summary"]
+    assert summary["max_loops"] == 16 and 1 <= summary["best_loops"] <= 16 and summary["best_loss"] > 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_every_headline_number_in_the_readme_is_a_docs_figure_with_its_machine():
+    """README's "Three numbers": each ratio is found in the docs (a bench script's figure there), and each
+    bullet names its machine and the script."""
+    import re
+
+    readme = (DOCS.parent / "README.md").read_text()
+    section = readme[readme.index("## Three numbers") :]
+    section = section[: section.index("\n## ")]
+    bullets = section.split("\n- ")[1:]
+    assert len(bullets) <= 3
+    docs = "\n".join(p.read_text() for p in [*DOCS.glob("*.md"), *(DOCS / "results").glob("*.md")])
+    for bullet in bullets:
+        assert re.search(r"AMD EPYC|Intel Xeon", bullet) and "bench/" in bullet, bullet
+        for ratio in re.findall(r"(\d+\.\d+)×", bullet):
+            assert f"{ratio}×" in docs, f"{ratio}× is in the README but in no docs page"

@@ -110,6 +110,7 @@ def test_a_training_step_weighs_both_views_and_the_view_learns():
         (["schedule.name=pondernet"], "fixed"),
         (["stability.jsrr.estimator=jvp", "stability.jsrr.weight=0.1"], "stability"),
         (["train.shared_view_weight=1.5"], "shared_view_weight"),
+        (["model.init_state=noise", "model.injection=concat"], "model.init_state = 'noise'"),
     ],
 )
 def test_what_the_view_does_not_cover_is_refused_in_one_line(overrides, named):
