@@ -392,10 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--batching",
-        choices=("exact", "cohort"),
-        default="exact",
-        help="exact: each request's rows alone, results equal to a solo run (default); cohort: batch requests "
-        "admitted together that share exit, cache and greedy picking",
+        choices=("continuous", "exact", "cohort"),
+        default="continuous",
+        help="continuous (default): a greedy request joins the running batch of the requests that share its "
+        "exit and cache at the next step; exact: each request's rows alone, results equal to a solo run bit for "
+        "bit; cohort: batch only the requests admitted together",
     )
     serve.add_argument("--replicas", type=int, default=1, help="N > 1: N replicas behind Ray Serve's HTTP proxy")
     serve.add_argument("--ray-address", help="a running Ray cluster to deploy the replicas on (default: a local head)")

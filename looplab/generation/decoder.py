@@ -36,7 +36,7 @@ MASK_AT = 0.75
 
 
 @dataclass
-class _Prompt:
+class LazyPrompt:
     """The prompts' states h, e [B, W, d], row b after ``depth[b]`` loops ([B] long; ``shallowest`` its
     minimum), with their attention mask [B, W, W] and RoPE tables."""
 
@@ -47,7 +47,7 @@ class _Prompt:
     depth: Tensor
     shallowest: int
 
-    def take(self, rows: Tensor, fresh: _Prompt) -> None:
+    def take(self, rows: Tensor, fresh: LazyPrompt) -> None:
         """Put ``fresh`` (the prompts of ``rows`` only, a later prefill's) in the place of those rows' prompts."""
         self.h[rows], self.e[rows], self.allowed[rows], self.depth[rows] = fresh.h, fresh.e, fresh.allowed, fresh.depth
         if self.rope is not None:
@@ -108,7 +108,7 @@ class Decoder:
         # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
         own_passes = any(hasattr(model, name) for name in ("prelude_pass", "core_pass", "coda_pass"))
         self.masks = policy == "per_loop" and exit_rule.adaptive and not own_passes and not read_only
-        self.prompt: _Prompt | None = None
+        self.prompt: LazyPrompt | None = None
 
     def run(self) -> Generation:
         batch = len(self.lengths)
@@ -209,7 +209,7 @@ class Decoder:
                 break
             active = running.nonzero(as_tuple=True)[0]
         if prefill and self.lazy_prompt:  # each row's prompt stands at its query token's exit depth
-            self.prompt = _Prompt(h, e, allowed, rope, depth.clone(), int(depth.min()))
+            self.prompt = LazyPrompt(h, e, allowed, rope, depth.clone(), int(depth.min()))
         final = h.clone()
         final[picks, query] = read
         final = coda_pass(model, final, Calls(self, "coda", 0, key, chunk, allowed, rope))

@@ -57,7 +57,7 @@ def create_app(
     device: str = "cpu",
     max_running: int = 32,
     max_queue: int = 64,
-    batching: str = "exact",
+    batching: str = "continuous",
     on_step: Callable[[Engine], None] | None = None,
     max_token_loops: int = MAX_TOKEN_LOOPS,
 ) -> FastAPI:

@@ -2,21 +2,24 @@
 
 Each iteration of its loop
 
-1. admits waiting jobs while fewer than ``max_running`` run: a new job is prefilled into its own
-   :class:`~looplab.serve.batch.Group` (``batching="exact"``, the default), or jobs admitted together
-   that share an exit, a cache and greedy picking are prefilled into one (``batching="cohort"``);
+1. admits waiting jobs while fewer than ``max_running`` run: under ``batching="continuous"`` (the
+   default) a greedy job joins a running :class:`~looplab.serve.continuous.ContinuousGroup` of its
+   cohort (the same exit, cache and greedy picking) between two steps, or starts one; a sampled or
+   scoring job gets its own :class:`~looplab.serve.batch.Group`. Under ``exact`` every job gets its
+   own group; under ``cohort`` jobs admitted together that share a cohort are prefilled into one;
 2. runs one decode step of every group: each live job gets one token, at its own exit's depth;
 3. drops the groups whose jobs all ended (their budget, end-of-text, a stop string, or a client that
    left: :meth:`Job.cancelled` is read before every step).
 
 So requests join the running decode between steps and leave it when they finish, each with its own
 loop budget, exit and cache. What is shared is the step loop, the model's weights and the thread;
-what ``exact`` keeps apart is every tensor a job's logits depend on: a job's rows are never padded or
+``continuous`` also shares every matmul of a step between the greedy jobs of a cohort. What
+``exact`` keeps apart is every tensor a job's logits depend on: a job's rows are never padded or
 batched with another job's, because a matmul over more rows, or a softmax over more (masked) keys,
 changes the last bits of a row's result (measured on this CPU: 3e-8 in a log-probability). A greedy
 job's tokens and log-probabilities are therefore those of :func:`looplab.generation.generate` on its
-prompt alone, however many jobs run beside it. ``cohort`` trades that for batched matmuls (tokens
-agree; log-probabilities within ~1e-7).
+prompt alone, however many jobs run beside it. ``continuous`` and ``cohort`` trade that for batched
+matmuls (tokens agree; log-probabilities within ~1e-6).
 
 A bounded queue: :meth:`Engine.submit` refuses (:class:`Busy`) when ``max_queue`` jobs already wait,
 and (:class:`Closed`) once :meth:`Engine.stop_intake` was called; :meth:`Engine.close` drains.
@@ -33,10 +36,16 @@ import torch
 from looplab.errors import LooplabError
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Failed, Group, Job
+from looplab.serve.continuous import ContinuousGroup
 
 __all__ = ["Engine", "Busy", "Closed", "BATCHING"]
 
-BATCHING = ("exact", "cohort")
+BATCHING = ("continuous", "exact", "cohort")
+#: a continuous group's new-token slots, as a multiple of its first jobs' largest budget, and its rows, as a
+#: multiple of its first jobs (at least MIN_ROWS, at most max_running): room for later jobs to join, without
+#: zeroing caches for rows a lone request never uses (measured: bench/serve.py)
+COLUMNS_PER_BUDGET = 2
+ROWS_PER_JOB, MIN_ROWS = 2, 8
 
 
 class Busy(LooplabError):
@@ -54,7 +63,8 @@ class Engine:
         model: a causal looplab model or a retrofit (as :func:`looplab.generation.generate` takes).
         max_running: jobs decoded at once; later ones wait.
         max_queue: jobs that may wait; one more is refused with :class:`Busy`.
-        batching: ``exact`` (one decoder per job) or ``cohort``.
+        batching: ``continuous`` (greedy jobs join a running batch of their cohort), ``exact`` (one decoder
+            per job) or ``cohort`` (jobs admitted together).
         on_step: called on the engine's thread after every iteration, with the engine (a hook for
             observing or pacing it).
     """
@@ -64,7 +74,7 @@ class Engine:
         model,
         max_running: int = 32,
         max_queue: int = 64,
-        batching: str = "exact",
+        batching: str = "continuous",
         on_step: Callable[[Engine], None] | None = None,
     ):
         if batching not in BATCHING:
@@ -146,7 +156,7 @@ class Engine:
                 try:
                     group.step()
                 except Exception as err:  # a job the decoder fails on (out of memory) fails alone
-                    self._fail(group.jobs, err)
+                    self._fail([job for job in group.jobs if job is not None], err)
                     group.live = group.live[:0]
             self._groups = [group for group in self._groups if not group.done]
             self.stats["steps"] += 1
@@ -156,20 +166,37 @@ class Engine:
     def _admit(self, jobs: list[Job]) -> None:
         cohorts: dict[tuple, list[Job]] = {}
         for index, job in enumerate(jobs):
-            batchable = self.batching == "cohort" and job.cohort[-1]
+            if job.cancelled.is_set():
+                job.sink(End("cancelled"))
+                continue
+            batchable = self.batching != "exact" and job.cohort[-1]
+            if batchable and self.batching == "continuous" and self._join(job):
+                continue
             cohorts.setdefault(job.cohort if batchable else (index,), []).append(job)
         for members in cohorts.values():
-            live = [job for job in members if not job.cancelled.is_set()]
-            for job in members:
-                if job.cancelled.is_set():
-                    job.sink(End("cancelled"))
-            if not live:
-                continue
             try:
-                self._groups.append(Group(self.model, live))
-                self.stats["admitted"] += len(live)
+                if self.batching == "continuous" and members[0].cohort[-1]:
+                    columns = COLUMNS_PER_BUDGET * max(job.max_new for job in members)
+                    rows = min(self.max_running, max(ROWS_PER_JOB * len(members), MIN_ROWS))
+                    self._groups.append(ContinuousGroup(self.model, members, rows, columns))
+                else:
+                    self._groups.append(Group(self.model, members))
+                self.stats["admitted"] += len(members)
             except Exception as err:  # the prefill failed (out of memory): these jobs fail, the rest go on
-                self._fail(live, err)
+                self._fail(members, err)
+
+    def _join(self, job: Job) -> bool:
+        """Put ``job`` into a running continuous group that can take it; whether one could."""
+        group = next((g for g in self._groups if isinstance(g, ContinuousGroup) and g.can_take(job)), None)
+        if group is None:
+            return False
+        try:
+            group.join(job)
+            self.stats["admitted"] += 1
+            self.stats["joined"] += 1
+        except Exception as err:  # its prefill failed (out of memory): this job fails, the group goes on
+            self._fail([job], err)
+        return True
 
     def _fail(self, jobs: list[Job], err: Exception) -> None:
         """End the jobs still open with one line naming ``err``."""

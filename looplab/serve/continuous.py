@@ -1,0 +1,181 @@
+"""Continuous batching: greedy jobs that share an exit and a cache run as rows of one
+:class:`~looplab.generation.decoder.Decoder`, and a newcomer joins the running batch between two steps.
+
+A :class:`ContinuousGroup` preallocates ``capacity`` rows and, after the prompts' ``width`` slots,
+``columns`` slots for new tokens. Every step writes each live row's new token into the same slot column (the
+decoder's ``forward`` takes one slice for every row), each at the row's own position. A job that joins takes
+a free row: its prompt is written into the row's first slots and prefilled there, and its new tokens go
+into the columns from the current one on; the columns
+before it were another job's and are no longer real in that row, so nothing attends to them. With an
+adaptive exit each row's prompt runs only as deep as its tokens need (the decoder's lazy prompt, one per
+row, a newcomer's taking its row's place). A job joins when a row is free, its prompt fits ``width`` and its
+budget fits the columns left; otherwise the engine starts a new group. A row whose job ends is free at once.
+
+What is shared is every matmul of a step, across the rows; a row's result then differs from the same prompt
+decoded alone in its last float bits (batched matmuls, softmaxes over more masked keys), so greedy tokens
+agree and log-probabilities match to ~1e-6, not bit for bit (``batching="exact"`` keeps that).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from looplab.generation.budget import generation_bytes
+from looplab.generation.decoder import Decoder, LazyPrompt
+from looplab.generation.views import decodable
+from looplab.memory import device_bytes
+from looplab.serve.batch import End, Job, Token
+from looplab.serve.sampling import pick_next
+from looplab.tasks.base import PAD
+
+__all__ = ["ContinuousGroup"]
+
+
+class ContinuousGroup:
+    """Greedy jobs of one cohort in one decoder that newcomers join (see the module docstring).
+
+    Args:
+        model: the engine's model, as the decoder reads it.
+        jobs: the first jobs (one cohort: the same exit, cache and greedy picking; none scoring a text).
+        capacity: the rows to preallocate (the engine gives twice its first jobs, at least 8, at most its
+            ``max_running``), fewer where they would not fit in memory at ``columns`` new-token slots.
+        columns: the new-token slots after the prompts (at least the first jobs' largest budget).
+    """
+
+    def __init__(self, model, jobs: list[Job], capacity: int, columns: int):
+        first = jobs[0]
+        self.cohort = first.cohort
+        self.width = max(len(job.prompt) for job in jobs)
+        self.columns = max(columns, max(job.max_new for job in jobs))
+        model = decodable(model, gated=first.exit_rule.needs_gate)
+        loops, cache, keep = first.exit_rule.loops, first.cache, first.keep_loops
+        while capacity > len(jobs):  # rows that do not fit leave room for another group instead
+            needed = generation_bytes(model, capacity, self.width, self.columns, loops, cache, keep)
+            if 2 * needed <= device_bytes(str(model.head.weight.device)):
+                break
+            capacity = max(len(jobs), capacity // 2)
+        prompts = [job.prompt for job in jobs] + [[PAD]] * (capacity - len(jobs))
+        self.decoder = decoder = Decoder(
+            model, prompts, self.columns, first.exit_rule, cache, first.picking.sampling, None, keep,
+            width=self.width,
+        )  # fmt: skip
+        decoder.slots.real[len(jobs) :] = False
+        self.jobs: list[Job | None] = [*jobs, *([None] * (capacity - len(jobs)))]
+        self.column = 0  # the next new token's slot is width + column, for every live row
+        self.live = torch.arange(len(jobs), device=decoder.lengths.device)
+        self.logits, self.depths = decoder.forward(
+            decoder.tokens[self.live], self.live, slice(0, self.width), decoder.lengths[self.live] - 1, prefill=True
+        )
+        if decoder.prompt is not None:  # a lazy prompt (an adaptive exit) for every row, the free ones at the cap
+            decoder.prompt = _padded(decoder.prompt, capacity, first.exit_rule.loops)
+
+    @property
+    def done(self) -> bool:
+        return len(self.live) == 0
+
+    def can_take(self, job: Job) -> bool:
+        """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
+        columns left."""
+        return (
+            job.cohort == self.cohort
+            and any(owner is None for owner in self.jobs)
+            and len(job.prompt) <= self.width
+            and self.column + job.max_new <= self.columns
+        )
+
+    def join(self, job: Job) -> None:
+        """Prefill ``job``'s prompt into a free row; its first token is picked at the next :meth:`step`."""
+        decoder = self.decoder
+        row = self.jobs.index(None)
+        length = len(job.prompt)
+        device = decoder.lengths.device
+        decoder.tokens[row] = PAD
+        decoder.tokens[row, :length] = torch.tensor(job.prompt, device=device)
+        decoder.lengths[row] = length
+        slots = torch.arange(decoder.slots.positions.shape[1], device=device)
+        decoder.slots.positions[row] = slots
+        decoder.slots.real[row] = slots < length  # the earlier occupant's new tokens are no longer real
+        rows = torch.tensor([row], device=device)
+        earlier = decoder.prompt
+        logits, depths = decoder.forward(
+            decoder.tokens[rows], rows, slice(0, self.width), decoder.lengths[rows] - 1, prefill=True
+        )
+        if earlier is not None:  # the other rows' lazy prompts stand; this row's is the new one
+            earlier.take(rows, decoder.prompt)
+            decoder.prompt = earlier
+        self.jobs[row] = job
+        self.live = torch.cat([self.live, rows])
+        self.logits, self.depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
+
+    def step(self) -> None:
+        """Pick every live row's next token, send it, free the rows that ended, and run the rest's tokens."""
+        self.drop_cancelled()
+        if self.done:
+            return
+        decoder = self.decoder
+        live = self.live.tolist()
+        chosen = pick_next(self.logits, self.jobs[live[0]].picking, decoder.generator)
+        logprobs = self.logits.double().log_softmax(-1)
+        picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+        tops = self.tops(logprobs)
+        still = []
+        for i, row in enumerate(live):
+            job = self.jobs[row]
+            job.tokens.append(int(chosen[i]))
+            job.sink(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
+            reason = job.ended()
+            if reason is None:
+                still.append(i)
+            else:
+                job.sink(End(reason))
+                self.jobs[row] = None
+        slot = self.width + self.column
+        self.column += 1
+        if not still:
+            self.live = self.live[:0]
+            return
+        keep = torch.tensor(still, device=self.live.device)
+        self.live, chosen = self.live[keep], chosen[keep]
+        made = torch.tensor([len(self.jobs[row].tokens) for row in self.live.tolist()], device=self.live.device)
+        decoder.slots.positions[self.live, slot] = decoder.lengths[self.live] + made - 1
+        decoder.slots.real[self.live, slot] = True
+        self.logits, self.depths = decoder.forward(
+            chosen[:, None], self.live, slice(slot, slot + 1), torch.zeros_like(self.live)
+        )
+
+    def tops(self, logprobs: Tensor) -> list[list[tuple[int, float]]] | None:
+        """The likeliest tokens of each live row's distribution, as many as its job asks."""
+        count = max(self.jobs[row].top for row in self.live.tolist())
+        if count == 0:
+            return None
+        values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
+        return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
+
+    def drop_cancelled(self) -> None:
+        """Jobs whose client left end here, and free their rows."""
+        live = self.live.tolist()
+        keep = [i for i, row in enumerate(live) if not self.jobs[row].cancelled.is_set()]
+        if len(keep) == len(live):
+            return
+        for row in live:
+            if self.jobs[row].cancelled.is_set():
+                self.jobs[row].sink(End("cancelled"))
+                self.jobs[row] = None
+        index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
+        self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]
+
+
+def _padded(prompt: LazyPrompt, rows: int, loops: int) -> LazyPrompt:
+    """The lazy prompt of the first rows, padded to ``rows`` rows: the free ones stand at ``loops`` (never
+    deepened) until a job's prompt takes their place."""
+    extra = rows - prompt.h.shape[0]
+    if extra == 0:
+        return prompt
+
+    def pad(t: Tensor, value=0) -> Tensor:
+        return torch.cat([t, t.new_full((extra, *t.shape[1:]), value)])
+
+    rope = None if prompt.rope is None else (pad(prompt.rope[0]), pad(prompt.rope[1]))
+    depth = pad(prompt.depth, loops)
+    return LazyPrompt(pad(prompt.h), pad(prompt.e), pad(prompt.allowed, False), rope, depth, int(depth.min()))
