@@ -47,8 +47,20 @@ def model():
     return make_model(causal=True, core_layers=2, max_len=64).eval()
 
 
+@pytest.fixture(scope="module", params=["looplab", "retrofit"])
+def models(request):
+    """A byte-model-sized looplab model, and a retrofitted Llama (grouped keys and values, a coda)."""
+    if request.param == "looplab":
+        return make_model(causal=True, core_layers=2, max_len=64).eval()
+    pytest.importorskip("transformers")
+    from tests.unit.model_helpers import tiny_llama_retrofit
+
+    return tiny_llama_retrofit().eval()
+
+
 @pytest.mark.parametrize("rule", [GenerationExit("fixed", 3), GenerationExit("convergence", 6, {"eps": 0.2})])
-def test_jobs_arriving_mid_decode_join_the_running_batch_and_decode_as_alone(model, rule):
+def test_jobs_arriving_mid_decode_join_the_running_batch_and_decode_as_alone(models, rule):
+    model = models
     first = [_job(p, rule) for p in PROMPTS[:3]]
     later = [_job(p, rule, max_new=4) for p in PROMPTS[3:]]
     arrivals = iter([[later[0][0]], [], [later[1][0], later[2][0]]])  # after steps 1, 2 and 3
