@@ -60,6 +60,7 @@ __all__ = [
     "register_token_exit",
     "token_exit_params",
     "check_token_exits",
+    "exit_param_names",
 ]
 
 #: the deepest a generated token may run (a fixed depth or an adaptive exit's cap): a token costs up to
@@ -116,6 +117,11 @@ def _entry(name: str) -> TokenExit:
     if name not in EXITS:
         raise choice_error("generation exit", name, EXITS)
     return EXITS[name]
+
+
+def exit_param_names(name: str) -> tuple[str, ...]:
+    """The parameters the generation exit ``name`` declares (a one-line error for an unknown exit)."""
+    return tuple(get_type_hints(_entry(name).params))
 
 
 def token_exit_params(name: str, tables: dict[str, dict[str, Any]] | None = None, **overrides: Any) -> Any:

@@ -8,6 +8,7 @@ from looplab.token_exits import (
     GenerationExit,
     TokenExit,
     check_token_exits,
+    exit_param_names,
     register_token_exit,
     token_exit_params,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "GenerationExit",
     "TokenExit",
     "check_token_exits",
+    "exit_param_names",
     "register_token_exit",
     "token_exit_params",
 ]

@@ -7,7 +7,8 @@ model_args (each checked at load; a bad one is a one-line :class:`~looplab.error
     path          a looplab run dir of a text task, or any model dir looplab loads (required)
     loops         the fixed depth, or an adaptive exit's cap (default: the model's own depth)
     exit          fixed, kl, convergence, confidence or halting (a registered generation exit)
-    eps, threshold  the exit's parameters (over the run's ``[generate.exits.NAME]`` table)
+    eps, threshold  the exit's parameters (over the run's ``[generate.exits.NAME]`` table); any other
+                  parameter the chosen exit declares (a plugin exit's) is a model_arg too
     cache         per_loop, shared, last_m (each token's last ``keep_loops`` loops) or none
     keep_loops    the loops ``last_m`` keeps per token
     dtype         float32 or bfloat16 (a model dir's weights)
@@ -47,6 +48,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from looplab.errors import LooplabError, choice_error
 from looplab.generation import POLICIES, Sampling, generate
+from looplab.generation.exits import EXITS, exit_param_names
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
 from looplab.lm.model_dir import DTYPES
@@ -83,8 +85,6 @@ class LooplabLM(TemplateLM):
         **unknown,
     ):
         super().__init__()
-        if unknown:
-            raise choice_error("looplab model_arg", sorted(unknown)[0], _MODEL_ARGS)
         if not path:
             raise LooplabError("model_args needs path=DIR: a looplab run dir or a model dir")
         cache = "none" if cache is None else cache  # lm-eval's model_args parser reads cache=none as None
@@ -95,8 +95,15 @@ class LooplabLM(TemplateLM):
         self.batch_size = _positive("batch_size", 1 if batch_size is None else batch_size)
         self.keep_loops = _positive("keep_loops", keep_loops)
         self.seed = _integer("seed", seed)
-        self.lm: TextLM = open_text_lm(path, dtype, _device(device))
+        self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugin exits are known from here
+        own = {}  # the exit's own parameters (a plugin exit's) are model_args too
+        if isinstance(exit, str) and exit in EXITS:
+            declared = [key for key in exit_param_names(exit) if key not in ("eps", "threshold")]
+            own = {key: unknown.pop(key) for key in declared if key in unknown}
+        if unknown:
+            raise choice_error("looplab model_arg", sorted(unknown)[0], _MODEL_ARGS)
         params = {key: value for key, value in (("eps", eps), ("threshold", threshold)) if value is not None}
+        params.update(own)
         self.exit_rule = self.lm.exit_rule(exit, None if loops is None else _integer("loops", loops), **params)
         self.cache = cache
         self._prefix = self._prefix_token(prefix_token)

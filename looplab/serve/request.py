@@ -5,7 +5,8 @@ OpenAI's fields (``model``, ``prompt``, ``max_tokens``, ``temperature``, ``top_p
 ``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's own: ``loops`` (the fixed
 depth, or an adaptive exit's cap; default: the model's), ``exit`` (default ``fixed``), ``eps`` and
 ``threshold`` (the exit's parameters; default: the run's ``[generate.exits.NAME]``), ``cache`` and
-``keep_loops``. As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16. A request
+``keep_loops``; and any parameter the chosen exit declares (a plugin exit's too), as a field of its own.
+As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16. A request
 without ``seed`` samples with a fresh one, drawn for it and returned in the response (``looplab.seed``);
 numbers must be finite (NaN and infinities are refused).
 """
@@ -20,7 +21,7 @@ from typing import Any
 from looplab.errors import LooplabError
 from looplab.generation.cache import POLICIES
 from looplab.generation.decode import _check as check_generation  # the refusals generate() makes
-from looplab.generation.exits import EXITS, GenerationExit
+from looplab.generation.exits import EXITS, GenerationExit, exit_param_names
 from looplab.generation.sampling import Sampling
 from looplab.generation.text_lm import TextLM
 from looplab.serve.sampling import Picking
@@ -68,9 +69,12 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
     decoder reads it); raises :class:`BadRequest`."""
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object of fields, got {type(body).__name__}")
-    unknown = sorted(set(body) - set(FIELDS))
+    exit_name = body.get("exit")
+    declared = exit_param_names(exit_name) if isinstance(exit_name, str) and exit_name in EXITS else ()
+    unknown = sorted(set(body) - set(FIELDS) - set(declared))
     if unknown:
-        raise BadRequest(unknown[0], f"unknown field; valid fields: {', '.join(FIELDS)}")
+        fields = ", ".join((*FIELDS, *(f for f in declared if f not in FIELDS)))
+        raise BadRequest(unknown[0], f"unknown field; valid fields: {fields} (and the exit's own parameters)")
     get = _Fields(body)
     named = get.text("model", model_id)
     if named != model_id:
@@ -225,7 +229,18 @@ def _exit_rule(get: _Fields, lm: TextLM) -> GenerationExit:
     if name not in EXITS:
         raise BadRequest("exit", f"unknown exit {name!r}; valid choices: {', '.join(EXITS)}")
     loops = get.integer("loops", lm.default_loops, low=1, high=lm.loop_cap)
-    params = {key: get.number(key, None) for key in ("eps", "threshold") if get.body.get(key) is not None}
+    declared = exit_param_names(name)
+    params = {}  # the exit's own parameters, each a field of the body (eps, threshold, a plugin's)
+    for key in declared:
+        value = get.body.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            params[key] = get.number(key, None)  # finite
+        elif value is not None:
+            params[key] = value  # typed by the exit's declaration below
+    stray = [key for key in ("eps", "threshold") if get.body.get(key) is not None and key not in declared]
+    if stray:
+        takes = f"its parameters: {', '.join(declared)}" if declared else "it has no parameters"
+        raise BadRequest(stray[0], f"the {name} exit has no parameter {stray[0]!r}; {takes}")
     try:
         return lm.exit_rule(name, loops, **params)
     except LooplabError as err:

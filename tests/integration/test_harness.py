@@ -224,6 +224,15 @@ def test_bad_model_args_are_one_line_errors(paths, args, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_plugin_exits_own_parameter_is_a_model_arg(paths):
+    import looplab.examples.plugins.top_margin  # noqa: F401  (registers the exit, as a run's plugins would)
+
+    lm = get_model("looplab").create_from_arg_string(f"path={paths['run']},exit=top_margin,margin=0.5,loops=6")
+    assert lm.exit_rule.name == "top_margin" and lm.exit_rule.params.margin == 0.5
+    with pytest.raises(LooplabError, match="unknown looplab model_arg 'margin'"):
+        get_model("looplab").create_from_arg_string(f"path={paths['run']},exit=kl,margin=0.5")
+
+
 def test_a_retrofit_refuses_a_missing_prefix(paths):
     with pytest.raises(LooplabError, match="give model_arg prefix_token"):
         get_model("looplab").create_from_arg_string(f"path={paths['retrofit']}")

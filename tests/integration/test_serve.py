@@ -333,6 +333,18 @@ def test_an_unserved_route_answers_openais_error_object(server, method, route):
         client(url).chat.completions.create(model="lm", messages=[{"role": "user", "content": "In"}])
 
 
+def test_a_plugin_exits_own_parameter_is_a_field(server, lm):
+    import looplab.examples.plugins.top_margin  # noqa: F401  (registers the exit, as a run's plugins would)
+
+    url, _ = server
+    extra = {"exit": "top_margin", "loops": 8, "margin": 0.5}
+    out = client(url).completions.create(model="lm", prompt="In the", max_tokens=6, temperature=0, extra_body=extra)
+    ref = reference(lm, "In the", 6, "top_margin", 8, margin=0.5)
+    assert out.choices[0].looplab["token_ids"] == ref.tokens[0] and out.choices[0].looplab["loops"] == ref.depths[0]
+    with pytest.raises(openai.BadRequestError, match="margin: generate.exits.top_margin.margin must be in"):
+        client(url).completions.create(model="lm", prompt="In", max_tokens=2, extra_body={**extra, "margin": -1})
+
+
 def test_every_likeliest_token_is_listed_even_where_texts_collide(server):
     url, _ = server
     out = client(url).completions.create(model="lm", prompt="In", max_tokens=12, temperature=0, logprobs=5)
