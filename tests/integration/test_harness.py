@@ -224,8 +224,8 @@ def test_bad_model_args_are_one_line_errors(paths, args, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_plugin_exits_own_parameter_is_a_model_arg(paths):
-    import looplab.examples.plugins.top_margin  # noqa: F401  (registers the exit, as a run's plugins would)
+def test_a_plugin_exits_own_parameter_is_a_model_arg(paths, monkeypatch):
+    _register_top_margin(monkeypatch)
 
     lm = get_model("looplab").create_from_arg_string(f"path={paths['run']},exit=top_margin,margin=0.5,loops=6")
     assert lm.exit_rule.name == "top_margin" and lm.exit_rule.params.margin == 0.5
@@ -332,3 +332,12 @@ def test_lm_evals_own_device_and_batch_size_may_also_be_model_args(paths):
     done = _lm_eval_cli(paths, "device=cpu,batch_size=2", [])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "looplab_generate" in done.stdout
+
+
+def _register_top_margin(monkeypatch) -> None:
+    """The example plugin exit ``top_margin`` in the registry for this test, as a run's plugins would put it
+    (other tests take plugin entries out of the registry again, so the import alone is not enough)."""
+    from looplab.examples.plugins.top_margin import TopMargin, top_margin
+    from looplab.token_exits import EXITS, TokenExit
+
+    monkeypatch.setitem(EXITS, "top_margin", TokenExit("top_margin", True, 1, top_margin, params=TopMargin))

@@ -333,8 +333,8 @@ def test_an_unserved_route_answers_openais_error_object(server, method, route):
         client(url).chat.completions.create(model="lm", messages=[{"role": "user", "content": "In"}])
 
 
-def test_a_plugin_exits_own_parameter_is_a_field(server, lm):
-    import looplab.examples.plugins.top_margin  # noqa: F401  (registers the exit, as a run's plugins would)
+def test_a_plugin_exits_own_parameter_is_a_field(server, lm, monkeypatch):
+    _register_top_margin(monkeypatch)
 
     url, _ = server
     extra = {"exit": "top_margin", "loops": 8, "margin": 0.5}
@@ -417,3 +417,12 @@ def test_bad_serve_flags_are_one_line_errors(lm_run, flags, message, capsys):
     assert main(["serve", str(lm_run), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _register_top_margin(monkeypatch) -> None:
+    """The example plugin exit ``top_margin`` in the registry for this test, as a run's plugins would put it
+    (other tests take plugin entries out of the registry again, so the import alone is not enough)."""
+    from looplab.examples.plugins.top_margin import TopMargin, top_margin
+    from looplab.token_exits import EXITS, TokenExit
+
+    monkeypatch.setitem(EXITS, "top_margin", TokenExit("top_margin", True, 1, top_margin, params=TopMargin))
