@@ -260,10 +260,12 @@ class OuroLoop(NativeLoop):
     def exit_distribution(self, states: list[Tensor]) -> Tensor:
         """p [T, ...]: the exit distribution over the loops of the states h_1..h_T (each [..., d]); the last
         loop takes the mass the earlier ones leave (its own gate is not read)."""
+        if len(states) == 1:
+            return torch.ones_like(states[0][..., 0], dtype=torch.float32)[None]
         lam = torch.stack([torch.sigmoid(self.gate(h).squeeze(-1).float()) for h in states[:-1]])
         survival = torch.cumprod(1 - lam, dim=0)
         before = torch.cat([torch.ones_like(survival[:1]), survival[:-1]])
-        return torch.cat([lam * before, survival[-1:]]) if len(states) > 1 else torch.ones_like(states[0][..., 0])[None]
+        return torch.cat([lam * before, survival[-1:]])
 
 
 class OuroDecoding(nn.Module):

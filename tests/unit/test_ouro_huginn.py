@@ -206,6 +206,15 @@ def test_what_the_gate_exit_refuses_is_one_line(models, family, options, message
         generate(loop, PROMPTS, NEW, GenerationExit("gate", 3, {"threshold": 0.5}), **options)
 
 
+def test_the_exit_distribution_sums_to_one_and_one_loop_takes_it_all(models):
+    _, loop = models["ouro"]
+    with torch.no_grad():
+        states = list(loop.unroll(torch.tensor([PROMPTS[0]]), None, 3))
+        p = loop.exit_distribution(states)
+        assert p.shape == (3, 1, len(PROMPTS[0])) and torch.allclose(p.sum(0), torch.ones_like(p[0]))
+        assert torch.equal(loop.exit_distribution(states[:1]), torch.ones(1, 1, len(PROMPTS[0])))
+
+
 @pytest.mark.parametrize("threshold", [0.0, 1.5, -1.0])
 def test_a_gate_threshold_outside_0_1_is_refused(threshold):
     with pytest.raises(LooplabError, match="threshold"):
