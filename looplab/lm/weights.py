@@ -83,7 +83,6 @@ def check_weights(
     path: Path,
     ignored: tuple[str, ...] = (),
     tied: dict[str, str] | None = None,
-    strict: bool = True,
 ) -> dict[str, tuple[Path, list[int], str]]:
     """Check the weights of the model dir ``path`` against ``module`` (on the meta device) from the files'
     headers alone, before any tensor is read; returns the headers (key → file, shape, dtype).
@@ -91,7 +90,7 @@ def check_weights(
     Refused in one line: an unreadable file (named), a weight the module needs and no file holds (a
     weight tied to a stored one, by ``tied`` or by sharing its tensor in ``module``, need not be stored),
     a mis-shaped one (its key, both shapes and its file), one stored as integers (a quantised checkpoint),
-    and — with ``strict`` — a stored key the module does not have (other than ``ignored``).
+    and a stored key the module does not have (other than ``ignored``).
     """
     stored = _headers(weight_files(path))
     tied = tied or {}
@@ -102,7 +101,7 @@ def check_weights(
     if missing:
         raise LooplabError(f"{path} lacks {len(missing)} weight(s) the model needs: {_first(missing)}")
     unexpected = stored.keys() - wanted.keys() - set(ignored)
-    if strict and unexpected:
+    if unexpected:
         raise LooplabError(f"{path} holds {len(unexpected)} weight(s) this model does not have: {_first(unexpected)}")
     for key in sorted(wanted.keys() & stored.keys()):
         file, shape, dtype = stored[key]
