@@ -23,7 +23,7 @@ from looplab.generation.exits import GenerationExit
 from looplab.generation.views import decodable
 from looplab.serve.sampling import Picking, pick_next
 
-__all__ = ["Job", "Group", "Token", "End", "Failed"]
+__all__ = ["Job", "Group", "LiveRows", "Token", "End", "Failed"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,46 @@ class Job:
         return "length" if len(self.tokens) >= self.max_new else None
 
 
-class Group:
+class LiveRows:
+    """What every group of jobs shares: its ``jobs`` by decoder row, the ``live`` rows [R] with their next-token
+    ``logits`` [R, V] and exit ``depths`` [R], the likeliest tokens a job asks for, and the jobs whose client
+    left (a subclass frees their rows in :meth:`release`)."""
+
+    jobs: list
+    live: Tensor
+    logits: Tensor
+    depths: Tensor
+
+    @property
+    def done(self) -> bool:
+        return len(self.live) == 0
+
+    def tops(self, logprobs: Tensor) -> list[list[tuple[int, float]]] | None:
+        """The likeliest tokens of each live row's distribution (logprobs [R, V]), as many as its job asks."""
+        count = max(self.jobs[row].top for row in self.live.tolist())
+        if count == 0:
+            return None
+        values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
+        return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
+
+    def drop_cancelled(self) -> None:
+        """Jobs whose client left stop here: their rows leave the batch as a finished row would."""
+        live = self.live.tolist()
+        keep = [i for i, row in enumerate(live) if not self.jobs[row].cancelled.is_set()]
+        if len(keep) == len(live):
+            return
+        for row in live:
+            if self.jobs[row].cancelled.is_set():
+                self.jobs[row].sink(End("cancelled"))
+                self.release(row)
+        index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
+        self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]
+
+    def release(self, row: int) -> None:
+        """A row whose job ended (a group that never reuses rows keeps it as it is)."""
+
+
+class Group(LiveRows):
     """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts): the prefill runs on
     construction; each :meth:`step` emits one token per live job."""
 
@@ -112,10 +151,6 @@ class Group:
             decoder.tokens, self.live, slice(0, decoder.width), decoder.lengths - 1, prefill=True
         )
         self.step_index = 0
-
-    @property
-    def done(self) -> bool:
-        return len(self.live) == 0
 
     def step(self) -> None:
         """Pick the next token of every live job, send it, and run the tokens of the jobs still going."""
@@ -156,23 +191,3 @@ class Group:
         if self.forced is not None:
             return torch.tensor([self.forced[row][step] for row in live], dtype=torch.long, device=self.logits.device)
         return pick_next(self.logits, self.jobs[0].picking, self.decoder.generator)
-
-    def tops(self, logprobs: Tensor) -> list[list[tuple[int, float]]] | None:
-        """The likeliest tokens of each live row's distribution (logprobs [R, V]), as many as its job asks."""
-        count = max(self.jobs[row].top for row in self.live.tolist())
-        if count == 0:
-            return None
-        values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
-        return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
-
-    def drop_cancelled(self) -> None:
-        """Jobs whose client left stop here: their rows leave the batch as a finished row would."""
-        live = self.live.tolist()
-        keep = [i for i, row in enumerate(live) if not self.jobs[row].cancelled.is_set()]
-        if len(keep) == len(live):
-            return
-        for row in live:
-            if self.jobs[row].cancelled.is_set():
-                self.jobs[row].sink(End("cancelled"))
-        index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
-        self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]

@@ -25,14 +25,14 @@ from looplab.generation.budget import generation_bytes
 from looplab.generation.decoder import Decoder, LazyPrompt
 from looplab.generation.views import decodable
 from looplab.memory import device_bytes
-from looplab.serve.batch import End, Job, Token
+from looplab.serve.batch import End, Job, LiveRows, Token
 from looplab.serve.sampling import pick_next
 from looplab.tasks.base import PAD
 
 __all__ = ["ContinuousGroup"]
 
 
-class ContinuousGroup:
+class ContinuousGroup(LiveRows):
     """Greedy jobs of one cohort in one decoder that newcomers join (see the module docstring).
 
     Args:
@@ -69,10 +69,6 @@ class ContinuousGroup:
         )
         if decoder.prompt is not None:  # a lazy prompt (an adaptive exit) for every row, the free ones at the cap
             decoder.prompt = _padded(decoder.prompt, capacity, first.exit_rule.loops)
-
-    @property
-    def done(self) -> bool:
-        return len(self.live) == 0
 
     def can_take(self, job: Job) -> bool:
         """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
@@ -129,7 +125,7 @@ class ContinuousGroup:
                 still.append(i)
             else:
                 job.sink(End(reason))
-                self.jobs[row] = None
+                self.release(row)
         slot = self.width + self.column
         self.column += 1
         if not still:
@@ -144,26 +140,9 @@ class ContinuousGroup:
             chosen[:, None], self.live, slice(slot, slot + 1), torch.zeros_like(self.live)
         )
 
-    def tops(self, logprobs: Tensor) -> list[list[tuple[int, float]]] | None:
-        """The likeliest tokens of each live row's distribution, as many as its job asks."""
-        count = max(self.jobs[row].top for row in self.live.tolist())
-        if count == 0:
-            return None
-        values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
-        return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
-
-    def drop_cancelled(self) -> None:
-        """Jobs whose client left end here, and free their rows."""
-        live = self.live.tolist()
-        keep = [i for i, row in enumerate(live) if not self.jobs[row].cancelled.is_set()]
-        if len(keep) == len(live):
-            return
-        for row in live:
-            if self.jobs[row].cancelled.is_set():
-                self.jobs[row].sink(End("cancelled"))
-                self.jobs[row] = None
-        index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
-        self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]
+    def release(self, row: int) -> None:
+        """The row is free for a newcomer."""
+        self.jobs[row] = None
 
 
 def _padded(prompt: LazyPrompt, rows: int, loops: int) -> LazyPrompt:
