@@ -50,6 +50,7 @@ from timing import print_measure, print_table, print_verdict
 
 from looplab.generation import GenerationExit, generate, score
 from looplab.generation.byte_text import decode, encode
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text import cut_at_stop
 from looplab.seeding import derive_generator
 from looplab.tasks.reasoning import ANSWER_END, ChainTrace
@@ -83,7 +84,7 @@ def timed(model, prompts, new_tokens: int, rule: GenerationExit, repeats: int) -
     for _ in range(repeats):
         for batching in ("step", "depth"):
             began = time.perf_counter()
-            results[batching] = generate(model, prompts, new_tokens, rule, "per_loop", batching=batching)
+            results[batching] = generate(model, prompts, new_tokens, DecodeOptions(rule, "per_loop", decoder=batching))
             seconds[batching].append(time.perf_counter() - began)
     return {k: (results[k], statistics.median(v)) for k, v in seconds.items()}
 
@@ -134,13 +135,13 @@ def matched_section(exp, prompts, repeats: int) -> float:
     passages = kjv_byte_windows(exp, "bench-depthwise-loss", 8, 127)
 
     def loss(rule):
-        return score(exp.model, passages, rule, "per_loop", context=64).mean_loss
+        return score(exp.model, passages, DecodeOptions(rule, "per_loop"), 64).mean_loss
 
     def rate(rule, batching):
         seconds = []
         for _ in range(repeats):
             began = time.perf_counter()
-            result = generate(exp.model, prompts, 64, rule, "per_loop", batching=batching)
+            result = generate(exp.model, prompts, 64, DecodeOptions(rule, "per_loop", decoder=batching))
             seconds.append(time.perf_counter() - began)
         return sum(map(len, result.tokens)) / statistics.median(seconds), result.mean_depth
 
@@ -186,16 +187,25 @@ def solve(
     def finished(ids: list[int]) -> bool:
         return cut_at_stop(decode(ids), [ANSWER_END]) is not None
 
-    def in_batches(**options):
-        return [generate(exp.model, prompts[i : i + rows], longest, rule, finished=finished, **options)
+    def in_batches(decoder: str = "step", **params):
+        options = DecodeOptions(rule, decoder=decoder, decoder_params=params)
+        return [generate(exp.model, prompts[i : i + rows], longest, options, finished)
                 for i in range(0, len(prompts), rows)]  # fmt: skip
 
     def queued():
-        return [generate(exp.model, prompts, longest, rule, finished=finished, batching="depth", max_batch=rows)]
+        return [
+            generate(
+                exp.model,
+                prompts,
+                longest,
+                DecodeOptions(rule, decoder="depth", decoder_params={"max_batch": rows}),
+                finished,
+            )
+        ]
 
     ways = [("step", in_batches), ("depth", queued)]
     if wavefront:
-        ways.append(("wavefront", lambda: in_batches(batching="wavefront", front=WAVEFRONT)))
+        ways.append(("wavefront", lambda: in_batches("wavefront", front=WAVEFRONT)))
     seconds, right, depth = {name: [] for name, _ in ways}, {}, {}
     for _ in range(repeats):
         for name, run in ways:

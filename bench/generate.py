@@ -42,6 +42,7 @@ from timing import machine_line, print_measure, print_table, print_verdict, setu
 
 from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate, score
+from looplab.generation.options import DecodeOptions
 from looplab.generation.reasoning import decode_answers
 from looplab.params import as_dict
 from looplab.seeding import derive_generator
@@ -72,7 +73,7 @@ def timed(model, prompts, tokens, rule, cache, repeats: int = 3):
     seconds = []
     for _ in range(repeats):
         began = time.perf_counter()
-        result = generate(model, prompts, tokens, rule, cache)
+        result = generate(model, prompts, tokens, DecodeOptions(rule, cache))
         seconds.append(time.perf_counter() - began)
     return result, sum(len(row) for row in result.tokens) / statistics.median(seconds)
 
@@ -84,12 +85,17 @@ def label(rule: GenerationExit) -> str:
     return f"{rule.name}, {settings}cap {rule.loops}"
 
 
+def options(rule: GenerationExit, cache: str) -> DecodeOptions:
+    """Greedy decoding at ``rule`` through ``cache`` (``last_m`` keeping :data:`KEEP_LOOPS` loops)."""
+    return DecodeOptions(rule, cache, cache_params={"keep_loops": KEEP_LOOPS} if cache == "last_m" else None)
+
+
 def reasoning(model, problems, rule, cache, repeats: int = 3):
     """(decoded answers, median tokens/s over ``repeats`` runs) of greedy answers to ``problems``."""
     seconds = []
     for _ in range(repeats):
         began = time.perf_counter()
-        answers = decode_answers(model, problems, rule, cache, KEEP_LOOPS)
+        answers = decode_answers(model, problems, options(rule, cache))
         seconds.append(time.perf_counter() - began)
     return answers, answers.tokens / statistics.median(seconds)
 
@@ -188,7 +194,7 @@ def loss_rows(model, passages, rules) -> list[list[str]]:
     rows = []
     for rule in rules:
         for cache in CACHES:
-            scored = score(model, passages, rule, cache, keep_loops=KEEP_LOOPS)
+            scored = score(model, passages, options(rule, cache))
             rows.append([label(rule), cache, f"{scored.mean_loss:.3f}", f"{scored.mean_depth:.2f}"])
     return rows
 
@@ -202,9 +208,7 @@ def memory_rows(model, prompts, new_tokens: int, digits: int) -> list[list]:
     rows = []
     for loops in (4, 16, 64):
         rule = GenerationExit("fixed", loops)
-        sizes = [
-            generate(model, prompts, new_tokens, rule, c, keep_loops=KEEP_LOOPS).cache_bytes / 2**20 for c in CACHES
-        ]
+        sizes = [generate(model, prompts, new_tokens, options(rule, c)).cache_bytes / 2**20 for c in CACHES]
         rows.append([loops, *(f"{size:.{digits}f}" for size in sizes)])
     return rows
 

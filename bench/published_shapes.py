@@ -26,6 +26,7 @@ import torch
 from timing import machine_line, print_measure, print_table
 
 from looplab.generation import GenerationExit, generate
+from looplab.generation.options import DecodeOptions
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.model_dir import open_model_dir
 
@@ -62,9 +63,9 @@ def write_random_dir(family: str, folder: Path) -> Path:
     return folder
 
 
-def tokens_per_second(loop, prompt: list[int], new: int, rule: GenerationExit, cache: str, **options) -> tuple:
+def tokens_per_second(loop, prompt: list[int], new: int, rule: GenerationExit, cache: str, **params) -> tuple:
     start = time.perf_counter()
-    run = generate(loop, [prompt], new, rule, cache=cache, **options)
+    run = generate(loop, [prompt], new, DecodeOptions(rule, cache, decoder_params=params))
     return new / (time.perf_counter() - start), run
 
 
@@ -105,7 +106,7 @@ def main() -> None:
             for loops in (4, 8, 16):
                 row = [family, loops]
                 for cache in ("per_loop", "shared", "last_m"):
-                    run = generate(loop, [prompt[:4]], 1, GenerationExit("fixed", loops), cache=cache, keep_loops=2)
+                    run = generate(loop, [prompt[:4]], 1, DecodeOptions(GenerationExit("fixed", loops), cache))
                     slots = 4 + 1  # the decoder allocates prompt + new-token slots
                     row.append(f"{run.cache_bytes / slots * 1024 / 2**20:,.0f}")
                 memory.append(row)

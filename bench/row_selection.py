@@ -30,6 +30,7 @@ from lms import kjv_byte_windows, start_lm_bench
 from timing import print_measure, print_table, print_verdict
 
 from looplab.generation import decoder, generate
+from looplab.generation.options import DecodeOptions
 
 GOAL = 0.95
 
@@ -44,7 +45,7 @@ def timed_at(model, prompts, rule, thresholds, repeats: int) -> dict[float, tupl
             for at in thresholds:
                 decoder.MASK_AT = at
                 began = time.perf_counter()
-                results[at] = generate(model, prompts, 64, rule, "per_loop")
+                results[at] = generate(model, prompts, 64, DecodeOptions(rule, "per_loop"))
                 seconds[at].append(time.perf_counter() - began)
     finally:
         decoder.MASK_AT = chosen

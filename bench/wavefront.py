@@ -29,7 +29,7 @@ from lms import kjv_byte_windows, start_lm_bench
 from timing import print_measure, print_table, print_verdict
 
 from looplab.generation import GenerationExit, generate
-from looplab.generation.decode import GREEDY
+from looplab.generation.options import DecodeOptions
 from looplab.generation.wavefront import WavefrontDecoder
 
 GOAL = 1.5
@@ -54,13 +54,20 @@ def main() -> None:
     for batch in (1, 8):
         prompts = windows[:batch]
         for rule in EXITS:
-            step, step_s = timed(lambda p=prompts, r=rule: generate(model, p, 64, r, "per_loop"), args.repeats)
+            step, step_s = timed(
+                lambda p=prompts, r=rule: generate(model, p, 64, DecodeOptions(r, "per_loop")), args.repeats
+            )
             count = sum(map(len, step.tokens))
             rows.append([batch, label(rule), "step", f"{step.mean_depth:.2f}", "", f"{count / step_s:.0f}", ""])
             for front in FRONTS:
 
                 def wave(front=front, prompts=prompts, rule=rule):
-                    return generate(model, prompts, 64, rule, "per_loop", batching="wavefront", front=front)
+                    return generate(
+                        model,
+                        prompts,
+                        64,
+                        DecodeOptions(rule, "per_loop", decoder="wavefront", decoder_params={"front": front}),
+                    )
 
                 result, wave_s = timed(wave, args.repeats)
                 same = sum(a == b for a, b in zip(step.tokens, result.tokens))
@@ -81,7 +88,7 @@ def main() -> None:
 
 def calls_of(model, prompts, rule, front: int) -> int:
     """The core calls of one wavefront decode (counted, untimed)."""
-    decoder = WavefrontDecoder(model, prompts, 64, rule, GREEDY, None, front)
+    decoder = WavefrontDecoder(model, prompts, 64, DecodeOptions(rule), None, front)
     with torch.no_grad():
         decoder.run()
     return decoder.calls

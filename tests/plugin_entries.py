@@ -16,6 +16,7 @@ from looplab import regularisers, token_exits
 from looplab.analysis import registry as metrics
 from looplab.eval import exits
 from looplab.examples.plugins import MODULES
+from looplab.generation import decoders, policies
 from looplab.model import placements
 from looplab.plugins import load_plugins
 from looplab.report import paper as papers
@@ -34,6 +35,8 @@ REGISTRIES = {
     "placement": placements.PLACEMENTS,
     "token_exit": token_exits.EXITS,
     "paper": papers.PAPERS,
+    "decoder": decoders.DECODERS,
+    "cache_policy": policies.POLICIES,
 }
 
 

@@ -18,7 +18,7 @@ from looplab.cli.runs import config_command, demo_command, eval_command, generat
 from looplab.cli.serve import serve_command
 from looplab.cli.studies import report_command, reproduce_command, results_command, sweep_command
 from looplab.config import PRESETS
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, one_line
 from looplab.plotting import use_figure_preset
 from looplab.train.stop import Stopped
 
@@ -82,14 +82,14 @@ def describe_error(err: Exception) -> str:
     """One line naming the problem: the message of a looplab error, the file and reason of an OS error."""
     import torch
 
-    first_line = (str(err).strip().splitlines() or [""])[0]
     if isinstance(err, LooplabError):
-        return first_line
+        return one_line(err, limit=None)  # looplab's own: whole, however long
+    message = one_line(err) if str(err).strip() else ""
     if isinstance(err, OSError):
         where = f": {err.filename}" if err.filename else ""
-        return f"{err.strerror or first_line}{where}"
+        return f"{err.strerror or message}{where}"
     if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)):
-        return f"out of memory ({first_line or type(err).__name__}); use a smaller model, batch or depth"
+        return f"out of memory ({message or type(err).__name__}); use a smaller model, batch or depth"
     if isinstance(err, UnicodeDecodeError):
-        return f"a file is not UTF-8 text ({first_line})"
-    return f"{type(err).__name__}: {first_line} (LOOPLAB_DEBUG=1 shows the traceback)"
+        return f"a file is not UTF-8 text ({message})"
+    return f"{type(err).__name__}: {message} (LOOPLAB_DEBUG=1 shows the traceback)"

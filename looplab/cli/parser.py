@@ -7,7 +7,7 @@ import argparse
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import PRESETS
-from looplab.generation import BATCHING, EXITS, MAX_LOOPS, POLICIES
+from looplab.generation import DECODERS, EXITS, MAX_LOOPS, POLICIES
 from looplab.lm.model_dir import INJECTIONS
 from looplab.plotting import FIGURE_PRESETS
 
@@ -308,48 +308,55 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--eps", type=float, help="the earlier spelling of --exit-param eps=E (convergence, kl)")
     generate.add_argument("--threshold", type=float, help="the earlier spelling of --exit-param threshold=P")
     generate.add_argument(
-        "--cache", choices=(*POLICIES, "none"), default="per_loop", help="KV cache across loops (default per_loop)"
+        "--cache",
+        metavar="NAME",
+        help=f"KV cache across loops: {', '.join(POLICIES)}, a plugin's, or none (recompute every step; "
+        "default per_loop)",
     )
     generate.add_argument(
-        "--keep-loops", type=int, help="loops kept per token by the last_m cache (default 2; with --cache last_m)"
+        "--cache-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of the chosen cache, e.g. keep_loops=3 for last_m (repeatable)",
     )
+    generate.add_argument("--keep-loops", type=int, help="the shorter spelling of --cache-param keep_loops=M (last_m)")
     generate.add_argument("--stop", action="append", default=[], help="stop a row at this text (\\n for a newline)")
     generate.add_argument("--show-depths", action="store_true", help="print the loops of every new token")
     generate.add_argument(
+        "--decoder",
+        metavar="NAME",
+        help=f"how the tokens run: {', '.join(DECODERS)} or a plugin's (default step; docs/generation.md); step: "
+        "a step's tokens run together; depth: each core call advances every row by one loop of its own token; "
+        "wavefront: also many positions of a row at once, each a guess checked by greedy decoding; speculative: "
+        "draft at fewer loops, verify at --loops",
+    )
+    generate.add_argument(
+        "--decoder-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of the chosen decoder, e.g. max_batch=8 for depth (repeatable)",
+    )
+    generate.add_argument(
+        "--batching", metavar="NAME", help="the earlier spelling of --decoder (step, depth, wavefront)"
+    )
+    generate.add_argument(
         "--read-only-exit",
         action="store_true",
-        help="run every token to --loops and only read it at its exit's loop (Ouro's own forward; saves no "
-        "compute); default: a token that exits stops computing",
+        help="step decoder: run every token to --loops and only read it at its exit's loop (Ouro's own forward; "
+        "saves no compute); default: a token that exits stops computing",
     )
     generate.add_argument(
         "--draft-loops",
         type=int,
         metavar="k",
-        help="self-speculative decoding: draft at k loops, verify at --loops (fixed exit, per_loop cache; greedy)",
+        help="--decoder speculative with draft_loops=k: draft at k loops, verify at --loops (fixed exit, per_loop "
+        "cache; greedy)",
     )
-    generate.add_argument(
-        "--draft-tokens", type=int, metavar="n", help="tokens drafted per round (with --draft-loops; default 4)"
-    )
-    generate.add_argument(
-        "--batching",
-        choices=BATCHING,
-        default="step",
-        help="step: a step's tokens run together; depth: each core call advances every row by one loop of its own "
-        "token (per_loop cache); wavefront: also many positions of a row at once, each a guess checked by greedy "
-        "decoding (per_loop cache, greedy, no coda)",
-    )
-    generate.add_argument(
-        "--max-batch",
-        type=int,
-        metavar="N",
-        help="with --batching depth: decode N prompts at once; the others wait and take the rows of finished ones",
-    )
-    generate.add_argument(
-        "--front",
-        type=int,
-        metavar="N",
-        help="with --batching wavefront: the positions of a row in flight at once (default: the exit's loops)",
-    )
+    generate.add_argument("--draft-tokens", type=int, metavar="n", help="speculative: tokens drafted per round (4)")
+    generate.add_argument("--max-batch", type=int, metavar="N", help="depth: decode N prompts at once (0: all)")
+    generate.add_argument("--front", type=int, metavar="N", help="wavefront: positions of a row in flight (0: loops)")
     generate.add_argument(
         "--json",
         action="store_true",
@@ -357,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the summary line on stderr",
     )
     generate.add_argument("--dtype", help="a model dir's weights: float32 (default) or bfloat16")
+    generate.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a plugin (a module name or a .py path) before decoding: its exits, caches and decoders; a run "
+        "dir's [run] plugins are imported anyway (repeatable)",
+    )
 
     pool = commands.add_parser(
         "pool", help="draw training instances that are slow to draw (9x9 Sudoku, large mazes) once, for task.pool"

@@ -79,11 +79,12 @@ def generate_command(args) -> None:
     looped LM or a retrofit, with its own tokenizer). ``--json``: one JSON object per prompt on stdout (its
     prompt and prompt token ids, the new token ids, their text, the loops each ran and its log-probability);
     the summary line then goes to stderr, so stdout is JSON Lines."""
-    from looplab.exits import fixed_depth
-    from looplab.generation import GenerationExit, Sampling, token_exit_params
+    from looplab.generation import Sampling
+    from looplab.generation.fields import check_fields, decode_options
     from looplab.generation.text import generate_text, unescape
     from looplab.generation.text_lm import open_text_lm
     from looplab.lm.model_dir import is_model_dir
+    from looplab.plugins import load_plugins
     from looplab.rundir import load_run_config
 
     prompts = list(args.prompt)
@@ -97,44 +98,21 @@ def generate_command(args) -> None:
     stops = [unescape(text) for text in args.stop]
     if "" in stops:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
-    params = _exit_params(args)
-    if args.keep_loops is not None and args.cache != "last_m":
-        raise LooplabError(f"--keep-loops sets the loops the last_m cache keeps; this generation's cache: {args.cache}")
-    keep_loops = 2 if args.keep_loops is None else args.keep_loops
-    if args.draft_tokens is not None and args.draft_loops is None:
-        raise LooplabError("--draft-tokens needs --draft-loops k (the draft's depth)")
-    draft = (
-        None if args.draft_loops is None else (args.draft_loops, 4 if args.draft_tokens is None else args.draft_tokens)
-    )
+    load_plugins(args.plugin)  # and the installed packages' entry points
+    fields = _decode_fields(args)
     if is_model_dir(args.run_dir):
-        token_exit_params(args.exit, {}, **params)  # an unknown exit or parameter is refused before any weight is read
+        check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
         lm = open_text_lm(args.run_dir, args.dtype or "float32")
-        rule = lm.exit_rule(args.exit, args.loops, **params)
     else:
         if args.dtype is not None:
             raise LooplabError(
                 f"--dtype applies to a model dir (config.json); {args.run_dir} is a looplab run, read as it was trained"
             )
-        config = load_run_config(args.run_dir)  # imports the run's plugins: their exits are known from here on
-        loops = args.loops if args.loops is not None else fixed_depth(config.eval)
-        rule = GenerationExit(args.exit, loops, token_exit_params(args.exit, config.generate.exits, **params))
+        load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
+        check_fields(fields)
         lm = open_text_lm(args.run_dir)
-    completions, result = generate_text(
-        lm,
-        prompts,
-        args.max_new_tokens,
-        rule,
-        args.cache,
-        Sampling(args.temperature, args.top_k, args.seed),
-        stops,
-        keep_loops,
-        sources,
-        draft=draft,
-        batching=args.batching,
-        max_batch=args.max_batch,
-        front=args.front,
-        read_only_exit=args.read_only_exit,
-    )
+    options = decode_options(fields, lm, Sampling(args.temperature, args.top_k, args.seed))
+    completions, result = generate_text(lm, prompts, args.max_new_tokens, options, stops, sources)
     for completion, logprobs in zip(completions, result.logprobs):
         if args.json:
             print(json.dumps(_completion_json(completion, logprobs), ensure_ascii=False))
@@ -143,20 +121,26 @@ def generate_command(args) -> None:
         if args.show_depths:
             print(f"  loops per token: {' '.join(map(str, completion.depths))}")
     depths = [d for c in result.depths for d in c]
+    rule = options.exit_rule
     print(
-        f"generate: {len(depths)} tokens, {args.exit} exit (loops {rule.loops}), mean depth {result.mean_depth:.2f} "
-        f"(min {min(depths)}, max {max(depths)}), {args.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
-        + _draft_summary(draft, result),
+        f"generate: {len(depths)} tokens, {rule.name} exit (loops {rule.loops}), mean depth {result.mean_depth:.2f} "
+        f"(min {min(depths)}, max {max(depths)}), {options.cache} cache {result.cache_bytes / 2**20:.2f} MiB"
+        + _draft_summary(options, result),
         file=sys.stderr if args.json else sys.stdout,
     )
 
 
-def _draft_summary(draft, result) -> str:
-    """The summary line's tail for a speculative generation: the drafts and the share kept."""
-    if draft is None:
-        return ""
+def _draft_summary(options, result) -> str:
+    """The summary line's tail: the decoder unless ``step``, and for a speculative generation its drafts and
+    the share kept."""
+    if options.decoder != "speculative":
+        return "" if options.decoder == "step" else f", {options.decoder} decoder"
+    params = options.decoder_params
     kept = "n/a" if not result.drafted else f"{100 * result.acceptance:.1f} %"
-    return f", drafts of {draft[1]} at {draft[0]} loops: {result.accepted}/{result.drafted} kept ({kept})"
+    return (
+        f", drafts of {params.draft_tokens} at {params.draft_loops} loops: {result.accepted}/{result.drafted} kept "
+        f"({kept})"
+    )
 
 
 def _completion_json(completion, logprobs: list[float]) -> dict:
@@ -184,28 +168,50 @@ def _read_prompts(path: str) -> list[str]:
     return lines
 
 
-def _exit_params(args) -> dict:
-    """The exit parameters ``--exit-param KEY=VALUE`` sets (values read as TOML, else as text), with the
-    earlier flags ``--eps`` and ``--threshold`` read as the keys they name."""
+def _decode_fields(args) -> dict:
+    """The decode fields of a ``looplab generate`` line (:mod:`looplab.generation.fields`): ``--loops``,
+    ``--exit``, ``--cache``, ``--decoder`` and each chosen one's parameters from ``--exit-param``,
+    ``--cache-param`` and ``--decoder-param KEY=VALUE`` (values read as TOML, else as text) and from the
+    shorter flags (``--eps``, ``--threshold``, ``--keep-loops``, ``--max-batch``, ``--front``,
+    ``--read-only-exit``, ``--draft-loops``, ``--draft-tokens``); ``--batching`` is the earlier ``--decoder``,
+    and ``--draft-loops`` alone chooses ``speculative``."""
+    if args.decoder is not None and args.batching is not None:
+        raise LooplabError("--batching is the earlier spelling of --decoder: give one of them")
+    decoder = args.decoder or args.batching
+    if decoder is None and args.draft_loops is not None:
+        decoder = "speculative"
+    fields = {"loops": args.loops, "exit": args.exit, "cache": args.cache, "decoder": decoder}
+    shorter = {
+        "eps": args.eps, "threshold": args.threshold, "keep_loops": args.keep_loops, "max_batch": args.max_batch,
+        "front": args.front, "read_only_exit": args.read_only_exit or None, "draft_loops": args.draft_loops,
+        "draft_tokens": args.draft_tokens,
+    }  # fmt: skip
+    given = {key: "--" + key.replace("_", "-") for key, value in shorter.items() if value is not None}
+    for flag in ("--exit-param", "--cache-param", "--decoder-param"):
+        for key, value in _key_values(getattr(args, flag[2:].replace("-", "_")), flag).items():
+            if key in fields or key in given:
+                first = given.get(key, f"--{key}")
+                raise LooplabError(f"{key} is given twice ({first} and {flag} {key}): give it once")
+            fields[key], given[key] = value, f"{flag} {key}"
+    fields.update({key: value for key, value in shorter.items() if value is not None})
+    return fields
+
+
+def _key_values(texts: list[str], flag: str) -> dict:
+    """``KEY=VALUE`` texts as a dict, each value read as TOML (else as text); one-line errors naming ``flag``."""
     import tomllib
 
     found = {}
-    for text in args.exit_param:
+    for text in texts:
         key, equals, raw = (part.strip() for part in text.partition("="))
         if not equals or not key:
-            raise LooplabError(f"--exit-param {text!r} must look like KEY=VALUE, e.g. eps=0.01")
+            raise LooplabError(f"{flag} {text!r} must look like KEY=VALUE, e.g. eps=0.01")
         if key in found:
-            raise LooplabError(f"--exit-param {key} is given twice: give it once")
+            raise LooplabError(f"{flag} {key} is given twice: give it once")
         try:
             found[key] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             found[key] = raw
-    for key in ("eps", "threshold"):
-        value = getattr(args, key)
-        if value is not None:
-            if key in found:
-                raise LooplabError(f"--{key} is the earlier spelling of --exit-param {key}=VALUE: give one of them")
-            found[key] = value
     return found
 
 

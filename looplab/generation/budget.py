@@ -2,8 +2,9 @@
 
 A generation holds at once, as a rough upper bound in the manner of :mod:`looplab.memory`: the keys and
 values of every layer call for every slot (the longest prompt's W tokens plus N new ones per row; per
-core layer, one cache per loop under ``per_loop``, one under ``shared``, ``keep_loops`` under
-``last_m``), the prefill's attention scores and mask over the prompts (B × H × W × W) and its states.
+core layer, the loops the cache policy holds: one cache per loop under ``per_loop``, one under ``shared``,
+``keep_loops`` under ``last_m``), the prefill's attention scores and mask over the prompts (B × H × W × W)
+and its states.
 Without a cache every step recomputes each row whole (B × H × S × S scores and [B, S, V] logits, S = W + N).
 Positions end at the model's ``max_len`` (learned positions have no row past it; RoPE and relative
 positions were trained within it, and the server and ``eval --window`` hold every model to it too). A
@@ -17,26 +18,29 @@ from __future__ import annotations
 from numbers import Integral
 
 from looplab.errors import LooplabError
+from looplab.generation.policies import NO_CACHE, POLICIES, cache_params
 from looplab.memory import GIB, device_bytes
 
 __all__ = ["generation_bytes", "check_budget"]
 
 
-def generation_bytes(model, batch: int, width: int, new: int, loops: int, cache: str, keep_loops: int) -> int:
+def generation_bytes(model, batch: int, width: int, new: int, loops: int, cache: str, params=None) -> int:
     """Bytes a generation of ``batch`` rows, prompts padded to ``width`` tokens and ``new`` tokens each, holds
-    at ``loops`` loops under ``cache`` (``model`` as the decoder reads it: ``views.decodable``)."""
+    at ``loops`` loops under ``cache`` with its ``params`` (``model`` as the decoder reads it:
+    ``views.decodable``)."""
     cfg = model.cfg
     elem = model.head.weight.element_size()
     heads, d, vocab = cfg.n_heads, cfg.d_model, model.head.out_features
     head_dim, kv_heads = getattr(cfg, "head_dim", d // heads), getattr(cfg, "kv_heads", heads)
     slots = width + new
-    if cache == "none":  # the whole sequence, every layer call's scores, states and every position's logits
+    if cache == NO_CACHE:  # the whole sequence, every layer call's scores, states and every position's logits
         return elem * batch * slots * (3 * heads * slots + 16 * d + vocab) + 3 * batch * slots * slots
-    core = {"per_loop": loops, "shared": 1, "last_m": keep_loops}[cache]
+    policy, params = POLICIES[cache], cache_params(cache, params)
+    core = policy.held_loops(params, loops)
     calls = len(model.prelude) + len(model.coda) + core * len(model.core)
     keys_values = 2 * batch * kv_heads * slots * head_dim * calls
     prefill = batch * width * (3 * heads * width + 16 * d)  # scores, softmax and states of the prompts
-    rows = 9 * batch * slots + (8 * batch * slots * len(model.core) if cache == "last_m" else 0)  # slots, rings
+    rows = (9 + policy.index_bytes(params) * len(model.core)) * batch * slots  # slots, a ring's loop indices
     return elem * (keys_values + prefill + 4 * batch * vocab) + 3 * batch * width * width + rows
 
 
@@ -54,7 +58,7 @@ def _largest(fits) -> int:
 
 
 def check_budget(
-    model, lengths: list[int], new: int, loops: int, cache: str, keep_loops: int, sources: list[str] | None = None
+    model, lengths: list[int], new: int, loops: int, cache: str, params=None, sources: list[str] | None = None
 ) -> None:
     """Refuse a generation that cannot fit: a prompt too long to continue (named by ``sources``, else by its
     index), or a number of new tokens outside the range that fits, in one line with that range."""
@@ -68,13 +72,13 @@ def check_budget(
     def fits(prompt: int, count: int) -> bool:
         if prompt + count > cfg.max_len:
             return False
-        return generation_bytes(model, batch, prompt, count, loops, cache, keep_loops) <= available
+        return generation_bytes(model, batch, prompt, count, loops, cache, params) <= available
 
     def why(prompt: int, count: int) -> str:
         if prompt + count > cfg.max_len:
             kind = "learned positions" if cfg.positional == "learned" else "the model's positions"
             return f"{kind} end at {cfg.max_len} (max_len)"
-        needed = generation_bytes(model, batch, prompt, count, loops, cache, keep_loops)
+        needed = generation_bytes(model, batch, prompt, count, loops, cache, params)
         return (
             f"{batch} row(s) at {loops} loops with the {cache} cache need an estimated {needed / GIB:,.1f} GiB, "
             f"more than the {available / GIB:,.1f} GiB of {device}"

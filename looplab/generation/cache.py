@@ -2,20 +2,8 @@
 
 Every layer call of the model (prelude layer i, core layer ℓ at loop t, coda
 layer i) has keys and values for the tokens already processed. A **policy**
-says which of them a new token attends to (docs/methods.md §9):
-
-    per_loop   one cache per (loop, core layer): a token at loop t reads every
-               earlier token's loop-t keys and values — exactly what recomputing
-               the whole sequence computes. A token that exited at depth k < t
-               lends its loop-k entries to loops t > k. Memory grows with depth.
-    shared     one cache per core layer across loops: each token's slot holds
-               the keys and values of the last loop it ran, so an earlier token is
-               read at its exit depth at every loop (Huginn's cache). Memory does
-               not grow with depth.
-    last_m     each token keeps the keys and values of its last m loops (a ring of
-               m per core layer): a token at loop t reads an earlier token that
-               exited at depth e at loop clamp(t, e − m + 1, e). m = 1 is ``shared``;
-               m ≥ the cap is ``per_loop``. Memory is m × layers × tokens.
+(:mod:`looplab.generation.policies`: ``per_loop``, ``shared``, ``last_m`` or a
+plugin's) says which of them a new token attends to (docs/methods.md §9).
 
 Prelude and coda layers run once per token, so they have one cache each under
 every policy.
@@ -35,99 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from looplab.errors import LooplabError
+from looplab.generation.policies import POLICIES, cache_params
+from looplab.generation.stores import LayerCache, RingLayerCache, SlotStore
 from looplab.model.attention import SelfAttention, apply_rope
-
-POLICIES = ("per_loop", "shared", "last_m")
-
-
-@dataclass
-class LayerCache:
-    """Keys and values of one layer call: k, v [B, H, S, Dh]; what was written is tracked by the owner."""
-
-    k: Tensor
-    v: Tensor
-
-    def write(self, rows: Tensor | slice, chunk: slice, k: Tensor, v: Tensor, loop: int) -> None:
-        """Store the new tokens' k, v [R, H, m, Dh] in slots ``chunk`` of ``rows``."""
-        self.k[rows, :, chunk] = k
-        self.v[rows, :, chunk] = v
-
-    def read(self, rows: Tensor | slice, chunk: slice, loop: int) -> tuple[Tensor, Tensor]:
-        """Keys and values [R, H, chunk.stop, Dh] of slots 0..chunk.stop − 1 that ``rows`` attend to at ``loop``
-        (the new tokens in ``chunk`` have just been written)."""
-        return self.k[rows, :, : chunk.stop], self.v[rows, :, : chunk.stop]
-
-    def copy_slots(self, source: LayerCache, rows: Tensor, chunk: slice) -> None:
-        """Take ``source``'s entries of slots ``chunk`` of ``rows`` (a ``per_loop`` lend)."""
-        self.k[rows, :, chunk] = source.k[rows, :, chunk]
-        self.v[rows, :, chunk] = source.v[rows, :, chunk]
-
-    def empty_like(self) -> LayerCache:
-        return LayerCache(torch.zeros_like(self.k), torch.zeros_like(self.v))
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
-
-@dataclass
-class SlotStore:
-    """What one layer call's temporal convolution read of each slot: ``values`` [B, S, C] (its input
-    there, after its padding mask); a later token's convolution reads its row's previous ones."""
-
-    values: Tensor
-
-    def copy_slots(self, source: SlotStore, rows: Tensor, chunk: slice) -> None:
-        self.values[rows, chunk] = source.values[rows, chunk]
-
-    def empty_like(self) -> SlotStore:
-        return SlotStore(torch.zeros_like(self.values))
-
-    def nbytes(self) -> int:
-        return self.values.numel() * self.values.element_size()
-
-
-@dataclass
-class RingLayerCache:
-    """A core layer's keys and values under ``last_m``: k, v [m, B, H, S, Dh], loop t in ring t mod m,
-    and ``last`` [B, S] long, the last loop written to each slot (0: none)."""
-
-    k: Tensor
-    v: Tensor
-    last: Tensor
-
-    def write(self, rows: Tensor | slice, chunk: slice, k: Tensor, v: Tensor, loop: int) -> None:
-        ring = loop % self.k.shape[0]
-        self.k[ring, rows, :, chunk] = k
-        self.v[ring, rows, :, chunk] = v
-        self.last[rows, chunk] = loop
-
-    def read(self, rows: Tensor | slice, chunk: slice, loop: int) -> tuple[Tensor, Tensor]:
-        keep, start, stop = self.k.shape[0], chunk.start, chunk.stop
-        own = loop % keep  # the new tokens were just written at this loop
-        last = self.last[rows, :start]  # [R, start]
-        ring = torch.minimum(torch.clamp(last - keep + 1, min=loop), last) % keep
-        earlier = ring[last > 0]  # slots never written are never attended
-        if earlier.numel() == 0 or bool((earlier == earlier[0]).all()):
-            # every earlier token is read from one ring (as at a fixed depth): slices, no gather
-            common = int(earlier[0]) if earlier.numel() else own
-            if common == own:
-                return self.k[own, rows, :, :stop], self.v[own, rows, :, :stop]
-            k = torch.cat([self.k[common, rows, :, :start], self.k[own, rows, :, start:stop]], dim=2)
-            v = torch.cat([self.v[common, rows, :, :start], self.v[own, rows, :, start:stop]], dim=2)
-            return k, v
-        ring = torch.cat([ring, torch.full_like(self.last[rows, start:stop], own)], dim=1)
-        index = torch.arange(self.k.shape[1], device=ring.device)[rows][:, None]
-        slots = torch.arange(stop, device=ring.device)[None, :]
-        # advanced indices split by the head slice land first: [R, S', H, Dh] → [R, H, S', Dh]
-        return self.k[ring, index, :, slots].transpose(1, 2), self.v[ring, index, :, slots].transpose(1, 2)
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
 
 
 @dataclass
@@ -142,15 +45,15 @@ class Slots:
 
 @dataclass
 class KVCache:
-    """Every layer call's :class:`LayerCache` under one policy, created on first use.
+    """Every layer call's store under one policy, created on first use.
 
-    Keys are (site, loop, index): site ``prelude``, ``core`` or ``coda``; loop 0 for the
-    prelude and coda, and for the core under ``shared`` and ``last_m`` (whose core layers are
-    :class:`RingLayerCache` of ``keep_loops`` loops). ``index`` numbers a site's layer calls in
-    one pass (a loop that calls a layer twice has two indices); a convolution's
-    :class:`SlotStore` is keyed (site, loop, (index, name)).
+    Keys are (site, loop, index): site ``prelude``, ``core`` or ``coda``; loop 0 for the prelude and
+    coda, and for the core under a policy with one store across loops (``shared``; ``last_m``'s is a
+    :class:`RingLayerCache`). ``index`` numbers a site's layer calls in one pass (a loop that calls a
+    layer twice has two indices); a convolution's :class:`SlotStore` is keyed (site, loop, (index, name)).
+    ``params`` are the policy's own (a dict of its keys or its ``Params``).
 
-    Under ``per_loop`` with ``loops`` (the deepest loop a token may run) given, the keys and values of
+    Under a per-loop policy with ``loops`` (the deepest loop a token may run) given, the keys and values of
     core call ``index`` at every loop are one tensor each, ``stacks[index]`` = (k, v) [K, B, H, S, Dh],
     and each loop's :class:`LayerCache` is a view of its slice: a lend is then one write per call
     instead of one per later loop, and depth-wise batching indexes the loop like any other dimension.
@@ -163,34 +66,30 @@ class KVCache:
     slots: Slots
     dtype: torch.dtype
     device: torch.device
-    keep_loops: int = 2
+    params: Any = None
     loops: int = 0
     layers: dict[tuple, LayerCache | RingLayerCache | SlotStore] = field(default_factory=dict)
     stacks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise LooplabError(f"unknown KV cache policy {self.policy!r}; valid choices: {', '.join(POLICIES)}")
+        self.params = cache_params(self.policy, self.params)
+        self.entry = POLICIES[self.policy]
 
     def key(self, site: str, loop: int, index) -> tuple:
-        return (site, loop if site == "core" and self.policy == "per_loop" else 0, index)
+        return (site, loop if site == "core" and self.entry.per_loop else 0, index)
 
-    def layer(
-        self, site: str, loop: int, index: int, heads: int | None = None, head_dim: int | None = None
-    ) -> LayerCache | RingLayerCache:
+    def layer(self, site: str, loop: int, index: int, heads: int | None = None, head_dim: int | None = None):
         """Layer call ``index`` of ``site`` at ``loop``: its keys and values of ``heads`` × ``head_dim`` (default
         the model's; a family whose layers differ in shape gives each call's own)."""
         key = self.key(site, loop, index)
         if key not in self.layers:
             heads, head_dim = heads or self.heads, head_dim or self.head_dim
             shape = (self.batch, heads, self.slots.positions.shape[1], head_dim)
-            if site == "core" and self.policy == "per_loop" and self.loops:
+            if site == "core" and self.entry.per_loop and self.loops:
                 k, v = self.stack(index, heads, head_dim)
                 self.layers[key] = LayerCache(k[loop - 1], v[loop - 1])
-            elif site == "core" and self.policy == "last_m":
-                zeros = torch.zeros((self.keep_loops, *shape), dtype=self.dtype, device=self.device)
-                last = torch.zeros(shape[0], shape[2], dtype=torch.long, device=self.device)
-                self.layers[key] = RingLayerCache(zeros, zeros.clone(), last)
+            elif site == "core":
+                self.layers[key] = self.entry.core_store(self.params, shape, self.dtype, self.device)
             else:
                 zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 self.layers[key] = LayerCache(zeros, zeros.clone())
@@ -215,9 +114,9 @@ class KVCache:
         return self.layers[key]
 
     def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int) -> None:
-        """``per_loop``: rows that stopped at ``exit_loop`` lend its entries — of every call site of the loop,
-        keys, values and convolution inputs alike — to the loops up to ``last_loop``."""
-        if self.policy != "per_loop":
+        """A per-loop policy: rows that stopped at ``exit_loop`` lend its entries — of every call site of the
+        loop, keys, values and convolution inputs alike — to the loops up to ``last_loop``."""
+        if not self.entry.per_loop:
             return
         for k, v in self.stacks.values():  # the exit loop's slice, broadcast over the later ones
             k[exit_loop:last_loop, rows, :, chunk] = k[exit_loop - 1, rows, :, chunk]

@@ -23,9 +23,11 @@ import torch
 from torch import Tensor
 
 from looplab.generation.cache import KVCache, LayerCache, RingLayerCache, Slots, SlotStore, cached_attention, visible
+from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.model.attention import rope_tables
 from looplab.model.layer import Layer
+from looplab.params import param
 from looplab.tasks.base import PAD
 
 #: a decode step's loop runs every row of the step, masking the cache writes of rows whose token has
@@ -56,23 +58,13 @@ class LazyPrompt:
 
 
 class Decoder:
-    """One generation with a KV cache (see :func:`generate`)."""
+    """One generation with a KV cache (see :func:`generate`): the ``step`` decoder, and the prefill, passes and
+    cache the other cached decoders build on. ``options``: a checked
+    :class:`~looplab.generation.options.DecodeOptions` (its exit, cache and sampling are read here)."""
 
-    def __init__(
-        self,
-        model,
-        prompts,
-        max_new_tokens,
-        exit_rule,
-        policy,
-        sampling,
-        finished,
-        keep_loops=2,
-        forced=None,
-        width=0,
-        read_only=False,
-    ):
-        self.model, self.exit, self.sampling, self.finished = model, exit_rule, sampling, finished
+    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, read_only=False):
+        exit_rule, policy = options.exit_rule, options.cache
+        self.model, self.exit, self.sampling, self.finished = model, exit_rule, options.sampling, finished
         # a read-only exit runs every token to the cap and reads it at its exit (writes every loop's keys)
         self.read_only = read_only
         self.forced = forced
@@ -91,7 +83,9 @@ class Decoder:
         self.slots = Slots(positions, real)
         head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
         kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)  # a retrofit's grouped keys and values
-        self.cache = KVCache(policy, batch, kv_heads, head_dim, self.slots, dtype, device, keep_loops, exit_rule.loops)
+        self.cache = KVCache(
+            policy, batch, kv_heads, head_dim, self.slots, dtype, device, options.cache_params, exit_rule.loops
+        )
         self.rope = None
         if cfg.positional == "rope":
             length = self.width + max_new_tokens
@@ -99,15 +93,16 @@ class Decoder:
                 self.rope = model.rope_tables(length, device, dtype)
             else:
                 self.rope = rope_tables(length, head_dim, cfg.rope_base, device, dtype)
-        self.generator = torch.Generator().manual_seed(sampling.seed)
+        self.generator = torch.Generator().manual_seed(options.sampling.seed)
         # per_loop with an adaptive exit runs the prompt only as deep as its tokens need, and deepens it
         # when a later token first reaches a loop it has not run (its keys and values are the same
         # whenever they are computed). A coda would read the prompt's states at that depth, not the cap.
-        self.lazy_prompt = policy == "per_loop" and exit_rule.adaptive and not cfg.coda_layers and not read_only
+        per_loop = options.policy.per_loop
+        self.lazy_prompt = per_loop and exit_rule.adaptive and not cfg.coda_layers and not read_only
         # a decode step may run its exited rows too, their cache writes masked (MASK_AT), where the model's
         # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
         own_passes = any(hasattr(model, name) for name in ("prelude_pass", "core_pass", "coda_pass"))
-        self.masks = policy == "per_loop" and exit_rule.adaptive and not own_passes and not read_only
+        self.masks = per_loop and exit_rule.adaptive and not own_passes and not read_only
         self.prompt: LazyPrompt | None = None
 
     def run(self) -> Generation:
@@ -128,12 +123,21 @@ class Decoder:
                 break
             keep = torch.tensor(still, device=live.device)
             live, chosen = live[keep], chosen[keep]
-            slot = self.width + step
-            self.slots.positions[live, slot] = self.lengths[live] + step
-            self.slots.real[live, slot] = True
-            logits, depths = self.forward(chosen[:, None], live, slice(slot, slot + 1), torch.zeros_like(live))
+            logits, depths = self.step(live, chosen, self.width + step, self.lengths[live] + step)
         out.cache_bytes = self.cache.nbytes()
         return out
+
+    def start(self, rows: Tensor, slot: Tensor | int, positions: Tensor) -> None:
+        """Put a new token of each of ``rows`` [R] in ``slot`` (one for all, or [R]), at its own position in its
+        row ([R]: the row's token count before it): from here on it is a real token the later ones attend to."""
+        self.slots.positions[rows, slot] = positions
+        self.slots.real[rows, slot] = True
+
+    def step(self, rows: Tensor, tokens: Tensor, slot: int, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Start one new token per row (``tokens`` [R]) in ``slot`` and run it to its exit: its next-token logits
+        [R, V] and exit depths [R] (what the step decoder and the server's scheduler run each step)."""
+        self.start(rows, slot, positions)
+        return self.forward(tokens[:, None], rows, slice(slot, slot + 1), torch.zeros_like(rows))
 
     def forward(
         self, tokens: Tensor, rows: Tensor, chunk: slice, query: Tensor, prefill: bool = False
@@ -315,3 +319,22 @@ def logits_of(model, h: Tensor) -> Tensor:
     if hasattr(model, "logits"):
         return model.logits(h)
     return model.head(model.final_norm(h))
+
+
+@dataclass
+class StepParams:
+    read_only_exit: bool = param(
+        False, None, "every token runs every loop to the cap and is read at its exit's loop (Ouro's own forward)"
+    )
+
+
+@register_decoder
+class Step(DecodingMethod):
+    """Every row's token of a step runs its loops (until its exit) before the next step: :class:`Decoder`."""
+
+    name = "step"
+    Params = StepParams
+
+    def decode(self, model, prompts, max_new_tokens, options, finished, forced) -> Generation:
+        read_only = options.decoder_params.read_only_exit
+        return Decoder(model, prompts, max_new_tokens, options, finished, forced, read_only=read_only).run()

@@ -40,20 +40,20 @@ from torch import Tensor
 from looplab.errors import LooplabError
 from looplab.generation.cache import attend, rotated_projection
 from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of, prelude_pass
+from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.sampling import Generation, choose, ended
+from looplab.params import at_least, param
 from looplab.tasks.base import PAD
 
-__all__ = ["DepthwiseDecoder", "check_depthwise"]
+__all__ = ["DepthwiseDecoder", "Depth", "check_depthwise"]
 
 #: the passes a decoding view overrides when its loop is not a chain of layers (HRM-Text, Inkling-2)
 _OWN_PASSES = ("prelude_pass", "core_pass", "coda_pass")
 
 
-def check_depthwise(model, cache: str, batching: str = "depth-wise batching") -> None:
-    """One-line errors for what depth-wise batching (or ``batching``, a decoder built on it) does not take
-    (``model`` is a decoding view)."""
-    if cache != "per_loop":
-        raise LooplabError(f"{batching} keeps every loop's keys and values: use --cache per_loop, not {cache}")
+def check_depthwise(model, batching: str = "depth-wise batching") -> None:
+    """One-line errors for a model (a decoding view) whose passes depth-wise batching (or ``batching``, a
+    decoder built on it) cannot run."""
     own = [name for name in _OWN_PASSES if hasattr(model, name)]
     if own:
         raise LooplabError(
@@ -62,14 +62,48 @@ def check_depthwise(model, cache: str, batching: str = "depth-wise batching") ->
         )
 
 
+@dataclass
+class DepthParams:
+    max_batch: int = param(0, at_least(0), "prompts decoded at once, the others waiting for a finished row (0: all)")
+
+
+@register_decoder
+class Depth(DecodingMethod):
+    """Each core call advances every running row by one loop of its own token (module docstring)."""
+
+    name = "depth"
+    Params = DepthParams
+    caches = ("per_loop",)
+
+    def check(self, model, prompts, max_new_tokens, options, sources) -> None:
+        check_depthwise(model)
+        if options.exit_rule.reads_logits and len(model.coda):
+            raise LooplabError(
+                f"the {options.exit_rule.name} exit reads each loop's logits, which follow the coda "
+                f"({len(model.coda)} layers); the depth decoder runs the coda at a token's exit only: use the step "
+                "decoder, or an exit that reads the state"
+            )
+        held = options.decoder_params.max_batch
+        if held and held < len(prompts):  # rows held at once: max_batch of them, as wide as the longest prompt
+            lengths = [len(prompt) for prompt in prompts]
+            rows = sorted(sorted(range(len(prompts)), key=lengths.__getitem__)[-held:])
+            sources = [sources[i] if sources else f"prompts[{i}]" for i in rows]
+            prompts = [prompts[i] for i in rows]
+        super().check(model, prompts, max_new_tokens, options, sources)
+
+    def decode(self, model, prompts, max_new_tokens, options, finished, forced) -> Generation:
+        max_batch = options.decoder_params.max_batch
+        return DepthwiseDecoder(model, prompts, max_new_tokens, options, finished, forced, max_batch).run()
+
+
 class DepthwiseDecoder(Decoder):
     """The cached decoder's prefill, then calls that advance each running row by one loop (module docstring)."""
 
-    def __init__(self, model, prompts, max_new_tokens, exit_rule, sampling, finished, forced=None, max_batch=None):
-        batch = len(prompts) if max_batch is None else min(max_batch, len(prompts))
+    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, max_batch=0):
+        batch = min(max_batch or len(prompts), len(prompts))
         width = max(map(len, prompts))  # every prompt fits the rows' prompt slots, whichever row it takes
         first = prompts[:batch]
-        super().__init__(model, first, max_new_tokens, exit_rule, "per_loop", sampling, finished, 2, forced, width)
+        super().__init__(model, first, max_new_tokens, options, finished, forced, width)
         self.stacks = [self.cache.stack(index) for index in range(len(self.model.core))]
         self.prompts = prompts
         self.request = list(range(batch))  # row → the prompt it decodes now
@@ -144,8 +178,7 @@ class DepthwiseDecoder(Decoder):
         """Put each row's latest token [R] in its next slot and run its prelude: the row is at loop 0 of it."""
         state.slot[rows] += 1
         slot = state.slot[rows]
-        self.slots.positions[rows, slot] = self.lengths[rows] + slot - self.width
-        self.slots.real[rows, slot] = True
+        self.start(rows, slot, self.lengths[rows] + slot - self.width)
         x = self.model.embedding(tokens[:, None])
         if self.model.positions is not None:
             x = x + self.model.positions.weight[self.slots.positions[rows, slot]][:, None]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from looplab.generation.byte_text import decode, encode
-from looplab.generation.decode import Sampling, generate
-from looplab.generation.exits import GenerationExit
+from looplab.generation.decode import generate
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text import cut_at_stop
 from looplab.tasks.reasoning import ANSWER_END
 
@@ -59,18 +59,15 @@ class DecodedAnswers:
         return rows
 
 
-def decode_answers(
-    model, problems: list[tuple[str, str]], exit_rule: GenerationExit, cache: str = "per_loop", keep_loops: int = 2
-) -> DecodedAnswers:
-    """Greedy answers to ``problems`` ((question, answer) texts), each token at its exit's depth."""
+def decode_answers(model, problems: list[tuple[str, str]], options: DecodeOptions) -> DecodedAnswers:
+    """Greedy answers to ``problems`` ((question, answer) texts), each token at its exit's depth, decoded with
+    ``options`` (their sampling must be greedy)."""
     longest = max(len(answer) for _, answer in problems)
 
     def finished(ids: list[int]) -> bool:
         return cut_at_stop(decode(ids), [ANSWER_END]) is not None
 
-    result = generate(
-        model, [encode(q) for q, _ in problems], longest, exit_rule, cache, Sampling(), finished, keep_loops
-    )
+    result = generate(model, [encode(q) for q, _ in problems], longest, options, finished)
     texts = [cut_at_stop(decode(ids), [ANSWER_END]) or decode(ids) for ids in result.tokens]
     token_correct = [
         [i < len(text) and text[i] == answer[i] for i in range(len(answer))]

@@ -23,24 +23,23 @@ slot before, which a rejected draft may hold).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.generation.cache import POLICIES, visible
-from looplab.generation.decode import GREEDY, _check
+from looplab.generation.cache import visible
 from looplab.generation.decoder import Calls, Decoder, coda_pass, core_pass, logits_of, prelude_pass
-from looplab.generation.exits import GenerationExit
-from looplab.generation.sampling import Generation, Sampling, ended
-from looplab.generation.views import decodable
+from looplab.generation.decoders import DecodingMethod, register_decoder
+from looplab.generation.policies import POLICIES
+from looplab.generation.sampling import Generation, ended
+from looplab.params import Domain, at_least, param
 
 #: the most tokens one round may draft (a round's drafts take cache slots whether kept or not)
 MAX_DRAFT = 64
 
-__all__ = ["SpeculativeGeneration", "generate_speculative"]
+__all__ = ["SpeculativeGeneration", "Speculative"]
 
 
 @dataclass
@@ -56,54 +55,43 @@ class SpeculativeGeneration(Generation):
         return self.accepted / self.drafted if self.drafted else float("nan")
 
 
-@torch.no_grad()
-def generate_speculative(
-    model,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    loops: int,
-    draft_loops: int,
-    draft_tokens: int,
-    finished: Callable[[list[int]], bool] | None = None,
-    sampling: Sampling = GREEDY,
-    sources: list[str] | None = None,
-) -> SpeculativeGeneration:
-    """Greedy decoding at ``loops`` loops, drafted ``draft_tokens`` at a time at ``draft_loops`` loops.
+@dataclass
+class SpeculativeParams:
+    draft_loops: int = param(1, at_least(1), "the draft's depth k, below the exit's loops")
+    draft_tokens: int = param(4, Domain(1, MAX_DRAFT), "tokens drafted per round")
 
-    Args:
-        model: what :func:`looplab.generation.generate` takes.
-        prompts: token ids per row (each non-empty).
-        loops: K, the depth whose greedy tokens are returned.
-        draft_loops: k in 1..K − 1, the draft's depth.
-        draft_tokens: n ≥ 1, the tokens drafted per round.
-        finished: called with a row's generated ids after each token; True ends that row.
-        sampling: must be greedy (temperature 0); sampled speculative decoding needs rejection sampling.
 
-    Returns:
-        tokens, depths (K for every token), log-probabilities under the K-loop distribution, and the
-        draft counts.
-    """
-    view = decodable(model)
-    exit_rule = GenerationExit("fixed", loops)
-    if sampling.temperature != 0:
-        raise LooplabError("speculative decoding is greedy here: --temperature must be 0")
-    if not 1 <= draft_loops < loops:
-        raise LooplabError(f"--draft-loops must be in 1..{loops - 1} (below --loops {loops}), got {draft_loops}")
-    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens <= MAX_DRAFT:
-        raise LooplabError(f"--draft-tokens must be an integer in 1..{MAX_DRAFT}, got {draft_tokens}")
-    if tuple(getattr(view, "policies", POLICIES)) != tuple(POLICIES):
-        raise LooplabError(
-            f"speculative decoding is not defined for {type(model).__name__}: its layers read the slot before "
-            "through convolutions over time, which a rejected draft may hold"
-        )
-    _check(view, prompts, max_new_tokens, exit_rule, "per_loop", 2, None, sources)
-    _check_draft_slots(view, prompts, max_new_tokens, loops, draft_tokens)
-    was_training = view.training
-    view.eval()
-    try:
-        return _SpeculativeDecoder(view, prompts, max_new_tokens, exit_rule, draft_loops, draft_tokens, finished).run()
-    finally:
-        view.train(was_training)
+@register_decoder
+class Speculative(DecodingMethod):
+    """Greedy decoding at the fixed exit's loops K, drafted ``draft_tokens`` at a time at ``draft_loops`` loops
+    (module docstring). Its :class:`SpeculativeGeneration` counts the drafts proposed and kept."""
+
+    name = "speculative"
+    Params = SpeculativeParams
+    adaptive_exits = False
+    caches = ("per_loop",)
+    sampling = False
+    scoring = False
+
+    def check(self, model, prompts, max_new_tokens, options, sources) -> None:
+        loops, params = options.exit_rule.loops, options.decoder_params
+        if not params.draft_loops < loops:
+            raise LooplabError(
+                f"draft_loops must be in 1..{loops - 1} (below the exit's {loops} loops), got {params.draft_loops}"
+            )
+        if tuple(getattr(model, "policies", POLICIES)) != tuple(POLICIES):
+            raise LooplabError(
+                f"speculative decoding is not defined for {type(model).__name__}: its layers read the slot before "
+                "through convolutions over time, which a rejected draft may hold"
+            )
+        super().check(model, prompts, max_new_tokens, options, sources)
+        _check_draft_slots(model, prompts, max_new_tokens, loops, params.draft_tokens)
+
+    def decode(self, model, prompts, max_new_tokens, options, finished, forced) -> SpeculativeGeneration:
+        params = options.decoder_params
+        return _SpeculativeDecoder(
+            model, prompts, max_new_tokens, options, params.draft_loops, params.draft_tokens, finished
+        ).run()
 
 
 def _check_draft_slots(view, prompts, max_new_tokens: int, loops: int, draft_tokens: int) -> None:
@@ -114,7 +102,7 @@ def _check_draft_slots(view, prompts, max_new_tokens: int, loops: int, draft_tok
 
     device = str(view.head.weight.device)
     width = max(map(len, prompts))
-    needed = generation_bytes(view, len(prompts), width, max_new_tokens * draft_tokens, loops, "per_loop", 2)
+    needed = generation_bytes(view, len(prompts), width, max_new_tokens * draft_tokens, loops, "per_loop")
     available = device_bytes(device)
     if needed > available:
         raise LooplabError(
@@ -127,8 +115,8 @@ def _check_draft_slots(view, prompts, max_new_tokens: int, loops: int, draft_tok
 class _SpeculativeDecoder(Decoder):
     """The cached decoder's prefill and passes, stepped in draft-and-verify rounds (module docstring)."""
 
-    def __init__(self, model, prompts, max_new_tokens, exit_rule, draft_loops, draft_tokens, finished):
-        super().__init__(model, prompts, max_new_tokens * draft_tokens, exit_rule, "per_loop", GREEDY, finished)
+    def __init__(self, model, prompts, max_new_tokens, options, draft_loops, draft_tokens, finished):
+        super().__init__(model, prompts, max_new_tokens * draft_tokens, options, finished)
         self.max_new, self.draft_loops, self.draft_tokens = max_new_tokens, draft_loops, draft_tokens
 
     def run(self) -> SpeculativeGeneration:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from looplab.errors import LooplabError
 from looplab.generation.byte_text import no_head_message
-from looplab.generation.decode import GREEDY, Generation, Sampling, generate
+from looplab.generation.decode import Generation, generate
 from looplab.generation.exits import GenerationExit
-from looplab.generation.speculative import generate_speculative
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text_lm import TextLM, open_text_lm
 
 
@@ -53,37 +53,29 @@ def generate_text(
     source: str | Path | TextLM,
     prompts: list[str],
     max_new_tokens: int = 64,
-    exit_rule: GenerationExit | None = None,
-    cache: str = "per_loop",
-    sampling: Sampling = GREEDY,
+    options: DecodeOptions | None = None,
     stops: list[str] = (),
-    keep_loops: int = 2,
     sources: list[str] | None = None,
     dtype: str = "float32",
-    draft: tuple[int, int] | None = None,
-    batching: str = "step",
-    max_batch: int | None = None,
-    front: int | None = None,
-    read_only_exit: bool = False,
 ) -> tuple[list[Completion], Generation]:
     """Continue each text prompt with a looped LM: a run dir's latest checkpoint or a model dir (any path
     :func:`~looplab.generation.text_lm.open_text_lm` opens, in ``dtype`` for a model dir), or a
     :class:`~looplab.generation.text_lm.TextLM` already open.
 
-    ``exit_rule`` defaults to the model's fixed exit at its default loops (a run's fixed depth, a model
-    dir's native loop count); the ``halting`` exit is given the run's halting head. A row stops after
-    the model's end-of-text token or at its first stop string (kept in its text); ``sources`` name the
-    prompts in errors (``prompts.txt line 3``); an empty stop string is refused (every text holds it).
-    ``draft`` (k, n) decodes self-speculatively (:mod:`looplab.generation.speculative`); ``batching``,
-    ``max_batch``, ``front`` and ``read_only_exit`` are :func:`~looplab.generation.decode.generate`'s.
+    ``options`` (:class:`~looplab.generation.options.DecodeOptions`) default to the model's fixed exit at its
+    default loops (a run's fixed depth, a model dir's native loop count); the ``halting`` exit is given the
+    run's halting head. A row stops after the model's end-of-text token or at its first stop string (kept in
+    its text); ``sources`` name the prompts in errors (``prompts.txt line 3``); an empty stop string is
+    refused (every text holds it).
     """
     for stop in stops:
         if not isinstance(stop, str) or not stop:
             raise LooplabError(f"a stop string must be non-empty text (every text holds the empty one), got {stop!r}")
     lm = source if isinstance(source, TextLM) else open_text_lm(source, dtype)
-    exit_rule = exit_rule or lm.exit_rule()
-    if exit_rule.needs_head and exit_rule.halts is None:
-        exit_rule = replace(exit_rule, halts=_halts(lm, exit_rule))
+    options = options or DecodeOptions(lm.exit_rule())
+    rule = options.exit_rule
+    if rule.needs_head and rule.halts is None:
+        options = replace(options, exit_rule=replace(rule, halts=_halts(lm, rule)))
     stops = list(stops)
 
     def finished(ids: list[int]) -> bool:
@@ -92,45 +84,7 @@ def generate_text(
         return bool(stops) and cut_at_stop(lm.decode(ids), stops) is not None
 
     prompts_ids = [lm.encode(p) for p in prompts]
-    if draft is not None:
-        if exit_rule.adaptive or cache != "per_loop":
-            raise LooplabError(
-                f"speculative decoding verifies at a fixed depth through the per_loop cache: use --exit fixed "
-                f"--cache per_loop (got --exit {exit_rule.name} --cache {cache})"
-            )
-        if batching != "step" or max_batch is not None or front is not None:
-            raise LooplabError(
-                "speculative decoding verifies drafts of all rows in one pass: use --batching step without "
-                "--max-batch or --front"
-            )
-        draft_loops, draft_tokens = draft
-        result = generate_speculative(
-            lm.model,
-            prompts_ids,
-            max_new_tokens,
-            exit_rule.loops,
-            draft_loops,
-            draft_tokens,
-            finished,
-            sampling,
-            sources,
-        )
-    else:
-        result = generate(
-            lm.model,
-            prompts_ids,
-            max_new_tokens,
-            exit_rule,
-            cache,
-            sampling,
-            finished,
-            keep_loops,
-            sources=sources,
-            batching=batching,
-            max_batch=max_batch,
-            front=front,
-            read_only_exit=read_only_exit,
-        )
+    result = generate(lm.model, prompts_ids, max_new_tokens, options, finished, sources=sources)
     completions = []
     for prompt, prompt_ids, ids, depths in zip(prompts, prompts_ids, result.tokens, result.depths):
         text = lm.decode(ids)

@@ -87,6 +87,11 @@ class TextLM:
         if rule.needs_gate and not getattr(getattr(family_of(self.model), "view", None), "exit_gate", False):
             raise LooplabError(f"the {name} exit reads a learned exit gate, which {self.name} lacks (Ouro has one)")
         if rule.needs_head:
+            if self.halts is None and self.kind == "run":
+                from looplab.generation.byte_text import no_head_message
+                from looplab.rundir import load_run_config
+
+                raise LooplabError(no_head_message(load_run_config(self.path).schedule.name))
             if self.halts is None:
                 raise LooplabError(
                     f"the {name} exit needs a halting head, which {self.name} lacks "

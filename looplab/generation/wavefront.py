@@ -27,24 +27,24 @@ What it takes: greedy picking, the ``per_loop`` cache, a looplab model or retrof
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.generation.decoder import core_pass, logits_of, prelude_pass
+from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.depthwise import DepthwiseDecoder, check_depthwise
 from looplab.generation.sampling import Generation, ended
+from looplab.params import at_least, param
 
-__all__ = ["WavefrontDecoder", "check_wavefront"]
+__all__ = ["WavefrontDecoder", "Wavefront", "check_wavefront"]
 
 
-def check_wavefront(model, cache: str, sampling, front) -> None:
-    """One-line errors for what wavefront decoding does not take (``model`` is a decoding view)."""
-    check_depthwise(model, cache, "wavefront decoding")
-    if isinstance(front, bool) or not isinstance(front, int) or front < 1:
-        raise LooplabError(f"--front (positions in flight per row) must be a positive integer, got {front!r}")
-    if sampling.temperature != 0:
-        raise LooplabError("wavefront decoding is greedy (greedy picks check its guesses): use --temperature 0")
+def check_wavefront(model) -> None:
+    """One-line errors for a model (a decoding view) wavefront decoding cannot run."""
+    check_depthwise(model, "wavefront decoding")
     if len(model.coda):
         raise LooplabError(
             "wavefront decoding reads each position's logits before the positions ahead of it are final; "
@@ -52,13 +52,37 @@ def check_wavefront(model, cache: str, sampling, front) -> None:
         )
 
 
+@dataclass
+class WavefrontParams:
+    front: int = param(0, at_least(0), "positions of a row in flight at once (0: the exit's cap)")
+
+
+@register_decoder
+class Wavefront(DecodingMethod):
+    """Many positions of a row in flight, each at its own loop (module docstring)."""
+
+    name = "wavefront"
+    Params = WavefrontParams
+    caches = ("per_loop",)
+    sampling = False
+    scoring = False
+
+    def check(self, model, prompts, max_new_tokens, options, sources) -> None:
+        check_wavefront(model)
+        super().check(model, prompts, max_new_tokens, options, sources)
+
+    def decode(self, model, prompts, max_new_tokens, options, finished, forced) -> Generation:
+        front = options.decoder_params.front or options.exit_rule.loops
+        return WavefrontDecoder(model, prompts, max_new_tokens, options, finished, front).run()
+
+
 class WavefrontDecoder(DepthwiseDecoder):
     """The depth-wise decoder's prefill, caches and calls, with up to ``front`` positions per row (module
     docstring). Per slot of each row: its token, loops run, whether it is in flight and still running, its
     states h, e, its latest next-token guess and, for an exit that reads them, its log-probabilities."""
 
-    def __init__(self, model, prompts, max_new_tokens, exit_rule, sampling, finished, front: int):
-        super().__init__(model, prompts, max_new_tokens, exit_rule, sampling, finished)
+    def __init__(self, model, prompts, max_new_tokens, options, finished, front: int):
+        super().__init__(model, prompts, max_new_tokens, options, finished)
         self.front = front
         batch, slots = self.slots.positions.shape
         device = self.lengths.device
@@ -102,8 +126,7 @@ class WavefrontDecoder(DepthwiseDecoder):
         self.token[row, slot] = token
         self.loop[row, slot] = 0
         self.running[row, slot] = True
-        self.slots.positions[row, slot] = self.lengths[row] + slot - self.width
-        self.slots.real[row, slot] = True
+        self.start(row, slot, self.lengths[row] + slot - self.width)
         self.entering.append((row, slot))
 
     def _drop(self, row: int, index: int) -> None:

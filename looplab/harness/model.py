@@ -6,11 +6,12 @@ model_args (each checked at load; a bad one is a one-line :class:`~looplab.error
 
     path          a looplab run dir of a text task, or any model dir looplab loads (required)
     loops         the fixed depth, or an adaptive exit's cap (default: the model's own depth)
-    exit          fixed, kl, convergence, confidence or halting (a registered generation exit)
-    eps, threshold  the exit's parameters (over the run's ``[generate.exits.NAME]`` table); any other
-                  parameter the chosen exit declares (a plugin exit's) is a model_arg too
-    cache         per_loop, shared, last_m (each token's last ``keep_loops`` loops) or none
-    keep_loops    the loops ``last_m`` keeps per token
+    exit          a registered generation exit (fixed, kl, convergence, confidence, halting, gate, ...)
+    cache         a KV cache policy (per_loop, shared, last_m, a plugin's) or none
+    decoder       a registered decoder (step, depth, recompute, ...; scoring needs one that scores)
+    eps, keep_loops, max_batch, ...  every parameter the chosen exit, cache and decoder declare (the exit's
+                  over the run's ``[generate.exits.NAME]`` table), checked by the same parser as
+                  ``looplab generate``'s flags and a server request's fields (:mod:`looplab.generation.fields`)
     dtype         float32 or bfloat16 (a model dir's weights)
     batch_size    rows per decoder call (lm-eval's ``--batch_size``; a positive integer)
     device        cpu, cuda, cuda:N (lm-eval's ``--device``; a CUDA device on a machine without one: cpu)
@@ -47,8 +48,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from looplab.errors import LooplabError, choice_error
-from looplab.generation import POLICIES, Sampling, generate
-from looplab.generation.exits import EXITS, exit_param_names
+from looplab.generation import Sampling, generate
+from looplab.generation.fields import FieldError, check_fields, decode_fields, decode_options
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
 from looplab.lm.model_dir import DTYPES
@@ -57,7 +58,6 @@ __all__ = ["LooplabLM"]
 
 log = logging.getLogger(__name__)
 
-CACHES = (*POLICIES, "none")
 #: lm-eval's generation arguments this model reads (``top_p`` only at 1: looplab samples by top_k)
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
 DEFAULT_GEN_TOKS = 256  # HFLM's max_gen_toks
@@ -70,45 +70,38 @@ class LooplabLM(TemplateLM):
     def __init__(
         self,
         path: str | None = None,
-        loops: int | None = None,
-        exit: str = "fixed",
-        eps: float | None = None,
-        threshold: float | None = None,
-        cache: str = "per_loop",
-        keep_loops: int = 2,
         dtype: str = "float32",
         batch_size: int | str | None = 1,
         max_batch_size: int | None = None,
         device: str | None = None,
         prefix_token: int | None = None,
         seed: int = 0,
-        **unknown,
+        **fields,
     ):
         super().__init__()
         if not path:
             raise LooplabError("model_args needs path=DIR: a looplab run dir or a model dir")
-        cache = "none" if cache is None else cache  # lm-eval's model_args parser reads cache=none as None
-        if cache not in CACHES:
-            raise choice_error("model_arg cache", cache, CACHES)
+        if "cache" in fields and fields["cache"] is None:
+            fields["cache"] = "none"  # lm-eval's model_args parser reads cache=none as None
         if dtype not in DTYPES:
             raise choice_error("model_arg dtype", dtype, DTYPES)
         self.batch_size = _positive("batch_size", 1 if batch_size is None else batch_size)
-        self.keep_loops = _positive("keep_loops", keep_loops)
         self.seed = _integer("seed", seed)
-        self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugin exits are known from here
-        own = {}  # the exit's own parameters (a plugin exit's) are model_args too
-        if isinstance(exit, str) and exit in EXITS:
-            declared = [key for key in exit_param_names(exit) if key not in ("eps", "threshold")]
-            own = {key: unknown.pop(key) for key in declared if key in unknown}
+        try:
+            check_fields(fields, unknown_ok=True)
+        except FieldError as err:
+            raise LooplabError(f"model_arg {err}") from None
+        unknown = sorted(set(fields) - set(decode_fields(fields)))
         if unknown:
-            raise choice_error("looplab model_arg", sorted(unknown)[0], _MODEL_ARGS)
-        params = {key: value for key, value in (("eps", eps), ("threshold", threshold)) if value is not None}
-        params.update(own)
-        self.exit_rule = self.lm.exit_rule(exit, None if loops is None else _integer("loops", loops), **params)
-        self.cache = cache
+            raise choice_error("looplab model_arg", unknown[0], (*_MODEL_ARGS, *decode_fields(fields)))
+        self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugin exits are known from here
+        try:
+            self.options = decode_options(fields, self.lm, Sampling(seed=self.seed))
+        except FieldError as err:
+            raise LooplabError(f"model_arg {err}") from None
         self._prefix = self._prefix_token(prefix_token)
         # every refusal generate has (an exit the model cannot run, a cache it cannot use), now, in one line
-        generate(self.lm.model, [[self._prefix]], 1, self.exit_rule, cache, keep_loops=self.keep_loops)
+        generate(self.lm.model, [[self._prefix]], 1, self.options)
         #: request type → per request, the loops each of its scored or generated tokens ran (latest call)
         self.depths: dict[str, list[list[int]]] = {}
 
@@ -215,10 +208,8 @@ class LooplabLM(TemplateLM):
             order = sorted(indices, key=lambda i: -len(prompts[i]))
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
-                result = generate(
-                    self.lm.model, [prompts[i] for i in batch], new, self.exit_rule, self.cache, sampling,
-                    self._finished(until), self.keep_loops,
-                )  # fmt: skip
+                options = self.options.but(sampling=sampling)
+                result = generate(self.lm.model, [prompts[i] for i in batch], new, options, self._finished(until))
                 for i, tokens, row_depths in zip(batch, result.tokens, result.depths):
                     out[i] = _cut(self.lm.decode(tokens), until)
                     depths[i] = row_depths
@@ -235,10 +226,9 @@ class LooplabLM(TemplateLM):
         logprobs: list = [None] * len(prompts)
         depths: list = [None] * len(prompts)
         for batch in self._batches(prompts, forced):
-            result = generate(
-                self.lm.model, [prompts[i] for i in batch], max(len(forced[i]) for i in batch), self.exit_rule,
-                self.cache, keep_loops=self.keep_loops, forced=[forced[i] for i in batch],
-            )  # fmt: skip
+            new = max(len(forced[i]) for i in batch)
+            rows, forced_rows = [prompts[i] for i in batch], [forced[i] for i in batch]
+            result = generate(self.lm.model, rows, new, self.options, forced=forced_rows)
             for i, row, row_depths in zip(batch, result.logprobs, result.depths):
                 logprobs[i], depths[i] = row, row_depths
         return logprobs, depths
@@ -248,9 +238,7 @@ class LooplabLM(TemplateLM):
         greedy = [False] * len(prompts)
         for batch in self._batches(prompts, forced):
             new = max(len(forced[i]) for i in batch)
-            result = generate(
-                self.lm.model, [prompts[i] for i in batch], new, self.exit_rule, self.cache, keep_loops=self.keep_loops
-            )
+            result = generate(self.lm.model, [prompts[i] for i in batch], new, self.options)
             for i, tokens in zip(batch, result.tokens):
                 greedy[i] = tokens[: len(forced[i])] == forced[i]
         return greedy
@@ -313,13 +301,11 @@ class LooplabLM(TemplateLM):
         flat = [d for row in depths for d in row]
         if flat:
             log.info("looplab %s: %d tokens, mean depth %.3f of %d", kind, len(flat), sum(flat) / len(flat),
-                     self.exit_rule.loops)  # fmt: skip
+                     self.options.exit_rule.loops)  # fmt: skip
 
 
-_MODEL_ARGS = (
-    "path", "loops", "exit", "eps", "threshold", "cache", "keep_loops", "dtype", "batch_size", "max_batch_size",
-    "device", "prefix_token", "seed",
-)  # fmt: skip
+#: the model_args beside the decode fields (:mod:`looplab.generation.fields`)
+_MODEL_ARGS = ("path", "dtype", "batch_size", "max_batch_size", "device", "prefix_token", "seed")
 
 
 def _integer(name: str, value) -> int:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, one_line
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.memory import GIB, check_fits
 from looplab.token_exits import MAX_LOOPS
@@ -301,7 +301,7 @@ def _load_tokenizer(path: Path):
             warnings.simplefilter("ignore", FutureWarning)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # transformers raises many kinds here; each is one line for the user
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = one_line(err)
         raise LooplabError(f"cannot load the tokenizer of {path}: {first}") from None
     finally:
         logging.set_verbosity(verbosity)
@@ -321,7 +321,7 @@ def _built(cls, config, path: Path) -> nn.Module:
     except LooplabError:
         raise
     except Exception as err:  # a field out of the class's range fails somewhere inside its constructor
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = one_line(err)
         raise LooplabError(
             f"{path}/{CONFIG_FILE}: {getattr(cls, '__name__', cls)} cannot be built from it ({first})"
         ) from None
@@ -396,7 +396,7 @@ def open_model_dir(path: str | Path) -> ModelDir:
         try:
             config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         except Exception as err:  # a config transformers cannot build: one line with its reason
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            first = one_line(err)
             raise LooplabError(f"{path}/{CONFIG_FILE} is not a valid {model_type} config: {first}") from None
     text = getattr(config, "text_config", None) or config
     width = int(text.hidden_size)
@@ -518,7 +518,7 @@ def open_gguf(file: str | Path) -> ModelDir:
         config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except Exception as err:  # gguf and transformers raise many kinds for a foreign file; one line each
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = one_line(err)
         raise LooplabError(f"cannot read {file} as a GGUF model: {first}") from None
     if config.model_type not in RETROFIT_SOURCES:
         raise LooplabError(

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, one_line
 
 __all__ = ["check_files", "check_finite", "check_transformers_load", "check_weights", "load_weights", "weight_files"]
 
@@ -59,7 +59,7 @@ def _headers(files: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
                     piece = handle.get_slice(key)
                     found[key] = (file, list(piece.get_shape()), piece.get_dtype())
         except Exception as err:  # safetensors raises its own kinds for a truncated or foreign file
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            first = one_line(err)
             raise LooplabError(f"{file} is not a readable safetensors file: {first}") from None
     return found
 

@@ -1,5 +1,8 @@
 """The OpenAI-compatible HTTP API of ``looplab serve``: ``GET /v1/models``, ``POST /v1/completions``
-(JSON, or server-sent events with ``stream``), ``GET /health``.
+(JSON, or server-sent events with ``stream``), ``GET /health``, and vLLM's tokenizer routes
+(``GET /tokenizer_info``, ``POST /tokenize``, ``POST /detokenize``), through which a client that does not
+hold the model's tokenizer (lm-eval's ``local-completions`` with ``tokenizer_backend=remote``) sends
+token ids.
 
 The app owns a :class:`~looplab.serve.engine.Engine` (started and drained by its lifespan): a request is
 checked (:mod:`looplab.serve.request`; HTTP 400 with one line naming the field), turned into engine
@@ -32,7 +35,7 @@ from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.serve.batch import Token
 from looplab.serve.choice import Choice
 from looplab.serve.engine import Busy, Closed, Engine
-from looplab.serve.request import BadRequest, parse_completion
+from looplab.serve.request import SERVED_DECODERS, BadRequest, parse_completion, parse_detokenize, parse_tokenize
 
 __all__ = ["create_app", "model_id", "MAX_BODY_BYTES", "MAX_TOKEN_LOOPS"]
 
@@ -41,7 +44,7 @@ MAX_BODY_BYTES = 4 * 2**20
 #: the default bound on one request's work: (prompt + new tokens) × loops, summed over its prompts
 MAX_TOKEN_LOOPS = 2**20
 #: the routes, for the error a request to any other names
-ROUTES = "GET /v1/models, POST /v1/completions, GET /health"
+ROUTES = "GET /v1/models, POST /v1/completions, GET /health, GET /tokenizer_info, POST /tokenize, POST /detokenize"
 
 
 def model_id(lm: TextLM) -> str:
@@ -81,6 +84,9 @@ def create_app(
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
     app.add_exception_handler(HTTPException, _unknown_route)
     return app
 
@@ -100,6 +106,7 @@ async def models(request: Request) -> JSONResponse:
         "looplab": {
             "kind": lm.kind, "name": lm.name, "default_loops": lm.default_loops, "loop_cap": lm.loop_cap,
             "max_context": lm.max_context, "exits": list(EXITS), "caches": list(POLICIES),
+            "decoders": list(SERVED_DECODERS),
             "halting_head": lm.halts is not None,
         },
     }  # fmt: skip
@@ -110,6 +117,49 @@ async def health(request: Request) -> JSONResponse:
     engine: Engine = request.app.state.engine
     body = {"status": "ok", "running": engine.running, "waiting": engine.waiting, "stats": dict(engine.stats)}
     return JSONResponse(body, headers=_replica(request))
+
+
+async def tokenizer_info(request: Request) -> JSONResponse:
+    """The tokenizer's special tokens as text (None where it has none, or none with a text of its own)."""
+    lm: TextLM = request.app.state.lm
+    eos = lm.decode([lm.eos]) if lm.eos is not None else ""
+    info = {"eos_token": eos or None, "bos_token": None, "pad_token": None, "model_max_length": lm.max_context}
+    return JSONResponse(info, headers=_replica(request))
+
+
+async def tokenize(request: Request) -> JSONResponse:
+    """``{"prompt": TEXT, "add_special_tokens": false}`` → its token ids, as a completion request's prompt
+    text is tokenized with ``add_special_tokens`` true."""
+    lm: TextLM = request.app.state.lm
+    try:
+        text, special = parse_tokenize(await _json_body(request))
+    except BadRequest as err:
+        return _error(400, err.field, str(err))
+    tokens = lm.encode(text, prompt=special)
+    body = {"tokens": tokens, "count": len(tokens), "max_model_len": lm.max_context}
+    return JSONResponse(body, headers=_replica(request))
+
+
+async def detokenize(request: Request) -> JSONResponse:
+    """``{"tokens": [ids]}`` → their text."""
+    lm: TextLM = request.app.state.lm
+    try:
+        tokens = parse_detokenize(await _json_body(request), lm.vocab_size)
+    except BadRequest as err:
+        return _error(400, err.field, str(err))
+    return JSONResponse({"prompt": lm.decode(tokens)}, headers=_replica(request))
+
+
+async def _json_body(request: Request):
+    """The decoded JSON body (bounded as a completion's is); :class:`BadRequest` for what is not JSON."""
+    try:
+        raw = await _read_body(request)
+    except ClientDisconnect:
+        raise BadRequest("body", "the client disconnected before sending it whole") from None
+    try:
+        return await asyncio.to_thread(json.loads, raw or b"null")
+    except (ValueError, RecursionError) as err:
+        raise BadRequest("body", f"not valid JSON ({str(err).splitlines()[0]})") from None
 
 
 async def completions(request: Request):
@@ -192,7 +242,7 @@ def _parse(raw: bytes, state):
             f"{len(completion.prompts)} prompts in one request, more than this server ever holds at once "
             f"({engine.max_running} running + {engine.max_queue} waiting): send at most {holds} per request",
         )
-    work = sum(len(p) + completion.max_tokens for p in completion.prompts) * completion.exit_rule.loops
+    work = sum(len(p) + completion.max_tokens for p in completion.prompts) * completion.options.exit_rule.loops
     if work > state.max_token_loops:
         raise BadRequest(
             "loops",

@@ -3,10 +3,8 @@
 
 A group is a Decoder stepped one token at a time from outside: :meth:`Group.step` is one iteration of
 :meth:`Decoder.run <looplab.generation.decoder.Decoder.run>` (pick each live row's token, drop the rows that
-ended, run the next token of the rest through ``Decoder.forward``), so a group of one job computes
-exactly what :func:`looplab.generation.generate` computes for its prompt alone, float for float. The
-decoder itself is not changed: the group reads its ``forward``, ``tokens``, ``slots``, ``lengths`` and
-``generator`` as ``run`` does.
+ended, run the next token of the rest through ``Decoder.step``, the call ``run`` makes), so a group of one
+job computes exactly what :func:`looplab.generation.generate` computes for its prompt alone, float for float.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ import torch
 from torch import Tensor
 
 from looplab.generation.decoder import Decoder
-from looplab.generation.exits import GenerationExit
+from looplab.generation.options import DecodeOptions
+from looplab.generation.sampling import Sampling
 from looplab.generation.views import decodable
 from looplab.serve.sampling import Picking, pick_next
 
@@ -57,7 +56,8 @@ class Job:
 
     Attributes:
         prompt: token ids (non-empty); ``max_new``: its budget of new tokens (≥ 1).
-        exit_rule, cache, keep_loops: the depth of each token and the KV cache policy.
+        options: its exit, cache, decoder (the ``step`` decoder, whose steps the engine runs) and sampling
+            (``picking``'s), each with its parameters.
         picking: how a token is picked; ``forced``: the tokens to feed instead (scoring a text).
         stops: called with the new ids after each token; True ends the job (``stop``).
         top: how many likeliest tokens each :class:`Token` lists (0: none).
@@ -66,9 +66,7 @@ class Job:
 
     prompt: list[int]
     max_new: int
-    exit_rule: GenerationExit
-    cache: str
-    keep_loops: int
+    options: DecodeOptions
     picking: Picking
     sink: Callable[[Token | End | Failed], None]
     stops: Callable[[list[int]], bool] | None = None
@@ -80,8 +78,9 @@ class Job:
 
     @property
     def cohort(self) -> tuple:
-        """Jobs with equal cohorts may share a decoder: the same exit, cache and greedy picking."""
-        return (self.exit_rule, self.cache, self.keep_loops, self.forced is None and self.picking.greedy)
+        """Jobs with equal cohorts may share a decoder: the same options (sampling aside) and greedy picking."""
+        same = self.options.but(sampling=Sampling())
+        return (same, self.forced is None and self.picking.greedy)
 
     def ended(self) -> str | None:
         """Why the job is done after its latest token, or None."""
@@ -140,11 +139,12 @@ class Group(LiveRows):
         self.jobs = jobs
         self.budget = max(len(job.forced) if job.forced is not None else job.max_new for job in jobs)
         forced = [job.forced for job in jobs] if first.forced is not None else None
-        model = decodable(model, gated=first.exit_rule.needs_gate)  # the gate exit reads a gated view
+        options = first.options
+        model = decodable(model, gated=options.exit_rule.needs_gate)  # the gate exit reads a gated view
+        read_only = options.decoder_params.read_only_exit
         self.decoder = decoder = Decoder(
-            model, [job.prompt for job in jobs], self.budget, first.exit_rule, first.cache,
-            first.picking.sampling, None, first.keep_loops, forced,
-        )  # fmt: skip
+            model, [job.prompt for job in jobs], self.budget, options, forced=forced, read_only=read_only
+        )
         self.forced = forced
         self.live = torch.arange(len(jobs), device=decoder.lengths.device)
         self.logits, self.depths = decoder.forward(
@@ -179,12 +179,8 @@ class Group(LiveRows):
             return
         keep = torch.tensor(still, device=self.live.device)
         self.live, chosen = self.live[keep], chosen[keep]
-        slot = decoder.width + step
-        decoder.slots.positions[self.live, slot] = decoder.lengths[self.live] + step
-        decoder.slots.real[self.live, slot] = True
-        self.logits, self.depths = decoder.forward(
-            chosen[:, None], self.live, slice(slot, slot + 1), torch.zeros_like(self.live)
-        )
+        positions = decoder.lengths[self.live] + step
+        self.logits, self.depths = decoder.step(self.live, chosen, decoder.width + step, positions)
 
     def choose(self, live: list[int], step: int) -> Tensor:
         """[R] each live row's forced token at ``step``, or one picked from its logits."""

@@ -47,7 +47,7 @@ class Choice:
             return lambda event: loop.call_soon_threadsafe(self.events.put_nowait, (kind, event))
 
         top = request.logprobs or 0
-        common = dict(exit_rule=request.exit_rule, cache=request.cache, keep_loops=request.keep_loops, top=top)
+        common = dict(options=request.options, top=top)
         if request.echo and request.logprobs is not None and len(self.prompt) > 1:
             self.jobs.append(
                 Job(self.prompt[:1], len(self.prompt) - 1, picking=request.picking, sink=sink("score"),

@@ -48,18 +48,17 @@ class ContinuousGroup(LiveRows):
         self.cohort = first.cohort
         self.width = max(len(job.prompt) for job in jobs)
         self.columns = max(columns, max(job.max_new for job in jobs))
-        model = decodable(model, gated=first.exit_rule.needs_gate)
-        loops, cache, keep = first.exit_rule.loops, first.cache, first.keep_loops
+        options = first.options
+        model = decodable(model, gated=options.exit_rule.needs_gate)
+        loops, cache, params = options.exit_rule.loops, options.cache, options.cache_params
         while capacity > len(jobs):  # rows that do not fit leave room for another group instead
-            needed = generation_bytes(model, capacity, self.width, self.columns, loops, cache, keep)
+            needed = generation_bytes(model, capacity, self.width, self.columns, loops, cache, params)
             if 2 * needed <= device_bytes(str(model.head.weight.device)):
                 break
             capacity = max(len(jobs), capacity // 2)
         prompts = [job.prompt for job in jobs] + [[PAD]] * (capacity - len(jobs))
-        self.decoder = decoder = Decoder(
-            model, prompts, self.columns, first.exit_rule, cache, first.picking.sampling, None, keep,
-            width=self.width,
-        )  # fmt: skip
+        read_only = options.decoder_params.read_only_exit
+        self.decoder = decoder = Decoder(model, prompts, self.columns, options, width=self.width, read_only=read_only)
         decoder.slots.real[len(jobs) :] = False
         self.jobs: list[Job | None] = [*jobs, *([None] * (capacity - len(jobs)))]
         self.column = 0  # the next new token's slot is width + column, for every live row
@@ -68,7 +67,7 @@ class ContinuousGroup(LiveRows):
             decoder.tokens[self.live], self.live, slice(0, self.width), decoder.lengths[self.live] - 1, prefill=True
         )
         if decoder.prompt is not None:  # a lazy prompt (an adaptive exit) for every row, the free ones at the cap
-            decoder.prompt = _padded(decoder.prompt, capacity, first.exit_rule.loops)
+            decoder.prompt = _padded(decoder.prompt, capacity, loops)
 
     def can_take(self, job: Job) -> bool:
         """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
@@ -134,11 +133,7 @@ class ContinuousGroup(LiveRows):
         keep = torch.tensor(still, device=self.live.device)
         self.live, chosen = self.live[keep], chosen[keep]
         made = torch.tensor([len(self.jobs[row].tokens) for row in self.live.tolist()], device=self.live.device)
-        decoder.slots.positions[self.live, slot] = decoder.lengths[self.live] + made - 1
-        decoder.slots.real[self.live, slot] = True
-        self.logits, self.depths = decoder.forward(
-            chosen[:, None], self.live, slice(slot, slot + 1), torch.zeros_like(self.live)
-        )
+        self.logits, self.depths = decoder.step(self.live, chosen, slot, decoder.lengths[self.live] + made - 1)
 
     def release(self, row: int) -> None:
         """The row is free for a newcomer."""

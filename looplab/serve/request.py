@@ -2,10 +2,11 @@
 names the field and what it may be (the server answers it with HTTP 400 and goes on serving).
 
 OpenAI's fields (``model``, ``prompt``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
-``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's own: ``loops`` (the fixed
-depth, or an adaptive exit's cap; default: the model's), ``exit`` (default ``fixed``), ``eps`` and
-``threshold`` (the exit's parameters; default: the run's ``[generate.exits.NAME]``), ``cache`` and
-``keep_loops``; and any parameter the chosen exit declares (a plugin exit's too), as a field of its own.
+``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's decode fields, read by
+the parser ``looplab generate`` and lm-eval use too (:mod:`looplab.generation.fields`): ``loops``,
+``exit``, ``cache``, ``decoder`` (the server steps every request through ``step``) and every parameter
+the chosen exit, cache and decoder declare (``eps``, ``threshold``, ``keep_loops``, a plugin's), each a
+field of its own.
 As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16. A request
 without ``seed`` samples with a fresh one, drawn for it and returned in the response (``looplab.seed``);
 numbers must be finite (NaN and infinities are refused).
@@ -19,24 +20,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from looplab.errors import LooplabError
-from looplab.generation.cache import POLICIES
-from looplab.generation.decode import _check as check_generation  # the refusals generate() makes
-from looplab.generation.exits import EXITS, GenerationExit, exit_param_names
+from looplab.generation.checks import check_generation  # the refusals generate() makes
+from looplab.generation.fields import FieldError, check_fields, decode_fields, decode_options
+from looplab.generation.options import DecodeOptions
 from looplab.generation.sampling import Sampling
 from looplab.generation.text_lm import TextLM
+from looplab.generation.views import decodable
 from looplab.serve.sampling import Picking
 
-__all__ = ["BadRequest", "Completion", "parse_completion", "FIELDS"]
+__all__ = ["BadRequest", "Completion", "parse_completion", "parse_tokenize", "parse_detokenize", "FIELDS"]
 
 #: the most likeliest tokens a ``logprobs`` request may list per token
 MAX_TOP_LOGPROBS = 20
 #: seeds a request may give: what torch's generators take
 MAX_SEED = 2**63 - 1
 
+#: the fields of a completion request beside the decode fields (:func:`looplab.generation.fields.decode_fields`)
 FIELDS = (
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs",
-    "echo", "n", "user", "loops", "exit", "eps", "threshold", "cache", "keep_loops",
+    "echo", "n", "user",
 )  # fmt: skip
+#: the decoders the engine steps (a request's tokens run one step at a time beside other requests')
+SERVED_DECODERS = ("step",)
 
 
 class BadRequest(LooplabError):
@@ -59,9 +64,7 @@ class Completion:
     stream: bool
     logprobs: int | None
     echo: bool
-    exit_rule: GenerationExit
-    cache: str
-    keep_loops: int
+    options: DecodeOptions
 
 
 def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
@@ -69,12 +72,15 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
     decoder reads it); raises :class:`BadRequest`."""
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object of fields, got {type(body).__name__}")
-    exit_name = body.get("exit")
-    declared = exit_param_names(exit_name) if isinstance(exit_name, str) and exit_name in EXITS else ()
-    unknown = sorted(set(body) - set(FIELDS) - set(declared))
+    decoding = {key: value for key, value in body.items() if key not in FIELDS}
+    try:
+        check_fields(decoding, unknown_ok=True)
+        valid = decode_fields(decoding)
+    except FieldError as err:
+        raise BadRequest(err.field, str(err).split(": ", 1)[1]) from None
+    unknown = sorted(set(decoding) - set(valid))
     if unknown:
-        fields = ", ".join((*FIELDS, *(f for f in declared if f not in FIELDS)))
-        raise BadRequest(unknown[0], f"unknown field; valid fields: {fields} (and the exit's own parameters)")
+        raise BadRequest(unknown[0], f"unknown field; valid fields: {', '.join((*FIELDS, *valid))}")
     get = _Fields(body)
     named = get.text("model", model_id)
     if named != model_id:
@@ -92,13 +98,15 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
     )
     stops = _stops(body.get("stop"))
     logprobs = get.integer("logprobs", None, low=0, high=MAX_TOP_LOGPROBS)
-    cache = get.text("cache", "per_loop")
-    if cache not in POLICIES:
-        raise BadRequest("cache", f"unknown KV cache policy {cache!r}; valid choices: {', '.join(POLICIES)}")
-    if body.get("keep_loops") is not None and cache != "last_m":
-        raise BadRequest("keep_loops", f"sets the loops the last_m cache keeps; this request's cache is {cache}")
-    keep_loops = get.integer("keep_loops", 2, low=1, high=lm.loop_cap)
-    exit_rule = _exit_rule(get, lm)
+    try:
+        options = decode_options(decoding, lm, picking.sampling)
+    except FieldError as err:
+        raise BadRequest(err.field, str(err).split(": ", 1)[1]) from None
+    if options.decoder not in SERVED_DECODERS:
+        raise BadRequest(
+            "decoder",
+            f"the server steps every request through one decoder; valid choices: {', '.join(SERVED_DECODERS)}",
+        )
     for prompt in prompts:
         if len(prompt) > lm.max_context:
             raise BadRequest("prompt", f"{len(prompt)} tokens, longer than the model's context of {lm.max_context}")
@@ -109,12 +117,13 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
                 f"{lm.max_context}: ask for at most {lm.max_context - len(prompt)}",
             )
     try:
-        check_generation(model, prompts, max(max_tokens, 1), exit_rule, cache, keep_loops, None, None)
+        view = decodable(model, gated=options.exit_rule.needs_gate)  # the gate exit reads a gated view
+        check_generation(view, prompts, max(max_tokens, 1), options)
     except LooplabError as err:
         raise BadRequest("request", str(err)) from None
     return Completion(
         prompts, texts, max_tokens, picking, stops, get.boolean("stream", False), logprobs,
-        get.boolean("echo", False), exit_rule, cache, keep_loops,
+        get.boolean("echo", False), options,
     )  # fmt: skip
 
 
@@ -195,12 +204,7 @@ def _prompts(prompt, lm: TextLM) -> tuple[list[list[int]], list[str]]:
     ids, texts = [], []
     for item in prompt:
         if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise BadRequest(
-                    "prompt", f"is not valid Unicode text (a lone surrogate at character {err.start})"
-                ) from None
+            _check_unicode("prompt", item)
             ids.append(lm.encode(item, prompt=True))
             texts.append(item)
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
@@ -216,6 +220,14 @@ def _prompts(prompt, lm: TextLM) -> tuple[list[list[int]], list[str]]:
     return ids, texts
 
 
+def _check_unicode(field: str, text: str) -> None:
+    """Refuse a text that is not valid Unicode (JSON may carry a lone surrogate, which no encoder takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise BadRequest(field, f"is not valid Unicode text (a lone surrogate at character {err.start})") from None
+
+
 def _stops(stop) -> list[str]:
     stops = [stop] if isinstance(stop, str) else [] if stop is None else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -223,26 +235,32 @@ def _stops(stop) -> list[str]:
     return stops
 
 
-def _exit_rule(get: _Fields, lm: TextLM) -> GenerationExit:
-    """The request's exit at its loops, with its parameters; each refusal names its field."""
-    name = get.text("exit", "fixed")
-    if name not in EXITS:
-        raise BadRequest("exit", f"unknown exit {name!r}; valid choices: {', '.join(EXITS)}")
-    loops = get.integer("loops", lm.default_loops, low=1, high=lm.loop_cap)
-    declared = exit_param_names(name)
-    params = {}  # the exit's own parameters, each a field of the body (eps, threshold, a plugin's)
-    for key in declared:
-        value = get.body.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            params[key] = get.number(key, None)  # finite
-        elif value is not None:
-            params[key] = value  # typed by the exit's declaration below
-    stray = [key for key in ("eps", "threshold") if get.body.get(key) is not None and key not in declared]
-    if stray:
-        takes = f"its parameters: {', '.join(declared)}" if declared else "it has no parameters"
-        raise BadRequest(stray[0], f"the {name} exit has no parameter {stray[0]!r}; {takes}")
-    try:
-        return lm.exit_rule(name, loops, **params)
-    except LooplabError as err:
-        field = "exit" if not params or "head" in str(err) else next(iter(params))
-        raise BadRequest(field, str(err)) from None
+def parse_tokenize(body: Any) -> tuple[str, bool]:
+    """The text and ``add_special_tokens`` (default false) of a ``POST /tokenize`` body; :class:`BadRequest`."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", f"must be a JSON object of fields, got {_json_type(body)}")
+    unknown = sorted(set(body) - {"prompt", "add_special_tokens", "model"})
+    if unknown:
+        raise BadRequest(unknown[0], "unknown field; valid fields: prompt, add_special_tokens, model")
+    get = _Fields(body)
+    text = get.text("prompt", None)
+    if text is None:
+        raise BadRequest("prompt", "the text to tokenize (a string) is required")
+    _check_unicode("prompt", text)
+    return text, get.boolean("add_special_tokens", False)
+
+
+def parse_detokenize(body: Any, vocab_size: int) -> list[int]:
+    """The token ids of a ``POST /detokenize`` body, each in the vocabulary; :class:`BadRequest`."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", f"must be a JSON object of fields, got {_json_type(body)}")
+    unknown = sorted(set(body) - {"tokens", "model"})
+    if unknown:
+        raise BadRequest(unknown[0], "unknown field; valid fields: tokens, model")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("tokens", "must be a list of token ids (integers)")
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest("tokens", f"token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}")
+    return tokens

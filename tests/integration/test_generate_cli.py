@@ -10,6 +10,7 @@ from looplab.config import load_config
 from looplab.experiment import Experiment
 from looplab.generation import GenerationExit, generate
 from looplab.generation.byte_text import encode, head_halts
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text import generate_text
 from looplab.train.trainer import train
 from tests.conftest import run_cli, train_tiny_run
@@ -119,11 +120,13 @@ def test_the_halting_exit_reads_the_runs_own_head(tmp_path):
     run_dir = tmp_path / "lm-halting"
     overrides = [o for o in TINY_LM if not o.startswith("schedule.")]
     train(load_config(None, [*overrides, "schedule.name=rl_halting", "schedule.t_max=6"]), run_dir, progress=False)
-    completions, result = generate_text(run_dir, ["k=3;q=k+1;q?", "In"], 4, GenerationExit("halting", 6))
+    completions, result = generate_text(run_dir, ["k=3;q=k+1;q?", "In"], 4, DecodeOptions(GenerationExit("halting", 6)))
     assert [len(c.depths) for c in completions] == [4, 4]
     assert all(1 <= d <= 6 for c in completions for d in c.depths)
     exp = Experiment.from_run(run_dir)
-    reference = generate(exp.model, [encode("In")], 4, GenerationExit("halting", 6, halts=head_halts(exp.schedule)))
+    reference = generate(
+        exp.model, [encode("In")], 4, DecodeOptions(GenerationExit("halting", 6, halts=head_halts(exp.schedule)))
+    )
     assert reference.depths[0] == completions[1].depths
 
 
@@ -160,47 +163,128 @@ def prompt_files(tmp_path_factory):
         (["--prompt", "x", "--temperature", "nan"], "sampling.temperature must be in [0, inf), got nan"),
         (["--prompt", "x", "--top-k", "-1"], "sampling.top_k must be in [0, inf), got -1"),
         (["--prompt", "x", "--seed", str(2**64)], "sampling.seed must be in"),
-        (
-            ["--prompt", "x", "--loops", "-2"],
-            "loops (the fixed exit's depth, an adaptive exit's cap) must be in 1..4096",
-        ),
-        (["--prompt", "x", "--loops", "0"], "must be in 1..4096, got 0"),
-        (["--prompt", "x", "--loops", "10000000"], "must be in 1..4096, got 10000000"),
+        (["--prompt", "x", "--loops", "-2"], "loops: must be an integer in 1..4096, got -2"),
+        (["--prompt", "x", "--loops", "0"], "loops: must be an integer in 1..4096, got 0"),
+        (["--prompt", "x", "--loops", "10000000"], "must be an integer in 1..4096, got 10000000"),
         (["--prompt", "x", "--stop", ""], "--stop '' is empty"),
         (["--prompts-file", "/nonexistent/prompts.txt"], "cannot read prompts file /nonexistent/prompts.txt"),
         (["--prompts-file", "{files}/long.txt"], "--prompts-file {files}/long.txt line 2: its 200001 tokens leave"),
         (["--prompts-file", "{files}/empty.txt"], "prompts file {files}/empty.txt is empty"),
         (["--prompts-file", "{files}/latin1.txt"], "prompts file {files}/latin1.txt is not UTF-8 text"),
-        (["--prompt", "x", "--exit", "halting"], "needs a halting head; this run's 'fixed' schedule has none"),
+        (
+            ["--prompt", "x", "--exit", "halting"],
+            "exit: the halting exit needs a halting head; this run's 'fixed' schedule has none",
+        ),
         (["--prompt", "x", "--exit", "nope"], "unknown generation exit 'nope'; valid choices: confidence, convergence"),
         (["--prompt", "x", "--exit", "kl", "--exit-param", "eps"], "--exit-param 'eps' must look like KEY=VALUE"),
-        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=inf"], "generate.exits.kl.eps must be in (0, inf)"),
-        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=nan"], "generate.exits.kl.eps must be in (0, inf)"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=inf"], "eps: must be a finite number, got inf"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=nan"], "eps: must be a finite number, got nan"),
+        (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=-1"], "eps: generate.exits.kl.eps must be in (0, inf)"),
         (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=small"], "generate.exits.kl.eps must be float"),
         (
             ["--prompt", "x", "--exit", "kl", "--exit-param", "epsilon=1"],
-            "[generate.exits.kl] 'epsilon'; valid choices: eps",
+            "epsilon: unknown field; valid fields: loops, exit, cache, decoder, eps, read_only_exit",
         ),
         (["--prompt", "x", "--exit", "confidence", "--threshold", "1.5"], "confidence.threshold must be in (0, 1]"),
-        (["--prompt", "x", "--eps", "0.1"], "unknown key in [generate.exits.fixed] 'eps'; valid choices: (none"),
-        (["--prompt", "x", "--exit", "kl", "--eps", "0.1", "--exit-param", "eps=0.2"], "--eps is the earlier spelling"),
-        (["--prompt", "x", "--cache", "last_m", "--keep-loops", "0"], "keeps 1..4096 loops per token, got 0"),
-        (["--prompt", "x", "--cache", "last_m", "--keep-loops", "100000"], "keeps 1..4096 loops per token"),
-        (["--prompt", "x", "--loops", "4", "--draft-loops", "4"], "--draft-loops must be in 1..3 (below --loops 4)"),
-        (["--prompt", "x", "--loops", "4", "--draft-loops", "2", "--draft-tokens", "0"], "--draft-tokens must be a"),
-        (["--prompt", "x", "--draft-tokens", "3"], "--draft-tokens needs --draft-loops k"),
-        (["--prompt", "x", "--draft-loops", "1", "--exit", "kl"], "use --exit fixed --cache per_loop (got --exit kl"),
-        (["--prompt", "x", "--draft-loops", "1", "--cache", "shared"], "(got --exit fixed --cache shared)"),
-        (["--prompt", "x", "--draft-loops", "1", "--temperature", "0.5"], "speculative decoding is greedy here"),
-        (["--prompt", "x", "--batching", "depth", "--cache", "shared"], "use --cache per_loop, not shared"),
-        (["--prompt", "x", "--batching", "depth", "--draft-loops", "1"], "use --batching step"),
-        (["--prompt", "x", "--batching", "loop"], "argument --batching: invalid choice: 'loop'"),
-        (["--prompt", "x", "--max-batch", "2"], "--max-batch lets waiting prompts take finished rows: it needs"),
-        (["--prompt", "x", "--batching", "depth", "--max-batch", "0"], "--max-batch must be a positive integer"),
-        (["--prompt", "x", "--front", "2"], "--front sets the positions in flight per row: it needs --batching"),
-        (["--prompt", "x", "--batching", "wavefront", "--front", "0"], "--front (positions in flight per row) must"),
-        (["--prompt", "x", "--batching", "wavefront", "--temperature", "0.7"], "wavefront decoding is greedy"),
-        (["--prompt", "x", "--batching", "wavefront", "--draft-loops", "1"], "use --batching step without"),
+        (
+            ["--prompt", "x", "--eps", "0.1"],
+            "eps: a parameter of the convergence, kl, latent-diff, cosine, entropy-diff and minp-kl exits; this "
+            "request",
+        ),
+        (
+            ["--prompt", "x", "--exit", "kl", "--eps", "0.1", "--exit-param", "eps=0.2"],
+            "eps is given twice (--eps and --exit-param eps): give it once",
+        ),
+        (
+            ["--prompt", "x", "--cache", "last_m", "--keep-loops", "0"],
+            "keep_loops: cache.last_m.keep_loops must be in [1, 4096], got 0",
+        ),
+        (
+            ["--prompt", "x", "--cache", "last_m", "--keep-loops", "100000"],
+            "keep_loops: cache.last_m.keep_loops must be in [1, 4096], got 100000",
+        ),
+        (
+            ["--prompt", "x", "--loops", "4", "--draft-loops", "4"],
+            "draft_loops must be in 1..3 (below the exit's 4 loops), got 4",
+        ),
+        (
+            ["--prompt", "x", "--loops", "4", "--draft-loops", "2", "--draft-tokens", "0"],
+            "draft_tokens: decoder.speculative.draft_tokens must be in [1, 64], got 0",
+        ),
+        (
+            ["--prompt", "x", "--draft-tokens", "3"],
+            "draft_tokens: a parameter of the speculative decoder; this request chooses exit fixed, cache per_loop",
+        ),
+        (
+            ["--prompt", "x", "--draft-loops", "1", "--exit", "kl"],
+            "the speculative decoder reads every token at one depth: use the fixed exit, not kl",
+        ),
+        (
+            ["--prompt", "x", "--draft-loops", "1", "--cache", "shared"],
+            "the speculative decoder decodes through the per_loop cache, not shared",
+        ),
+        (
+            ["--prompt", "x", "--draft-loops", "1", "--temperature", "0.5"],
+            "the speculative decoder is greedy: use temperature 0, not 0.5",
+        ),
+        (
+            ["--prompt", "x", "--batching", "depth", "--cache", "shared"],
+            "the depth decoder decodes through the per_loop",
+        ),
+        (
+            ["--prompt", "x", "--decoder", "depth", "--batching", "step"],
+            "--batching is the earlier spelling of --decoder",
+        ),
+        (
+            ["--prompt", "x", "--decoder", "beam"],
+            "decoder: unknown decoder 'beam'; valid choices: depth, recompute, speculative",
+        ),
+        (
+            ["--prompt", "x", "--cache", "lru"],
+            "cache: unknown KV cache policy 'lru'; valid choices: last_m, none, per_loop",
+        ),
+        (
+            ["--prompt", "x", "--decoder-param", "max_batch=2"],
+            "max_batch: a parameter of the depth decoder; this request",
+        ),
+        (
+            ["--prompt", "x", "--cache", "last_m", "--cache-param", "keep_loops=2", "--keep-loops", "3"],
+            "keep_loops is given twice",
+        ),
+        (
+            ["--prompt", "x", "--batching", "depth", "--draft-loops", "1"],
+            "draft_loops: a parameter of the speculative decoder;",
+        ),
+        (
+            ["--prompt", "x", "--batching", "loop"],
+            "decoder: unknown decoder 'loop'; valid choices: depth, recompute, speculative, step, wavefront",
+        ),
+        (
+            ["--prompt", "x", "--max-batch", "2"],
+            "max_batch: a parameter of the depth decoder; this request chooses exit fixed, cache per_loop, "
+            "decoder step",
+        ),
+        (
+            ["--prompt", "x", "--batching", "depth", "--max-batch", "-1"],
+            "max_batch: decoder.depth.max_batch must be in [0, inf)",
+        ),
+        (
+            ["--prompt", "x", "--front", "2"],
+            "front: a parameter of the wavefront decoder; this request chooses exit fixed",
+        ),
+        (
+            ["--prompt", "x", "--batching", "wavefront", "--front", "-1"],
+            "front: decoder.wavefront.front must be in [0, inf)",
+        ),
+        (
+            ["--prompt", "x", "--batching", "wavefront", "--temperature", "0.7"],
+            "the wavefront decoder is greedy: use temperature 0, not 0.7",
+        ),
+        (
+            ["--prompt", "x", "--batching", "wavefront", "--draft-loops", "1"],
+            "draft_loops: a parameter of the speculative decoder; this request chooses exit fixed, cache per_loop, "
+            "decoder wavefront",
+        ),
     ],
 )
 def test_bad_generate_arguments_are_one_line_exit_2(lm_run, prompt_files, extra, message):
@@ -251,3 +335,24 @@ def test_a_run_of_a_non_text_task_is_refused(tmp_path):
     _, run_dir = train_tiny_run(tmp_path, 2, 2)
     result = run_cli("generate", str(run_dir), "--prompt", "x")
     assert result.returncode == 2 and "whose tokens are not text" in result.stderr
+
+
+def test_a_plugin_cache_and_decoder_are_chosen_by_name_from_the_command_line(lm_run):
+    """``--plugin`` imports the example cache policy and decoder; the decoder gives the step decoder's tokens,
+    the cache reads what per_loop reads at one loop; their parameters come from --decoder-param."""
+    common = ["generate", str(lm_run), "--prompt", "k=3;", "--prompt", "In the", "--max-new-tokens", "5", "--json"]
+
+    def tokens(*extra):
+        result = run_cli(*common, *extra)
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line)["token_ids"] for line in result.stdout.splitlines()], result.stderr
+
+    step, _ = tokens("--loops", "4")
+    plugin = ["--plugin", "looplab.examples.plugins.one_at_a_time", "--decoder", "one_at_a_time"]
+    alone, summary = tokens("--loops", "4", *plugin, "--decoder-param", "reverse=true")
+    assert alone == step and "one_at_a_time decoder" in summary
+    one_loop, _ = tokens("--loops", "1")
+    first, summary = tokens("--loops", "1", "--plugin", "looplab.examples.plugins.first_loop", "--cache", "first_loop")
+    assert first == one_loop and "first_loop cache" in summary
+    refused = run_cli(*common, *plugin, "--decoder-param", "reverse=sometimes")
+    assert refused.returncode == 2 and "decoder.one_at_a_time.reverse must be bool, got 'sometimes'" in refused.stderr

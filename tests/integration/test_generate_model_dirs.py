@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 from looplab.cli import main  # noqa: E402
 from looplab.generation import GenerationExit  # noqa: E402
 from looplab.generation.decoder import Decoder  # noqa: E402
-from looplab.generation.sampling import Sampling  # noqa: E402
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text import generate_text  # noqa: E402
 from looplab.generation.text_lm import open_text_lm  # noqa: E402
 from looplab.generation.views import decodable  # noqa: E402
@@ -107,7 +107,9 @@ def test_the_cache_equals_recomputation_at_other_loop_counts(dirs, lms, capsys, 
     assert _max_gap([r["logprobs"] for r in cached], [r["logprobs"] for r in recomputed]) < ATOL
     for loops in (1, 3, 4):
         rule = GenerationExit("fixed", loops)
-        (_, per_loop), (_, none) = (generate_text(lms[family], PROMPTS, NEW, rule, c) for c in ("per_loop", "none"))
+        (_, per_loop), (_, none) = (
+            generate_text(lms[family], PROMPTS, NEW, DecodeOptions(rule, c)) for c in ("per_loop", "none")
+        )
         assert per_loop.tokens == none.tokens, loops
         assert _max_gap(per_loop.logprobs, none.logprobs) < ATOL
 
@@ -117,18 +119,18 @@ def test_an_adaptive_exit_with_the_per_loop_cache(lms, family):
     """Mixed depths in 1..cap; a batch equals each prompt alone; each row's first new token has the depth
     and log-probability the adapter's own unroll gives its prompt; an eps no step meets is the fixed cap."""
     lm, rule = lms[family], ADAPTIVE[family]
-    _, together = generate_text(lm, PROMPTS, NEW, rule, "per_loop")
+    _, together = generate_text(lm, PROMPTS, NEW, DecodeOptions(rule, "per_loop"))
     depths = {d for row in together.depths for d in row}
     assert depths <= set(range(1, rule.loops + 1)) and len(depths) > 1, together.depths
     for row, prompt in enumerate(PROMPTS):
-        _, alone = generate_text(lm, [prompt], NEW, rule, "per_loop")
+        _, alone = generate_text(lm, [prompt], NEW, DecodeOptions(rule, "per_loop"))
         assert alone.tokens[0] == together.tokens[row] and alone.depths[0] == together.depths[row]
         assert alone.logprobs[0] == pytest.approx(together.logprobs[row], abs=ATOL)
         depth, logprob = _first_token_reference(lm, lm.encode(prompt), together.tokens[row][0], rule)
         assert together.depths[row][0] == depth and together.logprobs[row][0] == pytest.approx(logprob, abs=ATOL)
     never = replace(rule, params=replace(rule.params, eps=1e-30))
-    _, capped = generate_text(lm, PROMPTS, NEW, never, "per_loop")
-    _, fixed = generate_text(lm, PROMPTS, NEW, GenerationExit("fixed", rule.loops), "per_loop")
+    _, capped = generate_text(lm, PROMPTS, NEW, DecodeOptions(never, "per_loop"))
+    _, fixed = generate_text(lm, PROMPTS, NEW, DecodeOptions(GenerationExit("fixed", rule.loops), "per_loop"))
     assert capped.tokens == fixed.tokens and {d for row in capped.depths for d in row} == {rule.loops}
 
 
@@ -162,7 +164,7 @@ def test_an_exited_token_lends_every_call_site_its_exit_entries(lms, family):
     (HRM-Text's L passes and H stack, Inkling-2's convolution inputs too) and every loop t in d+1..cap, its
     loop-d entries: what the later tokens that ran deeper read of it."""
     lm, rule = lms[family], ADAPTIVE[family]
-    decoder = Decoder(decodable(lm.model), [lm.encode(p) for p in PROMPTS], NEW, rule, "per_loop", Sampling(), None)
+    decoder = Decoder(decodable(lm.model), [lm.encode(p) for p in PROMPTS], NEW, DecodeOptions(rule))
     result = decoder.run()
     cache = decoder.cache
     entries = cache.layers
@@ -194,7 +196,7 @@ def test_a_lazy_prompt_gives_hrm_text_what_prefilling_to_the_cap_gives(lms):
     prompts = [lms["hrm_text"].encode(p) for p in PROMPTS]
     runs = []
     for lazy in (True, False):
-        decoder = Decoder(model, prompts, NEW, rule, "per_loop", Sampling(), None)
+        decoder = Decoder(model, prompts, NEW, DecodeOptions(rule))
         assert decoder.lazy_prompt
         decoder.lazy_prompt = lazy
         runs.append(decoder.run())
@@ -206,11 +208,14 @@ def test_a_lazy_prompt_gives_hrm_text_what_prefilling_to_the_cap_gives(lms):
 def test_the_shared_and_last_m_caches_run_where_defined(lms, family):
     """At one loop ``shared`` is ``per_loop``; HRM-Text's ``last_m`` keeping the cap's loops is ``per_loop``."""
     lm, one = lms[family], GenerationExit("fixed", 1)
-    assert generate_text(lm, PROMPTS, NEW, one, "shared")[1].tokens == generate_text(lm, PROMPTS, NEW, one)[1].tokens
+    assert (
+        generate_text(lm, PROMPTS, NEW, DecodeOptions(one, "shared"))[1].tokens
+        == generate_text(lm, PROMPTS, NEW, DecodeOptions(one))[1].tokens
+    )
     if family == "hrm_text":
         three = GenerationExit("fixed", 3)
-        kept = generate_text(lm, PROMPTS, NEW, three, "last_m", keep_loops=3)[1]
-        assert kept.tokens == generate_text(lm, PROMPTS, NEW, three)[1].tokens
+        kept = generate_text(lm, PROMPTS, NEW, DecodeOptions(three, "last_m", cache_params={"keep_loops": 3}))[1]
+        assert kept.tokens == generate_text(lm, PROMPTS, NEW, DecodeOptions(three))[1].tokens
 
 
 def test_a_row_stops_after_the_models_end_of_text_token(lms):
@@ -227,8 +232,8 @@ def test_a_row_stops_after_the_models_end_of_text_token(lms):
 @pytest.mark.parametrize(
     "family, flags, message",
     [
-        ("hrm_text", ["--loops", "0"], "loops must be an integer in 1..4096, got 0"),
-        ("hrm_text", ["--loops", "5000"], "loops must be an integer in 1..4096, got 5000"),
+        ("hrm_text", ["--loops", "0"], "loops: must be an integer in 1..4096, got 0"),
+        ("hrm_text", ["--loops", "5000"], "loops: must be an integer in 1..4096, got 5000"),
         ("hrm_text", ["--exit", "nope"], "unknown generation exit 'nope'; valid choices: confidence, convergence"),
         ("hrm_text", ["--exit", "kl", "--exit-param", "eps=-1"], "generate.exits.kl.eps must be in (0, inf)"),
         ("hrm_text", ["--exit", "halting"], "the halting exit needs a halting head, which hrm_text lacks"),

@@ -96,19 +96,19 @@ def _pair(lm, context: str, continuation: str) -> tuple[list[int], list[int]]:
 def _reference(lm, samples):
     """looplab's own numbers for every request in ``samples``: (loglik, is_greedy, depths) per loglikelihood
     pair, (loglik, depths) per rolling text, (text, depths) per generation, each request alone."""
-    text_lm, rule = lm.lm, lm.exit_rule
+    text_lm = lm.lm
     out = {"loglikelihood": [], "rolling": [], "generate": []}
     for sample in samples["looplab_choice"]:
         for context, continuation in sample["arguments"]:
             head, tail = _pair(lm, context, continuation)
-            scored = score(text_lm.model, [head + tail], rule, lm.cache, context=len(head))
-            greedy = generate(text_lm.model, [head], len(tail), rule, lm.cache)
+            scored = score(text_lm.model, [head + tail], lm.options, len(head))
+            greedy = generate(text_lm.model, [head], len(tail), lm.options)
             out["loglikelihood"].append((sum(scored.logprobs[0]), greedy.tokens[0] == tail, scored.depths[0]))
     for sample in samples["looplab_rolling"]:
         (text,) = sample["arguments"][0]
         ids = [lm.prefix_token_id] + text_lm.encode(text, prompt=False)
         assert len(ids) <= text_lm.max_context  # one window: the text scored from the prefix token
-        scored = score(text_lm.model, [ids], rule, lm.cache, context=1)
+        scored = score(text_lm.model, [ids], lm.options, 1)
         out["rolling"].append((sum(scored.logprobs[0]), scored.depths[0]))
     for sample in samples["looplab_generate"]:
         context, kwargs = sample["arguments"][0]
@@ -117,9 +117,7 @@ def _reference(lm, samples):
         def done(ids, until=until):
             return any(stop in text_lm.decode(ids) for stop in until)
 
-        result = generate(
-            text_lm.model, [text_lm.encode(context)], kwargs["max_gen_toks"], rule, lm.cache, finished=done
-        )
+        result = generate(text_lm.model, [text_lm.encode(context)], kwargs["max_gen_toks"], lm.options, done)
         text = text_lm.decode(result.tokens[0])
         for stop in until:
             text = text.split(stop)[0]
@@ -176,9 +174,9 @@ def test_rolling_windows_cover_a_long_text_once(paths):
     width = lm.lm.max_context - 1
     assert width < len(ids) <= 2 * width
     (total,) = lm.loglikelihood_rolling(_requests((text,)))
-    first = score(lm.lm.model, [[lm.prefix_token_id] + ids[:width]], lm.exit_rule, context=1)
+    first = score(lm.lm.model, [[lm.prefix_token_id] + ids[:width]], lm.options, 1)
     rest = len(ids) - width  # the second window predicts the rest, after as much context as fits
-    second = score(lm.lm.model, [ids[rest - 1 :]], lm.exit_rule, context=width - rest + 1)
+    second = score(lm.lm.model, [ids[rest - 1 :]], lm.options, width - rest + 1)
     assert total == pytest.approx(sum(first.logprobs[0]) + sum(second.logprobs[0]), abs=LOGLIK_ATOL)
     assert len(lm.depths["loglikelihood_rolling"][0]) == len(ids)
 
@@ -192,27 +190,29 @@ def test_sampling_follows_do_sample_and_temperature(paths):
     assert texts[0] == texts[2]  # temperature 0 without do_sample is greedy
     from looplab.generation import Sampling
 
-    reference = generate(lm.lm.model, [lm.lm.encode(context)], 8, lm.exit_rule, sampling=Sampling(1.5, 20, 7))
+    reference = generate(lm.lm.model, [lm.lm.encode(context)], 8, lm.options.but(sampling=Sampling(1.5, 20, 7)))
     assert texts[1] == lm.lm.decode(reference.tokens[0]) != texts[0]
 
 
 BAD_ARGS = [
     ("", "needs path=DIR"),
     ("loops=2,loops=3", "model_arg loops is given twice"),
-    ("loops=0", "loops must be an integer in 1..4096"),
-    ("loops=two", "loops must be an integer"),
+    ("loops=0", "model_arg loops: must be an integer in 1..4096, got 0"),
+    ("loops=two", "model_arg loops: must be an integer in 1..4096, got 'two'"),
     ("exit=sometimes", "unknown generation exit 'sometimes'; valid choices: confidence, convergence, cosine"),
-    ("exit=fixed,eps=0.1", "unknown key in [generate.exits.fixed] 'eps'"),
+    ("exit=fixed,eps=0.1", "model_arg eps: a parameter of the convergence, kl"),
     ("exit=kl,eps=-1", "eps"),
     ("exit=halting", "needs a halting head"),
-    ("cache=lru", "unknown model_arg cache 'lru'; valid choices: last_m, none, per_loop, shared"),
+    ("cache=lru", "model_arg cache: unknown KV cache policy 'lru'; valid choices: last_m, none, per_loop, shared"),
     ("cache=none,exit=kl", "use the fixed exit"),
-    ("cache=last_m,keep_loops=0", "keep_loops must be a positive integer"),
+    ("cache=last_m,keep_loops=0", "model_arg keep_loops: cache.last_m.keep_loops must be in [1, 4096], got 0"),
     ("dtype=float16", "unknown model_arg dtype 'float16'; valid choices: bfloat16, float32"),
     ("batch_size=auto", "batch_size must be a positive integer, got 'auto'"),
     ("device=tpu", "device must be cpu, cuda or cuda:N"),
     ("prefix_token=-1", "prefix_token must be a token id in 0..259"),
-    ("temperature=0.5", "unknown looplab model_arg 'temperature'; valid choices: batch_size, cache, device"),
+    ("temperature=0.5", "unknown looplab model_arg 'temperature'; valid choices: batch_size, cache, decoder, device"),
+    ("cache=shared,decoder=depth", "the depth decoder decodes through the per_loop cache, not shared"),
+    ("max_batch=2", "model_arg max_batch: a parameter of the depth decoder; this request chooses exit fixed"),
 ]
 
 
@@ -228,8 +228,10 @@ def test_a_plugin_exits_own_parameter_is_a_model_arg(paths, monkeypatch):
     _register_top_margin(monkeypatch)
 
     lm = get_model("looplab").create_from_arg_string(f"path={paths['run']},exit=top_margin,margin=0.5,loops=6")
-    assert lm.exit_rule.name == "top_margin" and lm.exit_rule.params.margin == 0.5
-    with pytest.raises(LooplabError, match="unknown looplab model_arg 'margin'"):
+    assert lm.options.exit_rule.name == "top_margin" and lm.options.exit_rule.params.margin == 0.5
+    with pytest.raises(
+        LooplabError, match="model_arg margin: a parameter of the top_margin exit; this request chooses exit kl"
+    ):
         get_model("looplab").create_from_arg_string(f"path={paths['run']},exit=kl,margin=0.5")
 
 
@@ -284,7 +286,8 @@ def test_python_m_looplab_harness_is_lm_evals_cli_with_one_line_errors(paths, mo
     monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", build_model)
     assert harness_main() == 2
     assert capsys.readouterr().err == (
-        "looplab: error: unknown model_arg cache 'lru'; valid choices: last_m, none, per_loop, shared\n"
+        "looplab: error: model_arg cache: unknown KV cache policy 'lru'; valid choices: last_m, none, per_loop, "
+        "shared\n"
     )
 
 
@@ -301,8 +304,12 @@ def test_pyproject_builds_the_pth_and_lm_eval_is_imported_by_the_harness_only():
 
 #: (model_args tail, lm_eval flags, the one line's text): bad input through lm-eval's own CLI entry point
 CLI_BAD = [
-    ("loops=0", [], "loops must be an integer in 1..4096, got 0"),
-    ("cache=bogus", [], "unknown model_arg cache 'bogus'; valid choices: last_m, none, per_loop, shared"),
+    ("loops=0", [], "model_arg loops: must be an integer in 1..4096, got 0"),
+    (
+        "cache=bogus",
+        [],
+        "model_arg cache: unknown KV cache policy 'bogus'; valid choices: last_m, none, per_loop, shared",
+    ),
     ("", ["--batch_size", "auto"], "batch_size must be a positive integer, got 'auto'"),
     ("", ["--gen_kwargs", "top_p=0.9"], "top_p must be 1"),
 ]

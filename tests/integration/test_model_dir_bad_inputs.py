@@ -172,14 +172,18 @@ CASES = [
     ),
     (f"eval {{root}}/ouro_sliding {TEXT_ARG} --out {{new}}", "sliding-window layers are not supported"),
     (f"eval {{root}}/huginn {TEXT_ARG} --max-loops 4097 --out {{new}}", "--max-loops must lie in 1..4096"),
-    ("generate {root}/ouro --prompt In --loops 5000", "loops must be an integer in 1..4096, got 5000"),
+    ("generate {root}/ouro --prompt In --loops 5000", "loops: must be an integer in 1..4096, got 5000"),
     ("generate {root}/ouro --prompt In --exit gate --exit-param threshold=0", "threshold"),
     ("generate {root}/ouro --prompt In --exit gate --exit-param threshold=1.5", "threshold"),
     (
         "generate {root}/huginn --prompt In --exit gate",
         "the gate exit reads a learned exit gate, which huginn_raven lacks",
     ),
-    ("generate {root}/ouro --prompt In --exit gate --read-only-exit --batching depth", "a read-only exit runs every"),
+    (
+        "generate {root}/ouro --prompt In --exit gate --read-only-exit --batching depth",
+        "read_only_exit: a parameter of the step decoder; this request chooses exit gate, cache per_loop, "
+        "decoder depth",
+    ),
     ("generate {root}/huginn --prompt In --batching depth", "depth-wise batching runs chains of pre-norm layers"),
     (
         f"eval {{root}}/pickled {TEXT_ARG} --out {{new}}",

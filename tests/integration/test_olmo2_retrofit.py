@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 from looplab.cli import main  # noqa: E402
 from looplab.generation import generate  # noqa: E402
 from looplab.generation.exits import GenerationExit  # noqa: E402
+from looplab.generation.options import DecodeOptions
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from tests.lm_dirs import LLAMA, tiny_tokenizer  # noqa: E402
 from tests.unit.test_native_looped import _randomise  # noqa: E402
@@ -46,6 +47,6 @@ def test_one_loop_of_every_layer_is_the_source(dirs):
 @pytest.mark.parametrize("loops", [1, 3])
 def test_the_cached_decoder_equals_each_prompt_recomputed_alone(dirs, loops):
     loop = open_model_dir(dirs / "retrofit").load(torch.float64)
-    batched = generate(loop, PROMPTS, 5, GenerationExit("fixed", loops), cache="per_loop")
-    alone = [generate(loop, [p], 5, GenerationExit("fixed", loops), cache="none").tokens[0] for p in PROMPTS]
+    batched = generate(loop, PROMPTS, 5, DecodeOptions(GenerationExit("fixed", loops), "per_loop"))
+    alone = [generate(loop, [p], 5, DecodeOptions(GenerationExit("fixed", loops), "none")).tokens[0] for p in PROMPTS]
     assert batched.tokens == alone

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from looplab.cli import main  # noqa: E402
 from looplab.generation import generate  # noqa: E402
 from looplab.generation.exits import GenerationExit  # noqa: E402
+from looplab.generation.options import DecodeOptions
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from looplab.lm.text_tools import text_windows  # noqa: E402
 from tests.lm_dirs import TEXT, save_own_family  # noqa: E402
@@ -81,7 +82,7 @@ def test_generate_json_gives_each_prompt_its_tokens_alone(dirs, capsys, family):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     loop = open_model_dir(dirs[family]).load()
     for row in rows:
-        alone = generate(loop, [row["prompt_ids"]], 4, GenerationExit("fixed", NATIVE[family]), cache="none")
+        alone = generate(loop, [row["prompt_ids"]], 4, DecodeOptions(GenerationExit("fixed", NATIVE[family]), "none"))
         assert row["token_ids"] == alone.tokens[0] and row["loops"] == [NATIVE[family]] * 4
 
 
@@ -128,6 +129,6 @@ def test_looplab_serve_answers_as_generate(dirs, family, extra):
         )
     params = {key: value for key, value in extra.items() if key not in ("exit", "loops")}
     rule = lm.exit_rule(extra.get("exit", "fixed"), extra.get("loops", NATIVE[family]), **params)
-    expected = generate(lm.model, [lm.encode(PROMPTS[0])], 5, rule)
+    expected = generate(lm.model, [lm.encode(PROMPTS[0])], 5, DecodeOptions(rule))
     (choice,) = out.choices
     assert choice.looplab["token_ids"] == expected.tokens[0] and choice.looplab["loops"] == expected.depths[0]

@@ -20,7 +20,9 @@ import uvicorn
 
 from looplab.cli import main
 from looplab.config import load_config
-from looplab.generation import generate, score
+from looplab.generation import Sampling, generate, score
+from looplab.generation.fields import decode_options
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text_lm import open_text_lm
 from looplab.serve import create_app
 from looplab.serve.server import bind
@@ -72,7 +74,9 @@ def client(url: str) -> openai.OpenAI:
 
 
 def reference(lm, prompt: str, max_tokens: int, exit="fixed", loops=None, cache="per_loop", **params):
-    return generate(lm.model, [lm.encode(prompt)], max_tokens, lm.exit_rule(exit, loops, **params), cache)
+    return generate(
+        lm.model, [lm.encode(prompt)], max_tokens, DecodeOptions(lm.exit_rule(exit, loops, **params), cache)
+    )
 
 
 def test_models_lists_the_model_and_its_defaults(server, lm):
@@ -132,7 +136,7 @@ def test_echo_with_logprobs_scores_the_prompt_as_score_does(server, lm):
             model="lm", prompt=text, max_tokens=0, echo=True, logprobs=1, extra_body={"exit": exit, "loops": loops}
         )
         (choice,) = out.choices
-        ref = score(lm.model, [lm.encode(text)], lm.exit_rule(exit, loops))
+        ref = score(lm.model, [lm.encode(text)], DecodeOptions(lm.exit_rule(exit, loops)))
         assert choice.text == text
         assert choice.logprobs.token_logprobs == [None, *ref.logprobs[0]]
         assert choice.looplab["prompt_loops"] == [None, *ref.depths[0]]
@@ -189,11 +193,7 @@ def test_greedy_results_are_those_of_a_solo_run_among_concurrent_requests(lm, ba
         if temperature:
             assert len(choice["looplab"]["token_ids"]) == budget
             continue
-        params = {k: v for k, v in fields.items() if k in ("eps", "threshold")}
-        ref = generate(
-            lm.model, [lm.encode(prompt)], budget, lm.exit_rule(fields["exit"], fields["loops"], **params),
-            fields.get("cache", "per_loop"), keep_loops=fields.get("keep_loops", 2),
-        )  # fmt: skip
+        ref = generate(lm.model, [lm.encode(prompt)], budget, decode_options(fields, lm, Sampling()))
         assert choice["looplab"]["token_ids"] == ref.tokens[0]
         assert choice["looplab"]["loops"] == ref.depths[0]
         got = choice["logprobs"]["token_logprobs"]
@@ -244,15 +244,29 @@ def test_a_full_queue_answers_503_and_the_server_goes_on(lm):
 
 #: (request fields, the field the 400 names, a fragment of its message): through the openai client
 BAD = [
-    ({"extra_body": {"exit": "nope"}}, "exit", "valid choices: fixed, convergence, kl"),
-    ({"extra_body": {"cache": "huge"}}, "cache", "valid choices: per_loop, shared, last_m"),
+    ({"extra_body": {"exit": "nope"}}, "exit", "valid choices: confidence, convergence, cosine"),
+    ({"extra_body": {"cache": "huge"}}, "cache", "valid choices: last_m, none, per_loop, shared"),
+    (
+        {"extra_body": {"decoder": "depth"}},
+        "decoder",
+        "the server steps every request through one decoder; valid choices: step",
+    ),
+    (
+        {"extra_body": {"decoder": "step", "max_batch": 2}},
+        "max_batch",
+        "a parameter of the depth decoder; this request",
+    ),
     ({"max_tokens": -1}, "max_tokens", "≥ 0"),
     ({"max_tokens": 600}, "max_tokens", "context of 512"),
     ({"prompt": "a" * 600}, "prompt", "longer than the model's context of 512"),
-    ({"extra_body": {"loops": 5000}}, "loops", "[1, 4096]"),
-    ({"extra_body": {"loops": 0}}, "loops", "[1, 4096]"),
+    ({"extra_body": {"loops": 5000}}, "loops", "must be an integer in 1..4096, got 5000"),
+    ({"extra_body": {"loops": 0}}, "loops", "must be an integer in 1..4096, got 0"),
     ({"extra_body": {"exit": "halting"}}, "exit", "needs a halting head"),
-    ({"extra_body": {"exit": "fixed", "eps": 0.1}}, "eps", "no parameters"),
+    (
+        {"extra_body": {"exit": "fixed", "eps": 0.1}},
+        "eps",
+        "a parameter of the convergence, kl, latent-diff, cosine, entropy-diff and minp-kl exits",
+    ),
     ({"extra_body": {"exit": "kl", "eps": -1.0}}, "eps", "eps"),
     ({"temperature": -0.5}, "temperature", "≥ 0.0"),
     ({"top_p": 0.0}, "top_p", "(0.0, 1.0]"),
@@ -264,7 +278,11 @@ BAD = [
     ({"stop": ""}, "stop", "non-empty"),
     ({"prompt": [[1, 99999]]}, "prompt", "outside the vocabulary"),
     ({"extra_body": {"keep_loops": 0, "cache": "last_m"}}, "keep_loops", "[1, 4096]"),
-    ({"extra_body": {"keep_loops": 4}}, "keep_loops", "the last_m cache keeps; this request's cache is per_loop"),
+    (
+        {"extra_body": {"keep_loops": 4}},
+        "keep_loops",
+        "a parameter of the last_m cache; this request chooses exit fixed, cache per_loop",
+    ),
     ({"extra_body": {"seed": 2**64}}, "seed", "[0, 9223372036854775807]"),
     ({"extra_body": {"seed": -1}}, "seed", "[0, 9223372036854775807]"),
     ({"prompt": ["In"] * 97}, "prompt", "97 prompts in one request, more than this server ever holds at once"),
@@ -283,8 +301,8 @@ BAD_RAW = [
     (b'{"prompt": "In", "max_tokens": 2.5}', "max_tokens", "must be an integer, got a number"),
     (b'{"prompt": "In", "temperature": "hot"}', "temperature", "must be a number"),
     (b'{"prompt": "In", "stream": "yes"}', "stream", "true or false"),
-    (b'{"prompt": "In", "loops": true}', "loops", "must be an integer, got a boolean"),
-    (b'{"prompt": "In", "exit": 3}', "exit", "must be a string"),
+    (b'{"prompt": "In", "loops": true}', "loops", "must be an integer in 1..4096, got True"),
+    (b'{"prompt": "In", "exit": 3}', "exit", "must be a name (a string), got 3"),
     (b'{"prompt": ["In", 3]}', "prompt", "each prompt"),
     (b'\xff\xfe{"prompt"', "body", "not valid JSON"),
     (b'{"prompt": "In", "temperature": NaN}', "temperature", "must be a finite number, got nan"),

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from looplab.generation import generate
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text_lm import open_text_lm
 from tests.conftest import free_port
 from tests.integration.test_serve import lm_run  # noqa: F401 (the module's tiny LM fixture)
@@ -40,7 +41,7 @@ def test_two_replicas_behind_ray_serve_answer_as_one_process(lm_run, ray_head): 
                 pass
             time.sleep(1)
         lm = open_text_lm(lm_run)
-        ref = generate(lm.model, [lm.encode("In the beginning")], 10, lm.exit_rule("kl", 6))
+        ref = generate(lm.model, [lm.encode("In the beginning")], 10, DecodeOptions(lm.exit_rule("kl", 6)))
         body = {"model": "lm", "prompt": "In the beginning", "max_tokens": 10, "temperature": 0, "logprobs": 0,
                 "exit": "kl", "loops": 6}  # fmt: skip
         replicas = set()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from looplab.cli import main
+from looplab.generation.options import DecodeOptions
 from tests.lm_dirs import TEXT
 
 pytestmark = pytest.mark.slow
@@ -87,7 +88,7 @@ def test_generate_json_on_the_dir_equals_the_python_path(smollm2_retrofit, capsy
     looped = RetrofittedLoop(model, *SPLIT, inject_init="mix").eval()
     for prompt, row in zip(prompts, rows, strict=True):
         assert row["prompt_ids"] == tokenizer(prompt)["input_ids"]
-        want = generate(looped, [row["prompt_ids"]], new, GenerationExit("fixed", LOOPS), "per_loop")
+        want = generate(looped, [row["prompt_ids"]], new, DecodeOptions(GenerationExit("fixed", LOOPS), "per_loop"))
         assert row["token_ids"] == want.tokens[0] and row["loops"] == [LOOPS] * new
         assert row["text"] == tokenizer.decode(want.tokens[0], skip_special_tokens=True)
         assert max(abs(a - b) for a, b in zip(row["logprobs"], want.logprobs[0], strict=True)) <= 1e-5

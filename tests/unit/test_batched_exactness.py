@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from looplab.generation import GenerationExit, generate  # noqa: E402
+from looplab.generation.options import DecodeOptions
 from looplab.lm.native import NativeLoop  # noqa: E402
 from tests.lm_dirs import save_own_family, tiny_model  # noqa: E402
 from tests.unit.model_helpers import tiny_llama_retrofit  # noqa: E402
@@ -45,10 +46,31 @@ def test_a_mixed_length_batch_decodes_each_prompt_as_alone_at_every_loop_count(l
     loop, native = loops_of[family]
     for loops in range(1, native + 3):
         rule = GenerationExit("fixed", loops)
-        batched = generate(loop, PROMPTS, NEW, rule, cache="per_loop")
+        batched = generate(loop, PROMPTS, NEW, DecodeOptions(rule, "per_loop"))
         for row, prompt in enumerate(PROMPTS):
-            alone = generate(loop, [prompt], NEW, rule, cache="none")
+            alone = generate(loop, [prompt], NEW, DecodeOptions(rule, "none"))
             assert batched.tokens[row] == alone.tokens[0], (family, loops, row)
             # float32 rounding grows through the loops of a random model (Huginn's most: ~1e-4 at 6); reading a
             # padding slot would move a log-probability by far more
             assert batched.logprobs[row] == pytest.approx(alone.logprobs[0], abs=2e-3), (family, loops, row)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_through_the_forward_reads_each_prompt_as_alone_above_the_native_loops(loops_of, side):
+    """The full forward (what eval, analyze and lm-eval's batches run) with left- or right-padded prompts and
+    their attention mask, at the native loop count and two above it: each prompt's last logits as alone."""
+    import torch
+
+    loop, native = loops_of["hrm_text"]
+    width = max(map(len, PROMPTS))
+    tokens = torch.zeros(len(PROMPTS), width, dtype=torch.long)
+    valid = torch.zeros(len(PROMPTS), width, dtype=torch.bool)
+    for row, prompt in enumerate(PROMPTS):
+        place = slice(width - len(prompt), width) if side == "left" else slice(0, len(prompt))
+        tokens[row, place], valid[row, place] = torch.tensor(prompt), True
+    for loops in (native, native + 2):
+        batched = loop(tokens, valid, loops)
+        for row, prompt in enumerate(PROMPTS):
+            alone = loop(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.bool), loops)
+            last = width - 1 if side == "left" else len(prompt) - 1
+            assert (batched[row, last] - alone[0, -1]).abs().max() < 1e-5, (loops, row)

@@ -10,6 +10,7 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import GenerationExit, Sampling, generate
+from looplab.generation.options import DecodeOptions
 from tests.unit.model_helpers import make_model, tiny_llama_retrofit
 from tests.unit.test_speculative import NEW, PROMPTS, STRUCTURES  # mixed prompt lengths; 16 placements × injections
 
@@ -22,8 +23,8 @@ def _causal(**overrides):
 
 
 def _assert_same(model, prompts, rule, finished=None):
-    step = generate(model, prompts, NEW, rule, "per_loop", finished=finished)
-    depth = generate(model, prompts, NEW, rule, "per_loop", finished=finished, batching="depth")
+    step = generate(model, prompts, NEW, DecodeOptions(rule, "per_loop"), finished)
+    depth = generate(model, prompts, NEW, DecodeOptions(rule, "per_loop", decoder="depth"), finished)
     assert depth.tokens == step.tokens
     assert depth.depths == step.depths
     for ours, theirs in zip(depth.logprobs, step.logprobs, strict=True):
@@ -78,7 +79,9 @@ def test_sampling_is_reproducible_by_its_seed():
     model = _causal(injection="contractive")
     rule = GenerationExit("convergence", 8, {"eps": 0.2})
     runs = [
-        generate(model, PROMPTS, NEW, rule, sampling=Sampling(temperature=1.0, seed=seed), batching="depth")
+        generate(
+            model, PROMPTS, NEW, DecodeOptions(rule, sampling=Sampling(temperature=1.0, seed=seed), decoder="depth")
+        )
         for seed in (5, 5, 6)
     ]
     assert runs[0].tokens == runs[1].tokens and runs[0].depths == runs[1].depths
@@ -88,9 +91,9 @@ def test_sampling_is_reproducible_by_its_seed():
 @pytest.mark.parametrize(
     "model_kind, cache, batching, message",
     [
-        ("looplab", "shared", "depth", "depth-wise batching keeps every loop's keys and values: use --cache per_loop"),
-        ("looplab", "last_m", "depth", "use --cache per_loop, not last_m"),
-        ("looplab", "per_loop", "loop", "unknown batching 'loop'; valid choices: step, depth"),
+        ("looplab", "shared", "depth", "the depth decoder decodes through the per_loop cache, not shared"),
+        ("looplab", "last_m", "depth", "the depth decoder decodes through the per_loop cache, not last_m"),
+        ("looplab", "per_loop", "loop", "unknown decoder 'loop'; valid choices: depth, recompute, speculative, step"),
         ("hrm_text", "per_loop", "depth", "HrmTextDecoding has its own core_pass: valid models: a looplab run, a"),
     ],
 )
@@ -104,7 +107,7 @@ def test_what_depth_wise_batching_does_not_take_is_one_line(model_kind, cache, b
     else:
         model = _causal()
     with pytest.raises(LooplabError) as err:
-        generate(model, PROMPTS, 4, GenerationExit("fixed", 4), cache, batching=batching)
+        generate(model, PROMPTS, 4, DecodeOptions(GenerationExit("fixed", 4), cache, decoder=batching))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -122,15 +125,21 @@ def test_waiting_prompts_take_the_rows_of_finished_ones(structure, rule):
     model without a coda runs each prompt only as deep as its tokens need, deepening it on demand)."""
     model = _causal(placement="post_sandwich", **structure)
     prompts = PROMPTS + [[2, 6, 1], [5], [3, 3, 4, 1, 6, 2, 5, 4, 1], [6, 2]]
-    whole = generate(model, prompts, NEW, rule)
+    whole = generate(model, prompts, NEW, DecodeOptions(rule))
 
     def stop_early(ids):
         return len(ids) == 4 and ids[0] % 2 == 0  # some prompts end early, so rows free at different times
 
-    early = generate(model, prompts, NEW, rule, finished=stop_early)
+    early = generate(model, prompts, NEW, DecodeOptions(rule), stop_early)
     for max_batch in (1, 3, 8):
         for reference, finished in ((whole, None), (early, stop_early)):
-            out = generate(model, prompts, NEW, rule, finished=finished, batching="depth", max_batch=max_batch)
+            out = generate(
+                model,
+                prompts,
+                NEW,
+                DecodeOptions(rule, decoder="depth", decoder_params={"max_batch": max_batch}),
+                finished,
+            )
             assert out.tokens == reference.tokens and out.depths == reference.depths
             for ours, theirs in zip(out.logprobs, reference.logprobs, strict=True):
                 assert ours == pytest.approx(theirs, abs=1e-9)
@@ -140,13 +149,17 @@ def test_waiting_prompts_take_the_rows_of_finished_ones(structure, rule):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(max_batch=2), "--max-batch lets waiting prompts take finished rows: it needs --batching depth"),
-        (dict(max_batch=0, batching="depth"), "--max-batch must be a positive integer, got 0"),
+        (dict(decoder_params={"max_batch": 2}), "unknown parameter of the step decoder 'max_batch'"),
+        (
+            dict(decoder="depth", decoder_params={"max_batch": -1}),
+            "decoder.depth.max_batch must be in [0, inf), got -1",
+        ),
+        (dict(decoder="depth", cache="shared"), "the depth decoder decodes through the per_loop cache, not shared"),
     ],
 )
 def test_a_bad_max_batch_is_one_line(kwargs, message):
     with pytest.raises(LooplabError) as err:
-        generate(_causal(), PROMPTS, 4, GenerationExit("fixed", 4), **kwargs)
+        generate(_causal(), PROMPTS, 4, DecodeOptions(GenerationExit("fixed", 4), **kwargs))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -17,6 +17,8 @@ from looplab.errors import LooplabError
 from looplab.eval.grid import LengthOutcome
 from looplab.eval.metrics import summarize
 from looplab.experiment import Experiment, check_config
+from looplab.generation.options import DecodeOptions
+from looplab.generation.sampling import Sampling
 from looplab.schedules import SCHEDULES, ScheduleContext, make_schedule
 from looplab.tasks import make_task
 from tests.plugin_entries import PLUGIN_ENTRIES, installed
@@ -32,7 +34,7 @@ def _snippets() -> list[str]:
 
 
 @pytest.fixture
-def registries(monkeypatch):
+def registries(monkeypatch, request):
     """Run the snippets against copies of the registries, so nothing leaks into other tests."""
     from looplab import token_exits
     from looplab.model import placements
@@ -52,6 +54,12 @@ def registries(monkeypatch):
     ]:
         copy = dict(getattr(module, name))
         monkeypatch.setattr(module, name, copy)
+    # the decoders and cache policies are read through several modules' names for them: restore them in place
+    from looplab.generation import decoders, policies
+
+    for registry in (decoders.DECODERS, policies.POLICIES):
+        saved = dict(registry)
+        request.addfinalizer(lambda registry=registry, saved=saved: (registry.clear(), registry.update(saved)))
     monkeypatch.setattr("looplab.schedules.SCHEDULES", base.SCHEDULES)
     monkeypatch.setattr("looplab.tasks.TASKS", tasks.TASKS)
     for code in _snippets():
@@ -60,7 +68,25 @@ def registries(monkeypatch):
 
 
 def test_there_is_one_snippet_per_family():
-    assert len(_snippets()) == 7
+    assert len(_snippets()) == 9
+
+
+def test_the_cache_policy_and_decoder_snippets(registries):
+    from looplab.generation import GenerationExit, generate, score
+    from tests.unit.model_helpers import make_model
+
+    model = make_model(causal=True, core_layers=2).double()
+    prompts, kl = [[3, 4, 5], [3, 6], [3, 4, 4, 6, 5]], GenerationExit("kl", 8, {"eps": 0.01})
+    ours = generate(model, prompts, 6, DecodeOptions(kl, "keep_three", decoder="longest_first"))
+    ring = generate(model, prompts, 6, DecodeOptions(kl, "last_m", cache_params={"keep_loops": 3}))
+    assert ours.tokens == ring.tokens and ours.depths == ring.depths and ours.cache_bytes == ring.cache_bytes
+    text = [p + [5, 6] for p in prompts]
+    scored = score(model, text, DecodeOptions(kl, "keep_three", decoder="longest_first"))
+    reference = score(model, text, DecodeOptions(kl, "keep_three"))
+    for ours_row, theirs in zip(scored.logprobs, reference.logprobs, strict=True):
+        assert ours_row == pytest.approx(theirs, abs=1e-9)
+    with pytest.raises(LooplabError, match="the longest_first decoder is greedy"):
+        DecodeOptions(kl, decoder="longest_first", sampling=Sampling(temperature=1.0))
 
 
 def test_the_generation_exit_snippet(registries):
@@ -70,8 +96,10 @@ def test_the_generation_exit_snippet(registries):
 
     model = make_model(causal=True, core_layers=1)
     prompts = [[3, 4, 5], [3, 6]]
-    loose = generate(model, prompts, 3, GenerationExit("entropy", 5, {"eps": 10.0}))  # below 10 nats from loop 1
-    strict = generate(model, prompts, 3, GenerationExit("entropy", 5, {"eps": 1e-6}))  # never: the cap
+    loose = generate(
+        model, prompts, 3, DecodeOptions(GenerationExit("entropy", 5, {"eps": 10.0}))
+    )  # below 10 nats from loop 1
+    strict = generate(model, prompts, 3, DecodeOptions(GenerationExit("entropy", 5, {"eps": 1e-6})))  # never: the cap
     assert {d for row in loose.depths for d in row} == {1}
     assert {d for row in strict.depths for d in row} == {5}
     assert check_token_exits({"entropy": {"eps": 1}}) == {"entropy": {"eps": 1.0}}

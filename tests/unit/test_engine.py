@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from looplab.generation import GenerationExit, Sampling, generate
+from looplab.generation.options import DecodeOptions
 from looplab.serve.batch import End, Job, Token
 from looplab.serve.continuous import ContinuousGroup
 from looplab.serve.engine import Engine
@@ -39,7 +40,7 @@ class Sink:
 
 def _job(prompt, rule, max_new=6, picking=GREEDY) -> tuple[Job, Sink]:
     sink = Sink()
-    return Job(prompt, max_new, rule, "per_loop", 2, picking, sink), sink
+    return Job(prompt, max_new, DecodeOptions(rule), picking, sink), sink
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_jobs_arriving_mid_decode_join_the_running_batch_and_decode_as_alone(mod
     groups = engine.stats
     assert groups["joined"] == 3, dict(groups)  # every later job joined the running group
     for job, sink in first + later:
-        alone = generate(model, [job.prompt], job.max_new, rule)
+        alone = generate(model, [job.prompt], job.max_new, DecodeOptions(rule))
         assert [t.token for t in sink.tokens] == alone.tokens[0]
         assert [t.depth for t in sink.tokens] == alone.depths[0]
         assert [t.logprob for t in sink.tokens] == pytest.approx(alone.logprobs[0], abs=1e-5)
@@ -100,7 +101,7 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
     while not group.done:
         group.step()
     assert long_sink.end == End("cancelled") and new_sink.end == End("length")
-    alone = generate(model, [PROMPTS[1]], 3, rule)
+    alone = generate(model, [PROMPTS[1]], 3, DecodeOptions(rule))
     assert [t.token for t in new_sink.tokens] == alone.tokens[0]
 
 

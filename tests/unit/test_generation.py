@@ -10,6 +10,7 @@ import torch
 from looplab.errors import LooplabError
 from looplab.generation import GenerationExit, Sampling, generate, score
 from looplab.generation.byte_text import decode, encode
+from looplab.generation.options import DecodeOptions
 from looplab.generation.text import cut_at_stop, unescape
 from tests.unit.model_helpers import make_model
 
@@ -38,8 +39,8 @@ def reference_logits(model, sequence: list[int], loops: int) -> torch.Tensor:
 @pytest.mark.parametrize("structure", STRUCTURES, ids=lambda s: f"{s['placement']}-{s['injection']}")
 def test_per_loop_cache_equals_recomputation_token_for_token(structure):
     model = causal_model(**structure, prelude_layers=1, coda_layers=1)
-    cached = generate(model, PROMPTS, 6, GenerationExit("fixed", 3), "per_loop")
-    uncached = generate(model, PROMPTS, 6, GenerationExit("fixed", 3), "none")
+    cached = generate(model, PROMPTS, 6, DecodeOptions(GenerationExit("fixed", 3), "per_loop"))
+    uncached = generate(model, PROMPTS, 6, DecodeOptions(GenerationExit("fixed", 3), "none"))
     assert cached.tokens == uncached.tokens
     for prompt, new in zip(PROMPTS, cached.tokens):
         assert len(new) == 6
@@ -52,12 +53,16 @@ def test_per_loop_cache_equals_recomputation_token_for_token(structure):
 def test_cached_logits_match_recomputation_in_float64(positional, window):
     model = causal_model(positional=positional, attention_window=window, init_state="zeros", injection="add")
     # a sampled path visits tokens greedy decoding would not; compare each step's logits exactly
-    result = generate(model, PROMPTS[:2], 5, GenerationExit("fixed", 4), "per_loop", Sampling(temperature=1.5, seed=3))
-    replay = generate(model, PROMPTS[:2], 5, GenerationExit("fixed", 4), "none", Sampling(temperature=1.5, seed=3))
+    result = generate(
+        model, PROMPTS[:2], 5, DecodeOptions(GenerationExit("fixed", 4), "per_loop", Sampling(temperature=1.5, seed=3))
+    )
+    replay = generate(
+        model, PROMPTS[:2], 5, DecodeOptions(GenerationExit("fixed", 4), "none", Sampling(temperature=1.5, seed=3))
+    )
     assert result.tokens == replay.tokens
     from looplab.generation.decoder import Decoder
 
-    decoder = Decoder(model, [PROMPTS[0]], 1, GenerationExit("fixed", 4), "per_loop", Sampling(), None)
+    decoder = Decoder(model, [PROMPTS[0]], 1, DecodeOptions(GenerationExit("fixed", 4)))
     rows = torch.arange(1)
     logits, _ = decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     assert torch.allclose(logits[0], reference_logits(model, PROMPTS[0], 4), atol=1e-10)
@@ -68,9 +73,9 @@ def test_cached_logits_match_recomputation_in_float64(positional, window):
 def test_a_batch_of_mixed_lengths_equals_each_prompt_alone(cache, exit_name):
     model = causal_model(placement="post_sandwich", norm="rmsnorm")
     rule = GenerationExit(exit_name, 8, {"convergence": {"eps": 0.05}, "confidence": {"threshold": 0.2}}.get(exit_name))
-    together = generate(model, PROMPTS, 5, rule, cache)
+    together = generate(model, PROMPTS, 5, DecodeOptions(rule, cache))
     for row, prompt in enumerate(PROMPTS):
-        alone = generate(model, [prompt], 5, rule, cache)
+        alone = generate(model, [prompt], 5, DecodeOptions(rule, cache))
         assert alone.tokens[0] == together.tokens[row]
         assert alone.depths[0] == together.depths[row]
 
@@ -80,7 +85,7 @@ def test_exit_depths_equal_a_reference_loop():
     relative step falls below eps, computed here by recomputing the whole sequence loop by loop."""
     model = causal_model(placement="pre", injection="add")
     rule = GenerationExit("convergence", 30, {"eps": 0.1})
-    result = generate(model, [PROMPTS[0]], 6, rule, "per_loop")
+    result = generate(model, [PROMPTS[0]], 6, DecodeOptions(rule, "per_loop"))
     depths = result.depths[0]
     assert max(depths) < 30 and len(set(depths)) > 1, depths
     # the first token's depth depends on the prompt alone, which every loop computes exactly
@@ -104,7 +109,7 @@ def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     model = causal_model()
     caches = []
     for rule in (GenerationExit("fixed", 6), GenerationExit("confidence", 6, {"threshold": 1e-9})):
-        decoder = Decoder(model, PROMPTS, 1, rule, cache, Sampling(), None)
+        decoder = Decoder(model, PROMPTS, 1, DecodeOptions(rule, cache))
         decoder.lazy_prompt = False  # per_loop's lazy prompt is checked against this below
         _, depths = decoder.forward(
             decoder.tokens, torch.arange(len(PROMPTS)), slice(0, decoder.width), decoder.lengths - 1, prefill=True
@@ -135,7 +140,7 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
             return original(self, rows, loop)
 
         monkeypatch.setattr(decoder_module.Decoder, "deepen_prompt", counted)
-        decoder = decoder_module.Decoder(model, prompts, 6, rule, "per_loop", Sampling(), None)
+        decoder = decoder_module.Decoder(model, prompts, 6, DecodeOptions(rule))
         decoder.lazy_prompt = lazy
         runs[lazy] = (decoder.run(), calls)
     (lazy_run, deepened), (eager_run, never) = runs[True], runs[False]
@@ -160,10 +165,10 @@ def test_masked_and_gathered_loops_give_each_prompt_alone(structure, monkeypatch
     runs = {}
     for at in (0.0, float("inf")):
         monkeypatch.setattr(decoder_module, "MASK_AT", at)
-        runs[at] = generate(model, prompts, 6, rule, "per_loop")
+        runs[at] = generate(model, prompts, 6, DecodeOptions(rule, "per_loop"))
     assert len({d for row in runs[0.0].depths for d in row}) > 1  # rows exit at different loops
     for row, prompt in enumerate(prompts):
-        alone = generate(model, [prompt], 6, rule, "per_loop")
+        alone = generate(model, [prompt], 6, DecodeOptions(rule, "per_loop"))
         for run in runs.values():
             assert run.tokens[row] == alone.tokens[0] and run.depths[row] == alone.depths[0]
             assert run.logprobs[row] == pytest.approx(alone.logprobs[0], abs=1e-10)
@@ -171,25 +176,29 @@ def test_masked_and_gathered_loops_give_each_prompt_alone(structure, monkeypatch
 
 def test_one_token_prompts_are_prefilled_to_the_cap():
     model = causal_model()
-    cached = generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("fixed", 3), "per_loop")
-    assert cached.tokens == generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("fixed", 3), "none").tokens
-    adaptive = generate(model, ONE_TOKEN_PROMPTS, 4, GenerationExit("confidence", 5, {"threshold": 1e-9}), "per_loop")
+    cached = generate(model, ONE_TOKEN_PROMPTS, 4, DecodeOptions(GenerationExit("fixed", 3), "per_loop"))
+    assert (
+        cached.tokens == generate(model, ONE_TOKEN_PROMPTS, 4, DecodeOptions(GenerationExit("fixed", 3), "none")).tokens
+    )
+    adaptive = generate(
+        model, ONE_TOKEN_PROMPTS, 4, DecodeOptions(GenerationExit("confidence", 5, {"threshold": 1e-9}), "per_loop")
+    )
     assert [row[0] for row in adaptive.depths] == [1, 1]
 
 
 def test_adaptive_exit_with_a_cap_of_one_is_the_fixed_depth():
     model = causal_model()
-    fixed = generate(model, PROMPTS, 4, GenerationExit("fixed", 1), "per_loop")
+    fixed = generate(model, PROMPTS, 4, DecodeOptions(GenerationExit("fixed", 1), "per_loop"))
     for name in ("convergence", "kl", "confidence"):
-        adaptive = generate(model, PROMPTS, 4, GenerationExit(name, 1), "per_loop")
+        adaptive = generate(model, PROMPTS, 4, DecodeOptions(GenerationExit(name, 1), "per_loop"))
         assert adaptive.tokens == fixed.tokens and {d for row in adaptive.depths for d in row} == {1}
 
 
 def test_shared_cache_at_one_loop_equals_per_loop():
     """With one loop there is one loop's keys and values: the policies coincide."""
     model = causal_model(placement="pre_sandwich")
-    a = generate(model, PROMPTS, 5, GenerationExit("fixed", 1), "per_loop")
-    b = generate(model, PROMPTS, 5, GenerationExit("fixed", 1), "shared")
+    a = generate(model, PROMPTS, 5, DecodeOptions(GenerationExit("fixed", 1), "per_loop"))
+    b = generate(model, PROMPTS, 5, DecodeOptions(GenerationExit("fixed", 1), "shared"))
     assert a.tokens == b.tokens
 
 
@@ -206,8 +215,8 @@ def test_last_m_spans_shared_to_per_loop(adaptive):
     model = causal_model(placement="pre", injection="add", prelude_layers=1)
     rule = GenerationExit("halting", 6, halts=linear_halts(1)) if adaptive else GenerationExit("fixed", 6)
     for keep, policy in ((1, "shared"), (6, "per_loop"), (9, "per_loop")):
-        window = generate(model, PROMPTS, 6, rule, "last_m", keep_loops=keep)
-        other = generate(model, PROMPTS, 6, rule, policy)
+        window = generate(model, PROMPTS, 6, DecodeOptions(rule, "last_m", cache_params={"keep_loops": keep}))
+        other = generate(model, PROMPTS, 6, DecodeOptions(rule, policy))
         assert window.tokens == other.tokens and window.depths == other.depths, (keep, policy)
         flat = [lp for row in window.logprobs for lp in row]
         assert flat == pytest.approx([lp for row in other.logprobs for lp in row], abs=1e-10)
@@ -224,8 +233,13 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
 
     model = causal_model(placement="pre", injection="add")
     keep, loops = 2, 5
-    window = generate(model, [PROMPTS[2]], 1, GenerationExit("fixed", loops), "last_m", keep_loops=keep)
-    decoder = Decoder(model, [PROMPTS[2]], 1, GenerationExit("fixed", loops), "per_loop", Sampling(), None)
+    window = generate(
+        model,
+        [PROMPTS[2]],
+        1,
+        DecodeOptions(GenerationExit("fixed", loops), "last_m", cache_params={"keep_loops": keep}),
+    )
+    decoder = Decoder(model, [PROMPTS[2]], 1, DecodeOptions(GenerationExit("fixed", loops)))
     rows = torch.arange(1)
     decoder.forward(decoder.tokens, rows, slice(0, decoder.width), decoder.lengths - 1, prefill=True)
     for (site, loop, index), layer in decoder.cache.layers.items():
@@ -234,7 +248,12 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
             layer.k.copy_(kept.k)
             layer.v.copy_(kept.v)
     # the prompt's own logits are read at the cap either way; the second token is where the window shows
-    second = generate(model, [PROMPTS[2]], 2, GenerationExit("fixed", loops), "last_m", keep_loops=keep)
+    second = generate(
+        model,
+        [PROMPTS[2]],
+        2,
+        DecodeOptions(GenerationExit("fixed", loops), "last_m", cache_params={"keep_loops": keep}),
+    )
     decoder.slots.positions[0, decoder.width] = decoder.lengths[0]
     decoder.slots.real[0, decoder.width] = True
     token = torch.tensor([[window.tokens[0][0]]])
@@ -246,9 +265,12 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
 def test_last_m_memory_is_its_window_whatever_the_depth():
     model = causal_model()
     sizes = [
-        generate(model, PROMPTS, 3, GenerationExit("fixed", k), "last_m", keep_loops=2).cache_bytes for k in (2, 8)
+        generate(
+            model, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", k), "last_m", cache_params={"keep_loops": 2})
+        ).cache_bytes
+        for k in (2, 8)
     ]
-    per_loop_two = generate(model, PROMPTS, 3, GenerationExit("fixed", 2), "per_loop").cache_bytes
+    per_loop_two = generate(model, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", 2), "per_loop")).cache_bytes
     assert sizes[0] == sizes[1] == per_loop_two
 
 
@@ -257,7 +279,7 @@ def test_score_is_the_teacher_forced_log_likelihood(cache):
     """Scoring at a fixed depth gives each token the log-probability the whole-sequence forward pass gives it."""
     model = causal_model(placement="pre_sandwich", prelude_layers=1)
     sequences = [[3, 5, 6, 2, 1, 4], [3, 4, 6]]
-    result = score(model, sequences, GenerationExit("fixed", 3), cache)
+    result = score(model, sequences, DecodeOptions(GenerationExit("fixed", 3), cache))
     for sequence, logprobs, depths in zip(sequences, result.logprobs, result.depths):
         tokens = torch.tensor([sequence])
         with torch.no_grad():
@@ -276,7 +298,7 @@ def test_halting_exit_depths_follow_the_head_at_its_decision_loops():
     model = causal_model(placement="pre", injection="add")
     halts = linear_halts(1, every=2)
     rule = GenerationExit("halting", 12, halts=halts)
-    result = generate(model, [PROMPTS[0]], 6, rule, "per_loop")
+    result = generate(model, [PROMPTS[0]], 6, DecodeOptions(rule, "per_loop"))
     depths = result.depths[0]
     assert all(d % 2 == 0 or d == 12 for d in depths) and len(set(depths)) > 1, depths
     tokens = torch.tensor([PROMPTS[0] + result.tokens[0][:-1]])
@@ -288,8 +310,12 @@ def test_halting_exit_depths_follow_the_head_at_its_decision_loops():
 
 def test_shared_cache_memory_does_not_grow_with_depth():
     model = causal_model()
-    per_loop = [generate(model, PROMPTS, 3, GenerationExit("fixed", k), "per_loop").cache_bytes for k in (2, 8)]
-    shared = [generate(model, PROMPTS, 3, GenerationExit("fixed", k), "shared").cache_bytes for k in (2, 8)]
+    per_loop = [
+        generate(model, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", k), "per_loop")).cache_bytes for k in (2, 8)
+    ]
+    shared = [
+        generate(model, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", k), "shared")).cache_bytes for k in (2, 8)
+    ]
     assert per_loop[1] == 4 * per_loop[0]
     assert shared[0] == shared[1] < per_loop[0]
 
@@ -297,21 +323,21 @@ def test_shared_cache_memory_does_not_grow_with_depth():
 def test_sampling_is_reproducible_from_its_seed_and_top_k_one_is_greedy():
     model = causal_model()
     draws = [
-        generate(model, PROMPTS, 8, GenerationExit("fixed", 2), "per_loop", Sampling(1.0, 0, seed))
+        generate(model, PROMPTS, 8, DecodeOptions(GenerationExit("fixed", 2), "per_loop", Sampling(1.0, 0, seed)))
         for seed in (0, 0, 1)
     ]
     assert draws[0].tokens == draws[1].tokens
     assert draws[0].tokens != draws[2].tokens
-    greedy = generate(model, PROMPTS, 8, GenerationExit("fixed", 2), "per_loop")
-    top1 = generate(model, PROMPTS, 8, GenerationExit("fixed", 2), "per_loop", Sampling(5.0, 1, 7))
+    greedy = generate(model, PROMPTS, 8, DecodeOptions(GenerationExit("fixed", 2), "per_loop"))
+    top1 = generate(model, PROMPTS, 8, DecodeOptions(GenerationExit("fixed", 2), "per_loop", Sampling(5.0, 1, 7)))
     assert top1.tokens == greedy.tokens
 
 
 def test_a_finished_row_stops_and_the_others_go_on():
     model = causal_model()
-    free = generate(model, PROMPTS, 6, GenerationExit("fixed", 2), "per_loop")
+    free = generate(model, PROMPTS, 6, DecodeOptions(GenerationExit("fixed", 2), "per_loop"))
     stop_after_two = generate(
-        model, PROMPTS, 6, GenerationExit("fixed", 2), "per_loop", finished=lambda ids: len(ids) >= 2
+        model, PROMPTS, 6, DecodeOptions(GenerationExit("fixed", 2), "per_loop"), lambda ids: len(ids) >= 2
     )
     assert [len(row) for row in stop_after_two.tokens] == [2, 2, 2]
     assert [row[:2] for row in free.tokens] == stop_after_two.tokens
@@ -321,16 +347,24 @@ def test_a_finished_row_stops_and_the_others_go_on():
     "call, message",
     [
         (
-            lambda m: generate(m, PROMPTS, 3, GenerationExit("fixed", 2), "per_layer"),
-            "valid choices: per_loop, shared, last_m, none",
+            lambda m: generate(m, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", 2), "per_layer")),
+            "valid choices: last_m, none, per_loop, shared",
         ),
-        (lambda m: generate(m, PROMPTS, 3, GenerationExit("fixed", 2), "last_m", keep_loops=0), "keeps 1..4096 loops"),
+        (
+            lambda m: generate(
+                m, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", 2), "last_m", cache_params={"keep_loops": 0})
+            ),
+            "cache.last_m.keep_loops must be in [1, 4096], got 0",
+        ),
         (lambda m: generate(m, PROMPTS, 3, forced=[[4]]), "forced tokens must be given for each of the 3"),
-        (lambda m: generate(m, PROMPTS, 3, GenerationExit("halting", 4)), "needs the run's halting head"),
+        (
+            lambda m: generate(m, PROMPTS, 3, DecodeOptions(GenerationExit("halting", 4))),
+            "needs the run's halting head",
+        ),
         (lambda m: score(m, [[3, 4], [3]]), "more than its 1 context token"),
         (lambda m: generate(m, [[3, 99]], 2), "token ids must be in 0..6"),
         (lambda m: score(m, [[3, 4, -1]]), "token ids must be in 0..6"),
-        (lambda m: generate(m, PROMPTS, 3, GenerationExit("kl", 4), "none"), "use the fixed exit"),
+        (lambda m: generate(m, PROMPTS, 3, DecodeOptions(GenerationExit("kl", 4), "none")), "use the fixed exit"),
         (lambda m: generate(m, [[]], 3), "at least one token"),
         (lambda m: generate(m, PROMPTS, 0), "max new tokens must be in 1.."),
         (lambda m: generate(m, PROMPTS, 10**9), "max new tokens must be in 1.."),
@@ -399,18 +433,18 @@ def test_decoded_answers_are_scored_whole_and_per_token():
     model = LoopedTransformer(cfg, ChainTrace().vocab_size).to(torch.float64)
     problems = ChainTrace().draw(3, 4, torch.Generator().manual_seed(1))
     rule = GenerationExit("fixed", 2)
-    own = decode_answers(model, problems, rule)
+    own = decode_answers(model, problems, DecodeOptions(rule))
     assert [len(c) for c in own.token_correct] == [len(a) for _, a in problems] == [4] * 4
     assert own.tokens == sum(map(len, own.depths)) and own.mean_depth == 2.0
     # the model's own greedy text as the answer (padded to its length) is right wherever it is complete
     echoed = [(q, (text + "0000")[:3] + "\n") for (q, _), text in zip(problems, own.texts)]
-    again = decode_answers(model, echoed, rule)
+    again = decode_answers(model, echoed, DecodeOptions(rule))
     for text, answer, right, tokens in zip(again.texts, echoed, again.correct, again.token_correct):
         assert right == (text == answer[1])
         assert tokens[0] == (text[:1] == answer[1][:1])
     changed = [
         (q, chr(ord("0") + (int(a[0]) + 1) % 10) + a[1:]) if a[0].isdigit() else (q, "x" + a[1:]) for q, a in echoed
     ]
-    worse = decode_answers(model, changed, rule)
+    worse = decode_answers(model, changed, DecodeOptions(rule))
     assert not any(row[0] for row in worse.token_correct) and not worse.correct.any()
     assert [p for p, *_ in again.by_position()] == [0, 1, 2, 3]

@@ -9,6 +9,7 @@ pytest.importorskip("transformers")
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from looplab.generation import GenerationExit, generate  # noqa: E402
+from looplab.generation.options import DecodeOptions
 from looplab.lm.retrofit import RetrofittedLoop  # noqa: E402
 
 PROMPTS = [[3, 5, 6, 2, 1], [3, 4], [3, 4, 4, 6, 1, 5, 2, 2]]
@@ -33,8 +34,8 @@ def test_a_qwen3_retrofit_decodes_with_its_query_and_key_norms():
             layer.self_attn.q_norm.weight.uniform_(0.2, 3.0)
             layer.self_attn.k_norm.weight.uniform_(0.2, 3.0)
     retrofit = RetrofittedLoop(model, 1, 2, 1, inject_init="mix").eval()
-    cached = generate(retrofit, PROMPTS, 6, GenerationExit("fixed", 3), "per_loop")
-    recomputed = generate(retrofit, PROMPTS, 6, GenerationExit("fixed", 3), "none")
+    cached = generate(retrofit, PROMPTS, 6, DecodeOptions(GenerationExit("fixed", 3), "per_loop"))
+    recomputed = generate(retrofit, PROMPTS, 6, DecodeOptions(GenerationExit("fixed", 3), "none"))
     assert cached.tokens == recomputed.tokens
     flat = [lp for row in cached.logprobs for lp in row]
     assert flat == pytest.approx([lp for row in recomputed.logprobs for lp in row], abs=1e-6)

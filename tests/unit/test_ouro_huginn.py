@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from looplab.errors import LooplabError  # noqa: E402
 from looplab.generation import generate  # noqa: E402
 from looplab.generation.exits import GenerationExit  # noqa: E402
+from looplab.generation.options import DecodeOptions
 from looplab.lm.families import LOOPED_FAMILIES  # noqa: E402
 from looplab.lm.huginn import HuginnConfig, HuginnLoop, RavenForCausalLM  # noqa: E402
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
@@ -39,7 +40,10 @@ def models(tmp_path_factory):
 
 def _alone(loop, loops: int) -> list[list[int]]:
     """Each prompt decoded alone by recomputing its whole sequence at ``loops`` loops (no cache)."""
-    return [generate(loop, [prompt], NEW, GenerationExit("fixed", loops), cache="none").tokens[0] for prompt in PROMPTS]
+    return [
+        generate(loop, [prompt], NEW, DecodeOptions(GenerationExit("fixed", loops), "none")).tokens[0]
+        for prompt in PROMPTS
+    ]
 
 
 # ---------------------------------------------------------------- the published layout
@@ -117,30 +121,36 @@ def test_huginn_accepts_a_stored_rotary_table(tmp_path):
 @pytest.mark.parametrize("loops", [1, 2, 6])
 def test_the_cached_step_decoder_equals_each_prompt_recomputed_alone(models, family, loops):
     _, loop = models[family]
-    batched = generate(loop, PROMPTS, NEW, GenerationExit("fixed", loops), cache="per_loop")
+    batched = generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit("fixed", loops), "per_loop"))
     assert batched.tokens == _alone(loop, loops)
 
 
 @pytest.mark.parametrize("batching", ["depth", "wavefront"])
 def test_ouros_layers_batch_depth_wise_and_by_wavefront_exactly(models, batching):
     _, loop = models["ouro"]
-    run = generate(loop, PROMPTS, NEW, GenerationExit("fixed", 3), batching=batching)
+    run = generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit("fixed", 3), decoder=batching))
     assert run.tokens == _alone(loop, 3)
 
 
 @pytest.mark.parametrize("family", ["ouro", "huginn"])
 def test_self_speculative_decoding_equals_the_fixed_depth(models, family):
-    from looplab.generation.speculative import generate_speculative
 
     _, loop = models[family]
-    run = generate_speculative(loop, PROMPTS, NEW, 4, 1, 3)
+    run = generate(
+        loop,
+        PROMPTS,
+        NEW,
+        DecodeOptions(
+            GenerationExit("fixed", 4), decoder="speculative", decoder_params={"draft_loops": 1, "draft_tokens": 3}
+        ),
+    )
     assert run.tokens == _alone(loop, 4)
 
 
 def test_huginn_runs_its_own_shared_cache_and_last_m_in_flat_memory(models):
     _, loop = models["huginn"]
     sizes = {
-        cache: generate(loop, PROMPTS, NEW, GenerationExit("fixed", 8), cache=cache, keep_loops=2).cache_bytes
+        cache: generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit("fixed", 8), cache)).cache_bytes
         for cache in ("per_loop", "shared", "last_m")
     }
     # per_loop holds 8 loops of the 2 core blocks; shared one, last_m two; prelude and coda one each in all
@@ -176,7 +186,12 @@ def _gate_reference(loop, threshold: float, cap: int) -> tuple[list[list[int]], 
 @pytest.mark.parametrize("threshold", [0.5, 0.8, 1.0])
 def test_the_read_only_gate_exit_is_ouros_own_forward(models, threshold):
     _, loop = models["ouro"]
-    run = generate(loop, PROMPTS, NEW, GenerationExit("gate", 3, {"threshold": threshold}), read_only_exit=True)
+    run = generate(
+        loop,
+        PROMPTS,
+        NEW,
+        DecodeOptions(GenerationExit("gate", 3, {"threshold": threshold}), decoder_params={"read_only_exit": True}),
+    )
     tokens, depths = _gate_reference(loop, threshold, 3)
     assert (run.tokens, run.depths) == (tokens, depths)
     if threshold < 1:
@@ -186,7 +201,10 @@ def test_the_read_only_gate_exit_is_ouros_own_forward(models, threshold):
 def test_the_gate_exit_that_skips_loops_agrees_on_the_first_token_and_saves_loops(models):
     _, loop = models["ouro"]
     rule = GenerationExit("gate", 3, {"threshold": 0.5})
-    skipping, read_only = generate(loop, PROMPTS, NEW, rule), generate(loop, PROMPTS, NEW, rule, read_only_exit=True)
+    skipping, read_only = (
+        generate(loop, PROMPTS, NEW, DecodeOptions(rule)),
+        generate(loop, PROMPTS, NEW, DecodeOptions(rule, decoder_params={"read_only_exit": True})),
+    )
     assert [row[0] for row in skipping.tokens] == [row[0] for row in read_only.tokens]
     assert [row[0] for row in skipping.depths] == [row[0] for row in read_only.depths]
     assert all(1 <= d <= 3 for row in skipping.depths for d in row)
@@ -197,13 +215,13 @@ def test_the_gate_exit_that_skips_loops_agrees_on_the_first_token_and_saves_loop
     "family, options, message",
     [
         ("huginn", {}, "the gate exit reads a learned exit gate, which this model lacks (Ouro has one)"),
-        ("ouro", {"batching": "depth", "read_only_exit": True}, "a read-only exit runs every token to the cap"),
+        ("ouro", {"decoder": "depth", "decoder_params": {"read_only_exit": True}}, "unknown parameter of the depth"),
     ],
 )
 def test_what_the_gate_exit_refuses_is_one_line(models, family, options, message):
     _, loop = models[family]
     with pytest.raises(LooplabError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        generate(loop, PROMPTS, NEW, GenerationExit("gate", 3, {"threshold": 0.5}), **options)
+        generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit("gate", 3, {"threshold": 0.5}), **options))
 
 
 def test_the_exit_distribution_sums_to_one_and_one_loop_takes_it_all(models):
@@ -257,7 +275,7 @@ def loop_model(loop: HuginnLoop) -> RavenForCausalLM:
 @pytest.mark.parametrize("name, threshold", [("latent-diff", 0.5), ("cosine", 0.05)])
 def test_huginns_state_exits_stop_where_the_state_settles(models, name, threshold):
     _, loop = models["huginn"]
-    run = generate(loop, PROMPTS, NEW, GenerationExit(name, 16, {"eps": threshold}))
+    run = generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit(name, 16, {"eps": threshold})))
     with torch.no_grad():  # the first token's exit, from the unroll of the prompt alone
         states = [h[0, -1] for h in loop.unroll(torch.tensor([PROMPTS[0]]), None, 16)]
     changes = [
@@ -292,7 +310,7 @@ def test_exits_that_read_logits_run_huginns_coda_per_loop(models, name):
     values = [_criterion(name, now, before) for before, now in zip(logps, logps[1:])]  # loops 2..12
     eps = sorted(values)[len(values) // 2] * 1.0001  # a threshold the values cross mid-way
     expected = next(t + 2 for t, value in enumerate(values) if value < eps)
-    run = generate(loop, PROMPTS, NEW, GenerationExit(name, 12, {"eps": eps}))
+    run = generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit(name, 12, {"eps": eps})))
     assert run.depths[0][0] == expected
     assert all(1 <= d <= 12 for row in run.depths for d in row)
 

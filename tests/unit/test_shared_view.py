@@ -14,6 +14,7 @@ from looplab.config import load_config
 from looplab.errors import LooplabError
 from looplab.experiment import Experiment, check_config
 from looplab.generation import GenerationExit, score
+from looplab.generation.options import DecodeOptions
 from looplab.model.attention import attend_earlier
 from looplab.model.shared_view import shared_view_at_depths, shared_view_logits, shared_view_pass
 from looplab.train.trainer import make_optimizer, train_step
@@ -58,7 +59,7 @@ def test_iterated_view_is_teacher_forced_decoding_through_the_shared_cache(struc
         for _ in range(tokens.shape[1]):
             h, last = shared_view_pass(model, h0, e, ctx, loops, last)
         logprobs = model.readout(h, ctx).log_softmax(-1)
-        cached = score(model, SEQUENCES, GenerationExit("fixed", loops), "shared")
+        cached = score(model, SEQUENCES, DecodeOptions(GenerationExit("fixed", loops), "shared"))
         ordinary, at_one = shared_view_logits(model, tokens, valid, 1)
     for row, sequence in enumerate(SEQUENCES):
         ours = [float(logprobs[row, i, token]) for i, token in enumerate(sequence[1:])]

@@ -11,7 +11,7 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import GenerationExit, Sampling, generate
-from looplab.generation.speculative import generate_speculative
+from looplab.generation.options import DecodeOptions
 from tests.unit.model_helpers import make_model, tiny_llama_retrofit
 
 #: mixed lengths, one of them a single token
@@ -30,8 +30,18 @@ def _causal(**overrides):
 
 
 def _assert_identical(model, prompts, loops, draft_loops, draft_tokens, finished=None):
-    fixed = generate(model, prompts, NEW, GenerationExit("fixed", loops), "per_loop", finished=finished)
-    fast = generate_speculative(model, prompts, NEW, loops, draft_loops, draft_tokens, finished=finished)
+    fixed = generate(model, prompts, NEW, DecodeOptions(GenerationExit("fixed", loops), "per_loop"), finished)
+    fast = generate(
+        model,
+        prompts,
+        NEW,
+        DecodeOptions(
+            GenerationExit("fixed", loops),
+            decoder="speculative",
+            decoder_params={"draft_loops": draft_loops, "draft_tokens": draft_tokens},
+        ),
+        finished,
+    )
     assert fast.tokens == fixed.tokens
     assert fast.depths == fixed.depths  # K for every token
     for ours, theirs in zip(fast.logprobs, fixed.logprobs):
@@ -66,7 +76,7 @@ def test_both_branches_run_drafts_are_partly_kept():
 def test_a_row_that_finishes_mid_round_stops_there():
     """``finished`` ends a row at the token that satisfies it, inside a round, as fixed-K decoding ends it."""
     model = _causal()
-    fixed = generate(model, PROMPTS, NEW, GenerationExit("fixed", 4), "per_loop")
+    fixed = generate(model, PROMPTS, NEW, DecodeOptions(GenerationExit("fixed", 4), "per_loop"))
     stop_token = fixed.tokens[0][2]
 
     def done(ids):
@@ -88,19 +98,20 @@ def test_speculative_on_a_retrofit_and_hrm_text():
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "params, sampling, message",
     [
-        (dict(draft_loops=4), "--draft-loops must be in 1..3 (below --loops 4), got 4"),
-        (dict(draft_loops=0), "--draft-loops must be in 1..3"),
-        (dict(draft_tokens=0), "--draft-tokens must be an integer in 1..64, got 0"),
-        (dict(draft_tokens=1_000_000), "--draft-tokens must be an integer in 1..64, got 1000000"),
-        (dict(sampling=Sampling(temperature=0.7)), "speculative decoding is greedy here"),
+        ({"draft_loops": 4}, Sampling(), "draft_loops must be in 1..3 (below the exit's 4 loops), got 4"),
+        ({"draft_loops": 0}, Sampling(), "decoder.speculative.draft_loops must be in [1, inf), got 0"),
+        ({"draft_tokens": 0}, Sampling(), "decoder.speculative.draft_tokens must be in [1, 64], got 0"),
+        ({"draft_tokens": 1_000_000}, Sampling(), "decoder.speculative.draft_tokens must be in [1, 64], got 1000000"),
+        ({}, Sampling(temperature=0.7), "the speculative decoder is greedy: use temperature 0, not 0.7"),
     ],
 )
-def test_bad_speculative_arguments_are_one_line(kwargs, message):
-    args = dict(loops=4, draft_loops=2, draft_tokens=3) | kwargs
+def test_bad_speculative_arguments_are_one_line(params, sampling, message):
     with pytest.raises(LooplabError) as err:
-        generate_speculative(_causal(), PROMPTS, 4, **args)
+        options = DecodeOptions(GenerationExit("fixed", 4), sampling=sampling, decoder="speculative",
+                                decoder_params={"draft_loops": 2, "draft_tokens": 3} | params)  # fmt: skip
+        generate(_causal(), PROMPTS, 4, options)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -108,8 +119,15 @@ def test_drafts_past_a_learned_position_tables_end_are_never_read_there():
     """A valid request whose last round drafts past max_len: the tokens are fixed K's, no index error."""
     model = _causal(positional="learned", max_len=24)
     prompts = [[3] * 10, [4] * 17]
-    fast = generate_speculative(model, prompts, 24 - 17, 4, 1, 8)
-    fixed = generate(model, prompts, 24 - 17, GenerationExit("fixed", 4), "per_loop")
+    fast = generate(
+        model,
+        prompts,
+        24 - 17,
+        DecodeOptions(
+            GenerationExit("fixed", 4), decoder="speculative", decoder_params={"draft_loops": 1, "draft_tokens": 8}
+        ),
+    )
+    fixed = generate(model, prompts, 24 - 17, DecodeOptions(GenerationExit("fixed", 4), "per_loop"))
     assert fast.tokens == fixed.tokens
 
 
@@ -118,4 +136,11 @@ def test_a_speculative_generation_too_large_to_hold_is_refused_before_allocating
 
     monkeypatch.setattr(looplab.memory, "device_bytes", lambda device: 2**20)
     with pytest.raises(LooplabError, match="holds 4096 cache slots per row, an estimated"):
-        generate_speculative(_causal(max_len=4096), PROMPTS, 64, 4, 2, 64)
+        generate(
+            _causal(max_len=4096),
+            PROMPTS,
+            64,
+            DecodeOptions(
+                GenerationExit("fixed", 4), decoder="speculative", decoder_params={"draft_loops": 2, "draft_tokens": 64}
+            ),
+        )

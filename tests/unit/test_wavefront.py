@@ -10,7 +10,7 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import GenerationExit, Sampling, generate
-from looplab.generation.decode import GREEDY
+from looplab.generation.options import DecodeOptions
 from looplab.generation.wavefront import WavefrontDecoder
 from tests.unit.model_helpers import make_model
 from tests.unit.test_speculative import NEW, PROMPTS, STRUCTURES  # mixed prompt lengths; 16 placements × injections
@@ -28,8 +28,14 @@ def _causal(**overrides):
 
 
 def _assert_same(model, prompts, rule, front, finished=None):
-    step = generate(model, prompts, NEW, rule, "per_loop", finished=finished)
-    wave = generate(model, prompts, NEW, rule, "per_loop", finished=finished, batching="wavefront", front=front)
+    step = generate(model, prompts, NEW, DecodeOptions(rule, "per_loop"), finished)
+    wave = generate(
+        model,
+        prompts,
+        NEW,
+        DecodeOptions(rule, "per_loop", decoder="wavefront", decoder_params={"front": front}),
+        finished,
+    )
     assert wave.tokens == step.tokens
     assert wave.depths == step.depths
     for ours, theirs in zip(wave.logprobs, step.logprobs, strict=True):
@@ -72,7 +78,7 @@ def test_guesses_that_hold_save_sequential_calls(injection):
     rule = GenerationExit("fixed", 5)
     calls = {}
     for front in (1, 2, 5):
-        decoder = WavefrontDecoder(model, PROMPTS[:1], NEW, rule, GREEDY, None, front)
+        decoder = WavefrontDecoder(model, PROMPTS[:1], NEW, DecodeOptions(rule), None, front)
         with torch.no_grad():
             decoder.run()
         calls[front] = decoder.calls
@@ -83,22 +89,20 @@ def test_guesses_that_hold_save_sequential_calls(injection):
 @pytest.mark.parametrize(
     "model_kind, kwargs, message",
     [
-        (
-            "looplab",
-            dict(cache="shared"),
-            "wavefront decoding keeps every loop's keys and values: use --cache per_loop",
-        ),
-        ("looplab", dict(front=0), "--front (positions in flight per row) must be a positive integer, got 0"),
-        ("looplab", dict(front=True), "--front (positions in flight per row) must be a positive integer, got True"),
-        ("looplab", dict(sampling=Sampling(temperature=1.0)), "wavefront decoding is greedy"),
+        ("looplab", dict(cache="shared"), "the wavefront decoder decodes through the per_loop cache, not shared"),
+        ("looplab", dict(decoder_params={"front": -1}), "decoder.wavefront.front must be in [0, inf), got -1"),
+        ("looplab", dict(decoder_params={"front": True}), "decoder.wavefront.front must be int, got True"),
+        ("looplab", dict(sampling=Sampling(temperature=1.0)), "the wavefront decoder is greedy"),
         ("coda", {}, "a coda (1 layers) would read their unfinished states: valid models have no coda"),
-        ("looplab", dict(batching="step", front=4), "--front sets the positions in flight per row: it needs"),
-        ("looplab", dict(forced=[[1], [2], [3], [4]]), "teacher-forced scoring: use --batching step"),
+        ("looplab", dict(decoder="step", decoder_params={"front": 4}), "unknown parameter of the step decoder 'front'"),
+        ("looplab", dict(forced=[[1], [2], [3], [4]]), "the wavefront decoder picks its own tokens"),
     ],
 )
 def test_what_wavefront_decoding_does_not_take_is_one_line(model_kind, kwargs, message):
     model = _causal(coda_layers=1) if model_kind == "coda" else _causal()
-    options = {"batching": "wavefront", **kwargs}
+    kwargs = dict(kwargs)
+    forced = kwargs.pop("forced", None)
     with pytest.raises(LooplabError) as err:
-        generate(model, PROMPTS, 4, GenerationExit("fixed", 4), **options)
+        options = DecodeOptions(GenerationExit("fixed", 4), **({"decoder": "wavefront"} | kwargs))
+        generate(model, PROMPTS, 4, options, forced=forced)
     assert message in str(err.value) and "\n" not in str(err.value)

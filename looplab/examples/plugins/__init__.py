@@ -13,6 +13,8 @@ train``, ``eval``, ``analyze``, ``sweep`` and ``generate``::
 - ``final_norm``: an analysis metric (the norm of each token's last state);
 - ``normed_residual``: a norm placement (N(x) + f(N(x)));
 - ``top_margin``: a generation exit (stop a token once its top choice leads by a margin; ``looplab generate``);
+- ``first_loop``: a KV cache policy (every earlier token read at its first loop; ``--cache first_loop``);
+- ``one_at_a_time``: a decoder (each prompt alone through the step decoder; ``--decoder one_at_a_time``);
 - ``oracle_only``: a paper for ``looplab report --paper`` (our Oracle OOD by group, as a paper's table).
 
 This package imports none of them: a plugin registers its entry when it is imported.
@@ -27,6 +29,8 @@ NAMES = (
     "final_norm",
     "normed_residual",
     "top_margin",
+    "first_loop",
+    "one_at_a_time",
     "oracle_only",
 )
 MODULES = tuple(f"looplab.examples.plugins.{name}" for name in NAMES)

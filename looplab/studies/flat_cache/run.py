@@ -52,7 +52,7 @@ def study_inputs(exp) -> tuple[list[tuple[str, str]], list[list[int]]]:
 def read_run(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
     """The protocol's reads of one trained run: a row per (loops, cache)."""
     from looplab.experiment import Experiment
-    from looplab.generation import GenerationExit, score
+    from looplab.generation import DecodeOptions, GenerationExit, score
     from looplab.generation.reasoning import decode_answers
 
     exp = Experiment.from_run(run_dir)
@@ -61,8 +61,11 @@ def read_run(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
     for loops in P.READ_LOOPS:
         rule = GenerationExit("fixed", loops)
         for cache in P.CACHES:
-            answers = decode_answers(exp.model, problems, rule, cache, P.KEEP_LOOPS)
-            scored = score(exp.model, passages, rule, cache, keep_loops=P.KEEP_LOOPS)
+            options = DecodeOptions(
+                rule, cache, cache_params={"keep_loops": P.KEEP_LOOPS} if cache == "last_m" else None
+            )
+            answers = decode_answers(exp.model, problems, options)
+            scored = score(exp.model, passages, options)
             rows.append(
                 {
                     "arm": arm,

@@ -48,7 +48,7 @@ def study_inputs(exp) -> tuple[list[tuple[str, str]], list[int], list[list[int]]
 def read_run(arm: str, seed: int, run_dir: Path) -> dict[str, pd.DataFrame]:
     """The protocol's reads of one trained run: its reads, problems and passages tables."""
     from looplab.experiment import Experiment
-    from looplab.generation import GenerationExit, score
+    from looplab.generation import DecodeOptions, GenerationExit, score
     from looplab.generation.reasoning import decode_answers
 
     exp = Experiment.from_run(run_dir)
@@ -58,8 +58,8 @@ def read_run(arm: str, seed: int, run_dir: Path) -> dict[str, pd.DataFrame]:
         rule = GenerationExit("fixed", loops)
         right, losses = {}, {}
         for cache in P.CACHES:
-            answers = decode_answers(exp.model, problems, rule, cache)
-            scored = score(exp.model, passages, rule, cache)
+            answers = decode_answers(exp.model, problems, DecodeOptions(rule, cache))
+            scored = score(exp.model, passages, DecodeOptions(rule, cache))
             right[cache] = answers.correct.astype(int)
             losses[cache] = np.array([-np.mean(row) for row in scored.logprobs])
             reads.append(

@@ -33,7 +33,7 @@ def read_exits(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
     """A row per (exit, cache) of one trained run: exact_match (%), answer_depth, loss (nats/byte), byte_depth,
     cache_mib."""
     from looplab.experiment import Experiment
-    from looplab.generation import GenerationExit, score
+    from looplab.generation import DecodeOptions, GenerationExit, score
     from looplab.generation.reasoning import decode_answers
 
     exp = Experiment.from_run(run_dir)
@@ -42,8 +42,8 @@ def read_exits(arm: str, seed: int, run_dir: Path) -> pd.DataFrame:
     for name, params in EXITS:
         rule = GenerationExit(name, CAP, params)
         for cache in CACHES:
-            answers = decode_answers(exp.model, problems, rule, cache)
-            scored = score(exp.model, passages, rule, cache)
+            answers = decode_answers(exp.model, problems, DecodeOptions(rule, cache))
+            scored = score(exp.model, passages, DecodeOptions(rule, cache))
             rows.append(
                 {
                     "arm": arm,
