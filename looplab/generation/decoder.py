@@ -108,7 +108,7 @@ class Decoder:
     def run(self) -> Generation:
         batch = len(self.lengths)
         rows = torch.arange(batch, device=self.lengths.device)
-        logits, depths = self.forward(self.tokens, rows, slice(0, self.width), self.lengths - 1, prefill=True)
+        logits, depths = self.prefill(rows)
         out = Generation(*([[] for _ in range(batch)] for _ in range(3)))
         live = rows
         for step in range(self.max_new):
@@ -126,6 +126,30 @@ class Decoder:
             logits, depths = self.step(live, chosen, self.width + step, self.lengths[live] + step)
         out.cache_bytes = self.cache.nbytes()
         return out
+
+    def prefill(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt): their
+        next-token logits [R, V] and the depths [R] their last tokens exited at."""
+        return self.forward(self.tokens[rows], rows, slice(0, self.width), self.lengths[rows] - 1, prefill=True)
+
+    def admit(self, rows: Tensor, prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """Give each of ``rows`` [R] a new prompt (at most the prompt width): its tokens, length and slots replace
+        the row's, and it is prefilled there while the other rows keep their place and their lazy prompts.
+        Returns what :meth:`prefill` returns for them."""
+        device = self.lengths.device
+        self.tokens[rows] = PAD
+        for row, prompt in zip(rows.tolist(), prompts):
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
+        self.lengths[rows] = torch.tensor([len(prompt) for prompt in prompts], device=device)
+        slots = torch.arange(self.slots.positions.shape[1], device=device)
+        self.slots.positions[rows] = slots
+        self.slots.real[rows] = slots[None, :] < self.lengths[rows][:, None]  # an earlier occupant's tokens go
+        earlier = self.prompt
+        logits, depths = self.prefill(rows)
+        if earlier is not None:  # the other rows' lazy prompts stand; these rows' are the new ones
+            earlier.take(rows, self.prompt)
+            self.prompt = earlier
+        return logits, depths
 
     def start(self, rows: Tensor, slot: Tensor | int, positions: Tensor) -> None:
         """Put a new token of each of ``rows`` [R] in ``slot`` (one for all, or [R]), at its own position in its

@@ -43,7 +43,6 @@ from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of,
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.params import at_least, param
-from looplab.tasks.base import PAD
 
 __all__ = ["DepthwiseDecoder", "Depth", "check_depthwise"]
 
@@ -112,7 +111,7 @@ class DepthwiseDecoder(Decoder):
     def run(self) -> Generation:
         batch, device = len(self.lengths), self.lengths.device
         every = torch.arange(batch, device=device)
-        logits, depths = self.forward(self.tokens, every, slice(0, self.width), self.lengths - 1, prefill=True)
+        logits, depths = self.prefill(every)
         out = Generation(*([[] for _ in self.prompts] for _ in range(3)))
         state = _Rows.empty(batch, self.width, logits if self.exit.reads_logits else None, device)
         starting = self._pick(out, state, every, logits, depths)
@@ -158,20 +157,8 @@ class DepthwiseDecoder(Decoder):
         for row, request in zip(rows.tolist(), range(self.waiting, self.waiting + count)):
             self.request[row] = request
         self.waiting += count
-        lengths = torch.tensor([len(p) for p in prompts], device=rows.device)
-        tokens = torch.full((count, self.width), PAD, dtype=torch.long, device=rows.device)
-        for i, prompt in enumerate(prompts):
-            tokens[i, : len(prompt)] = torch.tensor(prompt, device=rows.device)
-        slots = torch.arange(self.slots.positions.shape[1], device=rows.device)
-        self.lengths[rows] = lengths
-        self.slots.positions[rows] = slots
-        self.slots.real[rows] = slots[None, :] < lengths[:, None]
         state.slot[rows] = self.width - 1
-        earlier = self.prompt
-        logits, depths = self.forward(tokens, rows, slice(0, self.width), lengths - 1, prefill=True)
-        if earlier is not None:  # the lazy prompts of the other rows stand; these rows' are the new ones
-            earlier.take(rows, self.prompt)
-            self.prompt = earlier
+        logits, depths = self.admit(rows, prompts)
         return self._pick(out, state, rows, logits, depths)
 
     def _start(self, state: _Rows, rows: Tensor, tokens: Tensor) -> None:

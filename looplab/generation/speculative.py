@@ -122,7 +122,7 @@ class _SpeculativeDecoder(Decoder):
     def run(self) -> SpeculativeGeneration:
         batch = len(self.lengths)
         rows = torch.arange(batch, device=self.lengths.device)
-        logits, _ = self.forward(self.tokens, rows, slice(0, self.width), self.lengths - 1, prefill=True)
+        logits, _ = self.prefill(rows)
         out = SpeculativeGeneration(*([[] for _ in range(batch)] for _ in range(3)))
         first = logits.argmax(-1)
         logprobs = logits.double().log_softmax(-1)

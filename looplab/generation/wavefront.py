@@ -98,7 +98,7 @@ class WavefrontDecoder(DepthwiseDecoder):
     def run(self) -> Generation:
         batch, device = len(self.lengths), self.lengths.device
         every = torch.arange(batch, device=device)
-        logits, depths = self.forward(self.tokens, every, slice(0, self.width), self.lengths - 1, prefill=True)
+        logits, depths = self.prefill(every)
         out = Generation(*([[] for _ in range(batch)] for _ in range(3)))
         logprobs = logits.double().log_softmax(-1)
         first = logits.argmax(-1)

@@ -126,6 +126,26 @@ class LiveRows:
         index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
         self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]
 
+    def record(self, chosen: Tensor) -> list[int]:
+        """Send each live row's token ``chosen`` [R] to its job, with its log-probability, the loops it ran and the
+        likeliest tokens the job asks for; a job that ended is sent its :class:`End` and its row released.
+        Returns the indices (into the live rows) of the jobs that go on."""
+        logprobs = self.logits.double().log_softmax(-1)
+        picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+        tops = self.tops(logprobs)
+        still = []
+        for i, row in enumerate(self.live.tolist()):
+            job = self.jobs[row]
+            job.tokens.append(int(chosen[i]))
+            job.sink(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
+            reason = job.ended()
+            if reason is None:
+                still.append(i)
+            else:
+                job.sink(End(reason))
+                self.release(row)
+        return still
+
     def release(self, row: int) -> None:
         """A row whose job ended (a group that never reuses rows keeps it as it is)."""
 
@@ -147,9 +167,7 @@ class Group(LiveRows):
         )
         self.forced = forced
         self.live = torch.arange(len(jobs), device=decoder.lengths.device)
-        self.logits, self.depths = decoder.forward(
-            decoder.tokens, self.live, slice(0, decoder.width), decoder.lengths - 1, prefill=True
-        )
+        self.logits, self.depths = decoder.prefill(self.live)
         self.step_index = 0
 
     def step(self) -> None:
@@ -160,19 +178,7 @@ class Group(LiveRows):
         decoder, step = self.decoder, self.step_index
         live = self.live.tolist()
         chosen = self.choose(live, step)
-        logprobs = self.logits.double().log_softmax(-1)
-        picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
-        tops = self.tops(logprobs)
-        still = []
-        for i, row in enumerate(live):
-            job = self.jobs[row]
-            job.tokens.append(int(chosen[i]))
-            job.sink(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
-            reason = job.ended()
-            if reason is None:
-                still.append(i)
-            else:
-                job.sink(End(reason))
+        still = self.record(chosen)
         self.step_index += 1
         if step == self.budget - 1 or not still:
             self.live = self.live[:0]

@@ -25,7 +25,7 @@ from looplab.generation.budget import generation_bytes
 from looplab.generation.decoder import Decoder, LazyPrompt
 from looplab.generation.views import decodable
 from looplab.memory import device_bytes
-from looplab.serve.batch import End, Job, LiveRows, Token
+from looplab.serve.batch import Job, LiveRows
 from looplab.serve.sampling import pick_next
 from looplab.tasks.base import PAD
 
@@ -63,9 +63,7 @@ class ContinuousGroup(LiveRows):
         self.jobs: list[Job | None] = [*jobs, *([None] * (capacity - len(jobs)))]
         self.column = 0  # the next new token's slot is width + column, for every live row
         self.live = torch.arange(len(jobs), device=decoder.lengths.device)
-        self.logits, self.depths = decoder.forward(
-            decoder.tokens[self.live], self.live, slice(0, self.width), decoder.lengths[self.live] - 1, prefill=True
-        )
+        self.logits, self.depths = decoder.prefill(self.live)
         if decoder.prompt is not None:  # a lazy prompt (an adaptive exit) for every row, the free ones at the cap
             decoder.prompt = _padded(decoder.prompt, capacity, loops)
 
@@ -83,22 +81,8 @@ class ContinuousGroup(LiveRows):
         """Prefill ``job``'s prompt into a free row; its first token is picked at the next :meth:`step`."""
         decoder = self.decoder
         row = self.jobs.index(None)
-        length = len(job.prompt)
-        device = decoder.lengths.device
-        decoder.tokens[row] = PAD
-        decoder.tokens[row, :length] = torch.tensor(job.prompt, device=device)
-        decoder.lengths[row] = length
-        slots = torch.arange(decoder.slots.positions.shape[1], device=device)
-        decoder.slots.positions[row] = slots
-        decoder.slots.real[row] = slots < length  # the earlier occupant's new tokens are no longer real
-        rows = torch.tensor([row], device=device)
-        earlier = decoder.prompt
-        logits, depths = decoder.forward(
-            decoder.tokens[rows], rows, slice(0, self.width), decoder.lengths[rows] - 1, prefill=True
-        )
-        if earlier is not None:  # the other rows' lazy prompts stand; this row's is the new one
-            earlier.take(rows, decoder.prompt)
-            decoder.prompt = earlier
+        rows = torch.tensor([row], device=decoder.lengths.device)
+        logits, depths = decoder.admit(rows, [job.prompt])
         self.jobs[row] = job
         self.live = torch.cat([self.live, rows])
         self.logits, self.depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
@@ -111,20 +95,7 @@ class ContinuousGroup(LiveRows):
         decoder = self.decoder
         live = self.live.tolist()
         chosen = pick_next(self.logits, self.jobs[live[0]].picking, decoder.generator)
-        logprobs = self.logits.double().log_softmax(-1)
-        picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
-        tops = self.tops(logprobs)
-        still = []
-        for i, row in enumerate(live):
-            job = self.jobs[row]
-            job.tokens.append(int(chosen[i]))
-            job.sink(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
-            reason = job.ended()
-            if reason is None:
-                still.append(i)
-            else:
-                job.sink(End(reason))
-                self.release(row)
+        still = self.record(chosen)
         slot = self.width + self.column
         self.column += 1
         if not still:
