@@ -187,6 +187,35 @@ def per_passage(passages: pd.DataFrame) -> list[str]:
     return lines
 
 
+def exploratory_d256(folder: Path) -> list[str]:
+    """The section of the exploratory d 256 reads (:mod:`looplab.studies.flat_cache_confirm.d256`), when they
+    are there: per loops, each cache's exact match, loss and memory, and the gaps (one seed: no interval)."""
+    path = folder / "exploratory-d256.csv"
+    if not path.is_file():
+        return []
+    reads = pd.read_csv(path).set_index(["loops", "cache"])
+    lines = [
+        "## Exploratory: the decided recipe at d 256 (chosen after the decision; one seed; no rule)",
+        "",
+        "The contractive injection with `train.shared_view_weight = 0.5` on the d 256 demo LM "
+        "(`generation/kjv_trace_d256`, 1,500 steps, seed 7401), read as the study reads a run "
+        "(`python -m looplab.studies.flat_cache_confirm.d256`). One seed gives no interval and decides nothing.",
+        "",
+        "| loops | exact match, per_loop / shared (%) | EM gap, points | loss, per_loop / shared (nats/byte) "
+        "| loss gap | MiB, per_loop / shared |",
+        "|---|---|---|---|---|---|",
+    ]
+    for loops in sorted(reads.index.get_level_values("loops").unique()):
+        exact, flat = reads.loc[(loops, "per_loop")], reads.loc[(loops, "shared")]
+        em_gap = exact.exact_match - flat.exact_match
+        lines.append(
+            f"| {loops} | {exact.exact_match:.1f} / {flat.exact_match:.1f} | {em_gap:+.1f} "
+            f"| {exact.loss:.3f} / {flat.loss:.3f} | {flat.loss - exact.loss:+.3f} "
+            f"| {exact.cache_mib:.2f} / {flat.cache_mib:.2f} |"
+        )
+    return [*lines, ""]
+
+
 def write(folder: Path = DIR, out: Path = PAGE) -> str:
     reads = pd.read_csv(folder / "reads.csv")
     gaps = flat_page.gaps(reads, "shared")
@@ -235,6 +264,7 @@ def write(folder: Path = DIR, out: Path = PAGE) -> str:
             )
             + ".",
             "",
+            *exploratory_d256(folder),
         ]
     )
     out.write_text(text, encoding="utf-8")
