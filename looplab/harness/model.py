@@ -87,15 +87,12 @@ class LooplabLM(TemplateLM):
             raise choice_error("model_arg dtype", dtype, DTYPES)
         self.batch_size = _positive("batch_size", 1 if batch_size is None else batch_size)
         self.seed = _integer("seed", seed)
+        self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugins are known from here
         try:
             check_fields(fields, unknown_ok=True)
-        except FieldError as err:
-            raise LooplabError(f"model_arg {err}") from None
-        unknown = sorted(set(fields) - set(decode_fields(fields)))
-        if unknown:
-            raise choice_error("looplab model_arg", unknown[0], (*_MODEL_ARGS, *decode_fields(fields)))
-        self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugin exits are known from here
-        try:
+            unknown = sorted(set(fields) - set(decode_fields(fields)))
+            if unknown:
+                raise choice_error("looplab model_arg", unknown[0], (*_MODEL_ARGS, *decode_fields(fields)))
             self.options = decode_options(fields, self.lm, Sampling(seed=self.seed))
         except FieldError as err:
             raise LooplabError(f"model_arg {err}") from None
