@@ -206,8 +206,3 @@ class ModelFamily:
     config_reader: Callable[[dict, str], Any] | None = None
     model: type | None = None
     exit_defaults: Callable[[Any], dict[str, dict]] | None = None
-
-    @property
-    def caches(self) -> tuple[str, ...]:
-        """The KV-cache policies its decoding view supports (every policy unless the view names its own)."""
-        return getattr(self.view, "policies", ("per_loop", "shared", "last_m"))
