@@ -91,8 +91,7 @@ class KVCache:
             elif site == "core":
                 self.layers[key] = self.entry.core_store(self.params, shape, self.dtype, self.device)
             else:
-                zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                self.layers[key] = LayerCache(zeros, zeros.clone())
+                self.layers[key] = LayerCache.zeros(shape, self.dtype, self.device)
         return self.layers[key]
 
     def stack(self, index: int, heads: int | None = None, head_dim: int | None = None) -> tuple[Tensor, Tensor]:

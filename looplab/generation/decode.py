@@ -17,9 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-# the built-in decoders register themselves when their modules are imported
 from looplab.errors import LooplabError
-from looplab.generation import depthwise, recompute, speculative, wavefront  # noqa: F401
+from looplab.generation import depthwise, recompute, speculative, wavefront  # noqa: F401 (they register)
 from looplab.generation.checks import check_generation
 from looplab.generation.decoder import Decoder
 from looplab.generation.exits import GenerationExit

@@ -62,11 +62,13 @@ class Decoder:
     cache the other cached decoders build on. ``options``: a checked
     :class:`~looplab.generation.options.DecodeOptions` (its exit, cache and sampling are read here)."""
 
-    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, read_only=False):
+    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0):
         exit_rule, policy = options.exit_rule, options.cache
         self.model, self.exit, self.sampling, self.finished = model, exit_rule, options.sampling, finished
-        # a read-only exit runs every token to the cap and reads it at its exit (writes every loop's keys)
-        self.read_only = read_only
+        # the step decoder's read-only exit runs every token to the cap and reads it at its exit (writes every
+        # loop's keys); the decoders built on this class have no such parameter
+        params = options.decoder_params
+        self.read_only = read_only = isinstance(params, StepParams) and params.read_only_exit
         self.forced = forced
         self.max_new = max_new_tokens
         cfg = model.cfg
@@ -360,5 +362,4 @@ class Step(DecodingMethod):
     Params = StepParams
 
     def decode(self, model, prompts, max_new_tokens, options, finished, forced) -> Generation:
-        read_only = options.decoder_params.read_only_exit
-        return Decoder(model, prompts, max_new_tokens, options, finished, forced, read_only=read_only).run()
+        return Decoder(model, prompts, max_new_tokens, options, finished, forced).run()

@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 
 from looplab.errors import LooplabError, choice_error
 from looplab.generation.decoders import DECODERS, decoder_params
-from looplab.generation.options import DecodeOptions
+from looplab.generation.options import DecodeOptions, chosen
 from looplab.generation.policies import NO_CACHE, POLICIES, cache_params
 from looplab.generation.sampling import Sampling
 from looplab.token_exits import EXITS, token_exit_params
@@ -29,48 +29,48 @@ CHOICE_FIELDS = ("loops", "exit", "cache", "decoder")
 
 
 class FieldError(LooplabError):
-    """A decode field the request may not have: ``field`` names it; the message is ``field: why``."""
+    """A field a request may not have: ``field`` names it, ``reason`` says why; the message is ``field: reason``."""
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
 
 
 def _choices(fields: Mapping[str, Any]) -> tuple[str, str, str]:
     """The exit, cache and decoder ``fields`` choose, each checked against its registry."""
-    chosen = []
+    picked = []
     for field, registry, default in (("exit", EXITS, "fixed"), ("cache", (*POLICIES, NO_CACHE), None),
                                      ("decoder", DECODERS, "step")):  # fmt: skip
         value = fields.get(field)
         if value is None:
-            chosen.append(default)
+            picked.append(default)
             continue
         if not isinstance(value, str):
             raise FieldError(field, f"must be a name (a string), got {value!r}")
         if value not in registry:
             kind = {"exit": "generation exit", "cache": "KV cache policy", "decoder": "decoder"}[field]
             raise FieldError(field, str(choice_error(kind, value, registry)))
-        chosen.append(value)
-    exit_name, cache, decoder = chosen
-    if cache == NO_CACHE and decoder == "step":
-        decoder = "recompute"  # as DecodeOptions reads `cache none`
-    return exit_name, cache or (NO_CACHE if decoder == "recompute" else "per_loop"), decoder
+        picked.append(value)
+    exit_name, cache, decoder = picked
+    return exit_name, *chosen(cache, decoder)
 
 
-def _owners(exit_name: str, cache: str, decoder: str) -> dict[str, str]:
-    """Each parameter field of the chosen entries → the entry that declares it ("the kl exit")."""
+def _owners(exit_name: str, cache: str, decoder: str) -> dict[str, tuple[str, str]]:
+    """Each parameter field of the chosen entries → (the kind that declares it, ``exit``, ``cache`` or
+    ``decoder``; its entry's name)."""
     declared = [
-        (f"the {exit_name} exit", EXITS[exit_name].params),
-        *([(f"the {cache} cache", POLICIES[cache].Params)] if cache in POLICIES else []),
-        (f"the {decoder} decoder", DECODERS[decoder].Params),
+        ("exit", exit_name, EXITS[exit_name].params),
+        *([("cache", cache, POLICIES[cache].Params)] if cache in POLICIES else []),
+        ("decoder", decoder, DECODERS[decoder].Params),
     ]
-    owners: dict[str, str] = {}
-    for owner, params in declared:
+    owners: dict[str, tuple[str, str]] = {}
+    for kind, name, params in declared:
         for key in get_type_hints(params):
             if key in CHOICE_FIELDS or key in owners:
-                other = "a field that chooses" if key in CHOICE_FIELDS else owners[key]
-                raise FieldError(key, f"declared by {owner} and by {other}: a field can mean one thing")
-            owners[key] = owner
+                other_kind, other_name = owners.get(key, ("", ""))
+                other = "a field that chooses" if key in CHOICE_FIELDS else f"the {other_name} {other_kind}"
+                raise FieldError(key, f"declared by the {name} {kind} and by {other}: a field can mean one thing")
+            owners[key] = (kind, name)
     return owners
 
 
@@ -88,9 +88,8 @@ def _other_owners(key: str) -> str | None:
                           ("decoder", {n: e.Params for n, e in DECODERS.items()})):  # fmt: skip
         names = [name for name, params in entries.items() if key in get_type_hints(params)]
         if names:
-            plural = "s" if len(names) > 1 else ""
-            found.append(f"the {', '.join(names)} {kind}{plural}" if len(names) < 2 else
-                         f"the {', '.join(names[:-1])} and {names[-1]} {kind}{plural}")  # fmt: skip
+            listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+            found.append(f"the {listed} {kind}{'s' if len(names) > 1 else ''}")
     return " and of ".join(found) or None
 
 
@@ -115,8 +114,7 @@ def check_fields(fields: Mapping[str, Any], unknown_ok: bool = False) -> tuple[s
             raise FieldError(key, f"unknown field; valid fields: {', '.join((*CHOICE_FIELDS, *owners))}")
         if isinstance(value, float) and not math.isfinite(value):
             raise FieldError(key, f"must be a finite number, got {value}")
-        kind = owners[key].rsplit(" ", 1)[1]
-        params[kind][key] = value
+        params[owners[key][0]][key] = value
     checks = (
         ("exit", lambda values: token_exit_params(exit_name, {}, **values)),
         ("cache", lambda values: cache_params(cache, values) if cache in POLICIES else None),

@@ -16,7 +16,18 @@ from looplab.generation.policies import NO_CACHE, POLICIES, CachePolicy, cache_p
 from looplab.generation.sampling import Sampling
 from looplab.token_exits import GenerationExit
 
-__all__ = ["DecodeOptions"]
+__all__ = ["DecodeOptions", "chosen"]
+
+
+def chosen(cache: str | None, decoder: str) -> tuple[str, str]:
+    """The cache and decoder a choice means: ``cache none`` with the step decoder is the ``recompute`` decoder
+    (the step decoder's reference, spelled as a cache), and no cache named is the decoder's own (``none`` for
+    one that keeps none, else ``per_loop``). One-line error for an unknown decoder."""
+    if cache == NO_CACHE and decoder == "step":
+        decoder = "recompute"
+    if cache is None:
+        cache = NO_CACHE if decoder_entry(decoder).caches == (NO_CACHE,) else "per_loop"
+    return cache, decoder
 
 
 @dataclass(frozen=True)
@@ -45,13 +56,8 @@ class DecodeOptions:
             raise LooplabError(f"exit_rule must be a GenerationExit, got {type(self.exit_rule).__name__}")
         if not isinstance(self.sampling, Sampling):
             raise LooplabError(f"sampling must be a Sampling, got {type(self.sampling).__name__}")
-        decoder = self.decoder
-        if self.cache == NO_CACHE and decoder == "step":
-            decoder = "recompute"  # `--cache none`: the step decoder's reference, spelled as a cache
+        cache, decoder = chosen(self.cache, self.decoder)
         method = decoder_entry(decoder)
-        cache = self.cache
-        if cache is None:
-            cache = NO_CACHE if method.caches == (NO_CACHE,) else "per_loop"
         if cache != NO_CACHE:
             params = cache_params(cache, self.cache_params)
         elif self.cache_params:

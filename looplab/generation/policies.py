@@ -105,9 +105,7 @@ class PerLoop(CachePolicy):
     exact = True
 
     def core_store(self, params, shape, dtype, device) -> LayerCache:
-        return LayerCache(
-            torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-        )
+        return LayerCache.zeros(shape, dtype, device)
 
     def held_loops(self, params, loops: int) -> int:
         return loops
@@ -118,9 +116,7 @@ class Shared(CachePolicy):
     name = "shared"
 
     def core_store(self, params, shape, dtype, device) -> LayerCache:
-        return LayerCache(
-            torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-        )
+        return LayerCache.zeros(shape, dtype, device)
 
     def held_loops(self, params, loops: int) -> int:
         return 1

@@ -26,6 +26,11 @@ class LayerCache:
     k: Tensor
     v: Tensor
 
+    @classmethod
+    def zeros(cls, shape: tuple[int, int, int, int], dtype: torch.dtype, device) -> LayerCache:
+        """An empty store of keys and values, each of ``shape`` (B, H, S, Dh)."""
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
     def write(self, rows: Tensor | slice, chunk: slice, k: Tensor, v: Tensor, loop: int) -> None:
         """Store the new tokens' k, v [R, H, m, Dh] in slots ``chunk`` of ``rows``."""
         self.k[rows, :, chunk] = k
@@ -42,7 +47,7 @@ class LayerCache:
         self.v[rows, :, chunk] = source.v[rows, :, chunk]
 
     def empty_like(self) -> LayerCache:
-        return LayerCache(torch.zeros_like(self.k), torch.zeros_like(self.v))
+        return LayerCache.zeros(self.k.shape, self.k.dtype, self.k.device)
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

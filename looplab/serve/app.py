@@ -156,10 +156,7 @@ async def _json_body(request: Request):
         raw = await _read_body(request)
     except ClientDisconnect:
         raise BadRequest("body", "the client disconnected before sending it whole") from None
-    try:
-        return await asyncio.to_thread(json.loads, raw or b"null")
-    except (ValueError, RecursionError) as err:
-        raise BadRequest("body", f"not valid JSON ({str(err).splitlines()[0]})") from None
+    return await asyncio.to_thread(_decoded_json, raw, "a tokenizer request")
 
 
 async def completions(request: Request):
@@ -225,14 +222,20 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(parts)
 
 
-def _parse(raw: bytes, state):
-    """The checked completion of a raw body (on a worker thread): JSON, the fields, what the server can hold."""
+def _decoded_json(raw: bytes, what: str):
+    """The JSON value of a raw body (an empty one is null); :class:`BadRequest` when it is not JSON or is nested
+    too deeply to be ``what``."""
     try:
-        body = json.loads(raw or b"null")
+        return json.loads(raw or b"null")
     except ValueError as err:
         raise BadRequest("body", f"not valid JSON ({str(err).splitlines()[0]})") from None
     except RecursionError:
-        raise BadRequest("body", "nested too deeply to be a completion request") from None
+        raise BadRequest("body", f"nested too deeply to be {what}") from None
+
+
+def _parse(raw: bytes, state):
+    """The checked completion of a raw body (on a worker thread): JSON, the fields, what the server can hold."""
+    body = _decoded_json(raw, "a completion request")
     completion = parse_completion(body, state.lm, state.model_id, state.engine.model)
     engine: Engine = state.engine
     holds = engine.max_running + engine.max_queue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -76,9 +77,10 @@ class Job:
     closed: bool = False  # its End or Failed was sent
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    @property
+    @cached_property
     def cohort(self) -> tuple:
-        """Jobs with equal cohorts may share a decoder: the same options (sampling aside) and greedy picking."""
+        """Jobs with equal cohorts may share a decoder: the same options (sampling aside) and greedy picking
+        (a job's settings do not change: worked out once, as the engine asks at each admission)."""
         same = self.options.but(sampling=Sampling())
         return (same, self.forced is None and self.picking.greedy)
 
@@ -161,10 +163,7 @@ class Group(LiveRows):
         forced = [job.forced for job in jobs] if first.forced is not None else None
         options = first.options
         model = decodable(model, gated=options.exit_rule.needs_gate)  # the gate exit reads a gated view
-        read_only = options.decoder_params.read_only_exit
-        self.decoder = decoder = Decoder(
-            model, [job.prompt for job in jobs], self.budget, options, forced=forced, read_only=read_only
-        )
+        self.decoder = decoder = Decoder(model, [job.prompt for job in jobs], self.budget, options, forced=forced)
         self.forced = forced
         self.live = torch.arange(len(jobs), device=decoder.lengths.device)
         self.logits, self.depths = decoder.prefill(self.live)

@@ -57,8 +57,7 @@ class ContinuousGroup(LiveRows):
                 break
             capacity = max(len(jobs), capacity // 2)
         prompts = [job.prompt for job in jobs] + [[PAD]] * (capacity - len(jobs))
-        read_only = options.decoder_params.read_only_exit
-        self.decoder = decoder = Decoder(model, prompts, self.columns, options, width=self.width, read_only=read_only)
+        self.decoder = decoder = Decoder(model, prompts, self.columns, options, width=self.width)
         decoder.slots.real[len(jobs) :] = False
         self.jobs: list[Job | None] = [*jobs, *([None] * (capacity - len(jobs)))]
         self.column = 0  # the next new token's slot is width + column, for every live row

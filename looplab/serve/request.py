@@ -44,12 +44,8 @@ FIELDS = (
 SERVED_DECODERS = ("step",)
 
 
-class BadRequest(LooplabError):
+class BadRequest(FieldError):
     """A request the server refuses with HTTP 400; ``field`` is the one at fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -77,7 +73,7 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
         check_fields(decoding, unknown_ok=True)
         valid = decode_fields(decoding)
     except FieldError as err:
-        raise BadRequest(err.field, str(err).split(": ", 1)[1]) from None
+        raise BadRequest(err.field, err.reason) from None
     unknown = sorted(set(decoding) - set(valid))
     if unknown:
         raise BadRequest(unknown[0], f"unknown field; valid fields: {', '.join((*FIELDS, *valid))}")
@@ -101,7 +97,7 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
     try:
         options = decode_options(decoding, lm, picking.sampling)
     except FieldError as err:
-        raise BadRequest(err.field, str(err).split(": ", 1)[1]) from None
+        raise BadRequest(err.field, err.reason) from None
     if options.decoder not in SERVED_DECODERS:
         raise BadRequest(
             "decoder",

@@ -83,3 +83,7 @@ def test_the_tokenizer_routes_answer_as_vllms(retrofit):
             refused = httpx.post(f"{url}/{route}", content=json.dumps(body))  # ASCII: a lone surrogate as \\ud800
             assert refused.status_code == 400 and refused.json()["error"]["param"] == field, (route, body)
         assert httpx.post(f"{url}/tokenize", content=b"{").status_code == 400
+        deep = httpx.post(f"{url}/tokenize", content=b"[" * 100_000)
+        assert (
+            deep.status_code == 400 and "nested too deeply to be a tokenizer request" in deep.json()["error"]["message"]
+        )

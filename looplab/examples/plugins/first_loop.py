@@ -29,9 +29,7 @@ class FirstLoop(CachePolicy):
     name = "first_loop"
 
     def core_store(self, params, shape, dtype, device) -> FirstLoopStore:
-        return FirstLoopStore(
-            torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-        )
+        return FirstLoopStore.zeros(shape, dtype, device)
 
     def held_loops(self, params, loops: int) -> int:
         return 1
