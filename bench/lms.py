@@ -30,8 +30,8 @@ def trained_lm(run_dir: str | None, scratch: str, steps: int, threads: int, sets
 def smollm2_retrofit(section: str):
     """The (4, 6⊗r, 4) retrofit of SmolLM2-135M with W_I = [I/2 | I/2], not fine-tuned, in eval mode, and its
     tokenizer; None (after printing that ``section`` is skipped) when the model is not installed."""
-    from looplab.lm.pretrained import load_smollm2
     from looplab.lm.retrofit import RetrofittedLoop
+    from looplab.text.pretrained import load_smollm2
 
     try:
         pretrained, tokenizer = load_smollm2()

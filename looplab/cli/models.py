@@ -61,7 +61,7 @@ def _text(args) -> str:
 
 def eval_model_dir(args) -> None:
     """``looplab eval DIR --text FILE``: loss against loops 1..N on windows of the text."""
-    from looplab.lm.text_tools import EVAL_SAMPLES, evaluate_text
+    from looplab.text.model_dirs import EVAL_SAMPLES, evaluate_text
 
     _refuse(args, {"lengths": "--lengths", "scaling": "--scaling", "lm_loops": "--lm-loops"}, "read on --text")
     _quiet_transformers()
@@ -104,13 +104,13 @@ def analyze_model_dir(args, kind: str) -> None:
     """``looplab analyze mechanistic|spectral|pca DIR --text FILE``: the analysis on windows of the text."""
     from looplab.analysis.run import format_spectral
     from looplab.analysis.text import format_mechanistic
-    from looplab.lm.text_tools import analyze_text_mechanistic, analyze_text_spectral
+    from looplab.text.model_dirs import analyze_text_mechanistic, analyze_text_spectral
 
     text = _text(args)
     common = {"window": args.window, "dtype": args.dtype or "float32", "device": args.device or "cpu"}
     _quiet_transformers()
     if kind == "pca":
-        from looplab.lm.text_tools import analyze_text_pca
+        from looplab.text.model_dirs import analyze_text_pca
 
         _refuse(args, {"length": "--length"}, "read in --window tokens of --text")
         summary = analyze_text_pca(args.run_dir, text, args.loops, args.sample, args.out, **common)

@@ -38,8 +38,8 @@ def eval_command(args) -> None:
     DIR --text FILE`` on a model dir: loss against loops on the text (``looplab.cli.models``)."""
     from looplab.cli.models import eval_model_dir, takes_model_dir
     from looplab.eval.run import evaluate_run, format_summary
-    from looplab.lm.evaluate import evaluate_lm_run, text_loops
     from looplab.rundir import load_run_config
+    from looplab.text.evaluate import evaluate_lm_run, text_loops
 
     if takes_model_dir(args, {"out": "--out"}):  # config.json: a transformers model dir, read on --text
         return eval_model_dir(args)

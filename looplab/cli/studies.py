@@ -65,8 +65,8 @@ def reproduce_command(args) -> None:
 
     extra = STUDY_EXTRAS.get(args.study)
     if extra is not None:  # validated, and the pretrained model found, before anything runs
-        from looplab.lm.pretrained import require_smollm2
         from looplab.studies.stars.study import load_study
+        from looplab.text.pretrained import require_smollm2
 
         study = load_study(PRESETS / extra)
         require_smollm2()

@@ -1,9 +1,4 @@
-"""Language modelling on text: the KJV corpus and loss-vs-loops evaluation (docs/methods.md §7).
-
-The byte-level task itself lives in :mod:`looplab.tasks.text` (registered as
-``kjv``) so the ordinary trainer drives it unchanged.
+"""The model adapters, below generation: a model dir's looped families (Ouro, Huginn-0125, HRM-Text,
+Inkling-2, one record each in :mod:`looplab.lm.families`), retrofits of a pretrained stack, and their
+weights. What is done with them on text (``eval --text``, ``analyze``, fine-tuning) is :mod:`looplab.text`.
 """
-
-from looplab.tasks.corpus import Corpus, load_corpus
-
-__all__ = ["Corpus", "load_corpus"]

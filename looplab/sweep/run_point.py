@@ -100,7 +100,7 @@ def _run_point(job: PointJob, run_dir: Path, config, began: float) -> dict:
     except TrainingDiverged:
         status = "diverged"
     if status == "done" and job.evaluate:
-        from looplab.lm.evaluate import evaluate_any_run
+        from looplab.text.evaluate import evaluate_any_run
 
         evaluate_any_run(run_dir, scaling=job.scaling)
     if status == "done" and job.analyze:

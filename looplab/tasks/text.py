@@ -14,7 +14,7 @@ An LM needs causal attention: the KJV presets set ``model.causal = true``
 ``steps(n) = 4``: there is no natural step count for text; 4 is the fixed
 training depth of the docs/methods.md §7 looped LM, so ``matched`` also trains at 4.
 The whole-answer exact match of ``looplab eval`` is meaningless here (a whole
-window right); use :func:`looplab.lm.evaluate.lm_loss_by_loops` instead.
+window right); use :func:`looplab.text.evaluate.lm_loss_by_loops` instead.
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ def test_both_colsum_figures_draw_one_legend(tmp_path, monkeypatch):
     import torch
 
     from looplab.analysis.plots import plot_colsum_depth
-    from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages
+    from looplab.text.pretrained import FeedForwardStages, plot_feedforward_stages
 
     captured = []
     save = Figure.savefig

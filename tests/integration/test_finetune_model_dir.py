@@ -23,8 +23,8 @@ from looplab.cli import main  # noqa: E402
 from looplab.config import load_config  # noqa: E402
 from looplab.config.schema import PRESETS  # noqa: E402
 from looplab.experiment import Experiment, check_config  # noqa: E402
-from looplab.lm.evaluate import lm_loss_by_loops  # noqa: E402
 from looplab.rundir import read_log  # noqa: E402
+from looplab.text.evaluate import lm_loss_by_loops  # noqa: E402
 from looplab.train.trainer import train  # noqa: E402
 from tests.lm_dirs import LLAMA, TEXT, save_model_dir, save_own_family, tiny_tokenizer  # noqa: E402
 from tests.unit.test_native_looped import _randomise  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from looplab.config import load_config
-from looplab.lm.evaluate import evaluate_lm_run, lm_loss_by_loops
 from looplab.tasks import make_task
+from looplab.text.evaluate import evaluate_lm_run, lm_loss_by_loops
 from looplab.train.trainer import train
 
 TINY_LM = [

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from looplab.cli import main  # noqa: E402
 from looplab.lm.families import LOOPED_FAMILIES  # noqa: E402
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
-from looplab.lm.text_tools import text_windows  # noqa: E402
+from looplab.text.model_dirs import text_windows  # noqa: E402
 from tests.lm_dirs import TEXT, save_model_dir  # noqa: E402
 
 ATOL = 1e-5

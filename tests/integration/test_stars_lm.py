@@ -13,11 +13,11 @@ import torch
 from looplab.config import load_config
 from looplab.eval.grid import unroll_outcomes
 from looplab.experiment import Experiment
-from looplab.lm.evaluate import evaluate_lm_run
-from looplab.lm.reasoning import relative_drop, scaling_summary
 from looplab.report import write_report
 from looplab.studies import load_studies
 from looplab.sweep import load_sweep, run_sweep
+from looplab.text.evaluate import evaluate_lm_run
+from looplab.text.reasoning import relative_drop, scaling_summary
 from looplab.train.trainer import train
 
 load_studies()  # the papers, page blocks and collectors these tests read are registered by the studies

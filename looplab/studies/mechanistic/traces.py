@@ -65,10 +65,10 @@ def measure_run(run_dir: Path) -> dict:
     from looplab.analysis.stages import distance_to_state, sink_mass, top_activation
     from looplab.analysis.trace import trace
     from looplab.experiment import Experiment
-    from looplab.lm.evaluate import training_depth
     from looplab.rundir import read_log
     from looplab.seeding import derive_generator
     from looplab.tasks import IGNORE
+    from looplab.text.evaluate import training_depth
 
     exp = Experiment.from_run(run_dir)
     model, seed = exp.model, exp.config.run.seed

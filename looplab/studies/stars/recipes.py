@@ -30,7 +30,6 @@ from torch import Tensor
 
 from looplab.config.schema import ScheduleConfig
 from looplab.errors import LooplabError, choice_error
-from looplab.lm.finetune import fine_tune, last_loop_objective, next_token_batch
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.model.protocol import readouts_by_loops
 from looplab.regularisers import JacobianPenalty, Regulariser
@@ -39,6 +38,7 @@ from looplab.seeding import derive_generator
 from looplab.stability.spectral import warm_spectral_radii
 from looplab.tasks import IGNORE
 from looplab.tasks.reasoning import draw_problems
+from looplab.text.finetune import fine_tune, last_loop_objective, next_token_batch
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def fine_tune_recipe(
     probe: Callable[[int], None] | None = None,
     probe_every: int = 0,
 ) -> pd.DataFrame:
-    """Fine-tune ``loop`` in place (:func:`looplab.lm.finetune.fine_tune`); one row per step: step, loops,
+    """Fine-tune ``loop`` in place (:func:`looplab.text.finetune.fine_tune`); one row per step: step, loops,
     loss (CE), jsrr (NaN for ``fixed``).
 
     Each batch holds ``per_length`` problems of every size in ``lengths`` and ``text_rows``
@@ -226,7 +226,7 @@ def retrofit_by_loops(
     seed: int,
     spectral_iters: int = 3,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-loop frame, per-size grid) with the columns of :mod:`looplab.lm.reasoning`.
+    """(per-loop frame, per-size grid) with the columns of :mod:`looplab.text.reasoning`.
 
     ``samples`` problems per size from ``derive_generator(seed, "retrofit-eval", n)``.
     """

@@ -8,7 +8,7 @@ Each (recipe, seed) writes ``OUT/retrofit/<recipe>-seed<seed>/``:
     loops.csv             per loop t: loss (KJV validation), reasoning_id, reasoning_ood, state_norm,
                           spectral_radius
     reasoning_loops.csv   per (length, loops): exact match
-    summary.json          the loop-scaling summary (:func:`looplab.lm.reasoning.scaling_summary`), wall time
+    summary.json          the loop-scaling summary (:func:`looplab.text.reasoning.scaling_summary`), wall time
     curve.csv             with ``curve_every`` > 0: the learning curve, every ``curve_every`` steps (and
                           before the first): step, elapsed_s, exact match at the training depth on
                           ``curve_samples`` held-out problems of each training size, KJV validation loss there
@@ -31,7 +31,6 @@ import torch
 
 from looplab.errors import LooplabError, choice_error
 from looplab.io import atomic_write
-from looplab.lm.reasoning import REASONING_FILE, scaling_summary
 from looplab.provenance import record_start
 from looplab.seeding import derive_generator
 from looplab.studies.stars.recipes import (
@@ -44,6 +43,7 @@ from looplab.studies.stars.recipes import (
     retrofit_by_loops,
     text_batch,
 )
+from looplab.text.reasoning import REASONING_FILE, scaling_summary
 
 RETROFIT_DIR = "retrofit"
 AS_IS = "as_is"
@@ -217,7 +217,7 @@ def run_one(study: RetrofitStudy, model, tokenizer, recipe: str, seed: int, out:
 
 def run_study(study: RetrofitStudy, sweep_dir: str | Path, progress: bool = True) -> list[dict]:
     """Every (recipe, seed) not yet finished under ``sweep_dir/retrofit``; returns all their summaries."""
-    from looplab.lm.pretrained import load_smollm2
+    from looplab.text.pretrained import load_smollm2
 
     root = Path(sweep_dir) / RETROFIT_DIR
     todo = [(r, s) for s in study.seeds for r in study.recipes if not (root / f"{r}-seed{s}" / SUMMARY_FILE).is_file()]

@@ -21,10 +21,10 @@ from looplab.analysis.stages import sink_mass, top_activation
 from looplab.analysis.trace import trace
 from looplab.checkpoint import load_weights
 from looplab.experiment import Experiment
-from looplab.lm.evaluate import training_depth
 from looplab.seeding import derive_generator
 from looplab.studies.mechanistic.traces import WINDOW_BYTES, WINDOWS
 from looplab.studies.mechanistic.trained import STUDY
+from looplab.text.evaluate import training_depth
 
 
 def checkpoint_rows(run: Path) -> list[dict]:

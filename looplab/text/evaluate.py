@@ -24,15 +24,6 @@ from looplab.errors import LooplabError
 from looplab.eval.grid import evaluate_lengths
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
-from looplab.lm.reasoning import (
-    REASONING_FILE,
-    SCALING_PLOT,
-    plot_loop_scaling,
-    reasoning_columns,
-    reasoning_grid,
-    scaling_summary,
-    spectral_by_loops,
-)
 from looplab.memory import check_fits, eval_bytes, lm_eval_bytes
 from looplab.model import LoopedTransformer
 from looplab.model.protocol import readouts_by_loops
@@ -43,6 +34,15 @@ from looplab.seeding import derive_generator
 from looplab.tasks import IGNORE, TASKS, make_task
 from looplab.tasks.reasoning import MIXTURE_WINDOW
 from looplab.tasks.text import KJVText
+from looplab.text.reasoning import (
+    REASONING_FILE,
+    SCALING_PLOT,
+    plot_loop_scaling,
+    reasoning_columns,
+    reasoning_grid,
+    scaling_summary,
+    spectral_by_loops,
+)
 
 EVAL_DIR = "eval"
 CSV_FILE = "lm_loops.csv"
@@ -174,7 +174,7 @@ def training_depth(exp: Experiment) -> int | None:
 
 
 def with_reasoning(exp: Experiment, frame: pd.DataFrame, samples: int, batch_size: int):
-    """``frame`` with the reasoning columns of :mod:`looplab.lm.reasoning`, and the per-size grid."""
+    """``frame`` with the reasoning columns of :mod:`looplab.text.reasoning`, and the per-size grid."""
     cfg, task = exp.config, exp.task.reasoning
     max_loops = len(frame)
     outcomes = evaluate_lengths(

@@ -1,6 +1,6 @@
 """Loop scaling of a looped LM trained on text with reasoning problems (``kjv_arithmetic``).
 
-Beside the validation loss of :func:`looplab.lm.evaluate.lm_loss_by_loops`, per
+Beside the validation loss of :func:`looplab.text.evaluate.lm_loss_by_loops`, per
 loop count t = 1..T:
 
     reasoning_id, reasoning_ood   greedy-decoding exact match on chain-arithmetic problems

@@ -29,11 +29,11 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.io import atomic_write, read_utf8_text
-from looplab.lm.evaluate import next_token_nll, plot_lm_loops
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.model_dir import DTYPES, ModelDir, not_looped, open_model_dir
 from looplab.model.protocol import readouts_by_loops
 from looplab.progress import Progress
+from looplab.text.evaluate import next_token_nll, plot_lm_loops
 
 __all__ = [
     "EVAL_WINDOW",
