@@ -30,12 +30,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from looplab.generation.cache import POLICIES
+from looplab.generation.decoders import DECODERS
 from looplab.generation.exits import EXITS
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.serve.batch import Token
 from looplab.serve.choice import Choice
 from looplab.serve.engine import Busy, Closed, Engine
-from looplab.serve.request import SERVED_DECODERS, BadRequest, parse_completion, parse_detokenize, parse_tokenize
+from looplab.serve.request import BadRequest, parse_completion, parse_detokenize, parse_tokenize
 
 __all__ = ["create_app", "model_id", "MAX_BODY_BYTES", "MAX_TOKEN_LOOPS"]
 
@@ -106,7 +107,7 @@ async def models(request: Request) -> JSONResponse:
         "looplab": {
             "kind": lm.kind, "name": lm.name, "default_loops": lm.default_loops, "loop_cap": lm.loop_cap,
             "max_context": lm.max_context, "exits": list(EXITS), "caches": list(POLICIES),
-            "decoders": list(SERVED_DECODERS),
+            "decoders": list(DECODERS),
             "halting_head": lm.halts is not None,
         },
     }  # fmt: skip

@@ -6,7 +6,8 @@ Each iteration of its loop
    default) a greedy job joins a running :class:`~looplab.serve.continuous.ContinuousGroup` of its
    cohort (the same exit, cache and greedy picking) between two steps, or starts one; a sampled or
    scoring job gets its own :class:`~looplab.serve.batch.Group`. Under ``exact`` every job gets its
-   own group; under ``cohort`` jobs admitted together that share a cohort are prefilled into one;
+   own group; under ``cohort`` jobs admitted together that share a cohort are prefilled into one. A job
+   naming another decoder than ``step`` runs whole, alone (:class:`~looplab.serve.whole.WholeGroup`);
 2. runs one decode step of every group: each live job gets one token, at its own exit's depth;
 3. drops the groups whose jobs all ended (their budget, end-of-text, a stop string, or a client that
    left: :meth:`Job.cancelled` is read before every step).
@@ -37,6 +38,7 @@ from looplab.errors import LooplabError
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Failed, Group, Job
 from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.whole import STEPPED, WholeGroup
 
 __all__ = ["Engine", "Busy", "Closed", "BATCHING"]
 
@@ -168,6 +170,10 @@ class Engine:
         for index, job in enumerate(jobs):
             if job.cancelled.is_set():
                 job.sink(End("cancelled"))
+                continue
+            if job.options.decoder != STEPPED:
+                self._groups.append(WholeGroup(self.model, job))
+                self.stats["admitted"] += 1
                 continue
             batchable = self.batching != "exact" and job.cohort[-1]
             if batchable and self.batching == "continuous" and self._join(job):

@@ -4,8 +4,9 @@ names the field and what it may be (the server answers it with HTTP 400 and goes
 OpenAI's fields (``model``, ``prompt``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
 ``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's decode fields, read by
 the parser ``looplab generate`` and lm-eval use too (:mod:`looplab.generation.fields`): ``loops``,
-``exit``, ``cache``, ``decoder`` (the server steps every request through ``step``) and every parameter
-the chosen exit, cache and decoder declare (``eps``, ``threshold``, ``keep_loops``, a plugin's), each a
+``exit``, ``cache``, ``decoder`` (``step``, the default, runs beside other requests; any other runs a
+request whole, alone: :mod:`looplab.serve.whole`) and every parameter the chosen exit, cache and decoder
+declare (``eps``, ``threshold``, ``keep_loops``, a plugin's), each a
 field of its own.
 As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16. A request
 without ``seed`` samples with a fresh one, drawn for it and returned in the response (``looplab.seed``);
@@ -27,6 +28,7 @@ from looplab.generation.sampling import Sampling
 from looplab.generation.text_lm import TextLM
 from looplab.generation.views import decodable
 from looplab.serve.sampling import Picking
+from looplab.serve.whole import STEPPED
 
 __all__ = ["BadRequest", "Completion", "parse_completion", "parse_tokenize", "parse_detokenize", "FIELDS"]
 
@@ -40,8 +42,6 @@ FIELDS = (
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs",
     "echo", "n", "user",
 )  # fmt: skip
-#: the decoders the engine steps (a request's tokens run one step at a time beside other requests')
-SERVED_DECODERS = ("step",)
 
 
 class BadRequest(FieldError):
@@ -98,11 +98,9 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
         options = decode_options(decoding, lm, picking.sampling)
     except FieldError as err:
         raise BadRequest(err.field, err.reason) from None
-    if options.decoder not in SERVED_DECODERS:
-        raise BadRequest(
-            "decoder",
-            f"the server steps every request through one decoder; valid choices: {', '.join(SERVED_DECODERS)}",
-        )
+    echo_scored = get.boolean("echo", False) and logprobs is not None
+    if options.decoder != STEPPED:
+        _check_whole(options.decoder, picking, logprobs)
     for prompt in prompts:
         if len(prompt) > lm.max_context:
             raise BadRequest("prompt", f"{len(prompt)} tokens, longer than the model's context of {lm.max_context}")
@@ -115,12 +113,29 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
     try:
         view = decodable(model, gated=options.exit_rule.needs_gate)  # the gate exit reads a gated view
         check_generation(view, prompts, max(max_tokens, 1), options)
+        if echo_scored and options.decoder != STEPPED:  # the echoed prompt is scored by the chosen decoder too
+            scored = [p for p in prompts if len(p) > 1]
+            if scored:
+                check_generation(view, [p[:1] for p in scored], 1, options, forced=[p[1:] for p in scored])
     except LooplabError as err:
         raise BadRequest("request", str(err)) from None
     return Completion(
         prompts, texts, max_tokens, picking, stops, get.boolean("stream", False), logprobs,
         get.boolean("echo", False), options,
     )  # fmt: skip
+
+
+def _check_whole(decoder: str, picking: Picking, logprobs: int | None) -> None:
+    """What a decoder run whole (not the stepped one) cannot give: ``top_p`` (the engine's own picking) and
+    the likeliest tokens at each step (it returns each token's log-probability only)."""
+    if picking.top_p < 1:
+        raise BadRequest("top_p", f"nucleus sampling is the {STEPPED} decoder's; the {decoder} decoder takes top_p 1")
+    if logprobs:
+        raise BadRequest(
+            "logprobs",
+            f"the {decoder} decoder gives each token's log-probability, not the likeliest tokens: "
+            f"ask logprobs 0, or decoder {STEPPED}",
+        )
 
 
 class _Fields:

@@ -203,6 +203,43 @@ def test_greedy_results_are_those_of_a_solo_run_among_concurrent_requests(lm, ba
             assert max(abs(a - b) for a, b in zip(got, ref.logprobs[0])) < 1e-6
 
 
+#: (prompt, max_tokens, decode fields): each decoder the engine does not step, among stepped requests
+WHOLE = [
+    ("In the beginning God created", 14, {"decoder": "depth", "exit": "kl", "loops": 6, "max_batch": 1}),
+    ("k=3;", 9, {"decoder": "wavefront", "exit": "convergence", "loops": 5}),
+    ("And God said", 12, {"decoder": "speculative", "loops": 6, "draft_loops": 2, "draft_tokens": 3}),
+    ("Let there be light", 7, {"decoder": "recompute", "loops": 3, "cache": "none"}),
+]
+
+
+def test_every_other_decoder_is_served_whole_with_generates_results(lm):
+    """A request naming a decoder the engine does not step runs whole, alone, among stepped requests: its
+    tokens, loops and log-probabilities are exactly ``generate``'s with the same decoder, streamed or not;
+    its echoed prompt is scored by that decoder as ``score`` scores it."""
+    bodies = [{"prompt": p, "max_tokens": n, "temperature": 0, "logprobs": 0, **f} for p, n, f in WHOLE]
+    stepped = [{"prompt": p, "max_tokens": n, "temperature": t, **f} for p, n, f, t in MIX]
+    with serving(lm) as (url, _):
+        together = asyncio.run(_complete_all(url, bodies + stepped))[: len(bodies)]
+        streamed = list(
+            client(url).completions.create(
+                model="lm", prompt=WHOLE[0][0], max_tokens=WHOLE[0][1], temperature=0, stream=True,
+                extra_body=WHOLE[0][2],
+            )
+        )  # fmt: skip
+        echoed = client(url).completions.create(
+            model="lm", prompt=WHOLE[0][0], max_tokens=0, echo=True, logprobs=0, extra_body=WHOLE[0][2]
+        )
+    for (prompt, budget, fields), choice in zip(WHOLE, together):
+        ref = generate(lm.model, [lm.encode(prompt)], budget, decode_options(fields, lm, Sampling()))
+        assert choice["looplab"]["token_ids"] == ref.tokens[0], fields["decoder"]
+        assert choice["looplab"]["loops"] == ref.depths[0]
+        assert choice["logprobs"]["token_logprobs"] == ref.logprobs[0]
+    assert "".join(c.choices[0].text for c in streamed) == together[0]["text"]
+    options = decode_options(WHOLE[0][2], lm, Sampling())
+    ref = score(lm.model, [lm.encode(WHOLE[0][0])], options)
+    assert echoed.choices[0].logprobs.token_logprobs == [None, *ref.logprobs[0]]
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(lm):
     with serving(lm, max_running=1, on_step=lambda _: time.sleep(0.002)) as (url, engine):
         body = {"prompt": "In", "max_tokens": 400, "temperature": 0, "stream": True}
@@ -246,11 +283,15 @@ def test_a_full_queue_answers_503_and_the_server_goes_on(lm):
 BAD = [
     ({"extra_body": {"exit": "nope"}}, "exit", "valid choices: confidence, convergence, cosine"),
     ({"extra_body": {"cache": "huge"}}, "cache", "valid choices: last_m, none, per_loop, shared"),
+    ({"extra_body": {"decoder": "nope"}}, "decoder", "valid choices: depth, recompute, speculative, step, wavefront"),
+    ({"top_p": 0.5, "extra_body": {"decoder": "depth"}}, "top_p", "the depth decoder takes top_p 1"),
+    ({"logprobs": 2, "extra_body": {"decoder": "depth"}}, "logprobs", "ask logprobs 0, or decoder step"),
     (
-        {"extra_body": {"decoder": "depth"}},
-        "decoder",
-        "the server steps every request through one decoder; valid choices: step",
+        {"prompt": "In the", "echo": True, "logprobs": 0, "temperature": 0, "extra_body": {"decoder": "wavefront"}},
+        "request",
+        "the wavefront decoder picks its own tokens; teacher-forced scoring takes one of",
     ),
+    ({"temperature": 0.7, "extra_body": {"decoder": "speculative"}}, "decoder", "the speculative decoder is greedy"),
     (
         {"extra_body": {"decoder": "step", "max_batch": 2}},
         "max_batch",
