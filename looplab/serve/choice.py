@@ -44,7 +44,16 @@ class Choice:
             )
 
         def sink(kind: str):
-            return lambda event: loop.call_soon_threadsafe(self.events.put_nowait, (kind, event))
+            if request.stream:
+                return lambda event: loop.call_soon_threadsafe(self.events.put_nowait, (kind, event))
+            held: list[tuple[str, Token | End | Failed]] = []
+
+            def hold(event) -> None:  # a whole response is read at its end: one wake-up of the loop per job
+                held.append((kind, event))
+                if isinstance(event, End | Failed):
+                    loop.call_soon_threadsafe(self._deliver, held)
+
+            return hold
 
         top = request.logprobs or 0
         common = dict(options=request.options, top=top)
@@ -61,6 +70,10 @@ class Choice:
         self.open = len(self.jobs)
         if not self.jobs:
             self.finish = "length"
+
+    def _deliver(self, events: list) -> None:
+        for event in events:
+            self.events.put_nowait(event)
 
     def cancel(self) -> None:
         for job in self.jobs:
