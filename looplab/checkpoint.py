@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, one_line
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -157,6 +157,12 @@ def _load_module(path: Path, module: nn.Module) -> None:
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     wrong = [k for k in expected if k in tensors and tensors[k].shape != expected[k].shape]
+    kinds = [k for k in expected if k in tensors and tensors[k].is_floating_point() != expected[k].is_floating_point()]
+    if kinds:  # load_state_dict would cast integers to floats (or back) without a word
+        raise LooplabError(
+            f"checkpoint {path} does not match the model: {kinds[0]} is stored as {tensors[kinds[0]].dtype}, "
+            f"the model holds {expected[kinds[0]].dtype}"
+        )
     if missing or unexpected or wrong:
         if missing or unexpected:
             detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
@@ -189,9 +195,13 @@ def load_checkpoint(checkpoint: Path, modules: dict[str, nn.Module], optimizer: 
     """Restore modules and optimizer; return the JSON state (with ``step``)."""
     load_weights(checkpoint, modules)
     tensors = _load_tensors(Path(checkpoint) / "optimizer.safetensors")
+    path = Path(checkpoint) / "optimizer.json"
     try:
-        meta = json.loads((Path(checkpoint) / "optimizer.json").read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("param_groups"), list):
+            raise ValueError("not a JSON object with a list of param_groups")
         optimizer.load_state_dict(_optimizer_state(tensors, meta))
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
-        raise LooplabError(f"checkpoint optimizer state in {checkpoint} is corrupt or mismatched: {err}") from None
+    except (OSError, UnicodeDecodeError, KeyError, ValueError, TypeError, AttributeError, IndexError) as err:
+        detail = f"it lacks {err}" if isinstance(err, KeyError) else one_line(err)
+        raise LooplabError(f"checkpoint optimizer state {path} is corrupt or mismatched: {detail}") from None
     return read_state(checkpoint)

@@ -38,7 +38,7 @@ from looplab.model.placements import placement
 from looplab.parallel import SINGLE, Parallel
 from looplab.params import as_dict
 from looplab.regularisers import Regulariser, build_regularisers, complete_stability
-from looplab.rundir import load_run_config
+from looplab.rundir import CONFIG_FILE, load_run_config
 from looplab.schedules import SCHEDULES, DepthRule, Schedule, ScheduleContext, make_schedule, resolve_schedule
 from looplab.tasks import TASKS, Task, make_task
 from looplab.tasks.pool import PooledTask, check_pool_task, pool_header
@@ -392,6 +392,10 @@ class Experiment:
     def from_run(run_dir: str | Path) -> Experiment:
         """The experiment of a run directory, with the weights of its latest checkpoint, in eval mode."""
         config = load_run_config(run_dir)
+        try:
+            check_config(config)
+        except LooplabError as err:  # a value the run's config may not hold: say which file holds it
+            raise LooplabError(f"{Path(run_dir) / CONFIG_FILE}: {err}") from None
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
             raise LooplabError(f"run dir {run_dir} has no checkpoint yet; train it first")

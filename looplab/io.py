@@ -106,3 +106,20 @@ def read_utf8_text(path: str | Path, what: str) -> str:
         raise LooplabError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
     except OSError as err:
         raise LooplabError(f"cannot read {what} {path}: {err.strerror or err}") from None
+
+
+def read_json_object(path: str | Path, what: str, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The JSON object in a UTF-8 file, holding ``keys``; one-line errors naming it as ``what`` (``run
+    summary``) for what :func:`read_utf8_text` refuses, a file that is not JSON, JSON that is not an object,
+    and an object without one of ``keys``."""
+    text = read_utf8_text(path, what)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise LooplabError(f"{what} {path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise LooplabError(f"{what} {path} is not a JSON object of fields (it holds a {type(data).__name__})")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise LooplabError(f"{what} {path} lacks the field(s) {', '.join(missing)}")
+    return data

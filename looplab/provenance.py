@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from looplab.io import atomic_write
+from looplab.io import atomic_write, read_json_object
 
 PROVENANCE_FILE = "provenance.json"
 SOURCE = Path(__file__).resolve().parent
@@ -71,9 +71,6 @@ def record_start(run_dir: Path, config_toml: str) -> None:
 def read_provenance(run_dir: Path) -> dict[str, object]:
     """A run dir's recorded provenance; empty when it has none (a run trained before it was recorded)."""
     path = Path(run_dir) / PROVENANCE_FILE
-    if not path.is_file():
+    if not path.exists():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    return read_json_object(path, "provenance record")

@@ -48,9 +48,13 @@ def load_run_config(run_dir: str | Path) -> Config:
     except OSError as err:
         raise LooplabError(f"cannot read {path}: {err.strerror or err}") from None
     try:
-        return from_dict(data)
+        config = from_dict(data)
     except LooplabError as err:  # a value the run's config may not hold: say which file holds it
         raise LooplabError(f"{path}: {err}") from None
+    missing = [section for section in ("task", "model") if section not in data]
+    if missing:  # a run writes every table: an emptied or cut file would otherwise load as the defaults
+        raise LooplabError(f"{path} has no [{missing[0]}] table: not a config a run was trained with")
+    return config
 
 
 def read_log(run_dir: str | Path) -> list[dict]:

@@ -13,6 +13,19 @@ from looplab.config import PRESETS, load_config
 from looplab.errors import LooplabError, choice_error
 
 
+def checked_config(path: str, overrides: list[str]):
+    """The config at ``path`` with its ``--set`` ``overrides``, checked against its components (each filled
+    in with its defaults); an error names the file and the overrides."""
+    from looplab.config.load import config_source
+    from looplab.experiment import check_config
+
+    config = load_config(path, overrides)
+    try:
+        return check_config(config)
+    except LooplabError as err:
+        raise LooplabError(f"{config_source(path, overrides)}: {err}") from None
+
+
 def train_command(args) -> int | None:
     """``looplab train CONFIG --out RUN_DIR``: train (or resume) a run; ``--nproc N``: on N processes."""
     from looplab.train.stop import stop_on_signals
@@ -21,7 +34,7 @@ def train_command(args) -> int | None:
     # A stop signal is recorded from the start, so one that arrives while the command sets up is honoured
     # (before training: nothing to save; during it: at the next step, after a checkpoint) instead of killing it.
     with stop_on_signals() as stop:
-        config = load_config(args.config, args.set)
+        config = checked_config(args.config, args.set)
         if args.nproc != 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
             from looplab.train.launch import launch
 
@@ -217,10 +230,7 @@ def _key_values(texts: list[str], flag: str) -> dict:
 
 def config_command(args) -> None:
     """``looplab config show CONFIG``: the resolved config, every component's defaults filled in."""
-    from looplab.experiment import check_config
-
-    config = load_config(args.config, args.set)
-    check_config(config)  # completes [schedule] and [stability] with their components' defaults
+    config = checked_config(args.config, args.set)  # [schedule] and [stability] completed with their defaults
     print(config.to_toml(), end="")
 
 

@@ -133,9 +133,23 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
         raise LooplabError(f"{what} {path} is not UTF-8 text") from None
 
 
+def config_source(path: str | Path | None, overrides: list[str] = ()) -> str:
+    """Where a config's values come from, as an error names it: the file (resolved to its preset) and/or
+    the ``--set`` overrides."""
+    sets = "--set " + ", ".join(overrides) if overrides else ""
+    if path is None:
+        return sets or "the defaults"
+    return f"config file {resolve_preset(path)}" + (f" with {sets}" if sets else "")
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides."""
+    """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides; an error in
+    a value names where it came from (:func:`config_source`)."""
     data: dict[str, Any] = {} if path is None else read_toml(path, "config file")
+    if path is not None and not data:
+        raise LooplabError(
+            f"config file {resolve_preset(path)} holds no settings; write at least one table, e.g. [task]"
+        )
     for text in overrides:
         keys, value = parse_override(text)
         table = data
@@ -144,4 +158,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             if not isinstance(table, dict):
                 raise LooplabError(f"config section [{'.'.join(keys[: depth + 1])}] must be a table")
         table[keys[-1]] = value
-    return from_dict(data)
+    try:
+        return from_dict(data)
+    except LooplabError as err:
+        raise LooplabError(f"{config_source(path, overrides)}: {err}") from None

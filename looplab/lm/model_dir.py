@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from looplab.errors import LooplabError, one_line
+from looplab.io import read_json_object
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.memory import GIB, check_fits
 from looplab.token_exits import MAX_LOOPS
@@ -301,6 +302,9 @@ def _load_tokenizer(path: Path):
             warnings.simplefilter("ignore", FutureWarning)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # transformers raises many kinds here; each is one line for the user
+        for name in ("tokenizer_config.json", "tokenizer.json"):  # a damaged one is named (transformers does not)
+            if (Path(path) / name).is_file():
+                read_json_object(Path(path) / name, "tokenizer file")
         first = one_line(err)
         raise LooplabError(f"cannot load the tokenizer of {path}: {first}") from None
     finally:
@@ -339,7 +343,10 @@ def _read_split(path: Path, layers: int, width: int) -> RetrofitSplit:
         ) from None
     if not all(isinstance(n, int) for n in (split.prelude, split.core, split.coda)):
         raise LooplabError(f"{file}: prelude, core and coda must be integers")
-    split.check(layers)
+    try:
+        split.check(layers)
+    except LooplabError as err:
+        raise LooplabError(f"{file}: {err}") from None
     injection = path / INJECTION_FILE
     if not injection.is_file():
         raise LooplabError(f"{path} is a retrofit without its {INJECTION_FILE} (W_I): write it with `looplab retrofit`")
@@ -347,11 +354,14 @@ def _read_split(path: Path, layers: int, width: int) -> RetrofitSplit:
 
     try:
         with safe_open(injection, "pt") as handle:
-            shape = handle.get_slice("weight").get_shape() if "weight" in handle.keys() else None
+            weight = handle.get_slice("weight") if "weight" in handle.keys() else None
+            shape, dtype = (None, None) if weight is None else (weight.get_shape(), weight.get_dtype())
     except Exception:  # a truncated or foreign file: safetensors raises its own kinds
-        shape = "unreadable"
+        shape, dtype = "unreadable", None
     if shape != [width, 2 * width]:
         raise LooplabError(f"{injection} must hold one tensor 'weight' of shape [{width}, {2 * width}], got {shape}")
+    if dtype not in ("F32", "F16", "BF16", "F64"):  # an integer W_I would be cast to floats without a word
+        raise LooplabError(f"{injection}: its weight is stored as {dtype}; W_I is a floating-point matrix")
     return split
 
 
@@ -419,6 +429,8 @@ def open_model_dir(path: str | Path) -> ModelDir:
                 f"{path}: a {model_type} retrofit needs model.model.layers of {layer_class}, found {found or 'none'}"
             )
         layers = len(meta.model.layers)
+        if (path / RETROFIT_FILE).exists() and not (path / RETROFIT_FILE).is_file():
+            raise LooplabError(f"{path / RETROFIT_FILE} is not a file (a retrofit's split is a JSON file)")
         retrofit = (path / RETROFIT_FILE).is_file()
         kind = "retrofit" if retrofit else "source"
         split = _read_split(path, layers, width) if retrofit else None

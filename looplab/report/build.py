@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from looplab.errors import LooplabError
 from looplab.io import atomic_write
 from looplab.plugins import load_plugins
 from looplab.provenance import code_version
@@ -137,8 +138,14 @@ def provenance(sweep_dir: Path) -> str:
 def sweep_plugins(results: pd.DataFrame) -> list[str]:
     """Every plugin module the sweep's runs name in ``[run] plugins``, in first-seen order."""
     found: dict[str, None] = {}
-    for value in results.get("run.plugins", pd.Series(dtype=object)).dropna():
-        found.update(dict.fromkeys(json.loads(value) if isinstance(value, str) else list(value)))
+    for row, value in results.get("run.plugins", pd.Series(dtype=object)).dropna().items():
+        try:
+            names = json.loads(value) if isinstance(value, str) else list(value)
+        except (json.JSONDecodeError, TypeError):
+            names = None
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise LooplabError(f"{RESULTS_FILE}: run.plugins of row {row} is not a list of module names: {value!r}")
+        found.update(dict.fromkeys(names))
     return list(found)
 
 
@@ -214,8 +221,8 @@ def write_report(sweep_dir: str | Path, paper: str | None = None) -> Path:
     registered = check_paper(paper) if paper is not None else None  # before anything else is read
     results = read_results(sweep_dir)
     load_plugins(sweep_plugins(results))  # the plugin schedules and tasks the runs name
-    grids = load_run_tables(results, sweep_dir, "grid.parquet")
-    depths = load_run_tables(results, sweep_dir, "policy_depths.parquet")
+    grids = load_run_tables(results, sweep_dir, "grid.parquet", ("length", "loops", "accuracy", "flip_rate", "split"))
+    depths = load_run_tables(results, sweep_dir, "policy_depths.parquet", ("length", "depth", "count"))
     results = add_scaling_metrics(results, grids)
     ours = sweep_statistics(results)
 

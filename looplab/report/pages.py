@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from looplab.errors import LooplabError, choice_error
-from looplab.io import atomic_write
+from looplab.io import atomic_write, read_utf8_text
 from looplab.report.preregistration import PROVENANCE_CSV, provenance_rows
 
 BlockGenerator = Callable[[Path], str]
@@ -134,7 +134,7 @@ def render_page(text: str, results_dir: Path, where: str = "page") -> str:
             raise LooplabError(
                 f"{where}: block {name}: a column it reads is missing from the CSVs under {folder}/: {err}"
             ) from None
-        except (ValueError, TypeError, IndexError, pd.errors.EmptyDataError) as err:
+        except (ValueError, TypeError, IndexError, AttributeError, pd.errors.EmptyDataError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             folder = name.split("/")[0]
             raise LooplabError(f"{where}: block {name}: its CSVs under {folder}/ do not give it: {reason}") from None
@@ -145,7 +145,7 @@ def render_page(text: str, results_dir: Path, where: str = "page") -> str:
 
 def generated_pages(results_dir: Path) -> list[Path]:
     """The pages under ``results_dir`` that hold at least one generated block, sorted."""
-    return sorted(p for p in Path(results_dir).glob("*.md") if _BLOCK.search(p.read_text(encoding="utf-8")))
+    return sorted(p for p in Path(results_dir).glob("*.md") if _BLOCK.search(read_utf8_text(p, "results page")))
 
 
 def regenerate(results_dir: str | Path, check: bool = False) -> list[Path]:
@@ -158,7 +158,7 @@ def regenerate(results_dir: str | Path, check: bool = False) -> list[Path]:
     check_tables(results_dir)
     fresh_pages = {}
     for page in generated_pages(results_dir):
-        text = page.read_text(encoding="utf-8")
+        text = read_utf8_text(page, "results page")
         fresh = render_page(text, results_dir, str(page))
         if fresh != text:
             fresh_pages[page] = fresh
@@ -223,7 +223,15 @@ def collect(study: str, sweep_dirs: list[Path], results_dir: Path) -> pd.DataFra
             _check_against_committed(trial / study, results_dir / study)
             for page in generated_pages(trial):
                 render_page(page.read_text(encoding="utf-8"), trial, page.name)
-        except (LooplabError, KeyError, ValueError, TypeError, IndexError, pd.errors.EmptyDataError) as err:
+        except (
+            LooplabError,
+            KeyError,
+            ValueError,
+            TypeError,
+            IndexError,
+            AttributeError,
+            pd.errors.EmptyDataError,
+        ) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise LooplabError(
                 f"results --collect: the sweep(s) {', '.join(map(str, sweep_dirs))} do not give study {study}'s "

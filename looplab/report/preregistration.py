@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from looplab.errors import LooplabError, one_line
 from looplab.provenance import PROVENANCE_FILE, git, git_succeeds, read_provenance
 
 PROVENANCE_CSV = "provenance.csv"
@@ -87,7 +88,13 @@ def check_study(results_dir: Path, study: str, protocol: str) -> Check:
     head = f"{study}: protocol {commit[:7]} ({frozen:%Y-%m-%d %H:%M} UTC)"
     records = results_dir / study / PROVENANCE_CSV
     if records.is_file():
-        runs = pd.read_csv(records, dtype={"commit": str})
+        try:
+            runs = pd.read_csv(records, dtype={"commit": str})
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise LooplabError(f"{records}: not a readable CSV ({one_line(err)})") from None
+        missing = [column for column in ("started_utc", "commit") if column not in runs.columns]
+        if missing:
+            raise LooplabError(f"{records} lacks column(s) {', '.join(missing)}; rebuild it with results --collect")
         started = pd.to_datetime(runs["started_utc"], utc=True, errors="coerce")
         unrecorded = int(started.isna().sum())
         early = int((started < frozen).sum())

@@ -23,7 +23,7 @@ from looplab.rundir import read_log
 from looplab.sweep.run_point import read_result
 
 RESULTS_FILE = "results.parquet"
-REQUIRED_COLUMNS = ("run_id", "run_dir", "variant", "task.name")
+REQUIRED_COLUMNS = ("run_id", "run_dir", "variant", "task.name", "run.seed")
 KEYS = ("run_id", "task.name", "variant")  # what every per-run frame below carries
 EVAL_DIR = "eval"
 
@@ -51,8 +51,9 @@ def read_results(sweep_dir: Path) -> pd.DataFrame:
     return results.reset_index(drop=True)
 
 
-def load_run_tables(results: pd.DataFrame, sweep_dir: Path, name: str) -> pd.DataFrame:
-    """Every run's ``eval/<name>`` parquet stacked, with the run's KEYS prepended.
+def load_run_tables(results: pd.DataFrame, sweep_dir: Path, name: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Every run's ``eval/<name>`` parquet stacked, with the run's KEYS prepended; each file must hold
+    ``columns`` (a file that lacks one is named).
 
     Runs without the file (a text run, an older evaluation) are skipped; the
     result is an empty frame with only KEYS when no run has it.
@@ -61,7 +62,11 @@ def load_run_tables(results: pd.DataFrame, sweep_dir: Path, name: str) -> pd.Dat
     for *key, run_dir in results[[*KEYS, "run_dir"]].itertuples(index=False, name=None):
         path = sweep_dir / run_dir / EVAL_DIR / name
         if path.is_file():
-            parts.append(_read_parquet(path).assign(**dict(zip(KEYS, key))))
+            table = _read_parquet(path)
+            missing = [column for column in columns if column not in table.columns]
+            if missing:
+                raise LooplabError(f"{path} lacks column(s) {', '.join(missing)}; evaluate the run again")
+            parts.append(table.assign(**dict(zip(KEYS, key))))
     if not parts:
         return pd.DataFrame(columns=list(KEYS))
     stacked = pd.concat(parts, ignore_index=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from looplab.io import atomic_write, flatten
+from looplab.io import atomic_write, flatten, read_json_object
 from looplab.rundir import RUNS_DIR
 from looplab.sweep.run_point import ANALYSIS_SUMMARY, EVAL_SUMMARY, LM_SUMMARY, read_result
 from looplab.sweep.spec import RunPoint
@@ -43,7 +43,7 @@ def run_row(sweep_dir: Path, point: RunPoint) -> dict[str, Any] | None:
     for prefix, parts in SUMMARIES.items():
         path = run_dir.joinpath(*parts)
         if path.is_file():
-            row.update(flatten(json.loads(path.read_text()), prefix))
+            row.update(flatten(read_json_object(path, "run summary"), prefix))
     return row
 
 

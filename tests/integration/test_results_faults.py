@@ -58,6 +58,15 @@ def test_a_faulty_csv_is_named_in_one_line(pages, name, damage, message):
     assert "Traceback" not in result.stderr
 
 
+def test_a_page_that_is_not_utf8_is_named_in_one_line(pages):
+    page = next(p for p in sorted(pages.glob("*.md")) if "<!-- generated:" in p.read_text(encoding="utf-8"))
+    page.write_bytes(page.read_bytes() + b"\xff\xfe a stray Latin-1 byte\n")
+    result = run_cli("results", "--dir", str(pages), "--check")
+    assert result.returncode == 2, result.stderr
+    assert f"results page {page} is not UTF-8 text" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
 def test_a_missing_frozen_protocol_fails_the_check(pages):
     (pages / "stopping-confirm" / "PROTOCOL.md").unlink()
     result = run_cli("results", "--dir", str(pages), "--check")

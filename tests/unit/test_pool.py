@@ -75,6 +75,46 @@ def test_a_pool_that_does_not_fit_the_run_is_refused(tmp_path, pool, message):
     assert message in str(refused.value)
 
 
+def _rewritten(path, source, tensors=None, **meta):
+    """``source``'s pool with its tensors and metadata changed (a damaged file, as a user might hold)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(source), "pt") as handle:
+        metadata = {**handle.metadata(), **meta}
+    save_file(tensors if tensors is not None else load_file(str(source)), str(path), metadata=metadata)
+    return path
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p, src: _rewritten(p, src, sizes="{not json"), "has a damaged header (Expecting property name"),
+        (lambda p, src: _rewritten(p, src, alphabet="x"), "has a damaged header (invalid literal"),
+        (lambda p, src: _rewritten(p, src, tensors={"tokens.3": torch.zeros(2, 2, dtype=torch.long)}), "lacks the"),
+        (
+            lambda p, src: _rewritten(
+                p, src, tensors={f"{k}.{n}": torch.zeros(2, 3) for k in ("tokens", "labels") for n in (3, 5)}
+            ),
+            "is not stored as rows of int64 token ids",
+        ),  # fmt: skip
+        (
+            lambda p, src: _rewritten(
+                p,
+                src,
+                tensors={f"{k}.{n}": torch.zeros(2, 3, dtype=torch.long) for k in ("tokens", "labels") for n in (3, 5)},
+            ),
+            f"its header {CHUNK + 10} rows",
+        ),  # fmt: skip
+    ],
+)
+def test_a_damaged_pool_file_is_named_in_one_line(pool_file, tmp_path, damage, message):
+    path = damage(tmp_path / "damaged.safetensors", pool_file)
+    with pytest.raises(LooplabError) as refused:
+        PooledTask(make_task("sudoku4"), path)
+    assert str(path) in str(refused.value) and message in str(refused.value), refused.value
+
+
 def test_training_reads_the_pool_and_evaluation_does_not(pool_file, tmp_path, monkeypatch):
     monkeypatch.chdir(pool_file.parent)
     config = _config(f"task.pool={pool_file.name}")

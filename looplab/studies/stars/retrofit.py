@@ -10,7 +10,6 @@ drop(fixed) − drop(stars), drop = (acc(4) − acc(8)) / acc(4) on the training
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from looplab.eval.scaling import relative_drop
+from looplab.io import read_json_object
 from looplab.report.aggregate import FEW_SEEDS, seed_cell
 from looplab.report.effect import welch_interval
 from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
@@ -45,7 +45,7 @@ def collect(study_dirs: list[Path], out: Path) -> pd.DataFrame:
             summary_path = folder / "summary.json"
             if not summary_path.is_file():
                 continue
-            summary = json.loads(summary_path.read_text())
+            summary = read_json_object(summary_path, "retrofit summary", ("recipe", "seed"))
             row = {"part": study_dir.name, "recipe": summary["recipe"], "seed": int(summary["seed"])}
             curve = pd.read_csv(folder / CURVE_FILE) if (folder / CURVE_FILE).is_file() else None
             row.update(_run_row(folder, summary, curve))

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from looplab.errors import LooplabError, choice_error
-from looplab.io import atomic_write
+from looplab.io import atomic_write, read_json_object
 from looplab.provenance import record_start
 from looplab.seeding import derive_generator
 from looplab.studies.stars.recipes import (
@@ -228,4 +228,8 @@ def run_study(study: RetrofitStudy, sweep_dir: str | Path, progress: bool = True
             summary = run_one(study, model, tokenizer, recipe, seed, root / f"{recipe}-seed{seed}")
             if progress:
                 print(f"retrofit {recipe} seed {seed}: {summary['wall_s']:.0f} s")
-    return [json.loads((root / f"{r}-seed{s}" / SUMMARY_FILE).read_text()) for s in study.seeds for r in study.recipes]
+    return [
+        read_json_object(root / f"{r}-seed{s}" / SUMMARY_FILE, "retrofit summary")
+        for s in study.seeds
+        for r in study.recipes
+    ]
