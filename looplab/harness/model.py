@@ -31,7 +31,9 @@ Each request type is a looplab call on token ids, so the numbers are looplab's:
     generate_until         ``generate`` from the context (left-truncated to leave ``max_gen_toks``),
                            stopping at an ``until`` string or the end-of-text token; greedy unless
                            ``do_sample`` (or a positive temperature), then sampled through looplab's
-                           :class:`~looplab.generation.Sampling` (temperature, top_k)
+                           :class:`~looplab.generation.Sampling` (temperature, top_k); a decode field in
+                           the task's ``generation_kwargs`` (``loops``, ``exit``, ``eps``, ``cache``,
+                           ``decoder``, …) overrides the model_args' for that request
 
 Every scored or generated token runs the loops its exit gives it (the context, as in any
 generation, is prefilled to the cap). The depths of the latest call of each type are kept in
@@ -48,7 +50,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from looplab.errors import LooplabError, choice_error
-from looplab.generation import Sampling, generate
+from looplab.generation import DecodeOptions, Sampling, generate
 from looplab.generation.fields import FieldError, check_fields, decode_fields, decode_options
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
@@ -96,6 +98,7 @@ class LooplabLM(TemplateLM):
             self.options = decode_options(fields, self.lm, Sampling(seed=self.seed))
         except FieldError as err:
             raise LooplabError(f"model_arg {err}") from None
+        self.fields = fields  # a task's generation_kwargs may change any of them, per request
         self._prefix = self._prefix_token(prefix_token)
         # every refusal generate has (an exit the model cannot run, a cache it cannot use), now, in one line
         generate(self.lm.model, [[self._prefix]], 1, self.options)
@@ -190,11 +193,11 @@ class LooplabLM(TemplateLM):
         out: list[str | None] = [None] * len(requests)
         depths: list[list[int]] = [[] for _ in requests]
         groups: dict[tuple, list[int]] = {}
-        settings = [_generation_settings(request.args[1], self.lm, self.seed) for request in requests]
+        settings = [self._generation_settings(request.args[1]) for request in requests]
         for index, setting in enumerate(settings):
             groups.setdefault(_key(setting), []).append(index)
         for indices in groups.values():
-            until, new, sampling = settings[indices[0]]
+            until, new, options = settings[indices[0]]
             room = self.lm.max_context - new
             if room < 1:
                 raise LooplabError(
@@ -205,7 +208,6 @@ class LooplabLM(TemplateLM):
             order = sorted(indices, key=lambda i: -len(prompts[i]))
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
-                options = self.options.but(sampling=sampling)
                 result = generate(self.lm.model, [prompts[i] for i in batch], new, options, self._finished(until))
                 for i, tokens, row_depths in zip(batch, result.tokens, result.depths):
                     out[i] = _cut(self.lm.decode(tokens), until)
@@ -215,6 +217,46 @@ class LooplabLM(TemplateLM):
         self.depths["generate_until"] = depths
         self._log("generate_until", depths)
         return out
+
+    def _generation_settings(self, gen_kwargs: dict) -> tuple[list[str], int, DecodeOptions]:
+        """(until strings, max new tokens, decode options) of one generate_until request's ``gen_kwargs``:
+        lm-eval's generation arguments, and any decode field (``loops``, ``exit``, ``eps``, ``cache``,
+        ``decoder``, …) over the model_args' own, read by the parser ``looplab generate`` and the server use."""
+        kwargs = dict(gen_kwargs or {})
+        decoding = {key: value for key, value in kwargs.items() if key not in GEN_KWARGS}
+        fields = {**self.fields, **decoding}
+        try:
+            check_fields(fields, unknown_ok=True)
+            valid = decode_fields(fields)
+        except FieldError as err:
+            raise LooplabError(f"generate_until argument {err}") from None
+        unknown = sorted(set(decoding) - set(valid))
+        if unknown:
+            raise choice_error("generate_until argument", unknown[0], (*GEN_KWARGS, *valid))
+        until = kwargs.get("until")
+        if until is None:
+            until = [] if self.lm.eos is None else [self.lm.decode([self.lm.eos])]
+        until = [until] if isinstance(until, str) else list(until)
+        if any(not isinstance(stop, str) for stop in until):
+            raise LooplabError(f"generate_until's until must be strings, got {until!r}")
+        until = [stop for stop in until if stop]
+        new = _positive("max_gen_toks", kwargs.get("max_gen_toks", DEFAULT_GEN_TOKS))
+        top_p = kwargs.get("top_p")
+        if top_p is not None and top_p != 1:
+            raise LooplabError(
+                f"generate_until's top_p must be 1 (looplab samples from the top_k tokens), got {top_p!r}"
+            )
+        do_sample, temperature = kwargs.get("do_sample"), kwargs.get("temperature")
+        sampling = Sampling()
+        if do_sample is True or (do_sample is None and bool(temperature)):
+            temperature = 1.0 if temperature is None else float(temperature)
+            sampling = Sampling(temperature=temperature, top_k=int(kwargs.get("top_k") or 0), seed=self.seed)
+        if not decoding:
+            return until, new, self.options.but(sampling=sampling)
+        try:
+            return until, new, decode_options(fields, self.lm, sampling)
+        except FieldError as err:
+            raise LooplabError(f"generate_until argument {err}") from None
 
     # looplab calls -------------------------------------------------------------------------------
 
@@ -328,34 +370,9 @@ def _device(device: str | None) -> str:
     return device
 
 
-def _generation_settings(gen_kwargs: dict, lm: TextLM, seed: int) -> tuple[list[str], int, Sampling]:
-    """(until strings, max new tokens, sampling) of one generate_until request's ``gen_kwargs``."""
-    kwargs = dict(gen_kwargs or {})
-    for key in kwargs:
-        if key not in GEN_KWARGS:
-            raise choice_error("generate_until argument", key, GEN_KWARGS)
-    until = kwargs.get("until")
-    if until is None:
-        until = [] if lm.eos is None else [lm.decode([lm.eos])]
-    until = [until] if isinstance(until, str) else list(until)
-    if any(not isinstance(stop, str) for stop in until):
-        raise LooplabError(f"generate_until's until must be strings, got {until!r}")
-    until = [stop for stop in until if stop]
-    new = _positive("max_gen_toks", kwargs.get("max_gen_toks", DEFAULT_GEN_TOKS))
-    top_p = kwargs.get("top_p")
-    if top_p is not None and top_p != 1:
-        raise LooplabError(f"generate_until's top_p must be 1 (looplab samples from the top_k tokens), got {top_p!r}")
-    do_sample, temperature = kwargs.get("do_sample"), kwargs.get("temperature")
-    sample = do_sample is True or (do_sample is None and bool(temperature))
-    if not sample:
-        return until, new, Sampling()
-    temperature = 1.0 if temperature is None else float(temperature)
-    return until, new, Sampling(temperature=temperature, top_k=int(kwargs.get("top_k") or 0), seed=seed)
-
-
-def _key(setting: tuple[list[str], int, Sampling]) -> tuple:
-    until, new, sampling = setting
-    return tuple(until), new, sampling
+def _key(setting: tuple[list[str], int, DecodeOptions]) -> tuple:
+    until, new, options = setting
+    return tuple(until), new, options
 
 
 def _cut(text: str, until: list[str]) -> str:

@@ -240,8 +240,30 @@ def test_a_retrofit_refuses_a_missing_prefix(paths):
         get_model("looplab").create_from_arg_string(f"path={paths['retrofit']}")
 
 
+def test_a_tasks_generation_kwargs_may_choose_the_decoding(paths):
+    """Decode fields in a request's gen_kwargs, parsed by the parser the CLI and the server use, override the
+    model_args' for that request: its tokens are generate's with those options."""
+    from looplab.generation import Sampling
+    from looplab.generation.fields import decode_options
+
+    lm = _model(paths, "run", "loops=3")
+    context = "In the beginning"
+    chosen = {"exit": "kl", "loops": 6, "eps": 0.05, "decoder": "depth", "max_batch": 1}
+    plain, decoded = lm.generate_until(
+        _requests((context, {"until": [], "max_gen_toks": 8}), (context, {"until": [], "max_gen_toks": 8, **chosen}))
+    )
+    for text, fields in ((plain, {"loops": 3}), (decoded, chosen)):
+        options = decode_options(fields, lm.lm, Sampling())
+        reference = generate(lm.lm.model, [lm.lm.encode(context)], 8, options)
+        assert text == lm.lm.decode(reference.tokens[0])
+    assert lm.depths["generate_until"][0] == [3] * 8 and max(lm.depths["generate_until"][1]) <= 6
+
+
 BAD_GEN_KWARGS = [
-    ({"num_beams": 4}, "unknown generate_until argument 'num_beams'; valid choices: do_sample, max_gen_toks"),
+    ({"num_beams": 4}, "unknown generate_until argument 'num_beams'; valid choices: cache, decoder, do_sample, exit"),
+    ({"exit": "nope"}, "unknown generation exit 'nope'; valid choices"),
+    ({"loops": 0}, "generate_until argument loops: must be an integer in 1..4096, got 0"),
+    ({"max_batch": 2}, "generate_until argument max_batch: a parameter of the depth decoder"),
     ({"top_p": 0.9}, "top_p must be 1"),
     ({"max_gen_toks": 0}, "max_gen_toks must be a positive integer"),
     ({"max_gen_toks": 512}, "max_gen_toks = 512 leaves no room for a prompt in the model's context of 512"),
