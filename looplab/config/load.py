@@ -146,9 +146,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read a TOML config (or start from defaults when ``path`` is None), then apply overrides; an error in
     a value names where it came from (:func:`config_source`)."""
     data: dict[str, Any] = {} if path is None else read_toml(path, "config file")
-    if path is not None and not data:
+    if path is not None and not data and not overrides:  # an emptied file, not a choice of every default
         raise LooplabError(
-            f"config file {resolve_preset(path)} holds no settings; write at least one table, e.g. [task]"
+            f"config file {resolve_preset(path)} holds no settings; write at least one table, e.g. [task], "
+            "or give --set"
         )
     for text in overrides:
         keys, value = parse_override(text)
