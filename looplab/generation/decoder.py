@@ -132,7 +132,10 @@ class Decoder:
     def prefill(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt): their
         next-token logits [R, V] and the depths [R] their last tokens exited at."""
-        return self.forward(self.tokens[rows], rows, slice(0, self.width), self.lengths[rows] - 1, prefill=True)
+        # a lazy prompt stands at the whole width (later rows take its place); otherwise the prompt slots past
+        # these rows' longest prompt are padding, not run (a row admitted into a wide batch costs its own length)
+        width = self.width if self.lazy_prompt else int(self.lengths[rows].max())
+        return self.forward(self.tokens[rows, :width], rows, slice(0, width), self.lengths[rows] - 1, prefill=True)
 
     def admit(self, rows: Tensor, prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
         """Give each of ``rows`` [R] a new prompt (at most the prompt width): its tokens, length and slots replace

@@ -41,12 +41,13 @@ class ContinuousGroup(LiveRows):
         capacity: the rows to preallocate (the engine gives twice its first jobs, at least 8, at most its
             ``max_running``), fewer where they would not fit in memory at ``columns`` new-token slots.
         columns: the new-token slots after the prompts (at least the first jobs' largest budget).
+        width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
     """
 
-    def __init__(self, model, jobs: list[Job], capacity: int, columns: int):
+    def __init__(self, model, jobs: list[Job], capacity: int, columns: int, width: int = 0):
         first = jobs[0]
         self.cohort = first.cohort
-        self.width = max(len(job.prompt) for job in jobs)
+        self.width = max(width, *(len(job.prompt) for job in jobs))
         self.columns = max(columns, max(job.max_new for job in jobs))
         options = first.options
         model = decodable(model, gated=options.exit_rule.needs_gate)

@@ -43,11 +43,9 @@ from looplab.serve.whole import STEPPED, WholeGroup
 __all__ = ["Engine", "Busy", "Closed", "BATCHING"]
 
 BATCHING = ("continuous", "exact", "cohort")
-#: a continuous group's new-token slots, as a multiple of its first jobs' largest budget, and its rows, as a
-#: multiple of its first jobs (at least MIN_ROWS, at most max_running): room for later jobs to join, without
-#: zeroing caches for rows a lone request never uses (measured: bench/serve.py)
-COLUMNS_PER_BUDGET = 2
-ROWS_PER_JOB, MIN_ROWS = 2, 8
+#: a continuous group's sizes (Engine._continuous_group): new-token slots per budget, a lone job's rows, and
+#: how many admitted jobs a busy engine's new group is sized for
+COLUMNS_PER_BUDGET, MIN_ROWS, RECENT = 2, 8, 64
 
 
 class Busy(LooplabError):
@@ -88,6 +86,8 @@ class Engine:
         self.max_running, self.max_queue, self.batching, self.on_step = max_running, max_queue, batching, on_step
         self.stats: Counter[str] = Counter()
         self._waiting: deque[Job] = deque()
+        #: (prompt length, budget) of the latest admitted jobs, to size new groups
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT)
         self._groups: list[Group] = []
         self._cond = threading.Condition()
         self._accepting, self._closing = True, False
@@ -171,6 +171,7 @@ class Engine:
             if job.cancelled.is_set():
                 job.sink(End("cancelled"))
                 continue
+            self._recent.append((len(job.prompt), job.max_new))
             if job.options.decoder != STEPPED:
                 self._groups.append(WholeGroup(self.model, job))
                 self.stats["admitted"] += 1
@@ -182,14 +183,26 @@ class Engine:
         for members in cohorts.values():
             try:
                 if self.batching == "continuous" and members[0].cohort[-1]:
-                    columns = COLUMNS_PER_BUDGET * max(job.max_new for job in members)
-                    rows = min(self.max_running, max(ROWS_PER_JOB * len(members), MIN_ROWS))
-                    self._groups.append(ContinuousGroup(self.model, members, rows, columns))
+                    self._groups.append(self._continuous_group(members))
                 else:
                     self._groups.append(Group(self.model, members))
                 self.stats["admitted"] += len(members)
             except Exception as err:  # the prefill failed (out of memory): these jobs fail, the rest go on
                 self._fail(members, err)
+
+    def _continuous_group(self, members: list[Job]) -> ContinuousGroup:
+        """A new continuous group for ``members``. A lone job on an idle engine gets a lean one (MIN_ROWS rows,
+        its own prompt width and COLUMNS_PER_BUDGET times its budget: its caches are zeroed and read every
+        step). On a busy engine (several jobs arriving together, or a group of their cohort running) the group
+        gets ``max_running`` rows, and room for the longest prompt and COLUMNS_PER_BUDGET times the largest
+        budget of the last RECENT jobs too, so that later jobs join it instead of starting groups of their own
+        (each a forward pass of its own every step; measured: bench/serve.py)."""
+        cohort = members[0].cohort
+        busy = len(members) > 1 or any(getattr(g, "cohort", None) == cohort for g in self._groups)
+        rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
+        sizes = [*((len(job.prompt), job.max_new) for job in members), *(self._recent if busy else ())]
+        width, columns = max(size[0] for size in sizes), COLUMNS_PER_BUDGET * max(size[1] for size in sizes)
+        return ContinuousGroup(self.model, members, rows, columns, width)
 
     def _join(self, job: Job) -> bool:
         """Put ``job`` into a running continuous group that can take it; whether one could."""

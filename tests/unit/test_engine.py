@@ -115,6 +115,36 @@ def test_a_job_that_does_not_fit_starts_its_own_group(model):
     assert not group.can_take(_job(PROMPTS[1], rule, picking=sampled)[0])  # sampled: its own group
 
 
+def test_a_busy_engines_new_group_has_room_for_the_prompts_and_budgets_it_has_seen(model):
+    """Jobs arriving together get a group as wide as the longest recent prompt and as long as twice the largest
+    recent budget, so a long prompt arriving mid-decode joins it instead of starting a group of its own (a
+    forward pass of its own every step); all decode as alone."""
+    rule = GenerationExit("fixed", 2)
+    seen, seen_sink = _job(PROMPTS[2], rule, max_new=5)
+    shorts = [_job(prompt, rule, max_new=6) for prompt in (PROMPTS[1], PROMPTS[5])]
+    wide, wide_sink = _job(PROMPTS[2], rule, max_new=4)
+    arrivals = iter([[], [wide]])
+
+    def arrive(engine: Engine) -> None:
+        if seen_sink.closed.is_set():
+            jobs = next(arrivals, None)
+            if jobs:
+                engine.submit(jobs)
+
+    engine = Engine(model, max_running=8, on_step=arrive)
+    engine.submit([seen])
+    engine.start()
+    assert seen_sink.closed.wait(60)
+    engine.submit([job for job, _ in shorts])
+    assert all(sink.closed.wait(60) for _, sink in shorts) and wide_sink.closed.wait(60)
+    engine.close(60)
+    assert engine.stats["joined"] == 1, dict(engine.stats)
+    for job, sink in (*shorts, (wide, wide_sink)):
+        assert [t.token for t in sink.tokens] == generate(model, [job.prompt], job.max_new, DecodeOptions(rule)).tokens[
+            0
+        ]
+
+
 def test_the_engine_drains_what_it_holds_on_close(model):
     rule = GenerationExit("fixed", 2)
     jobs = [_job(p, rule, max_new=5) for p in PROMPTS]
