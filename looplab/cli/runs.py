@@ -236,7 +236,8 @@ def config_command(args) -> None:
 
 def pool_command(args) -> None:
     """``looplab pool TASK``: draw a training pool once."""
-    from looplab.tasks import TASKS
+    from looplab.memory import check_fits
+    from looplab.tasks import TASKS, make_task
     from looplab.tasks.pool import draw_pool, save_pool
 
     if args.task not in TASKS:
@@ -253,6 +254,10 @@ def pool_command(args) -> None:
     if out.is_dir() or not out.parent.is_dir():
         raise LooplabError(f"--out {out} must be a file path in an existing directory")
     sizes = sorted(set(args.sizes))
+    task_instance = make_task(args.task, args.alphabet)
+    # tokens and labels (int64) of every row, held while drawn, joined and written: three copies at most
+    needed = 3 * 2 * 8 * args.count * sum(task_instance.body_len(n) for n in sizes)
+    check_fits(f"a pool of {args.count} x {len(sizes)} instances", needed, "cpu", "draw fewer (--count)")
     print(f"pool: {args.count} x {args.task} at sizes {', '.join(map(str, sizes))}, {args.workers} worker(s)")
     began = time.perf_counter()
     drawn = draw_pool(args.task, args.alphabet, sizes, args.count, args.seed, args.workers)

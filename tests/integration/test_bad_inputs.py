@@ -287,6 +287,7 @@ CASES = [
     ("config show {root}/bom.toml", 2, "starts with a UTF-8 byte-order mark; save it as UTF-8 without BOM"),
     ("eval {root}/a_file", 2, "a_file is a file, not a run dir"),
     ("pool sudoku4 --sizes 3 --count 0 --out {new}", 2, "--count must be >= 1, got 0"),
+    ("pool sudoku4 --sizes 3,5 --count 10000000000 --out {new}", 2, "a pool of 10000000000 x 2 instances needs"),
     ("pool nope --sizes 3 --count 1 --out {new}", 2, "unknown task 'nope'; valid choices: binary_addition"),
     ("pool sudoku4 --sizes 3 --count 1 --out {root}", 2, "must be a file path in an existing directory"),
     ("train {cfg} --set task.pool={root}/none.safetensors --out {new}", 2, "none.safetensors is not a file"),
