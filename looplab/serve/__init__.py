@@ -4,6 +4,8 @@ per token (docs/commands.md, "looplab serve").
     request.py   the checked body of POST /v1/completions (HTTP 400, one line naming the field)
     choice.py    a prompt's engine jobs and the OpenAI-shaped choice built from their tokens
     batch.py     a job, and a group of jobs stepped one token at a time by one Decoder
+    continuous.py  a group that newcomers join between two steps (continuous batching)
+    whole.py     a job whose decoder is not stepped (depth, wavefront, speculative, …): run whole, alone
     engine.py    the thread that admits jobs between steps and steps every running one
     sampling.py  looplab's picking plus top_p
     app.py       the FastAPI routes; server.py: uvicorn with a draining SIGTERM
@@ -11,8 +13,9 @@ per token (docs/commands.md, "looplab serve").
 
 Each request is decoded by :class:`~looplab.generation.decoder.Decoder`, the decoder of
 :func:`looplab.generation.generate`, stepped from outside (:mod:`looplab.serve.batch`), so a greedy
-request's tokens, log-probabilities and loops are those of ``generate`` on its prompt alone, whatever
-runs beside it (:mod:`looplab.serve.engine` says why its rows are kept apart).
+request's tokens and loops are those of ``generate`` on its prompt alone, whatever runs beside it
+(under ``--batching exact`` its log-probabilities too, bit for bit: :mod:`looplab.serve.engine` says why);
+a request naming another decoder runs through ``generate`` itself (:mod:`looplab.serve.whole`).
 """
 
 from looplab.serve.app import create_app, model_id

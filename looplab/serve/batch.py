@@ -57,8 +57,8 @@ class Job:
 
     Attributes:
         prompt: token ids (non-empty); ``max_new``: its budget of new tokens (≥ 1).
-        options: its exit, cache, decoder (the ``step`` decoder, whose steps the engine runs) and sampling
-            (``picking``'s), each with its parameters.
+        options: its exit, cache, decoder (``step`` is stepped beside other jobs; another runs the job whole:
+            :mod:`looplab.serve.whole`) and sampling (``picking``'s), each with its parameters.
         picking: how a token is picked; ``forced``: the tokens to feed instead (scoring a text).
         stops: called with the new ids after each token; True ends the job (``stop``).
         top: how many likeliest tokens each :class:`Token` lists (0: none).

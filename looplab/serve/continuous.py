@@ -38,8 +38,8 @@ class ContinuousGroup(LiveRows):
     Args:
         model: the engine's model, as the decoder reads it.
         jobs: the first jobs (one cohort: the same exit, cache and greedy picking; none scoring a text).
-        capacity: the rows to preallocate (the engine gives twice its first jobs, at least 8, at most its
-            ``max_running``), fewer where they would not fit in memory at ``columns`` new-token slots.
+        capacity: the rows to preallocate (the engine's sizing: ``Engine._continuous_group``), fewer where
+            they would not fit in memory at ``columns`` new-token slots.
         columns: the new-token slots after the prompts (at least the first jobs' largest budget).
         width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
     """

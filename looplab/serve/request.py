@@ -128,7 +128,7 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
 def _check_whole(decoder: str, picking: Picking, logprobs: int | None) -> None:
     """What a decoder run whole (not the stepped one) cannot give: ``top_p`` (the engine's own picking) and
     the likeliest tokens at each step (it returns each token's log-probability only)."""
-    if picking.top_p < 1:
+    if picking.top_p < 1 and picking.sampling.temperature > 0:
         raise BadRequest("top_p", f"nucleus sampling is the {STEPPED} decoder's; the {decoder} decoder takes top_p 1")
     if logprobs:
         raise BadRequest(
