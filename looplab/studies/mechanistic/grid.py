@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from looplab.io import read_json_object
 from looplab.report.pages import markdown_table, register_block, register_collector, register_frozen
 
 STUDY = "mechanistic-grid"
@@ -92,7 +93,9 @@ def attention_bound(run_dir: Path) -> dict:
     from looplab.experiment import Experiment
 
     exp = Experiment.from_run(run_dir)
-    summary = pd.read_json(run_dir / "analysis" / "mechanistic" / "summary.json", typ="series")
+    summary = read_json_object(
+        run_dir / "analysis" / "mechanistic" / "summary.json", "analysis summary", ("loops", "samples")
+    )
     # the batch and initial-state noise the sweep's own analysis drew
     recorded = analysis_trace(exp, int(summary["loops"]), int(summary["samples"]), attention=True)
     ratio = lipschitz_check(exp.model, recorded).ratio
