@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from looplab.checkpoint import latest_checkpoint, load_weights, read_state
-from looplab.config import Config
+from looplab.config import Config, load_config
+from looplab.config.load import config_source
 from looplab.errors import LooplabError, choice_error
 from looplab.exits import complete_exits
 from looplab.memory import FLOAT, check_fits, parameter_count
@@ -64,6 +65,17 @@ __all__ = [
 MODEL_DIRS = "looplab.lm.model_dir"
 #: the attribute of a checked config holding what it held when it was checked (``Config.to_dict``)
 _CHECKED = "_checked_as"
+
+
+def load_checked_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """The config at ``path`` with its ``--set`` ``overrides`` (:func:`looplab.config.load_config`), checked
+    by :func:`check_config` (each component filled in with its defaults); an error names the file and the
+    overrides it came from."""
+    config = load_config(path, overrides)
+    try:
+        return check_config(config)
+    except LooplabError as err:
+        raise LooplabError(f"{config_source(path, overrides)}: {err}") from None
 
 
 def is_checked(config: Config) -> bool:

@@ -143,6 +143,22 @@ def fill(cls: type, values: dict[str, Any], prefix: str, owner: str = "") -> Any
     return params
 
 
+def entry_params(declared: type, values: Any, prefix: str, label: str) -> Any:
+    """The checked parameters ``declared`` of a registered entry (``label``: "the last_m cache") from a dict of
+    its keys (the rest at their defaults), or an instance checked as is; one-line errors naming the valid
+    keys and domains (``prefix``: where its keys live, ``cache.last_m``)."""
+    if isinstance(values, declared):
+        check_domains(values, prefix)
+        return values
+    if values is not None and not isinstance(values, dict):
+        raise LooplabError(f"{label}'s params must be a dict or {declared.__name__}, got {type(values).__name__}")
+    keys = get_type_hints(declared)
+    for key in values or {}:
+        if key not in keys:
+            raise choice_error(f"parameter of {label}", key, keys or ["(none: it has no parameters)"])
+    return fill(declared, values or {}, prefix)
+
+
 def as_dict(params: Any) -> dict[str, Any]:
     """The fields of a parameter dataclass, in declaration order (lists copied)."""
     return dataclasses.asdict(params)

@@ -27,7 +27,7 @@ def analyze_command(args) -> None:
 def _mechanistic(args, out: Path) -> None:
     from looplab.analysis.mechanistic import analyze_config, analyze_mechanistic
     from looplab.analysis.text import format_mechanistic
-    from looplab.cli.runs import checked_config
+    from looplab.experiment import load_checked_config
 
     if min(args.loops, args.samples) < 1:
         raise LooplabError("--loops and --samples must be >= 1")
@@ -43,7 +43,7 @@ def _mechanistic(args, out: Path) -> None:
     if resolve_preset(args.run_dir).is_file():
         if not args.out:
             raise LooplabError(f"analysing the initialisation of config {args.run_dir} needs --out DIR")
-        summary = analyze_config(checked_config(args.run_dir, args.set), args.out, **options)
+        summary = analyze_config(load_checked_config(args.run_dir, args.set), args.out, **options)
     else:
         if args.set:
             raise LooplabError("--set applies to a config file; a run dir's config is fixed")

@@ -13,28 +13,16 @@ from looplab.config import PRESETS, load_config
 from looplab.errors import LooplabError, choice_error
 
 
-def checked_config(path: str, overrides: list[str]):
-    """The config at ``path`` with its ``--set`` ``overrides``, checked against its components (each filled
-    in with its defaults); an error names the file and the overrides."""
-    from looplab.config.load import config_source
-    from looplab.experiment import check_config
-
-    config = load_config(path, overrides)
-    try:
-        return check_config(config)
-    except LooplabError as err:
-        raise LooplabError(f"{config_source(path, overrides)}: {err}") from None
-
-
 def train_command(args) -> int | None:
     """``looplab train CONFIG --out RUN_DIR``: train (or resume) a run; ``--nproc N``: on N processes."""
+    from looplab.experiment import load_checked_config
     from looplab.train.stop import stop_on_signals
     from looplab.train.trainer import train
 
     # A stop signal is recorded from the start, so one that arrives while the command sets up is honoured
     # (before training: nothing to save; during it: at the next step, after a checkpoint) instead of killing it.
     with stop_on_signals() as stop:
-        config = checked_config(args.config, args.set)
+        config = load_checked_config(args.config, args.set)
         if args.nproc != 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
             from looplab.train.launch import launch
 
@@ -113,17 +101,14 @@ def generate_command(args) -> None:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
     load_plugins(args.plugin)  # and the installed packages' entry points
     fields = _decode_fields(args)
-    if is_model_dir(args.run_dir):
-        check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
-        lm = open_text_lm(args.run_dir, args.dtype or "float32")
-    else:
+    if not is_model_dir(args.run_dir):
         if args.dtype is not None:
             raise LooplabError(
                 f"--dtype applies to a model dir (config.json); {args.run_dir} is a looplab run, read as it was trained"
             )
         load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
-        check_fields(fields)
-        lm = open_text_lm(args.run_dir)
+    check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
+    lm = open_text_lm(args.run_dir, args.dtype or "float32")  # the dtype applies to a model dir
     options = decode_options(fields, lm, Sampling(args.temperature, args.top_k, args.seed))
     completions, result = generate_text(lm, prompts, args.max_new_tokens, options, stops, sources)
     for completion, logprobs in zip(completions, result.logprobs):
@@ -230,7 +215,9 @@ def _key_values(texts: list[str], flag: str) -> dict:
 
 def config_command(args) -> None:
     """``looplab config show CONFIG``: the resolved config, every component's defaults filled in."""
-    config = checked_config(args.config, args.set)  # [schedule] and [stability] completed with their defaults
+    from looplab.experiment import load_checked_config
+
+    config = load_checked_config(args.config, args.set)  # [schedule] and [stability] completed with their defaults
     print(config.to_toml(), end="")
 
 

@@ -27,11 +27,11 @@ holds it to that on every model structure). Its own parameters are a ``Params`` 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar
 
-from looplab.errors import LooplabError, choice_error
+from looplab.errors import choice_error
 from looplab.exits import NoParams
-from looplab.params import check_domains, fill
+from looplab.params import entry_params
 from looplab.plugins import check_complete, register_entry
 
 __all__ = ["DECODERS", "DecodingMethod", "register_decoder", "decoder_params"]
@@ -87,14 +87,4 @@ def decoder_entry(name: str) -> DecodingMethod:
 def decoder_params(name: str, values: Any = None) -> Any:
     """The checked ``Params`` of decoder ``name`` from a dict of its keys (the rest at their defaults), or an
     instance checked as is; one-line errors naming the valid keys and domains."""
-    declared = decoder_entry(name).Params
-    if isinstance(values, declared):
-        check_domains(values, f"decoder.{name}")
-        return values
-    if values is not None and not isinstance(values, dict):
-        raise LooplabError(f"the {name} decoder's params must be a dict or {declared.__name__}, got {values!r}")
-    keys = get_type_hints(declared)
-    for key in values or {}:
-        if key not in keys:
-            raise choice_error(f"parameter of the {name} decoder", key, keys or ["(none: it has no parameters)"])
-    return fill(declared, values or {}, f"decoder.{name}")
+    return entry_params(decoder_entry(name).Params, values, f"decoder.{name}", f"the {name} decoder")

@@ -22,7 +22,7 @@ from looplab.generation.policies import NO_CACHE, POLICIES, cache_params
 from looplab.generation.sampling import Sampling
 from looplab.token_exits import EXITS, token_exit_params
 
-__all__ = ["FieldError", "CHOICE_FIELDS", "decode_fields", "check_fields", "decode_options"]
+__all__ = ["FieldError", "CHOICE_FIELDS", "check_fields", "unknown_fields", "decode_options"]
 
 #: the fields that choose: each chosen entry's own parameters are fields too
 CHOICE_FIELDS = ("loops", "exit", "cache", "decoder")
@@ -74,12 +74,6 @@ def _owners(exit_name: str, cache: str, decoder: str) -> dict[str, tuple[str, st
     return owners
 
 
-def decode_fields(fields: Mapping[str, Any]) -> tuple[str, ...]:
-    """The decode fields a request with these choices may hold: :data:`CHOICE_FIELDS` and the chosen
-    exit's, cache's and decoder's parameters."""
-    return (*CHOICE_FIELDS, *_owners(*_choices(fields)))
-
-
 def _other_owners(key: str) -> str | None:
     """The entries that declare ``key`` ("the kl and latent-diff exits"), or None."""
     found = []
@@ -127,6 +121,16 @@ def check_fields(fields: Mapping[str, Any], unknown_ok: bool = False) -> tuple[s
             named = [key for key in params[kind] if f".{key} " in str(err)]
             raise FieldError(named[0] if named else kind, str(err)) from None
     return exit_name, cache, decoder, params
+
+
+def unknown_fields(fields: Mapping[str, Any]) -> tuple[list[str], tuple[str, ...]]:
+    """``fields`` checked as :func:`check_fields` checks them, letting through the fields no entry declares
+    (a caller's own, or a mistake it names beside its own fields): those fields, sorted, and every decode
+    field a request with these choices may hold (:data:`CHOICE_FIELDS` and the chosen exit's, cache's and
+    decoder's parameters)."""
+    exit_name, cache, decoder, _ = check_fields(fields, unknown_ok=True)
+    valid = (*CHOICE_FIELDS, *_owners(exit_name, cache, decoder))
+    return sorted(set(fields) - set(valid)), valid
 
 
 def decode_options(fields: Mapping[str, Any], lm, sampling: Sampling, unknown_ok: bool = False) -> DecodeOptions:

@@ -2,7 +2,8 @@
 
 Every way in (``looplab generate``, :func:`looplab.generation.generate`, a server request, lm-eval's
 ``looplab`` model) builds one, so a combination is refused by the same line everywhere:
-:mod:`looplab.generation.request` builds it from a CLI line, an HTTP body or lm-eval's ``model_args``.
+:mod:`looplab.generation.fields` builds it from a CLI line, an HTTP body or lm-eval's ``model_args`` and
+``gen_kwargs``.
 """
 
 from __future__ import annotations

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar
 
 import torch
 
-from looplab.errors import LooplabError, choice_error
+from looplab.errors import choice_error
 from looplab.exits import NoParams
 from looplab.generation.stores import LayerCache, RingLayerCache
-from looplab.params import Domain, check_domains, fill, param
+from looplab.params import Domain, entry_params, param
 from looplab.plugins import check_complete, register_entry
 from looplab.token_exits import MAX_LOOPS
 
@@ -83,19 +83,7 @@ def cache_params(name: str, values: Any = None) -> Any:
     instance checked as is; one-line errors naming the valid keys and domains."""
     if name not in POLICIES:
         raise choice_error("KV cache policy", name, (*POLICIES, NO_CACHE))
-    declared = POLICIES[name].Params
-    if isinstance(values, declared):
-        check_domains(values, f"cache.{name}")
-        return values
-    if values is not None and not isinstance(values, dict):
-        raise LooplabError(
-            f"the {name} cache's params must be a dict or {declared.__name__}, got {type(values).__name__}"
-        )
-    keys = get_type_hints(declared)
-    for key in values or {}:
-        if key not in keys:
-            raise choice_error(f"parameter of the {name} cache", key, keys or ["(none: it has no parameters)"])
-    return fill(declared, values or {}, f"cache.{name}")
+    return entry_params(POLICIES[name].Params, values, f"cache.{name}", f"the {name} cache")
 
 
 @register_cache_policy

@@ -51,7 +51,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from looplab.errors import LooplabError, choice_error
 from looplab.generation import DecodeOptions, Sampling, generate
-from looplab.generation.fields import FieldError, check_fields, decode_fields, decode_options
+from looplab.generation.fields import FieldError, decode_options, unknown_fields
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
 from looplab.lm.model_dir import DTYPES
@@ -91,10 +91,9 @@ class LooplabLM(TemplateLM):
         self.seed = _integer("seed", seed)
         self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugins are known from here
         try:
-            check_fields(fields, unknown_ok=True)
-            unknown = sorted(set(fields) - set(decode_fields(fields)))
+            unknown, valid = unknown_fields(fields)
             if unknown:
-                raise choice_error("looplab model_arg", unknown[0], (*_MODEL_ARGS, *decode_fields(fields)))
+                raise choice_error("looplab model_arg", unknown[0], (*_MODEL_ARGS, *valid))
             self.options = decode_options(fields, self.lm, Sampling(seed=self.seed))
         except FieldError as err:
             raise LooplabError(f"model_arg {err}") from None
@@ -226,11 +225,9 @@ class LooplabLM(TemplateLM):
         decoding = {key: value for key, value in kwargs.items() if key not in GEN_KWARGS}
         fields = {**self.fields, **decoding}
         try:
-            check_fields(fields, unknown_ok=True)
-            valid = decode_fields(fields)
+            unknown, valid = unknown_fields(fields)  # model_args' own fields were checked: only gen_kwargs' remain
         except FieldError as err:
             raise LooplabError(f"generate_until argument {err}") from None
-        unknown = sorted(set(decoding) - set(valid))
         if unknown:
             raise choice_error("generate_until argument", unknown[0], (*GEN_KWARGS, *valid))
         until = kwargs.get("until")

@@ -198,7 +198,7 @@ class Engine:
         budget of the last RECENT jobs too, so that later jobs join it instead of starting groups of their own
         (each a forward pass of its own every step; measured: bench/serve.py)."""
         cohort = members[0].cohort
-        busy = len(members) > 1 or any(getattr(g, "cohort", None) == cohort for g in self._groups)
+        busy = len(members) > 1 or any(isinstance(g, ContinuousGroup) and g.cohort == cohort for g in self._groups)
         rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
         sizes = [*((len(job.prompt), job.max_new) for job in members), *(self._recent if busy else ())]
         width, columns = max(size[0] for size in sizes), COLUMNS_PER_BUDGET * max(size[1] for size in sizes)

@@ -22,7 +22,7 @@ from typing import Any
 
 from looplab.errors import LooplabError
 from looplab.generation.checks import check_generation  # the refusals generate() makes
-from looplab.generation.fields import FieldError, check_fields, decode_fields, decode_options
+from looplab.generation.fields import FieldError, decode_options, unknown_fields
 from looplab.generation.options import DecodeOptions
 from looplab.generation.sampling import Sampling
 from looplab.generation.text_lm import TextLM
@@ -37,7 +37,7 @@ MAX_TOP_LOGPROBS = 20
 #: seeds a request may give: what torch's generators take
 MAX_SEED = 2**63 - 1
 
-#: the fields of a completion request beside the decode fields (:func:`looplab.generation.fields.decode_fields`)
+#: the fields of a completion request beside the decode fields (:func:`looplab.generation.fields.unknown_fields`)
 FIELDS = (
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs",
     "echo", "n", "user",
@@ -70,11 +70,9 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
         raise BadRequest("body", f"must be a JSON object of fields, got {type(body).__name__}")
     decoding = {key: value for key, value in body.items() if key not in FIELDS}
     try:
-        check_fields(decoding, unknown_ok=True)
-        valid = decode_fields(decoding)
+        unknown, valid = unknown_fields(decoding)
     except FieldError as err:
         raise BadRequest(err.field, err.reason) from None
-    unknown = sorted(set(decoding) - set(valid))
     if unknown:
         raise BadRequest(unknown[0], f"unknown field; valid fields: {', '.join((*FIELDS, *valid))}")
     get = _Fields(body)
@@ -98,7 +96,8 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
         options = decode_options(decoding, lm, picking.sampling)
     except FieldError as err:
         raise BadRequest(err.field, err.reason) from None
-    echo_scored = get.boolean("echo", False) and logprobs is not None
+    echo = get.boolean("echo", False)
+    echo_scored = echo and logprobs is not None
     if options.decoder != STEPPED:
         _check_whole(options.decoder, picking, logprobs)
     for prompt in prompts:
@@ -121,7 +120,7 @@ def parse_completion(body: Any, lm: TextLM, model_id: str, model) -> Completion:
         raise BadRequest("request", str(err)) from None
     return Completion(
         prompts, texts, max_tokens, picking, stops, get.boolean("stream", False), logprobs,
-        get.boolean("echo", False), options,
+        echo, options,
     )  # fmt: skip
 
 

@@ -43,9 +43,8 @@ import tomli_w
 
 from looplab.analysis.registry import AnalysisOptions
 from looplab.config import Config, load_config, read_toml, resolve_preset
-from looplab.config.load import config_source
 from looplab.errors import LooplabError, choice_error
-from looplab.experiment import check_config
+from looplab.experiment import check_config, load_checked_config
 from looplab.params import at_least, fill, param
 from looplab.rundir import RUNS_DIR
 
@@ -115,11 +114,7 @@ class SweepSpec:
                 labels = [f"+{key}={value}" for key, value in zip(keys, values)]
                 for seed in self.seeds:
                     sets = [*self.overrides, *grid_sets, f"run.seed={seed}", "run.threads=1"]
-                    config = load_config(path, sets)
-                    try:
-                        check_config(config)
-                    except LooplabError as err:
-                        raise LooplabError(f"{config_source(path, sets)}: {err}") from None
+                    config = load_checked_config(path, sets)
                     variant = "".join([path.stem.removeprefix(f"{config.task.name}-"), *labels])
                     after = None
                     if self.pretrain is not None:
