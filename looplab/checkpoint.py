@@ -64,9 +64,17 @@ def tied_names(state: dict[str, torch.Tensor]) -> dict[str, str]:
     return tied
 
 
+def saved_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds of ``module``: its state dict, or the keys it names in ``saved_keys`` (a model
+    dir fine-tuned through adapters: the frozen weights are the dir's, read from it again)."""
+    state = module.state_dict()
+    saved = getattr(module, "saved_keys", None)
+    return state if saved is None else {key: value for key, value in state.items() if key in saved}
+
+
 def _module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """The module's state dict as it is written: each tied tensor once, contiguous, on the CPU."""
-    state = module.state_dict()
+    state = saved_state(module)
     tied = tied_names(state)
     return {k: v.detach().cpu().contiguous() for k, v in state.items() if k not in tied}
 
@@ -151,7 +159,7 @@ def load_weights(checkpoint: Path, modules: dict[str, nn.Module]) -> None:
 
 def _load_module(path: Path, module: nn.Module) -> None:
     tensors = _load_tensors(path)
-    expected = module.state_dict()
+    expected = saved_state(module)
     tied = tied_names(expected)
     expected = {k: v for k, v in expected.items() if k not in tied}
     missing = sorted(set(expected) - set(tensors))
@@ -172,7 +180,8 @@ def _load_module(path: Path, module: nn.Module) -> None:
                 f"config wants {tuple(expected[wrong[0]].shape)}"
             )
         raise LooplabError(f"checkpoint {path} does not match the model config: {detail}")
-    module.load_state_dict({**tensors, **{name: tensors[kept] for name, kept in tied.items()}})
+    partial = getattr(module, "saved_keys", None) is not None
+    module.load_state_dict({**tensors, **{name: tensors[kept] for name, kept in tied.items()}}, strict=not partial)
 
 
 def read_state(checkpoint: Path) -> dict:

@@ -13,15 +13,14 @@ A config whose ``model.pretrained`` names a model dir fine-tunes that dir's loop
 of building a :class:`LoopedTransformer`: the model is the dir's adapter on the looped-model
 protocol (``looplab.lm.model_dir``), loaded in ``model.pretrained_dtype``, and the task is
 ``text`` (:class:`looplab.tasks.tokenized.TokenizedText`) with the dir's own tokenizer, its depth
-T(n) the model's own loop count. lm lies above experiment in the layering (what experiment builds
-trains lm's models), so experiment names the model-dir module (:data:`MODEL_DIRS`) and imports
-it when a config names a dir, as it would a plugin: nothing of transformers is imported otherwise.
+T(n) the model's own loop count. lm lies below experiment in the layering (experiment builds lm's
+models); the model-dir module is imported when a config names a dir: nothing of transformers is
+imported otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -61,8 +60,6 @@ __all__ = [
     "training_depth",
 ]
 
-#: the module that opens ``model.pretrained`` dirs (imported by name: see the module docstring)
-MODEL_DIRS = "looplab.lm.model_dir"
 #: the attribute of a checked config holding what it held when it was checked (``Config.to_dict``)
 _CHECKED = "_checked_as"
 
@@ -175,10 +172,11 @@ def check_config(config: Config) -> Config:
 def open_pretrained(config: Config):
     """The model dir ``model.pretrained`` names, opened without its weights (a ``looplab.lm.model_dir.ModelDir``):
     one-line errors for a path that is not a model dir, an unsupported model, and a decoder not yet looped."""
-    model_dirs = importlib.import_module(MODEL_DIRS)
-    opened = model_dirs.open_model_dir(config.model.pretrained)
+    from looplab.lm.model_dir import not_looped, open_model_dir
+
+    opened = open_model_dir(config.model.pretrained)
     if opened.kind == "source":
-        raise model_dirs.not_looped(opened)
+        raise not_looped(opened)
     return opened
 
 
@@ -199,14 +197,20 @@ def check_pretrained_task(config: Config, task: type[Task]):
             f"not {task.name!r} (whose tokens are {kind})"
         )
     opened = open_pretrained(config)
+    if config.train.adapter == "lora":
+        from looplab.lm.adapters import check_targets
+
+        check_targets(config.train.adapter_targets, opened.linear_names)
     longest = max([config.task.train_max, *config.task.eval_lengths])
     if longest > opened.max_window:
         raise LooplabError(
             f"task windows reach {longest} tokens (task.train_max, task.eval_lengths), beyond the "
             f"{opened.max_window} the model dir {opened.path} takes"
         )
-    if config.task.text_file:
-        config_task(config, opened).check_window(longest)
+    if config.task.text_file:  # its tokens (read once a process: training reads them next)
+        task = config_task(config, opened)
+        task.check_window(longest)
+        check_token_ids(task, opened)
     return opened
 
 
@@ -223,17 +227,37 @@ def config_task(config: Config, opened=None) -> Task:
 
 def check_pretrained_fits(config: Config, opened=None, training: bool = False) -> None:
     """Refuse a model dir whose weights in ``model.pretrained_dtype`` do not fit ``run.device``, in one line;
-    with ``training``, with AdamW's gradients and two moments (3 more copies) and a lower bound on what backward
-    keeps: per token of a batch, the logits and their gradient and, for each of T_train loops, one layer's
-    activations (18 d numbers, and its heads' attention over the window)."""
+    with ``training``, with AdamW's gradients and two moments (3 more copies; none of the frozen weights under
+    ``train.adapter``) and a lower bound on what backward keeps: per token of a batch, the logits and their
+    gradient and, for each of T_train loops, one layer's activations (18 d numbers, and its heads' attention
+    over the window); with ``train.checkpoint_loops`` one loop's, and each loop's input."""
     opened = opened if opened is not None else open_pretrained(config)
     dtype = getattr(torch, config.model.pretrained_dtype)
     extra = 0
     if training:
-        window = config.task.train_max
-        per_token = 2 * len(opened.tokenizer) + training_depth(config) * (18 * opened.width + opened.heads * window)
-        extra = 3 * opened.weight_bytes(dtype) + FLOAT * config.train.batch_size * window * per_token
+        window, depth = config.task.train_max, training_depth(config)
+        layer = 18 * opened.width + opened.heads * window
+        kept = layer + depth * opened.width if config.train.checkpoint_loops else depth * layer
+        per_token = 2 * len(opened.tokenizer) + kept
+        copies = 3 if config.train.adapter == "none" else 0
+        extra = copies * opened.weight_bytes(dtype) + FLOAT * config.train.batch_size * window * per_token
     opened.check_fits(dtype, config.run.device, "fine-tuning" if training else "loading", extra)
+
+
+def check_token_ids(task: Task, opened) -> None:
+    """Refuse a text whose token ids, under the dir's tokenizer, reach past the model's embedding rows (a
+    tokenizer with tokens the weights lack), in one line, before any weight is read."""
+    rows = getattr(opened.config, "vocab_size", None)
+    if not isinstance(rows, int):
+        return
+    for split in ("train", "val"):
+        ids = task.tokens(split)
+        if ids.numel() and int(ids.max()) >= rows:
+            source = task.text_file or "the KJV corpus"
+            raise LooplabError(
+                f"the text {source} holds token id {int(ids.max())} under the tokenizer of {opened.path}, past "
+                f"the model's {rows} embedding rows (config.json vocab_size): its tokenizer and weights do not match"
+            )
 
 
 def check_pool(config: Config) -> None:
@@ -397,8 +421,15 @@ class Experiment:
         the JSRR penalty needs) and its width."""
         opened = open_pretrained(config)
         check_pretrained_fits(config, opened)
+        task = config_task(config, opened)
+        check_token_ids(task, opened)  # the KJV corpus (a text_file was checked with the config)
         model = opened.load(getattr(torch, config.model.pretrained_dtype), config.run.device, eager_experts=True)
-        return config_task(config, opened), model, opened.width
+        train = config.train
+        if train.adapter == "lora":
+            from looplab.lm.adapters import attach_lora
+
+            model = attach_lora(model, train.adapter_rank, train.adapter_alpha, train.adapter_targets, config.run.seed)
+        return task, model, opened.width
 
     @staticmethod
     def from_run(run_dir: str | Path) -> Experiment:

@@ -34,6 +34,7 @@ __all__ = [
     "normalise_plugins",
     "register_entry",
     "check_complete",
+    "run_entry",
 ]
 
 ENTRY_POINT_GROUP = "looplab.plugins"
@@ -129,11 +130,28 @@ def register_entry(registry: dict, name: str, entry, family: str) -> None:
     """Add ``entry`` to a family's ``registry`` under ``name``; a name another entry holds, or a class that
     leaves part of its contract unimplemented, is a ValueError (registering the same entry again, as a
     re-imported module does, is not)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a {family} is registered under a name, a non-empty string; {_origin(entry)} gave {name!r}")
     taken = registry.get(name)
     if taken is not None and _origin(taken) != _origin(entry):
         raise ValueError(f"{family} name {name!r} is taken by {_origin(taken)}")
     check_complete(entry, name, family)
     registry[name] = entry
+
+
+def run_entry(family: str, name: str, entry, call, *args):
+    """``call(*args)``: a registered entry's code, whose own exception (anything but a
+    :class:`~looplab.errors.LooplabError`) becomes one line naming the family, the entry and where it is defined."""
+    from looplab.errors import one_line
+
+    try:
+        return call(*args)
+    except LooplabError:
+        raise
+    except Exception as err:
+        raise LooplabError(
+            f"{family} {name!r} ({_origin(entry)}) failed: {type(err).__name__}: {one_line(err)}"
+        ) from None
 
 
 def _origin(entry) -> str:

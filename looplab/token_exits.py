@@ -50,7 +50,7 @@ from torch import Tensor
 from looplab.errors import LooplabError, choice_error
 from looplab.exits import NoParams
 from looplab.params import POSITIVE, Domain, as_dict, check_domains, fill, param
-from looplab.plugins import register_entry
+from looplab.plugins import register_entry, run_entry
 
 __all__ = [
     "EXITS",
@@ -215,7 +215,19 @@ class GenerationExit:
         entry = EXITS[self.name]
         if t < entry.first_loop:
             return torch.zeros(rows, dtype=torch.bool, device=h.device)
-        return entry.stops(self, t, h, h_prev, logp, logp_prev)
+        return self._stops(entry, t, h, h_prev, logp, logp_prev)
+
+    def _stops(self, entry: TokenExit, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev) -> Tensor:
+        """The entry's test, its answer checked at the boundary: a bool tensor [R] for the R rows of ``h``."""
+        stop = run_entry("generation exit", self.name, entry, entry.stops, self, t, h, h_prev, logp, logp_prev)
+        rows = h.shape[0]
+        if not isinstance(stop, Tensor) or stop.dtype != torch.bool or tuple(stop.shape) != (rows,):
+            got = f"a {stop.dtype} tensor of shape {list(stop.shape)}" if isinstance(stop, Tensor) else repr(stop)
+            raise LooplabError(
+                f"generation exit {self.name!r} ({entry.origin}) returned {got[:80]}; an exit returns a bool "
+                f"tensor of shape [{rows}], one decision per row"
+            )
+        return stop
 
     def stop_rows(
         self, loops: Tensor, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None
@@ -236,7 +248,7 @@ class GenerationExit:
             if not len(rows):
                 continue
             earlier = None if logp_prev is None or t == 1 else logp_prev[rows]
-            stop[rows] = entry.stops(self, t, h[rows], h_prev[rows], None if logp is None else logp[rows], earlier)
+            stop[rows] = self._stops(entry, t, h[rows], h_prev[rows], None if logp is None else logp[rows], earlier)
         return stop
 
 

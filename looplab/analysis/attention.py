@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from looplab.analysis.trace import Trace
 from looplab.model.looped import LoopedTransformer
 from looplab.model.protocol import LoopedModel
+from looplab.model.trace import Trace
 
 __all__ = [
     "attention_difference",

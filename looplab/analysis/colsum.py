@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looplab.analysis.trace import Trace
+from looplab.model.trace import Trace
 
 __all__ = ["colsum_concentration", "colsum_trace", "colsum_depth"]
 

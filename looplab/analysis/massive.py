@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from looplab.analysis.colsum import colsum_trace
-from looplab.analysis.trace import trace
 from looplab.errors import choice_error
 from looplab.model.protocol import LoopedModel
+from looplab.model.trace import trace
 
 __all__ = ["massive_ratio", "massive_activations", "mlp_modules", "zero_mlp", "mlp_output_max", "colsum_mlp_ablation"]
 

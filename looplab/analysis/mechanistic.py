@@ -51,11 +51,11 @@ from looplab.analysis.plots import (
 )
 from looplab.analysis.registry import AnalysisInput, AnalysisOptions, MetricResult, register_metric, run_metrics
 from looplab.analysis.text import start_line
-from looplab.analysis.trace import Trace, trace
 from looplab.config import Config
 from looplab.experiment import Experiment, training_depth
 from looplab.memory import check_fits, trace_bytes
 from looplab.model.protocol import LoopedModel
+from looplab.model.trace import Trace, trace
 from looplab.params import fill
 from looplab.seeding import derive_generator
 

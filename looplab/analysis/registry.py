@@ -28,11 +28,11 @@ from typing import Any
 from torch import Tensor
 
 from looplab.analysis.colsum import colsum_trace
-from looplab.analysis.trace import Trace
 from looplab.errors import LooplabError, choice_error
 from looplab.experiment import Experiment
 from looplab.io import atomic_write
 from looplab.model.protocol import LoopedModel
+from looplab.model.trace import Trace
 from looplab.params import POSITIVE, at_least, param
 from looplab.plugins import register_entry
 from looplab.progress import Progress

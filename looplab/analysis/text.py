@@ -16,7 +16,8 @@ def format_mechanistic(summary: dict) -> str:
     if summary.get("model"):  # a model dir, read on windows of a text
         first = (
             f"analysed {summary['model']} ({summary['model_type']}, native loops {summary['native_loops']}): "
-            f"{summary['samples']} windows of {summary['length']} tokens of {summary['text']}, {summary['loops']} loops"
+            f"{summary['samples']} window{'' if summary['samples'] == 1 else 's'} of {summary['length']} tokens of "
+            f"{summary['text']}, {summary['loops']} loops"
         )
     lines = [
         first,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from looplab.cli.analyze import analyze_command
-from looplab.cli.models import retrofit_command
+from looplab.cli.models import export_command, retrofit_command
 from looplab.cli.parser import ANALYSES, EXAMPLES, STUDIES, build_parser
 from looplab.cli.runs import config_command, demo_command, eval_command, generate_command, pool_command, train_command
 from looplab.cli.serve import serve_command
@@ -38,6 +39,7 @@ COMMANDS = {
     "demo": demo_command,
     "pool": pool_command,
     "retrofit": retrofit_command,
+    "export": export_command,
     "serve": serve_command,
 }
 
@@ -78,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         use_figure_preset("screen")  # a preset holds for one command, not for what the process does next
 
 
+def _file_in_the_way(err: OSError) -> Path | None:
+    """The regular file that stands where a folder of ``err.filename``'s path had to be (``--out`` under a
+    file: the OS says "File exists" or "Not a directory"), or None."""
+    if not isinstance(err, (FileExistsError, NotADirectoryError)) or not err.filename:
+        return None
+    path = Path(err.filename)
+    return next((place for place in (path, *path.parents) if place.is_file()), None)
+
+
 def describe_error(err: Exception) -> str:
     """One line naming the problem: the message of a looplab error, the file and reason of an OS error."""
     import torch
@@ -86,6 +97,9 @@ def describe_error(err: Exception) -> str:
         return one_line(err, limit=None)  # looplab's own: whole, however long
     message = one_line(err) if str(err).strip() else ""
     if isinstance(err, OSError):
+        blocked = _file_in_the_way(err)
+        if blocked is not None:
+            return f"cannot make {err.filename}: {blocked} is a file, not a folder; choose another path"
         where = f": {err.filename}" if err.filename else ""
         return f"{err.strerror or message}{where}"
     if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)):

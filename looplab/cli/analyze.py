@@ -21,6 +21,8 @@ def analyze_command(args) -> None:
         return analyze_model_dir(args, args.kind)
     if args.kind == "mechanistic" and args.loops is None:
         args.loops = ANALYSIS.loops
+    if args.kind in ("mechanistic", "spectral") and args.samples is None:
+        args.samples = ANALYSIS.samples if args.kind == "mechanistic" else 4
     KIND_COMMANDS[args.kind](args, out)
 
 

@@ -7,6 +7,9 @@ import argparse
 
 from looplab.generation import DECODERS, EXITS, MAX_LOOPS, POLICIES
 
+#: the help of ``--weights`` (generate, serve, eval on a model dir)
+WEIGHTS_HELP = "a model dir's linear layers: float (default, in --dtype) or int8, its quality cost printed"
+
 
 def add_generate(commands: argparse._SubParsersAction) -> None:
     """Add ``generate`` to the ``looplab`` subcommands."""
@@ -102,6 +105,7 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         "the summary line on stderr",
     )
     generate.add_argument("--dtype", help="a model dir's weights: float32 (default) or bfloat16")
+    generate.add_argument("--weights", help=WEIGHTS_HELP)
     generate.add_argument(
         "--plugin",
         action="append",

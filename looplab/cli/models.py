@@ -12,7 +12,7 @@ from pathlib import Path
 from looplab.errors import LooplabError
 
 #: the flags only a model dir takes (argparse dest → how the command line spells it)
-MODEL_FLAGS = {"text": "--text", "window": "--window", "dtype": "--dtype", "device": "--device"}
+MODEL_FLAGS = {"text": "--text", "window": "--window", "dtype": "--dtype", "device": "--device", "weights": "--weights"}
 
 
 def _quiet_transformers() -> None:
@@ -61,7 +61,7 @@ def _text(args) -> str:
 
 def eval_model_dir(args) -> None:
     """``looplab eval DIR --text FILE``: loss against loops 1..N on windows of the text."""
-    from looplab.text.model_dirs import EVAL_SAMPLES, evaluate_text
+    from looplab.text.model_dirs import evaluate_text
 
     _refuse(args, {"lengths": "--lengths", "scaling": "--scaling", "lm_loops": "--lm-loops"}, "read on --text")
     _quiet_transformers()
@@ -70,11 +70,12 @@ def eval_model_dir(args) -> None:
         _text(args),
         max_loops=args.max_loops,
         window=args.window,
-        samples=EVAL_SAMPLES if args.samples is None else args.samples,
+        samples=args.samples,
         out=args.out,
         dtype=args.dtype or "float32",
         device=args.device or "cpu",
         progress=True,
+        weights=args.weights or "float",
     )
     out = Path(args.out) if args.out else Path(args.run_dir) / "eval"
     print(format_loss_table(out / "lm_loops.csv", summary["native_loops"]))
@@ -173,6 +174,17 @@ def retrofit_command(args) -> None:
     )
     print(f"wrote {out}")
     print(f"next: looplab eval {out} --text FILE --max-loops 8")
+
+
+def export_command(args) -> None:
+    """``looplab export RUN --out DIR``: a run fine-tuned from a model dir, written back as a model dir."""
+    from looplab.text.export import export_run
+
+    _quiet_transformers()
+    written = export_run(args.run_dir, args.out)
+    merged = f", {written['merged']} LoRA adapters merged" if written["merged"] else ""
+    print(f"export: {args.run_dir} ({written['family']}){merged} -> {args.out}: {', '.join(written['files'])}")
+    print(f"next: looplab eval {args.out} --text FILE")
 
 
 def exact_loops(text: str | None, loops: int | None, run_dir: str) -> list[int] | None:

@@ -6,7 +6,7 @@ import argparse
 
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
-from looplab.cli.generate_args import add_generate
+from looplab.cli.generate_args import WEIGHTS_HELP, add_generate
 from looplab.config import PRESETS
 from looplab.lm.model_dir import INJECTIONS
 from looplab.plotting import FIGURE_PRESETS
@@ -128,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--max-loops", type=int, help="unroll depth T_eval (a model dir: loops 1..N, default 4x its native loops)"
     )
-    evaluate.add_argument("--samples", type=int, help="samples per length (a model dir: windows read, default 64)")
+    evaluate.add_argument(
+        "--samples",
+        type=int,
+        help="samples per length (a model dir: windows read, default 64, fewer for a large model)",
+    )
     evaluate.add_argument(
         "--scaling", action="store_true", help="also write the test-time scaling curve (eval/scaling.csv, scaling.png)"
     )
@@ -161,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     mechanistic.add_argument(
         "--loops", type=int, help=f"unroll depth (default {ANALYSIS.loops}; a model dir: 4x its native loops)"
     )
-    mechanistic.add_argument("--samples", type=int, default=ANALYSIS.samples)
+    mechanistic.add_argument(
+        "--samples",
+        type=int,
+        help=f"instances (default {ANALYSIS.samples}; a model dir: windows, fewer for a large model)",
+    )
     mechanistic.add_argument(
         "--out", help="output folder (default RUN_DIR/analysis/mechanistic; required for a config)"
     )
@@ -188,9 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (spectral, pca):
         sub.add_argument("run_dir")
         sub.add_argument("--length", type=int, help="instance size (default: the longest training length)")
-        sub.add_argument("--loops", type=int, help="unroll depth (default: eval.max_loops)")
+        sub.add_argument(
+            "--loops", type=int, help="unroll depth (default: eval.max_loops; a model dir: 2x (spectral) or 4x native)"
+        )
         sub.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
-    spectral.add_argument("--samples", type=int, default=4, help="instances measured (default 4)")
+    spectral.add_argument(
+        "--samples", type=int, help="instances measured (default 4; a model dir: windows, fewer for a large model)"
+    )
     spectral.add_argument(
         "--iters", type=int, default=10, help="power iterations per loop, warm-started (4x at loop 1; default 10)"
     )
@@ -210,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--dtype", choices=("float32", "bfloat16"), help="a model dir: weights' dtype (float32)")
         sub.add_argument("--device", help="a model dir: cpu (default), cuda or cuda:N")
+    evaluate.add_argument("--weights", help=WEIGHTS_HELP)
 
     retrofit = commands.add_parser(
         "retrofit",
@@ -229,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="W_I: mix [I/2 | I/2], state [0 | I] (no injection), input [I | 0], sum [I | I]",
     )
     retrofit.add_argument("--out", required=True, help="the retrofit's model dir (new or empty)")
+
+    export = commands.add_parser(
+        "export", help="write a run fine-tuned from a model dir back as a model dir in its published layout"
+    )
+    export.add_argument("run_dir", help="a looplab run dir trained with model.pretrained = DIR")
+    export.add_argument("--out", required=True, help="the model dir to write (new or empty)")
 
     sweep = commands.add_parser("sweep", help="train and evaluate a grid of configs x overrides x seeds")
     sweep.add_argument("sweep_file", help="sweep TOML file")
@@ -296,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument("--dtype", help="a model dir's dtype, float32 or bfloat16 (default float32)")
     serve.add_argument("--device", default="cpu", help="where the model runs, e.g. cuda (default cpu)")
+    serve.add_argument("--weights", help=WEIGHTS_HELP)
     serve.add_argument("--max-running", type=int, default=32, help="requests decoded at once (default 32)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
     serve.add_argument(

@@ -84,6 +84,7 @@ def generate_command(args) -> None:
     from looplab.generation.fields import check_fields, decode_options
     from looplab.generation.text import generate_text, unescape
     from looplab.generation.text_lm import open_text_lm
+    from looplab.lm.int8 import check_weights
     from looplab.lm.model_dir import is_model_dir
     from looplab.plugins import load_plugins
     from looplab.rundir import load_run_config
@@ -101,14 +102,19 @@ def generate_command(args) -> None:
         raise LooplabError("--stop '' is empty: a stop string needs at least one character (every text holds '')")
     load_plugins(args.plugin)  # and the installed packages' entry points
     fields = _decode_fields(args)
+    check_weights(args.weights or "float", "cpu")
     if not is_model_dir(args.run_dir):
-        if args.dtype is not None:
-            raise LooplabError(
-                f"--dtype applies to a model dir (config.json); {args.run_dir} is a looplab run, read as it was trained"
-            )
+        for flag, given in (("--dtype", args.dtype), ("--weights", args.weights)):
+            if given is not None:
+                raise LooplabError(
+                    f"{flag} applies to a model dir (config.json); {args.run_dir} is a looplab run, read as it was "
+                    "trained"
+                )
         load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
     check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
-    lm = open_text_lm(args.run_dir, args.dtype or "float32")  # the dtype applies to a model dir
+    lm = open_text_lm(args.run_dir, args.dtype or "float32", weights=args.weights or "float")
+    if lm.weights_note:
+        print(f"generate: {lm.weights_note}", file=sys.stderr)
     options = decode_options(fields, lm, Sampling(args.temperature, args.top_k, args.seed))
     completions, result = generate_text(lm, prompts, args.max_new_tokens, options, stops, sources)
     for completion, logprobs in zip(completions, result.logprobs):

@@ -18,16 +18,22 @@ def serve_command(args) -> None:
     if args.max_token_loops < 1:
         raise LooplabError(f"--max-token-loops must be ≥ 1, got {args.max_token_loops}")
     from looplab.experiment import check_device
+    from looplab.lm.int8 import check_weights
     from looplab.lm.model_dir import is_model_dir
 
+    check_weights(args.weights or "float", args.device)  # before the device: int8 is for the CPU alone
     try:
         check_device(args.device)
     except LooplabError as err:
         raise LooplabError(str(err).replace("run.device", "--device")) from None
-    if args.dtype is not None and not is_model_dir(args.model_dir):
-        raise LooplabError(
-            f"--dtype applies to a model dir (config.json); {args.model_dir} is a looplab run, served as it was trained"
-        )
+    for flag, given in (("--dtype", args.dtype), ("--weights", args.weights)):
+        if given is not None and not is_model_dir(args.model_dir):
+            raise LooplabError(
+                f"{flag} applies to a model dir (config.json); {args.model_dir} is a looplab run, served as it was "
+                "trained"
+            )
+    if args.weights == "int8" and (args.replicas > 1 or args.ray_address):
+        raise LooplabError("--weights int8 serves one process; drop --replicas / --ray-address")
     dtype = args.dtype or "float32"
     options = {"max_running": args.max_running, "max_queue": args.max_queue, "batching": args.batching}
     if args.replicas > 1 or args.ray_address:
@@ -41,7 +47,9 @@ def serve_command(args) -> None:
     from looplab.serve.engine import Engine
     from looplab.serve.server import bind, run_app
 
-    lm = open_text_lm(args.model_dir, dtype, args.device)
+    lm = open_text_lm(args.model_dir, dtype, args.device, args.weights or "float")
+    if lm.weights_note:
+        print(f"serve: {lm.weights_note}", file=sys.stderr, flush=True)
     Engine(lm.model, **options)  # the options' one-line errors before the socket is taken
     app = create_app(lm=lm, max_token_loops=args.max_token_loops, **options)
     try:

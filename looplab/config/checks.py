@@ -32,6 +32,7 @@ def validate(config: Config) -> None:
         check_domains(getattr(config, section), section)
     m, t, ev = config.model, config.task, config.eval
     check_pretrained(m)
+    check_adapter(config)
     m.placement = PLACEMENT_ALIASES.get(m.placement, m.placement)
     _require(
         m.d_model % m.n_heads == 0,
@@ -53,6 +54,24 @@ def validate(config: Config) -> None:
         ev.flip_from <= max(ev.max_loops - 1, 1),
         f"eval.flip_from ({ev.flip_from}) must be <= eval.max_loops - 1 ({ev.max_loops - 1}): the flip rate "
         "averages Pr[answer at K+1 != answer at K] over K = flip_from..max_loops-1",
+    )
+
+
+def check_adapter(config: Config) -> None:
+    """``train.adapter`` goes with a model dir, and its parameters with an adapter."""
+    train, defaults = config.train, OPTIONAL_KEYS["train"]
+    _require(
+        train.adapter == "none" or bool(config.model.pretrained),
+        f"train.adapter = {train.adapter!r} fine-tunes a model dir: set model.pretrained = DIR, or drop it",
+    )
+    own = [key for key in ("adapter_rank", "adapter_alpha", "adapter_targets") if getattr(train, key) != defaults[key]]
+    _require(
+        train.adapter != "none" or not own,
+        f"train.{', train.'.join(own)} {'applies' if len(own) == 1 else 'apply'} to train.adapter = 'lora'",
+    )
+    _require(
+        all(isinstance(target, str) and target for target in train.adapter_targets),
+        f"train.adapter_targets must be non-empty names of linear layers, got {train.adapter_targets!r}",
     )
 
 

@@ -22,9 +22,14 @@ POSITIONALS = ("rope", "nope", "learned")
 ATTENTIONS = ("auto", "sdpa", "math")
 PRECISIONS = ("fp32", "bf16")
 PRETRAINED_DTYPES = ("float32", "bfloat16")
+ADAPTERS = ("none", "lora")  # train.adapter (looplab.lm.adapters)
 #: keys written into a config's TOML only when set (section → key → default): the configs written before
 #: them keep their text, and their run and sweep ids
-OPTIONAL_KEYS = {"task": {"text_file": ""}, "model": {"pretrained": "", "pretrained_dtype": "float32"}}
+OPTIONAL_KEYS = {
+    "task": {"text_file": ""},
+    "model": {"pretrained": "", "pretrained_dtype": "float32"},
+    "train": {"adapter": "none", "adapter_rank": 8, "adapter_alpha": 16.0, "adapter_targets": []},
+}
 DEFAULT_SAMPLES = 256  # evaluation samples per length
 #: the most symbols a task's alphabet may have: each is a vocabulary entry, and the vocabulary is built as a list
 MAX_ALPHABET = 2**16
@@ -142,6 +147,9 @@ class TrainConfig:
     the last checkpoint (besides every ``checkpoint_every`` steps); 0 checkpoints by steps only.
     ``checkpoint_loops`` keeps no loop's activations for the backward pass but its input, and recomputes
     them there (gradient checkpointing per loop: activation memory of one loop, about one more forward).
+    ``adapter = "lora"`` fine-tunes a model dir (``model.pretrained``) through low-rank adapters of rank
+    ``adapter_rank`` and scale ``adapter_alpha`` / rank beside the linear layers ``adapter_targets`` names
+    (empty: every one but the output head), its own weights frozen (:mod:`looplab.lm.adapters`).
     """
 
     steps: int = param(2000, at_least(0), "0: keep the initialisation")
@@ -166,6 +174,10 @@ class TrainConfig:
     init_from: str = param(
         "", doc="a run dir whose latest checkpoint's model weights start this run (fine-tuning); empty: fresh"
     )
+    adapter: str = param("none", one_of(*ADAPTERS), "a model dir's fine-tune: none trains every weight, lora adapters")
+    adapter_rank: int = param(8, at_least(1), "the adapters' rank r")
+    adapter_alpha: float = param(16.0, POSITIVE, "the adapters' scale is alpha / r")
+    adapter_targets: list[str] = param([], doc="linear layers by name suffix (empty: all but the output head)")
 
 
 @dataclass

@@ -22,11 +22,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from looplab.analysis.trace import trace
 from looplab.config import load_config
 from looplab.eval.grid import eval_batches
 from looplab.eval.run import evaluate_run
 from looplab.model.protocol import LoopProbe
+from looplab.model.trace import trace
 from looplab.stability.jacobian import jsrr_per_sample, random_direction
 from looplab.train.trainer import train
 

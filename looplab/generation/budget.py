@@ -20,6 +20,8 @@ from numbers import Integral
 from looplab.errors import LooplabError
 from looplab.generation.policies import NO_CACHE, POLICIES, cache_params
 from looplab.memory import GIB, device_bytes
+from looplab.plugins import run_entry
+from looplab.token_exits import MAX_LOOPS
 
 __all__ = ["generation_bytes", "check_budget"]
 
@@ -36,7 +38,12 @@ def generation_bytes(model, batch: int, width: int, new: int, loops: int, cache:
     if cache == NO_CACHE:  # the whole sequence, every layer call's scores, states and every position's logits
         return elem * batch * slots * (3 * heads * slots + 16 * d + vocab) + 3 * batch * slots * slots
     policy, params = POLICIES[cache], cache_params(cache, params)
-    core = policy.held_loops(params, loops)
+    core = run_entry("KV cache policy", cache, policy, policy.held_loops, params, loops)
+    if isinstance(core, bool) or not isinstance(core, Integral) or not 1 <= core <= MAX_LOOPS:
+        raise LooplabError(
+            f"KV cache policy {cache!r} ({policy.origin}) says a token holds {core!r} loops of keys and values at "
+            f"a cap of {loops}; held_loops returns an integer in 1..{MAX_LOOPS}"
+        )
     calls = len(model.prelude) + len(model.coda) + core * len(model.core)
     keys_values = 2 * batch * kv_heads * slots * head_dim * calls
     prefill = batch * width * (3 * heads * width + 16 * d)  # scores, softmax and states of the prompts

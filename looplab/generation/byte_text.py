@@ -1,6 +1,7 @@
 """What a byte-level looplab run's text is (:mod:`looplab.generation.text` and :mod:`looplab.generation.text_lm`
 read it): a prompt is the task's start token ``<s>`` and its UTF-8 bytes (byte b is token 4 + b, as the KJV
-and chain-arithmetic tasks write text); and the ``halting`` exit's decision from the run's halting head."""
+and chain-arithmetic tasks write text), the text ``<s>`` inside it being that token (as a transformers tokenizer
+reads its special tokens' text); and the ``halting`` exit's decision from the run's halting head."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.schedules import Schedule
-from looplab.tasks.base import START
+from looplab.tasks.base import SPECIAL_TOKENS, START
 from looplab.tasks.text import BYTE_OFFSET
 
-__all__ = ["decode", "encode", "head_halts", "no_head_message"]
+__all__ = ["START_TEXT", "decode", "encode", "head_halts", "no_head_message"]
+
+#: the start token's text
+START_TEXT = SPECIAL_TOKENS[START]
 
 
 def encode(text: str) -> list[int]:
-    """``<s>`` and the UTF-8 bytes of ``text`` as token ids."""
-    return [START] + [BYTE_OFFSET + b for b in text.encode("utf-8")]
+    """``<s>`` and the UTF-8 bytes of ``text`` as token ids, each ``<s>`` in ``text`` the start token."""
+    ids = [START]
+    for index, piece in enumerate(text.split(START_TEXT)):
+        ids += ([START] if index else []) + [BYTE_OFFSET + b for b in piece.encode("utf-8")]
+    return ids
 
 
 def decode(ids: list[int]) -> str:

@@ -74,6 +74,8 @@ class KVCache:
     def __post_init__(self) -> None:
         self.params = cache_params(self.policy, self.params)
         self.entry = POLICIES[self.policy]
+        if self.loops:
+            self.params = self.entry.at_cap(self.params, self.loops)
 
     def key(self, site: str, loop: int, index) -> tuple:
         return (site, loop if site == "core" and self.entry.per_loop else 0, index)

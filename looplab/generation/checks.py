@@ -1,13 +1,19 @@
 """What every generation is checked for before any work, whichever decoder runs it: a model that can
 decode, prompts and forced tokens of the model's vocabulary, an exit the model can run (then the decoder's
-own :meth:`~looplab.generation.decoders.DecodingMethod.check`: the memory budget and what it takes)."""
+own :meth:`~looplab.generation.decoders.DecodingMethod.check`: the memory budget and what it takes); and,
+after it, what the decoder returned (:func:`check_decoded`: a decoder is a plugin family, and its answer is
+printed, served and scored as it is)."""
 
 from __future__ import annotations
 
+import math
+
 from looplab.errors import LooplabError
 from looplab.generation.decoders import DECODERS
+from looplab.generation.sampling import Generation
+from looplab.generation.views import described
 
-__all__ = ["check_generation"]
+__all__ = ["check_generation", "check_decoded"]
 
 
 def check_generation(model, prompts, max_new_tokens, options, forced=None, sources=None) -> None:
@@ -29,7 +35,7 @@ def check_generation(model, prompts, max_new_tokens, options, forced=None, sourc
         policies = getattr(model, "policies", None)
         if policies is not None and cache not in policies:
             raise LooplabError(
-                f"the {cache} cache is not defined for {type(model.loop).__name__} (its layers read earlier tokens "
+                f"the {cache} cache is not defined for {described(model)} (its layers read earlier tokens "
                 f"through convolutions too); valid choices: {', '.join((*policies, 'none'))}"
             )
     if forced is not None:
@@ -50,3 +56,41 @@ def check_generation(model, prompts, max_new_tokens, options, forced=None, sourc
     if any(not 0 <= token < vocab for row in (*prompts, *(forced or [])) for token in row):
         raise LooplabError(f"token ids must be in 0..{vocab - 1} (the model's vocabulary)")
     options.method.check(model, prompts, max_new_tokens, options, sources)
+
+
+def check_decoded(result, prompts, max_new_tokens: int, options, vocab: int, forced=None) -> Generation:
+    """``result`` of decoder ``options.decoder`` for ``prompts``, refused in one line naming the decoder unless it
+    is a :class:`Generation` with a row per prompt, at most ``max_new_tokens`` tokens a row (a forced row: its
+    forced tokens), each an id of the vocabulary ``vocab``, read after a depth in 1..the exit's cap, with a
+    finite log-probability ≤ 0."""
+    entry = options.method
+
+    def refuse(what: str) -> LooplabError:
+        return LooplabError(f"decoder {options.decoder!r} ({entry.origin}) returned {what}")
+
+    if not isinstance(result, Generation):
+        raise refuse(f"{type(result).__name__}, not a Generation")
+    fields = {"tokens": result.tokens, "depths": result.depths, "logprobs": result.logprobs}
+    for name, rows in fields.items():
+        if not isinstance(rows, list) or len(rows) != len(prompts):
+            count = len(rows) if isinstance(rows, list) else type(rows).__name__
+            raise refuse(f"{count} rows of {name} for {len(prompts)} prompts")
+    cap = options.exit_rule.loops
+    for row, (tokens, depths, logprobs) in enumerate(zip(result.tokens, result.depths, result.logprobs)):
+        most = max_new_tokens if forced is None else len(forced[row])
+        if not len(tokens) <= most:
+            raise refuse(f"{len(tokens)} tokens for prompt {row}, asked for at most {most}")
+        if len(depths) != len(tokens) or len(logprobs) != len(tokens):
+            raise refuse(
+                f"{len(tokens)} tokens, {len(depths)} depths and {len(logprobs)} log-probabilities for row {row}"
+            )
+        bad = next((t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise refuse(f"token {bad!r} in row {row}, outside the vocabulary 0..{vocab - 1}")
+        bad = next((d for d in depths if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= cap), None)
+        if bad is not None:
+            raise refuse(f"depth {bad!r} in row {row}, outside 1..{cap} (the exit's cap)")
+        bad = next((p for p in logprobs if not isinstance(p, float) or not math.isfinite(p) or p > 1e-9), None)
+        if bad is not None:
+            raise refuse(f"log-probability {bad!r} in row {row}; a log-probability is finite and ≤ 0")
+    return result

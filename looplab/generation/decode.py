@@ -19,7 +19,7 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import depthwise, recompute, speculative, wavefront  # noqa: F401 (they register)
-from looplab.generation.checks import check_generation
+from looplab.generation.checks import check_decoded, check_generation
 from looplab.generation.decoder import Decoder
 from looplab.generation.exits import GenerationExit
 from looplab.generation.options import DecodeOptions
@@ -28,6 +28,7 @@ from looplab.generation.views import decodable
 from looplab.lm.native import NativeLoop
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.model import LoopedTransformer
+from looplab.plugins import run_entry
 
 __all__ = ["Generation", "Sampling", "generate", "score", "GREEDY", "FIXED_EXIT", "Decoder"]
 
@@ -67,7 +68,10 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        return options.method.decode(model, prompts, max_new_tokens, options, finished, forced)
+        method = options.method
+        result = run_entry("decoder", options.decoder, method, method.decode, model, prompts, max_new_tokens,
+                           options, finished, forced)  # fmt: skip
+        return check_decoded(result, prompts, max_new_tokens, options, model.head.out_features, forced)
     finally:
         model.train(was_training)
 

@@ -42,6 +42,7 @@ from looplab.generation.cache import attend, rotated_projection
 from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.sampling import Generation, choose, ended
+from looplab.generation.views import described
 from looplab.params import at_least, param
 
 __all__ = ["DepthwiseDecoder", "Depth", "check_depthwise"]
@@ -53,11 +54,10 @@ _OWN_PASSES = ("prelude_pass", "core_pass", "coda_pass")
 def check_depthwise(model, batching: str = "depth-wise batching") -> None:
     """One-line errors for a model (a decoding view) whose passes depth-wise batching (or ``batching``, a
     decoder built on it) cannot run."""
-    own = [name for name in _OWN_PASSES if hasattr(model, name)]
-    if own:
+    if any(hasattr(model, name) for name in _OWN_PASSES):
         raise LooplabError(
-            f"{batching} runs chains of pre-norm layers; {type(model).__name__} has its own {own[0]}: "
-            "valid models: a looplab run, a retrofit or Ouro (without the gate exit)"
+            f"{batching} runs chains of pre-norm layers, which {described(model)} is not: valid models: a looplab "
+            "run, a retrofit, or Ouro with an exit other than gate"
         )
 
 

@@ -17,15 +17,17 @@ layer call (:mod:`looplab.generation.stores`: ``write``, ``read``, ``k``, ``v``,
 ``shape`` = (B, H, S, Dh); ``held_loops(params, loops)`` is how many loops of keys and values a token holds
 per core layer at a cap of ``loops`` (what the memory check counts); ``per_loop`` says that every loop has
 a store of its own (the decoder then keys the stores by loop and lends an exited token's entries upward);
-``exact`` that the policy reads what recomputing reads. Its own parameters are a ``Params`` dataclass of
-:func:`looplab.params.param` fields, set by ``--cache-param KEY=VALUE``, a request's fields, or lm-eval's
-``model_args``. Prelude and coda layers run once per token: they have one plain store each under every policy.
+``exact`` that the policy reads what recomputing reads; ``at_cap(params, loops)`` (optional) the
+parameters a generation capped at ``loops`` sizes its stores by (``last_m``: a ring of at most the cap).
+Its own parameters are a ``Params`` dataclass of :func:`looplab.params.param` fields, set by
+``--cache-param KEY=VALUE``, a request's fields, or lm-eval's ``model_args``. Prelude and coda layers run
+once per token: they have one plain store each under every policy.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -62,6 +64,11 @@ class CachePolicy(ABC):
     def index_bytes(self, params: Any) -> int:
         """Bytes per slot and core layer the policy keeps beside keys and values (a ring's loop index)."""
         return 0
+
+    def at_cap(self, params: Any, loops: int) -> Any:
+        """``params`` for a generation whose tokens run at most ``loops`` loops (what its stores are sized by;
+        by default the same)."""
+        return params
 
     @property
     def origin(self) -> str:
@@ -126,7 +133,11 @@ class LastM(CachePolicy):
         return RingLayerCache(zeros, zeros.clone(), last)
 
     def held_loops(self, params, loops: int) -> int:
-        return params.keep_loops
+        return min(params.keep_loops, loops)
+
+    def at_cap(self, params, loops: int) -> LastMParams:
+        # a ring longer than the cap holds loops no token reaches; one of the cap's length reads the same slots
+        return replace(params, keep_loops=min(params.keep_loops, loops))
 
     def index_bytes(self, params) -> int:
         return 8  # the ring's last loop per slot (long)

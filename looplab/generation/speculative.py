@@ -34,6 +34,7 @@ from looplab.generation.decoder import Calls, Decoder, coda_pass, core_pass, log
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.policies import POLICIES
 from looplab.generation.sampling import Generation, ended
+from looplab.generation.views import described
 from looplab.params import Domain, at_least, param
 
 #: the most tokens one round may draft (a round's drafts take cache slots whether kept or not)
@@ -81,7 +82,7 @@ class Speculative(DecodingMethod):
             )
         if tuple(getattr(model, "policies", POLICIES)) != tuple(POLICIES):
             raise LooplabError(
-                f"speculative decoding is not defined for {type(model).__name__}: its layers read the slot before "
+                f"speculative decoding is not defined for {described(model)}: its layers read the slot before "
                 "through convolutions over time, which a rejected draft may hold"
             )
         super().check(model, prompts, max_new_tokens, options, sources)

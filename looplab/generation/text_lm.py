@@ -45,6 +45,10 @@ class TextLM:
         exit_tables: the run's ``[generate.exits.NAME]`` tables (a model dir: its config's, e.g. Ouro's
             ``early_exit_threshold`` as the ``gate`` exit's threshold).
         halts: the ``halting`` exit's decision from the run's halting head (None without one).
+        weights_note: a model dir opened with int8 weights: what they cost in quality, one line
+            (:class:`looplab.lm.int8.Int8Quality`); None otherwise.
+        bos_text, eos_text: the texts of the token a sequence starts with (``<s>``, a tokenizer's BOS) and of
+            its end-of-text token (None without one), which :meth:`encode` reads back as those tokens.
     """
 
     model: nn.Module
@@ -58,6 +62,9 @@ class TextLM:
     _decode: Callable[[list[int]], str] = field(repr=False)
     exit_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     halts: Callable | None = field(default=None, repr=False)
+    weights_note: str | None = None
+    bos_text: str | None = None
+    eos_text: str | None = None
 
     @property
     def loop_cap(self) -> int:
@@ -101,40 +108,62 @@ class TextLM:
         return rule
 
 
-def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu") -> TextLM:
-    """The :class:`TextLM` of a looplab run dir or a model dir (``dtype`` applies to a model dir)."""
+def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu", weights: str = "float") -> TextLM:
+    """The :class:`TextLM` of a looplab run dir or a model dir (``dtype`` and ``weights``, ``float`` or
+    ``int8`` (:mod:`looplab.lm.int8`), apply to a model dir)."""
+    from looplab.lm.int8 import check_weights
     from looplab.lm.model_dir import DTYPES, is_model_dir, open_model_dir
 
     path = Path(path)
+    check_weights(weights, device, "weights")
     if is_model_dir(path):
         if dtype not in DTYPES:
             raise LooplabError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
         model_dir = open_model_dir(path)
         model_dir.check_fits(DTYPES[dtype], device, "loading")
-        model = model_dir.load(DTYPES[dtype], device)
-        tokenizer = model_dir.tokenizer
+        lm = _model_dir_lm(model_dir.load(DTYPES[dtype], device), path, model_dir, model_dir.kind, model_dir.name)
+        if weights == "int8":
+            from looplab.lm.int8 import held_tokens, int8_quality
 
-        def encode(text: str, prompt: bool) -> list[int]:
-            return list(tokenizer(text, add_special_tokens=prompt)["input_ids"])
-
-        def decode(ids: list[int]) -> str:
-            return tokenizer.decode(ids, skip_special_tokens=True)
-
-        eos = tokenizer.eos_token_id
-        return TextLM(
-            model, path, model_dir.kind, model_dir.name, model_dir.native_loops, model_dir.max_window,
-            None if eos is None else int(eos), encode, decode, model_dir.exit_defaults,
-        )  # fmt: skip
+            quality = int8_quality(lm.model, held_tokens(lambda text: lm.encode(text, False)), lm.default_loops)
+            lm.weights_note = quality.line()
+        return lm
+    if weights != "float":
+        raise LooplabError(f"{weights} weights apply to a model dir (config.json); {path} is a looplab run")
     return _open_run(path, device)
+
+
+def _model_dir_lm(model: nn.Module, path: Path, model_dir, kind: str, name: str) -> TextLM:
+    """The :class:`TextLM` of ``model`` (a model dir's adapter) with ``model_dir``'s tokenizer, native loops,
+    window and exit defaults."""
+    tokenizer = model_dir.tokenizer
+
+    def encode(text: str, prompt: bool) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=prompt)["input_ids"])
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    eos = tokenizer.eos_token_id
+    return TextLM(
+        model, path, kind, name, model_dir.native_loops, model_dir.max_window, None if eos is None else int(eos),
+        encode, decode, model_dir.exit_defaults, bos_text=tokenizer.bos_token, eos_text=tokenizer.eos_token,
+    )  # fmt: skip
 
 
 def _open_run(path: Path, device: str) -> TextLM:
     from looplab.exits import fixed_depth
     from looplab.experiment import Experiment
-    from looplab.generation.byte_text import decode, encode, head_halts
+    from looplab.generation.byte_text import START_TEXT, decode, encode, head_halts
     from looplab.tasks.base import TASKS
 
     exp = Experiment.from_run(path)
+    if exp.config.model.pretrained:  # fine-tuned from a model dir: that dir's tokenizer, loops and exits
+        from looplab.experiment import open_pretrained
+
+        opened = open_pretrained(exp.config)
+        name = f"looplab run {path.name} (fine-tuned from {opened.name})"
+        return _model_dir_lm(exp.model.to(device), path, opened, "run", name)
     if not exp.task.is_text:
         text_tasks = sorted(name for name, task in TASKS.items() if task.is_text)
         raise LooplabError(
@@ -150,5 +179,5 @@ def _open_run(path: Path, device: str) -> TextLM:
 
     return TextLM(
         model, path, "run", f"looplab run {path.name}", fixed_depth(exp.config.eval), exp.config.model.max_len,
-        None, encode_text, decode, dict(exp.config.generate.exits), halts,
+        None, encode_text, decode, dict(exp.config.generate.exits), halts, bos_text=START_TEXT,
     )  # fmt: skip

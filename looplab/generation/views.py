@@ -10,7 +10,7 @@ from looplab.generation.retrofit import RetrofitDecoding
 from looplab.lm.families import family_of
 from looplab.lm.retrofit import RetrofittedLoop
 
-__all__ = ["decodable"]
+__all__ = ["decodable", "described"]
 
 
 def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
@@ -26,3 +26,13 @@ def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
     if family is None:
         return model
     return family.view.with_gate(model) if gated and getattr(family.view, "exit_gate", False) else family.view(model)
+
+
+def described(view: nn.Module) -> str:
+    """How a refusal names the model behind a decoding view: its family (``Ouro``, ``Huginn-0125``; with the
+    gate exit where the view carries it), a retrofit, or a looplab model."""
+    loop = getattr(view, "loop", view)
+    family = family_of(loop)
+    if family is not None:
+        return family.name + (" with the gate exit" if getattr(view, "gated", False) else "")
+    return "a retrofit" if isinstance(loop, RetrofittedLoop) else "this looplab model"

@@ -13,6 +13,8 @@ model_args (each checked at load; a bad one is a one-line :class:`~looplab.error
                   over the run's ``[generate.exits.NAME]`` table), checked by the same parser as
                   ``looplab generate``'s flags and a server request's fields (:mod:`looplab.generation.fields`)
     dtype         float32 or bfloat16 (a model dir's weights)
+    weights       float (default) or int8: a model dir's linear layers as int8 (:mod:`looplab.lm.int8`; its
+                  quality cost is logged)
     batch_size    rows per decoder call (lm-eval's ``--batch_size``; a positive integer)
     device        cpu, cuda, cuda:N (lm-eval's ``--device``; a CUDA device on a machine without one: cpu)
     prefix_token  the token an empty context and a rolling text start from (default: the model's start
@@ -54,6 +56,7 @@ from looplab.generation import DecodeOptions, Sampling, generate
 from looplab.generation.fields import FieldError, decode_options, unknown_fields
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
+from looplab.lm.int8 import check_weights
 from looplab.lm.model_dir import DTYPES
 
 __all__ = ["LooplabLM"]
@@ -78,6 +81,7 @@ class LooplabLM(TemplateLM):
         device: str | None = None,
         prefix_token: int | None = None,
         seed: int = 0,
+        weights: str = "float",
         **fields,
     ):
         super().__init__()
@@ -89,7 +93,11 @@ class LooplabLM(TemplateLM):
             raise choice_error("model_arg dtype", dtype, DTYPES)
         self.batch_size = _positive("batch_size", 1 if batch_size is None else batch_size)
         self.seed = _integer("seed", seed)
-        self.lm: TextLM = open_text_lm(path, dtype, _device(device))  # a run's plugins are known from here
+        device = _device(device)
+        check_weights(weights, device, "model_arg weights")
+        self.lm: TextLM = open_text_lm(path, dtype, device, weights)  # a run's plugins are known from here
+        if self.lm.weights_note:
+            log.warning("looplab: %s", self.lm.weights_note)
         try:
             unknown, valid = unknown_fields(fields)
             if unknown:
@@ -341,7 +349,7 @@ class LooplabLM(TemplateLM):
 
 
 #: the model_args beside the decode fields (:mod:`looplab.generation.fields`)
-_MODEL_ARGS = ("path", "dtype", "batch_size", "max_batch_size", "device", "prefix_token", "seed")
+_MODEL_ARGS = ("path", "dtype", "batch_size", "max_batch_size", "device", "prefix_token", "seed", "weights")
 
 
 def _integer(name: str, value) -> int:

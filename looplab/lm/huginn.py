@@ -37,13 +37,36 @@ import torch
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
+from looplab.lm.config_fields import boolean, check_fields, integer, one_of, positive_number
 from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop
 from looplab.lm.retrofit import LayerContext, causal_mask
 from looplab.model.attention import apply_rope
+from looplab.token_exits import MAX_LOOPS
 
 __all__ = ["HuginnConfig", "RavenForCausalLM", "HuginnLoop", "HuginnDecoding"]
 
 STATE_INITS = ("zero", "random")
+
+
+#: every config.json field the model reads: its type and domain (:mod:`looplab.lm.config_fields`); the
+#: published model's choices where looplab implements no other
+HUGINN_FIELDS = {
+    **dict.fromkeys(("n_embd", "hidden_size", "n_heads", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "vocab_size", "block_size", "n_layers_in_recurrent_block"), integer()),
+    **dict.fromkeys(("n_layers_in_prelude", "n_layers_in_coda"), integer(0)),
+    "mean_recurrence": integer(1, MAX_LOOPS),
+    "norm_eps": positive_number(),
+    "rope_base": positive_number(),
+    **dict.fromkeys(("qk_bias", "tie_embeddings"), boolean()),
+    "bias": one_of(False),
+    "injection_type": one_of("linear"),
+    "nonlin_name": one_of("SiLU"),
+    "block_class_name": one_of("SandwichBlock"),
+    "mlp_class_name": one_of("GatedMLP"),
+    "norm_class_name": one_of("RMSNorm_llama"),
+    "state_init": one_of("like-init"),
+    "test_time_noise": one_of(0, 0.0),
+}  # fmt: skip
 
 
 @dataclass
@@ -76,6 +99,7 @@ class HuginnConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> HuginnConfig:
+        check_fields(data, HUGINN_FIELDS, where)
         data = {cls.ALIASES.get(k, k): v for k, v in data.items()}
         known = {name for name in cls.__dataclass_fields__ if name != "extra"}
         config = cls(
@@ -85,24 +109,11 @@ class HuginnConfig:
         return config
 
     def check(self, where: str) -> None:
-        """Refuse a config the model cannot be built from, in one line naming the field."""
-        positive = ("n_embd", "n_heads", "intermediate_size", "vocab_size", "block_size", "n_layers_in_recurrent_block",
-                    "mean_recurrence")  # fmt: skip
-        for name in (*positive, "n_layers_in_prelude", "n_layers_in_coda"):
-            value = getattr(self, name)
-            low = 1 if name in positive else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise LooplabError(f"{where}: {name} must be an integer ≥ {low}, got {value!r}")
+        """Refuse a config the model cannot be built from, in one line naming the field (each field's type and
+        domain by :data:`HUGINN_FIELDS`, checked in :meth:`from_dict`; here what relates two fields)."""
         if self.n_embd % self.n_heads or (self.n_embd // self.n_heads) % 2:
             raise LooplabError(f"{where}: n_embd ({self.n_embd}) must be n_heads ({self.n_heads}) × an even head width")
         kv_heads = self.extra.get("num_key_value_heads", self.n_heads)
-        fixed = {"injection_type": "linear", "nonlin_name": "SiLU", "block_class_name": "SandwichBlock",
-                 "mlp_class_name": "GatedMLP", "bias": False}  # fmt: skip
-        for name, value in fixed.items():
-            if getattr(self, name) != value:
-                raise LooplabError(
-                    f"{where}: {name} {getattr(self, name)!r} is not supported; valid choices: {value!r}"
-                )
         if kv_heads != self.n_heads:
             raise LooplabError(f"{where}: num_key_value_heads must equal the heads ({self.n_heads}), got {kv_heads}")
 

@@ -27,6 +27,7 @@ source's layers 0..p+k−1 and its coda, which with p + k + c = L is the source 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,6 +128,7 @@ class ModelDir:
         native_loops: the loop count the model runs by itself (a retrofit's: 1).
         max_window: the longest token window the model takes (its positions; a sliding window when shorter).
         heads: the most attention heads of a layer; width: the hidden size.
+        linear_names: the qualified names of the model's linear layers (what ``train.adapter_targets`` names).
     """
 
     path: Path
@@ -142,6 +144,7 @@ class ModelDir:
     heads: int
     width: int
     gguf_file: str | None = None  # a GGUF source: the file's name in ``path``, its folder
+    linear_names: tuple[str, ...] = ()
 
     @property
     def exit_defaults(self) -> dict[str, dict]:
@@ -215,7 +218,8 @@ class ModelDir:
                 # transformers starts a missing weight at random and answers a mis-shaped one with an option
                 # the user cannot set: the files are checked first, what it reports after
                 check_files(self.path)
-                model, info = cls.from_pretrained(self.path, **options)
+                with _transformers_quiet():
+                    model, info = cls.from_pretrained(self.path, **options)
                 check_transformers_load(info, self.path)
                 model = model.to(device).eval()
                 check_finite(model, self.path)
@@ -227,7 +231,8 @@ class ModelDir:
 
             cls = getattr(transformers, RETROFIT_SOURCES[self.model_type][0])
             check_files(self.path)
-            model, info = cls.from_pretrained(self.path, **options)
+            with _transformers_quiet():
+                model, info = cls.from_pretrained(self.path, **options)
             check_transformers_load(info, self.path)
             model = model.to(device).eval()
             check_finite(model, self.path)
@@ -241,6 +246,9 @@ class ModelDir:
         runs = getattr(looped, "native_loops", 1)
         if runs != self.native_loops:  # the config read before loading and the adapter must agree
             raise LooplabError(f"{self.path}: the loaded model runs {runs} loops, its config {self.native_loops}")
+        # the model in the published layout, sharing every tensor with the adapter (what ``looplab export``
+        # writes back); kept out of the module tree, so the adapter's state dict names each tensor once
+        object.__setattr__(looped, "published", model)
         return looped.eval()
 
 
@@ -250,6 +258,23 @@ def not_looped(model_dir: ModelDir) -> LooplabError:
         f"{model_dir.path} is a {model_dir.model_type} model, not a looped one: make one of it with "
         f"`looplab retrofit {model_dir.path} --prelude P --core K --coda C --injection mix --out DIR`"
     )
+
+
+@contextlib.contextmanager
+def _transformers_quiet():
+    """transformers' own reports (its LOAD REPORT table, progress bars) off while it loads: what it reports,
+    looplab checks after and refuses in one line of its own (:func:`looplab.lm.weights.check_transformers_load`)."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def _offline() -> None:
@@ -436,10 +461,16 @@ def open_model_dir(path: str | Path) -> ModelDir:
         split = _read_split(path, layers, width) if retrofit else None
         native = 1
     parameters = sum(p.numel() for p in meta.parameters())
+    linears = tuple(name for name, module in meta.named_modules() if isinstance(module, nn.Linear))
+    if kind == "retrofit":
+        linears += ("inject",)  # the retrofit's W_I, a layer of the looped model beside the source's
     del meta
     tokenizer = _load_tokenizer(path)
     window = _max_window(model_type, config)
-    return ModelDir(path, kind, model_type, config, tokenizer, parameters, layers, split, native, window, heads, width)
+    return ModelDir(
+        path, kind, model_type, config, tokenizer, parameters, layers, split, native, window, heads, width,
+        linear_names=linears,
+    )  # fmt: skip
 
 
 def write_retrofit(source: ModelDir, split: RetrofitSplit, out: str | Path) -> Path:

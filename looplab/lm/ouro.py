@@ -37,10 +37,30 @@ import torch
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
+from looplab.lm.config_fields import boolean, check_fields, integer, one_of, positive_number, token_ids, unit_interval
 from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop, rotary_tables
 from looplab.lm.retrofit import LayerContext, causal_mask
+from looplab.token_exits import MAX_LOOPS
 
 __all__ = ["OuroConfig", "OuroForCausalLM", "OuroLoop", "OuroDecoding", "GatedOuroDecoding"]
+
+
+#: every config.json field the model reads: its type and domain (:mod:`looplab.lm.config_fields`)
+OURO_FIELDS = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "max_position_embeddings"), integer()),
+    "num_key_value_heads": integer(optional=True),
+    "head_dim": integer(optional=True),
+    "total_ut_steps": integer(1, MAX_LOOPS),
+    "rms_norm_eps": positive_number(),
+    "rope_theta": positive_number(),
+    "early_exit_threshold": unit_interval(),
+    "tie_word_embeddings": boolean(),
+    "hidden_act": one_of("silu"),
+    "bos_token_id": token_ids(),
+    "eos_token_id": token_ids(),
+    "pad_token_id": token_ids(),
+}  # fmt: skip
 
 
 @dataclass
@@ -70,6 +90,7 @@ class OuroConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> OuroConfig:
+        check_fields(data, OURO_FIELDS, where)
         known = {name for name in cls.__dataclass_fields__ if name != "extra"}
         config = cls(
             **{k: v for k, v in data.items() if k in known}, extra={k: v for k, v in data.items() if k not in known}
@@ -78,13 +99,13 @@ class OuroConfig:
         return config
 
     def check(self, where: str) -> None:
-        """Refuse a config the model cannot be built from, in one line naming the field."""
-        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "max_position_embeddings", "total_ut_steps")  # fmt: skip
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise LooplabError(f"{where}: {name} must be a positive integer, got {value!r}")
+        """Refuse a config the model cannot be built from, in one line naming the field (each field's type and
+        domain by :data:`OURO_FIELDS`, checked in :meth:`from_dict`; here what relates two fields)."""
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise LooplabError(
+                f"{where}: hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads}) when head_dim is not given"
+            )
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
@@ -96,16 +117,20 @@ class OuroConfig:
             raise LooplabError(
                 f"{where}: rope_scaling {self.rope_scaling!r} is not supported (the published Ouro has none)"
             )
-        sliding = [kind for kind in self.extra.get("layer_types") or [] if kind != "full_attention"]
+        layer_types = self.extra.get("layer_types")
+        if layer_types is not None and (
+            not isinstance(layer_types, list) or len(layer_types) != self.num_hidden_layers
+        ):
+            raise LooplabError(
+                f"{where}: layer_types must list one type per layer (num_hidden_layers {self.num_hidden_layers}), "
+                f"got {layer_types!r}"
+            )
+        sliding = [kind for kind in layer_types or [] if kind != "full_attention"]
         if sliding or self.extra.get("use_sliding_window"):
             raise LooplabError(
                 f"{where}: sliding-window layers are not supported (the published Ouro has full attention in "
                 "every layer)"
             )
-        if self.hidden_act != "silu":
-            raise LooplabError(f"{where}: hidden_act {self.hidden_act!r} is not supported; valid choices: silu")
-        if not 0 < self.early_exit_threshold <= 1:
-            raise LooplabError(f"{where}: early_exit_threshold must lie in (0, 1], got {self.early_exit_threshold}")
 
     def llama(self):
         """transformers' Llama config with Ouro's shapes: what its attention, MLP, norms and rotary tables read."""

@@ -37,7 +37,7 @@ from ``model.model.rotary_emb`` and an additive causal + key-padding mask built 
 attention probabilities needs eager attention; the copied layers are switched to it.
 
 The model implements the looped-model protocol (``looplab.model.protocol``), so
-:func:`looplab.analysis.trace.trace` (and :meth:`RetrofittedLoop.record`, which calls
+:func:`looplab.model.trace.trace` (and :meth:`RetrofittedLoop.record`, which calls
 it) records it with the same names as looplab's own models (``prelude0.resid``,
 ``loop03.core1.resid``, ``loop03.core1.attn``, ``loop03.state``, ``coda0.resid``, …),
 and :mod:`looplab.analysis.fixed_points`, :mod:`~looplab.analysis.colsum` and
@@ -54,11 +54,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from looplab.analysis.trace import Trace, trace
 from looplab.errors import LooplabError
 from looplab.model.depths import ReadAtDepths
 from looplab.model.looped import injection_weight
 from looplab.model.protocol import AttentionWatch, ObservedLayers
+from looplab.model.trace import Trace, trace
 
 __all__ = ["RetrofittedLoop", "LayerContext", "causal_mask", "watch_decoder_attention"]
 
@@ -256,7 +256,7 @@ class RetrofittedLoop(ReadAtDepths, ObservedLayers, nn.Module):
         return self.readout(h, ctx)
 
     def record(self, input_ids: Tensor, attention_mask: Tensor | None = None, loops: int = 1, **options) -> Trace:
-        """A looplab :class:`Trace` of one forward pass: :func:`looplab.analysis.trace.trace` on this model
+        """A looplab :class:`Trace` of one forward pass: :func:`looplab.model.trace.trace` on this model
         (names ``preludeI.resid``, ``loopTT.coreL.resid``, ``loopTT.coreL.attn``, ``loopTT.state``,
         ``middleI.resid``, ``codaI.resid``, …; ``options`` as for ``trace``, attention on by default)."""
         if attention_mask is None:

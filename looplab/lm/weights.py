@@ -12,7 +12,9 @@ does not have: :mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`), with every key
 
 A missing key, an unexpected one and a mis-shaped one are each refused in one line naming the first few,
 before any tensor is read; a weight stored as integers (a quantised checkpoint) is refused rather than
-cast; a file that safetensors cannot read is named.
+cast; a file that safetensors cannot read is named. A shard index names files inside the dir only (a
+``..`` or absolute name is refused before any file is opened), each key in the shard it names, and no key
+is stored in two files (the later would silently win: another model).
 """
 
 from __future__ import annotations
@@ -34,21 +36,37 @@ OWN_FILES = ("injection.safetensors",)
 
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files holding a model dir's weights (see the module docstring)."""
-    index = path / INDEX_FILE
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise LooplabError(f"{index} is not a safetensors index (JSON with a weight_map)") from None
-        missing = [name for name in names if not (path / name).is_file()]
-        if missing:
-            raise LooplabError(f"{index} names {missing[0]}, which {path} does not hold")
-        return [path / name for name in names]
+    index = _index(path)
+    if index is not None:
+        return [path / name for name in sorted(set(index.values()))]
     return sorted(p for p in path.glob("*.safetensors") if p.name not in OWN_FILES)
 
 
-def _headers(files: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
-    """key → (file, shape, dtype name) of every tensor in ``files``, read from their headers alone."""
+def _index(path: Path) -> dict[str, str] | None:
+    """The weight map (key → file name) of the dir's shard index, or None without one. Refused in one line:
+    an index that is not JSON with a weight_map of names, a name outside the dir (``..``, an absolute path, a
+    link leading out), and a name the dir does not hold."""
+    index = path / INDEX_FILE
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not all(isinstance(name, str) for name in weight_map.values()):
+            raise TypeError
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise LooplabError(f"{index} is not a safetensors index (JSON with a weight_map)") from None
+    root = path.resolve()
+    for key, name in weight_map.items():
+        if not (path / name).resolve().is_relative_to(root):
+            raise LooplabError(f"{index} maps {key} to {name}, outside {path}: shards must lie in the model dir")
+        if not (path / name).is_file():
+            raise LooplabError(f"{index} names {name}, which {path} does not hold")
+    return weight_map
+
+
+def _headers(files: list[Path], index: dict[str, str] | None = None) -> dict[str, tuple[Path, list[int], str]]:
+    """key → (file, shape, dtype name) of every tensor in ``files``, read from their headers alone. A key in
+    two files is refused, and so is one the shard ``index`` (key → file name) places in another file."""
     from safetensors import safe_open
 
     found: dict[str, tuple[Path, list[int], str]] = {}
@@ -56,12 +74,29 @@ def _headers(files: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
         try:
             with safe_open(file, "pt") as handle:
                 for key in handle.keys():
+                    if key in found:
+                        raise LooplabError(
+                            f"weight {key} is stored twice, in {found[key][0]} and {file}: a model dir holds "
+                            "each weight once"
+                        )
                     piece = handle.get_slice(key)
                     found[key] = (file, list(piece.get_shape()), piece.get_dtype())
+        except LooplabError:
+            raise
         except Exception as err:  # safetensors raises its own kinds for a truncated or foreign file
             first = one_line(err)
             raise LooplabError(f"{file} is not a readable safetensors file: {first}") from None
+    for key, name in (index or {}).items():
+        if key in found and found[key][0].name != Path(name).name:
+            raise LooplabError(
+                f"{files[0].parent / INDEX_FILE} maps {key} to {name}, but {found[key][0].name} holds it"
+            )
     return found
+
+
+def stored_headers(path: Path) -> dict[str, tuple[Path, list[int], str]]:
+    """:func:`_headers` of the dir's weight files, checked against its shard index where it has one."""
+    return _headers(weight_files(path), _index(path))
 
 
 def _first(keys, count: int = 3) -> str:
@@ -92,7 +127,7 @@ def check_weights(
     a mis-shaped one (its key, both shapes and its file), one stored as integers (a quantised checkpoint),
     and a stored key the module does not have (other than ``ignored``).
     """
-    stored = _headers(weight_files(path))
+    stored = stored_headers(path)
     tied = tied or {}
     wanted = {key: tuple(t.shape) for key, t in module.state_dict(keep_vars=True).items()}
     shared = _shared_keys(module)
@@ -120,7 +155,7 @@ def check_weights(
 def check_files(path: Path) -> None:
     """The model dir's weight files readable and their weights stored as floats (for the families
     transformers loads, whose own key renaming :func:`check_transformers_load` follows)."""
-    for key, (file, _, dtype) in _headers(weight_files(path)).items():
+    for key, (file, _, dtype) in stored_headers(path).items():
         if key.endswith(".weight") and not dtype.startswith(("F", "BF")):
             raise LooplabError(
                 f"{path}: weight {key} is stored as {dtype} in {file.name} (a quantised checkpoint); looplab "

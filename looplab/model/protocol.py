@@ -17,7 +17,7 @@ a loop (:class:`looplab.lm.retrofit.RetrofittedLoop`) provide:
                                                               input and probabilities
     prelude, core, coda                                      the layers, as sequences
 
-so one trace (``looplab.analysis.trace``) records either, with the same names, and the
+so one trace (``looplab.model.trace``) records either, with the same names, and the
 schedules' training objectives (``looplab.model.depths``) train either.
 """
 

@@ -35,7 +35,7 @@ from looplab.generation.exits import EXITS
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.serve.batch import Token
 from looplab.serve.choice import Choice
-from looplab.serve.engine import Busy, Closed, Engine
+from looplab.serve.engine import Busy, Closed, Engine, NeverFits
 from looplab.serve.request import BadRequest, parse_completion, parse_detokenize, parse_tokenize
 
 __all__ = ["create_app", "model_id", "MAX_BODY_BYTES", "MAX_TOKEN_LOOPS"]
@@ -121,10 +121,10 @@ async def health(request: Request) -> JSONResponse:
 
 
 async def tokenizer_info(request: Request) -> JSONResponse:
-    """The tokenizer's special tokens as text (None where it has none, or none with a text of its own)."""
+    """The tokenizer's special tokens as text (None where it has none, or none with a text of its own); a
+    ``POST /tokenize`` of that text, without special tokens, gives the token (how lm-eval finds its id)."""
     lm: TextLM = request.app.state.lm
-    eos = lm.decode([lm.eos]) if lm.eos is not None else ""
-    info = {"eos_token": eos or None, "bos_token": None, "pad_token": None, "model_max_length": lm.max_context}
+    info = {"eos_token": lm.eos_text, "bos_token": lm.bos_text, "pad_token": None, "model_max_length": lm.max_context}
     return JSONResponse(info, headers=_replica(request))
 
 
@@ -176,6 +176,8 @@ async def completions(request: Request):
     choices = [Choice(index, completion, state.lm, loop) for index in range(len(completion.prompts))]
     try:
         state.engine.submit([job for choice in choices for job in choice.jobs])
+    except NeverFits as err:
+        return _error(400, "prompt", str(err))
     except (Busy, Closed) as err:
         return _error(503, None, str(err), "server_overloaded")
     meta = {"id": f"cmpl-{uuid4().hex}", "object": "text_completion", "created": int(time.time())}

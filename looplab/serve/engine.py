@@ -56,6 +56,10 @@ class Closed(LooplabError):
     """The engine takes no new jobs (shutting down): the server answers 503."""
 
 
+class NeverFits(LooplabError):
+    """A request of more jobs than the queue ever holds (waiting would never end): the server answers 400."""
+
+
 class Engine:
     """Steps every admitted :class:`Job` on one thread (see the module docstring).
 
@@ -110,6 +114,11 @@ class Engine:
         with self._cond:
             if not self._accepting:
                 raise Closed("the server is shutting down and takes no new requests")
+            if len(jobs) > self.max_queue:
+                raise NeverFits(
+                    f"the request asks for {len(jobs)} completions (prompts × n), more than the server ever queues "
+                    f"(--max-queue {self.max_queue}): send at most {self.max_queue} at once"
+                )
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise Busy(f"the server is busy: {len(self._waiting)} requests wait (--max-queue {self.max_queue})")
             for job in jobs:
@@ -122,6 +131,14 @@ class Engine:
         """Refuse new jobs from now on; those queued and running go on."""
         with self._cond:
             self._accepting = False
+
+    def cancel_all(self) -> None:
+        """End every queued and running job at its next step, as if its client had left (``cancelled``)."""
+        with self._cond:
+            jobs = [*self._waiting, *(job for group in list(self._groups) for job in group.jobs if job is not None)]
+            for job in jobs:
+                job.cancelled.set()
+            self._cond.notify()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking jobs, finish every queued and running one, and end the thread."""

@@ -1,6 +1,8 @@
 """Running the app under uvicorn on one socket, with looplab's shutdown: on SIGTERM (or Ctrl-C) the engine
 stops taking requests (HTTP 503), uvicorn closes the listening socket and waits for the requests in
-flight, the engine drains, and the process exits 0.
+flight, the engine drains, and the process exits 0. A second Ctrl-C ends the requests in flight at their
+next token (each answered with what it has, ``finish_reason`` ``cancelled``), so the exit is as clean and
+soon; a third stops waiting for them.
 
 uvicorn's own handler re-raises the signal once it has shut down (so the process would end *by*
 SIGTERM); :class:`_Server` keeps the graceful part and returns instead.
@@ -22,9 +24,10 @@ __all__ = ["bind", "run_app"]
 class _Server(uvicorn.Server):
     """uvicorn's server, its signal handling replaced: ``on_signal`` runs, then the graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, on_signal):
+    def __init__(self, config: uvicorn.Config, on_signal, on_second_interrupt):
         super().__init__(config)
-        self.on_signal = on_signal
+        self.on_signal, self.on_second_interrupt = on_signal, on_second_interrupt
+        self.interrupts = 0
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -39,8 +42,13 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def _stop(self, sig, frame) -> None:
-        if self.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: stop waiting for the requests
-            self.force_exit = True
+        if sig == signal.SIGINT and self.should_exit:
+            self.interrupts += 1
+            if self.interrupts == 1:  # a second Ctrl-C: end the requests in flight at their next token
+                self.on_second_interrupt()
+            else:  # a third: stop waiting for them
+                self.force_exit = True
+            return
         self.on_signal()
         self.should_exit = True
 
@@ -65,5 +73,12 @@ def run_app(app, sock: socket.socket, log_level: str = "warning") -> None:
             engine.stop_intake()
         print("looplab serve: shutting down, finishing the requests in flight", file=sys.stderr, flush=True)
 
+    def cancel_requests() -> None:
+        engine = getattr(app.state, "engine", None)
+        if engine is not None:
+            engine.cancel_all()
+        print("looplab serve: ending the requests in flight now (Ctrl-C again: stop waiting)", file=sys.stderr,
+              flush=True)  # fmt: skip
+
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=None)
-    _Server(config, stop_intake).run(sockets=[sock])
+    _Server(config, stop_intake, cancel_requests).run(sockets=[sock])

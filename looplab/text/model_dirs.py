@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +34,8 @@ from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.model_dir import DTYPES, ModelDir, not_looped, open_model_dir
 from looplab.model.protocol import readouts_by_loops
 from looplab.progress import Progress
+from looplab.stability.spectral import default_exact_loops
+from looplab.text.compute import JVP_PASSES, budgeted_windows, estimate_line, pass_flops
 from looplab.text.evaluate import next_token_nll, plot_lm_loops
 
 __all__ = [
@@ -51,8 +54,9 @@ __all__ = [
 #: default windows in tokens (capped by the model's own longest): evaluation, and the analyses, which
 #: keep attention maps of window² per head, layer and loop
 EVAL_WINDOW, ANALYSIS_WINDOW = 256, 64
-#: default loops: this many times the model's native loop count
-LOOPS_FACTOR = 4
+#: default loops: this many times the model's native loop count (the spectral analysis, whose power iteration
+#: costs tens of Jacobian–vector products a loop: SPECTRAL_LOOPS_FACTOR times)
+LOOPS_FACTOR, SPECTRAL_LOOPS_FACTOR = 4, 2
 #: default windows read by the evaluation
 EVAL_SAMPLES = 64
 #: windows per batch of the evaluation's unroll
@@ -89,14 +93,18 @@ def _prepare(
     text,
     window: int | None,
     default_window: int,
-    samples: int,
+    samples: int | None,
     loops: int | None,
     loops_option: str,
     dtype: str,
     device: str,
+    passes=None,
+    usual: int = 1,
+    factor: int = LOOPS_FACTOR,
 ) -> tuple[ModelDir, Tensor, int, torch.dtype]:
     """Open the model dir and read the text's windows; check the loops (``loops_option`` names them) and
-    samples. Nothing is loaded yet."""
+    samples. ``samples`` None: ``usual`` windows, fewer for a large model (:func:`budgeted_windows` of
+    ``passes(model_dir, loops)``, the loop passes one window costs). Nothing is loaded yet."""
     from looplab.experiment import check_device
 
     if dtype not in DTYPES:
@@ -105,14 +113,16 @@ def _prepare(
         check_device(device)
     except LooplabError as err:  # the same check as a run's, named by this command's flag
         raise LooplabError(str(err).replace("run.device =", "--device").replace("run.device", "--device")) from None
-    if samples < 1:
+    if samples is not None and samples < 1:
         raise LooplabError(f"--samples must be >= 1, got {samples}")
     model_dir = open_model_dir(path)
     if model_dir.kind == "source":
         raise not_looped(model_dir)
-    loops = LOOPS_FACTOR * model_dir.native_loops if loops is None else loops
+    loops = factor * model_dir.native_loops if loops is None else loops
     model_dir.check_loops(loops, loops_option)
     window = _window(model_dir, window, default_window)
+    if samples is None:
+        samples = budgeted_windows(model_dir.parameters, window, passes(model_dir, loops), usual)
     windows = text_windows(model_dir.tokenizer, read_utf8_text(text, "--text"), window, samples, str(text))
     return model_dir, windows, loops, DTYPES[dtype]
 
@@ -163,16 +173,22 @@ def evaluate_text(
     text,
     max_loops: int | None = None,
     window: int | None = None,
-    samples: int = EVAL_SAMPLES,
+    samples: int | None = None,
     out=None,
     dtype: str = "float32",
     device: str = "cpu",
     progress: bool = False,
+    weights: str = "float",
 ) -> dict:
-    """Loss against loops 1..max_loops (default 4 × native) on windows of ``text``: writes ``out``
-    (default DIR/eval)/lm_loops.csv, lm_loops.png and lm_summary.json; returns the summary."""
+    """Loss against loops 1..max_loops (default 4 × native) on ``samples`` windows of ``text`` (default
+    :data:`EVAL_SAMPLES`, fewer for a large model: :mod:`looplab.text.compute`): writes ``out`` (default
+    DIR/eval)/lm_loops.csv, lm_loops.png and lm_summary.json; returns the summary. ``weights``
+    ``int8``: the linear layers as int8 (:mod:`looplab.lm.int8`), their quality cost in the summary."""
+    from looplab.lm.int8 import check_weights, held_tokens, int8_quality
+
+    check_weights(weights, device)
     model_dir, windows, max_loops, torch_dtype = _prepare(
-        path, text, window, EVAL_WINDOW, samples, max_loops, "--max-loops", dtype, device
+        path, text, window, EVAL_WINDOW, samples, max_loops, "--max-loops", dtype, device, lambda _, k: k, EVAL_SAMPLES
     )
     out = Path(out) if out is not None else model_dir.path / "eval"
     _check_out(out)
@@ -183,10 +199,18 @@ def evaluate_text(
     if progress:
         print(
             f"eval: {model_dir.path} ({model_dir.name}, native loops {model_dir.native_loops}): "
-            f"{len(windows)} windows of {windows.shape[1]} tokens of {text}, loops 1..{max_loops}",
+            f"{_windows(len(windows))} of {windows.shape[1]} tokens of {text}, loops 1..{max_loops}: "
+            + _estimate(model_dir, len(windows) * max_loops, windows.shape[1], torch_dtype, device),
             flush=True,
         )
     model = model_dir.load(torch_dtype, device)
+    quality = None
+    if weights == "int8":
+        encode = model_dir.tokenizer
+        quality = int8_quality(model, held_tokens(lambda s: encode(s, add_special_tokens=False)["input_ids"]),
+                               model_dir.native_loops)  # fmt: skip
+        if progress:
+            print(f"eval: {quality.line()}", flush=True)
     frame = text_loss_by_loops(model, windows, max_loops, progress=progress)
     summary = _loss_summary(frame, model_dir)
     summary.update(
@@ -198,6 +222,8 @@ def evaluate_text(
             "window": int(windows.shape[1]),
             "windows": len(windows),
             "dtype": dtype,
+            "weights": weights,
+            "int8_quality": None if quality is None else asdict(quality),
         }
     )
     out.mkdir(parents=True, exist_ok=True)
@@ -263,10 +289,16 @@ def analyze_text_mechanistic(
     from looplab.params import fill
 
     loops = options.pop("loops", None)
-    samples = options.pop("samples", AnalysisOptions().samples)
+    samples = options.pop("samples", None)
+    ablation = options.get("mlp_ablation", AnalysisOptions().mlp_ablation)
+
+    def passes(opened: ModelDir, k: int) -> float:  # one trace, and one more per core layer with its MLP zeroed
+        return k * (1 + (_core_layers(opened) if ablation else 0))
+
     model_dir, windows, loops, torch_dtype = _prepare(
-        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device
-    )
+        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device, passes,
+        AnalysisOptions().samples,
+    )  # fmt: skip
     settings = fill(AnalysisOptions, {**options, "loops": loops, "samples": len(windows)}, "analysis")
     out = Path(out) if out is not None else model_dir.path / "analysis" / "mechanistic"
     _check_out(out)
@@ -286,8 +318,9 @@ def analyze_text_mechanistic(
     model_dir.check_fits(torch_dtype, device, f"an analysis trace of {len(windows)} windows x {loops} loops", extra)
     if progress:
         print(
-            f"analyze mechanistic: {model_dir.path} ({model_dir.name}): {len(windows)} windows of {length} "
-            f"tokens of {text}, loops 1..{loops}",
+            f"analyze mechanistic: {model_dir.path} ({model_dir.name}): {_windows(len(windows))} of {length} "
+            f"tokens of {text}, loops 1..{loops}: "
+            + _estimate(model_dir, len(windows) * passes(model_dir, loops), length, torch_dtype, device),
             flush=True,
         )
     model = model_dir.load(torch_dtype, device)
@@ -337,7 +370,7 @@ def analyze_text_spectral(
     path,
     text,
     loops: int | None = None,
-    samples: int = 4,
+    samples: int | None = None,
     iters: int = 10,
     out=None,
     exact_loops=None,
@@ -346,40 +379,69 @@ def analyze_text_spectral(
     device: str = "cpu",
     progress: bool = False,
 ) -> dict:
-    """ρ of the loop Jacobian per loop (default loops 4 × native) on ``samples`` windows of ``text``:
-    spectral.csv, spectral.png and spectral.json in ``out`` (default DIR/analysis); returns the summary.
-    ``exact_loops``: loops, ``"all"``, or None (the first, middle and last when the state is small).
-    The power iteration starts from a direction drawn with seed 0."""
+    """ρ of the loop Jacobian per loop (default loops 2 × native) on ``samples`` windows of ``text`` (default
+    4, fewer for a large model: :mod:`looplab.text.compute`): spectral.csv, spectral.png and spectral.json in
+    ``out`` (default DIR/analysis); returns the summary. ``exact_loops``: loops, ``"all"``, or None (the
+    first, middle and last where the exact spectrum is cheap: its L·d Jacobian columns a window cost no
+    more than the power iteration's products). The power iteration starts from a direction drawn with seed 0."""
     from looplab.analysis.run import checked_exact_loops, write_spectral
     from looplab.seeding import derive_generator
     from looplab.tasks import TaskBatch
 
     if iters < 1:
         raise LooplabError(f"--iters must be >= 1, got {iters}")
+
+    def passes(_, k: int) -> float:  # the trajectory, then the warm-started power iteration's products
+        return k + JVP_PASSES * power_products(k, iters)
+
     model_dir, windows, loops, torch_dtype = _prepare(
-        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device
+        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device, passes, 4, SPECTRAL_LOOPS_FACTOR
     )
     out = Path(out) if out is not None else model_dir.path / "analysis"
     _check_out(out)
-    length = windows.shape[1]
-    # one loop's forward and tangent, and a table row per window and loop
-    work = 2 * _activation_bytes(model_dir, len(windows), length, torch_dtype) + 512 * len(windows) * loops
+    length, width = windows.shape[1], _state_width(model_dir)
+    if exact_loops is None:  # by default only where it is cheap beside the power iteration
+        cheap = length * width <= power_products(loops, iters)
+        exact_loops = list(default_exact_loops(loops)) if cheap else []
+    elif exact_loops == "all":
+        exact_loops = range(1, loops + 1)
+    exact_loops = sorted(set(exact_loops))
+    # one loop's forward and tangent for the windows (the exact spectrum's L·d tangents of one window at
+    # once), and a table row per window and loop
+    tangents = max(len(windows), length * width if exact_loops else 0)
+    work = 2 * _activation_bytes(model_dir, tangents, length, torch_dtype) + 512 * len(windows) * loops
     model_dir.check_fits(torch_dtype, device, f"a spectral analysis of {len(windows)} windows x {loops} loops", work)
+    count = len(windows) * (passes(None, loops) + JVP_PASSES * length * width * len(exact_loops))
+    if progress:
+        print(
+            f"analyze spectral: {model_dir.path} ({model_dir.name}): {_windows(len(windows))} of {length} "
+            f"tokens of {text}, loops 1..{loops}, {iters} power iterations a loop"
+            f"{f', exact at {len(exact_loops)} loops' if exact_loops else ''}: "
+            + _estimate(model_dir, count, length, torch_dtype, device),
+            flush=True,
+        )
     model = model_dir.load(torch_dtype, device, eager_experts=True)
     valid = torch.ones_like(windows, dtype=torch.bool)
     batch = TaskBatch(windows, windows, valid, torch.full((len(windows),), length)).to(device)
-    if exact_loops == "all":
-        exact_loops = range(1, loops + 1)
     exact = checked_exact_loops(exact_loops, loops, length, _state_width_of(model, batch))
-    if progress:
-        print(
-            f"analyze spectral: {model_dir.path} ({model_dir.name}): {len(windows)} windows of {length} "
-            f"tokens of {text}, loops 1..{loops}",
-            flush=True,
-        )
     title = f"{model_dir.path.name}: loop Jacobian, {length}-token windows"
     generator = derive_generator(0, "spectral")
     return write_spectral(model, batch, loops, iters, exact, generator, out, title, model_dir.native_loops, progress)
+
+
+def _windows(count: int) -> str:
+    return f"{count} window{'' if count == 1 else 's'}"
+
+
+def _estimate(model_dir: ModelDir, passes: float, window: int, dtype: torch.dtype, device: str) -> str:
+    """The time ``passes`` loop passes over windows of ``window`` tokens take here (:func:`estimate_line`)."""
+    return estimate_line(passes * pass_flops(model_dir.parameters, window), dtype, device, window)
+
+
+def power_products(loops: int, iters: int) -> int:
+    """The Jacobian–vector products of a warm-started power iteration along ``loops`` loops (4 × ``iters`` at
+    loop 1, ``iters`` after, and one more a loop for the Rayleigh quotient)."""
+    return 4 * iters + 1 + (loops - 1) * (iters + 1)
 
 
 @torch.no_grad()

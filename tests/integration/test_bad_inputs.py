@@ -139,6 +139,7 @@ def snapshot(directory: Path) -> dict[str, str]:
 CASES = [
     # ---- config files and overrides
     ("train {root}/missing.toml --out {new}", 2, "config file not found"),
+    ("train {cfg} --out {root}/a_file/run", 2, "cannot make {root}/a_file/run: {root}/a_file is a file, not a folder"),
     ("train {root} --out {new}", 2, "is a directory, not a TOML file"),
     ("train {root}/not_utf8.toml --out {new}", 2, "is not UTF-8 text"),
     ("train {root}/broken.toml --out {new}", 2, "is not valid TOML"),

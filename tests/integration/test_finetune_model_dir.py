@@ -45,6 +45,7 @@ def world(tmp_path_factory):
         save_model_dir(family, root / family)
     for family in ("ouro", "huginn"):
         save_own_family(family, root / family)
+    save_own_family("ouro", root / "ouro_small_vocab", vocab_size=40)  # the tokenizer has 61 tokens
     torch.manual_seed(0)
     _randomise(LlamaForCausalLM(LlamaConfig(**LLAMA, tie_word_embeddings=True)), 0.1).save_pretrained(root / "llama")
     tiny_tokenizer().save_pretrained(root / "llama")
@@ -119,6 +120,119 @@ def test_a_stars_fine_tune_of_a_model_dir_learns_resumes_bit_for_bit_and_evaluat
         assert torch.equal(reloaded.model(ids, loops=3), trained.model(ids, loops=3))
 
 
+@pytest.mark.parametrize("family", ["ouro", "huginn", "hrm_text"])
+def test_a_lora_fine_tune_trains_the_adapters_alone_and_resumes_bit_for_bit(world, tmp_path, family):
+    """STARS through LoRA (``train.adapter = "lora"``, rank 4): the loss falls, the dir's weights do not
+    move, a checkpoint holds the adapters alone, a run stopped halfway resumes to the same adapters and
+    optimizer state, and the run reloads (dir + adapters) to the same logits."""
+    sets = [*_overrides(world, family), "train.adapter=lora", "train.adapter_rank=4", "train.adapter_alpha=8"]
+    config = load_config(PRESET, sets)
+    source = Experiment.build(load_config(PRESET, _overrides(world, family)))
+    straight = tmp_path / "straight"
+    trained = train(config, straight, progress=False)
+    before = lm_loss_by_loops(source.model, source.task, WINDOW, SAMPLES, 4, config.run.seed)
+    after = lm_loss_by_loops(trained.model, trained.task, WINDOW, SAMPLES, 4, config.run.seed)
+    drop = before.loss - after.loss  # a few steps of the adapters alone: less than a full fine-tune moves
+    assert (drop > 0).all() and drop.max() > 0.1, (before.loss.tolist(), after.loss.tolist())
+    saved = load_file(_checkpoint(straight, STEPS) / "model.safetensors")
+    assert saved and all("lora_" in key for key in saved), sorted(saved)[:3]
+    base = {k: v for k, v in trained.model.state_dict().items() if "lora_" not in k}
+    expected = {k.replace(".base_layer", ""): v for k, v in base.items()}
+    assert all(torch.equal(expected[k], v) for k, v in source.model.state_dict().items())
+    trainable = [name for name, p in trained.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+
+    stopped = tmp_path / "stopped"
+    shutil.copytree(straight, stopped)
+    shutil.rmtree(_checkpoint(stopped, STEPS))
+    train(load_config(PRESET, sets), stopped, progress=False)
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        expected_file, resumed = (load_file(_checkpoint(run, STEPS) / file) for run in (straight, stopped))
+        assert expected_file.keys() == resumed.keys()
+        assert all(torch.equal(expected_file[name], resumed[name]) for name in expected_file), file
+
+    reloaded = Experiment.from_run(straight)
+    ids = torch.randint(0, 61, (2, WINDOW), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reloaded.model(ids, loops=2), trained.model(ids, loops=2))
+        assert not torch.equal(reloaded.model(ids, loops=2), source.model(ids, loops=2))
+
+
+def _stored_keys(folder) -> set[str]:
+    from looplab.lm.weights import stored_headers
+
+    return set(stored_headers(folder))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_writes_the_run_back_in_the_published_layout(world, tmp_path, family, capsys):
+    """``looplab export``: the exported dir holds the published key set, opens as a model dir of its family,
+    and gives the run's logits bit for bit (a retrofit's W_I included)."""
+    from looplab.lm.model_dir import open_model_dir
+
+    run = tmp_path / "run"
+    train(load_config(PRESET, _overrides(world, family, steps=2)), run, progress=False)
+    out = tmp_path / "exported"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert f"-> {out}" in capsys.readouterr().out
+    assert _stored_keys(out) == _stored_keys(world / family)
+    exported = open_model_dir(out).load(torch.float32, eager_experts=True)  # the run's dtype and expert loop
+    ours = Experiment.from_run(run).model
+    ids = torch.randint(0, 61, (2, WINDOW), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(exported(ids, loops=3), ours(ids, loops=3))
+
+
+def test_export_merges_lora_adapters_and_loads_in_transformers(world, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from looplab.lm.model_dir import open_model_dir
+    from looplab.text.export import export_run
+
+    run = tmp_path / "run"
+    sets = [*_overrides(world, "hrm_text", steps=2), "train.adapter=lora", "train.adapter_rank=4"]
+    train(load_config(PRESET, sets), run, progress=False)
+    out = tmp_path / "exported"
+    written = export_run(run, out)
+    assert written["merged"] > 0
+    assert _stored_keys(out) == _stored_keys(world / "hrm_text")  # no adapter keys: merged
+    ours = Experiment.from_run(run).model.double()
+    exported = open_model_dir(out).load(torch.float64)
+    ids = torch.randint(0, 61, (2, WINDOW), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (exported(ids, loops=3) - ours(ids, loops=3)).abs().max() < 1e-5
+        reference = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
+        native = exported.native_loops
+        assert torch.allclose(reference(ids).logits, exported(ids, loops=native), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("{looplab_run}", "trains looplab's own model (no model.pretrained): export writes back a run fine-tuned"),
+        ("{run} --out {full}", "exists and is not empty; give a new or empty directory (nothing overwritten)"),
+        ("{run} --out {file}/model", "is a file, not a folder"),
+    ],
+)
+def test_bad_export_is_one_line_and_overwrites_nothing(world, tmp_path, capsys, target, message):
+    run, looplab_run = tmp_path / "run", tmp_path / "looplab_run"
+    train(load_config(PRESET, _overrides(world, "ouro", steps=2)), run, progress=False)
+    train(load_config("demo", ["train.steps=1", "eval.samples=8"]), looplab_run, progress=False)
+    full, file = tmp_path / "full", tmp_path / "file"
+    full.mkdir()
+    (full / "kept.txt").write_text("kept\n")
+    file.write_text("a file\n")
+    args = target.format(run=run, looplab_run=looplab_run, full=full, file=file).split()
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "new")]
+    capsys.readouterr()
+    assert main(["export", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert (full / "kept.txt").read_text() == "kept\n" and [p.name for p in full.iterdir()] == ["kept.txt"]
+    assert not (tmp_path / "new").exists()
+
+
 def test_tied_weights_are_written_once_and_stay_tied_after_loading(world, tmp_path):
     run = tmp_path / "run"
     train(load_config(PRESET, _overrides(world, "retrofit", steps=2)), run, progress=False)
@@ -127,6 +241,27 @@ def test_tied_weights_are_written_once_and_stay_tied_after_loading(world, tmp_pa
     model = Experiment.from_run(run).model
     assert model.lm_head.weight.data_ptr() == model.embed.weight.data_ptr()
     assert torch.equal(model.lm_head.weight, saved["embed.weight"])
+
+
+@pytest.mark.parametrize("family", ["ouro", "retrofit"])
+def test_a_run_fine_tuned_from_a_model_dir_generates_with_the_dirs_tokenizer(world, tmp_path, family, capsys):
+    from looplab.generation import DecodeOptions, GenerationExit, generate
+    from looplab.generation.text_lm import open_text_lm
+
+    run = tmp_path / "run"
+    trained = train(load_config(PRESET, _overrides(world, family, steps=2)), run, progress=False)
+    lm = open_text_lm(run)
+    assert lm.kind == "run" and "fine-tuned from" in lm.name
+    prompt = lm.encode("In the beginning")
+    assert prompt == list(tiny_tokenizer()("In the beginning")["input_ids"])
+    options = DecodeOptions(GenerationExit("fixed", 2))
+    expected = generate(trained.model.eval(), [prompt], 4, options)
+    capsys.readouterr()
+    assert (
+        main(["generate", str(run), "--prompt", "In the beginning", "--json", "--loops", "2", "--max-new-tokens", "4"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["token_ids"] == expected.tokens[0]
 
 
 def test_the_fine_tune_config_records_the_dir_and_reads_back(world, tmp_path):
@@ -175,6 +310,20 @@ BAD = [
         "task windows reach 65 tokens (task.train_max, task.eval_lengths), beyond the 64",
     ),
     (TRAIN + " --set task.name=kjv", "task.text_file applies to task 'text'"),
+    (
+        TRAIN + " --set model.pretrained={root}/ouro --set train.adapter=lora --set train.adapter_targets=['qproj']",
+        "train.adapter_targets: 'qproj' names no linear layer of the model; its linear layers end in",
+    ),
+    (TRAIN + " --set task.name=kjv --set task.text_file= --set train.adapter=lora", "fine-tunes a model dir"),
+    (
+        TRAIN + " --set model.pretrained={root}/ouro --set train.adapter_rank=4",
+        "train.adapter_rank applies to train.adapter = 'lora'",
+    ),
+    (TRAIN + " --set model.pretrained={root}/ouro --set train.adapter=qlora", "valid choices: lora, none"),
+    (
+        TRAIN + " --set model.pretrained={root}/ouro_small_vocab",
+        "past the model's 40 embedding rows (config.json vocab_size): its tokenizer and weights do not match",
+    ),
 ]
 
 

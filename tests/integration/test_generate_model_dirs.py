@@ -238,7 +238,7 @@ def test_a_row_stops_after_the_models_end_of_text_token(lms):
         ("hrm_text", ["--exit", "kl", "--exit-param", "eps=-1"], "generate.exits.kl.eps must be in (0, inf)"),
         ("hrm_text", ["--exit", "halting"], "the halting exit needs a halting head, which hrm_text lacks"),
         ("llama", [], "is a llama model, not a looped one: make one of it with `looplab retrofit"),
-        ("inkling2_loop", ["--cache", "last_m"], "the last_m cache is not defined for Inkling2Loop"),
+        ("inkling2_loop", ["--cache", "last_m"], "the last_m cache is not defined for Inkling-2 loop"),
         ("retrofit", ["--cache", "none", "--exit", "convergence"], "use the fixed exit"),
         ("hrm_text", ["--dtype", "float16"], "unknown dtype 'float16'; valid choices: float32, bfloat16"),
         ("hrm_text", ["--max-new-tokens", "0"], "max new tokens must be in 1.."),

@@ -74,6 +74,7 @@ def world(tmp_path_factory):
     (root / "bad_tokenizer_json" / "tokenizer_config.json").write_text("{ not json")
     _own_family_dirs(root)
     _broken_hrm_dirs(root)
+    _shard_dirs(root)
     (root / "text.txt").write_text(TEXT * 2, encoding="utf-8")
     (root / "fake.gguf").write_bytes(b"GGUF but not really")
     (root / "latin1.txt").write_bytes("In the beginning Dieu créa".encode("latin-1"))
@@ -82,6 +83,52 @@ def world(tmp_path_factory):
     (root / "full").mkdir()
     (root / "full" / "kept.txt").write_text("an existing output\n")
     return root
+
+
+#: dir name → (family, config field, a value outside its domain): each refused when the dir is opened
+BAD_FIELDS = {
+    "ouro_threshold_text": ("ouro", "early_exit_threshold", "0.5"),
+    "ouro_threshold_null": ("ouro", "early_exit_threshold", None),
+    "ouro_theta_text": ("ouro", "rope_theta", "10000"),
+    "ouro_theta_null": ("ouro", "rope_theta", None),
+    "ouro_theta_zero": ("ouro", "rope_theta", 0),
+    "ouro_eps_negative": ("ouro", "rms_norm_eps", -1),
+    "ouro_head_dim_zero": ("ouro", "head_dim", 0),
+    "ouro_kv_heads_zero": ("ouro", "num_key_value_heads", 0),
+    "ouro_loops_huge": ("ouro", "total_ut_steps", 100000),
+    "ouro_loops_float": ("ouro", "total_ut_steps", 2.5),
+    "ouro_layer_types": ("ouro", "layer_types", ["full_attention"] * 3),
+    "ouro_act": ("ouro", "hidden_act", "gelu"),
+    "huginn_base_text": ("huginn", "rope_base", "50000"),
+    "huginn_eps_text": ("huginn", "norm_eps", "x"),
+    "huginn_eps_negative": ("huginn", "norm_eps", -1),
+    "huginn_noise": ("huginn", "test_time_noise", 0.5),
+    "huginn_state_init": ("huginn", "state_init", "normal"),
+    "huginn_recurrence_zero": ("huginn", "mean_recurrence", 0),
+    "huginn_prelude_negative": ("huginn", "n_layers_in_prelude", -1),
+}
+#: what each such dir's one line says
+BAD_FIELD_MESSAGES = {
+    "ouro_threshold_text": "early_exit_threshold must be a number in (0, 1], got '0.5'",
+    "ouro_threshold_null": "early_exit_threshold must be a number in (0, 1], got None",
+    "ouro_theta_text": "rope_theta must be a finite number > 0, got '10000'",
+    "ouro_theta_null": "rope_theta must be a finite number > 0, got None",
+    "ouro_theta_zero": "rope_theta must be a finite number > 0, got 0",
+    "ouro_eps_negative": "rms_norm_eps must be a finite number > 0, got -1",
+    "ouro_head_dim_zero": "head_dim must be an integer ≥ 1 or null, got 0",
+    "ouro_kv_heads_zero": "num_key_value_heads must be an integer ≥ 1 or null, got 0",
+    "ouro_loops_huge": "total_ut_steps must be an integer in 1..4096, got 100000",
+    "ouro_loops_float": "total_ut_steps must be an integer in 1..4096, got 2.5",
+    "ouro_layer_types": "layer_types must list one type per layer (num_hidden_layers 24)",
+    "ouro_act": "hidden_act must be one of 'silu', got 'gelu'",
+    "huginn_base_text": "rope_base must be a finite number > 0, got '50000'",
+    "huginn_eps_text": "norm_eps must be a finite number > 0, got 'x'",
+    "huginn_eps_negative": "norm_eps must be a finite number > 0, got -1",
+    "huginn_noise": "test_time_noise must be one of 0, 0.0, got 0.5",
+    "huginn_state_init": "state_init must be one of 'like-init', got 'normal'",
+    "huginn_recurrence_zero": "mean_recurrence must be an integer in 1..4096, got 0",
+    "huginn_prelude_negative": "n_layers_in_prelude must be an integer ≥ 0, got -1",
+}
 
 
 def _own_family_dirs(root: Path) -> None:
@@ -105,6 +152,8 @@ def _own_family_dirs(root: Path) -> None:
     remote = {"model_type": "raven_custom", "auto_map": {"AutoModelForCausalLM": "modeling.RavenForCausalLM"}}
     _fake_model_dir(root / "remote_only", remote)
     _fake_model_dir(root / "ouro_bad_config", published_config("ouro", num_attention_heads=0))
+    for name, (family, field, value) in BAD_FIELDS.items():
+        _fake_model_dir(root / name, published_config(family, **{field: value}))
     _fake_model_dir(root / "ouro_sliding", published_config("ouro", use_sliding_window=True))
 
 
@@ -132,6 +181,32 @@ def _broken_hrm_dirs(root: Path) -> None:
     shutil.copytree(root / "hrm_text", root / "hrm_no_cycles")
     config = json.loads((root / "hrm_text" / "config.json").read_text())
     (root / "hrm_no_cycles" / "config.json").write_text(json.dumps({**config, "H_cycles": 0}))
+
+
+def _shard_dirs(root: Path) -> None:
+    """Sharded Ouro and HRM-Text dirs whose index points outside the dir or at the wrong shard, and dirs where
+    a stray file repeats a key."""
+    from safetensors.torch import load_file, save_file
+
+    for family in ("ouro", "hrm_text"):
+        weights = load_file(root / family / "model.safetensors")
+        keys = sorted(weights)
+        halves = {"part-1.safetensors": keys[: len(keys) // 2], "part-2.safetensors": keys[len(keys) // 2 :]}
+        maps = {
+            "outside": {key: "../ouro/model.safetensors" for key in keys},
+            "absolute": {key: "/etc/passwd" for key in keys},
+            "wrong": {key: name for name, part in zip(reversed(list(halves)), halves.values()) for key in part},
+        }
+        for kind, weight_map in maps.items():
+            folder = root / f"{family}_shard_{kind}"
+            shutil.copytree(root / family, folder)
+            (folder / "model.safetensors").unlink()
+            for name, part in halves.items():
+                save_file({key: weights[key] for key in part}, str(folder / name))
+            (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        folder = root / f"{family}_stray_copy"
+        shutil.copytree(root / family, folder)
+        save_file({keys[0]: torch.zeros_like(weights[keys[0]])}, str(folder / "stray.safetensors"))
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -169,6 +244,25 @@ CASES = [
     (f"eval {{root}}/hrm_and_run {TEXT_ARG} --out {{new}}", "holds both config.json (a model dir) and config.toml"),
     (f"eval {{root}}/hrm_no_cycles {TEXT_ARG} --out {{new}}", "the model runs 0 loops by itself (HRM-Text"),
     ("generate {root}/hrm_nan --prompt In --json", "weight lm_head.weight holds NaN or infinite values"),
+    ("generate {root}/hrm_no_head --prompt In", "lacks 1 weight(s) the model needs: lm_head.weight"),
+    ("generate {root}/huginn --prompt In --decoder depth", "chains of pre-norm layers, which Huginn-0125 is not"),
+    (
+        "generate {root}/ouro --prompt In --exit gate --decoder wavefront",
+        "runs chains of pre-norm layers, which Ouro with the gate exit is not: valid models",
+    ),
+    ("generate {root}/ouro --prompt In --exit gate --decoder speculative", "use the fixed exit, not gate"),
+    # ---- shards: inside the dir, each key once, where the index says
+    *[
+        (f"eval {{root}}/{family}_shard_{kind} {TEXT_ARG} --out {{new}}", message)
+        for family in ("ouro", "hrm_text")
+        for kind, message in (
+            ("outside", "to ../ouro/model.safetensors, outside"),
+            ("absolute", "to /etc/passwd, outside"),
+            ("wrong", "but part-1.safetensors holds it"),
+        )
+    ],
+    (f"eval {{root}}/ouro_stray_copy {TEXT_ARG} --out {{new}}", "is stored twice, in"),
+    (f"eval {{root}}/hrm_text_stray_copy {TEXT_ARG} --out {{new}}", "is stored twice, in"),
     # ---- Ouro and Huginn dirs
     (f"eval {{root}}/remote_only {TEXT_ARG} --out {{new}}", "model_type 'raven_custom', which looplab does not loop"),
     (f"eval {{root}}/ouro_missing {TEXT_ARG} --out {{new}}", "lacks 1 weight(s) the model needs: model.norm.weight"),
@@ -183,9 +277,15 @@ CASES = [
     (f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}", "holds no tokenizer"),
     (
         f"eval {{root}}/ouro_bad_config {TEXT_ARG} --out {{new}}",
-        "num_attention_heads must be a positive integer, got 0",
+        "num_attention_heads must be an integer ≥ 1, got 0",
     ),
     (f"eval {{root}}/ouro_sliding {TEXT_ARG} --out {{new}}", "sliding-window layers are not supported"),
+    *[(f"eval {{root}}/{name} {TEXT_ARG} --out {{new}}", message) for name, message in BAD_FIELD_MESSAGES.items()],
+    *[
+        (f"{command} {{root}}/{name} {flags}", BAD_FIELD_MESSAGES[name])
+        for name in ("ouro_theta_text", "huginn_noise", "ouro_loops_huge")
+        for command, flags in (("generate", "--prompt In"), ("serve", "--port 0"))
+    ],
     (f"eval {{root}}/huginn {TEXT_ARG} --max-loops 4097 --out {{new}}", "--max-loops must lie in 1..4096"),
     ("generate {root}/ouro --prompt In --loops 5000", "loops: must be an integer in 1..4096, got 5000"),
     ("generate {root}/ouro --prompt In --exit gate --exit-param threshold=0", "threshold"),

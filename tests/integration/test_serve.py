@@ -277,6 +277,39 @@ def test_a_full_queue_answers_503_and_the_server_goes_on(lm):
         assert client(url).completions.create(model="lm", prompt="k", max_tokens=2).choices[0].text is not None
 
 
+def test_a_plugin_decoders_bad_answer_is_a_json_500_naming_it_and_the_server_goes_on(lm):
+    from looplab.generation.decoders import DECODERS, DecodingMethod, register_decoder
+    from looplab.generation.sampling import Generation
+
+    @register_decoder
+    class Liar(DecodingMethod):
+        name = "liar"
+
+        def decode(self, model, prompts, max_new_tokens, options, finished, forced):
+            return Generation([[10**6]] * len(prompts), [[1]] * len(prompts), [[-0.5]] * len(prompts))
+
+    try:
+        with serving(lm) as (url, _):
+            body = {"prompt": "In", "max_tokens": 2, "temperature": 0, "decoder": "liar"}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT)
+            assert reply.status_code == 500
+            message = reply.json()["error"]["message"]
+            assert "decoder 'liar' (" in message and "token 1000000 in row 0, outside the vocabulary" in message
+            assert "\n" not in message
+            after = client(url).completions.create(model="lm", prompt="In", max_tokens=2, temperature=0)
+            assert len(after.choices[0].looplab["token_ids"]) == 2
+    finally:
+        del DECODERS["liar"]
+
+
+def test_a_request_larger_than_the_queue_is_a_400_not_a_503_forever(lm):
+    with serving(lm, max_running=2, max_queue=4) as (url, _):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client(url).completions.create(model="lm", prompt=["a", "b", "c", "d", "e", "f"], max_tokens=2)
+        assert "6 completions (prompts × n), more than the server ever queues (--max-queue 4)" in str(refused.value)
+        assert len(client(url).completions.create(model="lm", prompt=["a"] * 4, max_tokens=2).choices) == 4
+
+
 # -- bad requests ------------------------------------------------------------------------------------------
 
 #: (request fields, the field the 400 names, a fragment of its message): through the openai client
@@ -453,6 +486,41 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(lm_run):
         assert proc.wait(TIMEOUT) == 0
         assert time.monotonic() - signalled < TIMEOUT
         assert "shutting down" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_second_ctrl_c_ends_the_requests_in_flight_cleanly(lm_run):
+    """Two long requests, then Ctrl-C twice: each is answered (HTTP 200, what it had, finish_reason
+    ``cancelled``), the process exits 0, and its log holds no traceback."""
+    proc, url = _start(lm_run)
+    try:
+        body = {"prompt": "In", "max_tokens": 400, "temperature": 0, "loops": 512}  # seconds a request
+        replies: list = []
+        threads = [
+            threading.Thread(target=lambda: replies.append(httpx.post(f"{url}/v1/completions", json=body,
+                                                                      timeout=TIMEOUT)))
+            for _ in range(2)
+        ]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + TIMEOUT
+        while httpx.get(f"{url}/health", timeout=5).json()["running"] < 2:
+            assert time.monotonic() < deadline, "the two requests did not start"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        for thread in threads:
+            thread.join(TIMEOUT)
+        assert [reply.status_code for reply in replies] == [200, 200]
+        for reply in replies:
+            choice = reply.json()["choices"][0]
+            assert choice["finish_reason"] == "cancelled" and 0 < len(choice["looplab"]["token_ids"]) < 400
+        assert proc.wait(TIMEOUT) == 0
+        log = proc.stderr.read()
+        assert "Traceback" not in log and "ending the requests in flight now" in log, log
     finally:
         if proc.poll() is None:
             proc.kill()

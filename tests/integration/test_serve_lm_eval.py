@@ -87,3 +87,35 @@ def test_the_tokenizer_routes_answer_as_vllms(retrofit):
         assert (
             deep.status_code == 400 and "nested too deeply to be a tokenizer request" in deep.json()["error"]["message"]
         )
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    from looplab.config import load_config
+    from looplab.train.trainer import train
+    from tests.integration.test_stars_lm import TINY
+
+    run_dir = tmp_path_factory.mktemp("served_bytes") / "lm"
+    train(load_config(None, TINY), run_dir, progress=False)
+    return run_dir
+
+
+def test_a_byte_lm_scores_rolling_text_through_lm_evals_remote_tokenizer(byte_run):
+    """The server names the byte LM's start token, so lm-eval's ``local-completions`` with the server's own
+    tokenizer (``tokenizer_backend=remote``) scores ``loglikelihood_rolling`` as ``--model looplab`` does."""
+    from lm_eval.api.instance import Instance
+
+    from looplab.tasks.base import START
+
+    texts = ["In the beginning God created", "And the earth was without form"]
+    requests = [Instance("loglikelihood_rolling", {}, (text,), index) for index, text in enumerate(texts)]
+    direct = get_model("looplab").create_from_arg_string(f"path={byte_run}").loglikelihood_rolling(requests)
+    lm = open_text_lm(byte_run)
+    with serving(lm) as (url, _):
+        info = httpx.get(f"{url}/tokenizer_info").json()
+        assert info["bos_token"] == "<s>" and info["eos_token"] is None
+        start = httpx.post(f"{url}/tokenize", json={"prompt": "<s>", "add_special_tokens": False}).json()
+        assert start["tokens"] == [START]
+        args = f"base_url={url}/v1/completions,model=lm,tokenizer_backend=remote,tokenized_requests=True"
+        served = get_model("local-completions").create_from_arg_string(args).loglikelihood_rolling(requests)
+    assert served == pytest.approx(direct, abs=1e-5)

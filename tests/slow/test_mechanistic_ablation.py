@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from looplab.analysis.fixed_points import fixed_point_cross_cos_min, late_self_cos, self_convergence
-from looplab.analysis.trace import trace
 from looplab.cli import PRESETS
 from looplab.config import load_config
 from looplab.experiment import Experiment
+from looplab.model.trace import trace
 from looplab.seeding import derive_generator
 
 pytestmark = pytest.mark.slow

@@ -16,9 +16,9 @@ from looplab.analysis.fixed_points import (
     self_convergence,
 )
 from looplab.analysis.massive import colsum_mlp_ablation, massive_activations, massive_ratio, zero_mlp
-from looplab.analysis.trace import trace
 from looplab.config import ModelConfig
 from looplab.model import LoopedTransformer
+from looplab.model.trace import trace
 
 
 def tiny_model(**overrides) -> LoopedTransformer:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looplab.analysis.trace import trace
 from looplab.config import ModelConfig
 from looplab.model import LoopedTransformer
+from looplab.model.trace import trace
 
 VOCAB = 7
 

@@ -16,7 +16,6 @@ from torch.func import jvp
 
 from looplab.analysis.mechanistic import analyze_experiment
 from looplab.analysis.registry import METRICS, AnalysisInput, AnalysisOptions, MetricResult
-from looplab.analysis.trace import trace
 from looplab.config import ModelConfig, load_config
 from looplab.errors import LooplabError
 from looplab.eval.grid import LengthOutcome
@@ -28,6 +27,7 @@ from looplab.model import LoopedTransformer
 from looplab.model.norms import Residual
 from looplab.model.protocol import LoopProbe
 from looplab.model.tangent import linearise_residual
+from looplab.model.trace import trace
 from looplab.params import domain_of
 from looplab.regularisers import REGULARISERS
 from looplab.tasks import IGNORE, PAD, TASKS, make_task

@@ -94,7 +94,7 @@ def test_sampling_is_reproducible_by_its_seed():
         ("looplab", "shared", "depth", "the depth decoder decodes through the per_loop cache, not shared"),
         ("looplab", "last_m", "depth", "the depth decoder decodes through the per_loop cache, not last_m"),
         ("looplab", "per_loop", "loop", "unknown decoder 'loop'; valid choices: depth, recompute, speculative, step"),
-        ("hrm_text", "per_loop", "depth", "HrmTextDecoding has its own core_pass: valid models: a looplab run, a"),
+        ("hrm_text", "per_loop", "depth", "chains of pre-norm layers, which HRM-Text is not: valid models: a looplab"),
     ],
 )
 def test_what_depth_wise_batching_does_not_take_is_one_line(model_kind, cache, batching, message):

@@ -57,3 +57,19 @@ def test_the_committed_page_is_what_its_reads_give(tmp_path):
     root = Path(__file__).resolve().parents[2]
     text = page.write(root / page.DIR, tmp_path / "page.md")
     assert (root / page.PAGE).read_text(encoding="utf-8") == text
+
+
+def test_the_table_names_its_tests_and_writes_tiny_ps_as_a_bound():
+    gaps = page.flat_page.gaps(_reads({"contractive_view": 0.3, "contractive": 6.0, "lognormal_view": 0.3}), "shared")
+    lines = page.decisions_table(gaps)
+    said = lines[0]
+    assert "two one-sided Student-t tests (TOST)" in said and "±1 point" in said and "±0.05 nats/byte" in said
+    assert '"rejected" rejects it' in said and "Holm's correction runs across the 20 decisions" in said
+    assert lines.index("| decision | seeds | p | Holm p | decided |") > 0  # the statement stands above the table
+    assert page.p_text(3e-9) == "< 1e-4" and page.p_text(0.00012) == "0.0001" and page.p_text(0.5) == "0.5000"
+    assert "0.0000" not in "\n".join(lines)
+
+
+def test_seeds_past_a_margin_are_counted_on_both_sides():
+    values = pd.Series([-2.0, -1.5, 0.0, 0.5, 1.2])
+    assert page._past(values, 1.0) == "2 / 1 of 5"

@@ -274,6 +274,16 @@ def test_last_m_memory_is_its_window_whatever_the_depth():
     assert sizes[0] == sizes[1] == per_loop_two
 
 
+def test_last_m_holds_at_most_the_caps_loops():
+    """A window longer than the cap holds the cap's loops, not the window's: the same tokens in the same memory."""
+    model = causal_model()
+    runs = [
+        generate(model, PROMPTS, 3, DecodeOptions(GenerationExit("fixed", 4), "last_m", cache_params={"keep_loops": k}))
+        for k in (4, 4096)
+    ]
+    assert runs[0].tokens == runs[1].tokens and runs[0].cache_bytes == runs[1].cache_bytes
+
+
 @pytest.mark.parametrize("cache", ["per_loop", "none"])
 def test_score_is_the_teacher_forced_log_likelihood(cache):
     """Scoring at a fixed depth gives each token the log-probability the whole-sequence forward pass gives it."""

@@ -21,9 +21,9 @@ LAYERS = [
     {"parallel", "checkpoint", "memory", "rundir"},
     {"schedules", "stability"},
     {"regularisers", "exits", "token_exits"},
+    {"lm"},
     {"experiment"},
     {"train", "eval", "analysis"},
-    {"lm"},
     {"generation"},
     {"text"},
     {"sweep", "report", "harness", "serve"},
@@ -39,13 +39,27 @@ def _unit(module: str) -> str:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every looplab module ``path`` imports, wherever the import statement stands."""
+    """Every looplab module ``path`` imports, wherever the import statement stands, and every one it names
+    to ``importlib.import_module`` (a string, or a module-level name bound to one)."""
+    tree = ast.parse(path.read_text(), str(path))
+    strings = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("looplab"):
             found.add(node.module)
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("looplab")}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            argument = node.args[0] if node.args else None
+            name = argument.value if isinstance(argument, ast.Constant) else strings.get(getattr(argument, "id", ""))
+            if isinstance(name, str) and name.startswith("looplab"):
+                found.add(name)
     return found
 
 

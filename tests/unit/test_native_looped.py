@@ -20,12 +20,12 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
 )
 
-from looplab.analysis.trace import trace  # noqa: E402
 from looplab.errors import LooplabError  # noqa: E402
 from looplab.lm.families import LOOPED_FAMILIES, native_loop  # noqa: E402
 from looplab.lm.hrm_text import HrmTextLoop  # noqa: E402
 from looplab.lm.inkling2_loop import Inkling2Loop  # noqa: E402
 from looplab.model.protocol import readouts_by_loops  # noqa: E402
+from looplab.model.trace import trace  # noqa: E402
 
 VOCAB, D, ATOL = 61, 32, 1e-5
 NATIVE = {"hrm_text": 3, "inkling2_loop": 3}

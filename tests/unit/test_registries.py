@@ -11,7 +11,6 @@ from looplab import exits, regularisers
 from looplab.analysis import registry as metric_registry
 from looplab.analysis.mechanistic import analyze_experiment
 from looplab.analysis.registry import MetricResult, register_metric
-from looplab.analysis.trace import trace
 from looplab.config import ModelConfig, load_config
 from looplab.errors import LooplabError
 from looplab.eval.grid import LengthOutcome
@@ -20,6 +19,7 @@ from looplab.exits import exit_depths, exit_params, register_exit
 from looplab.experiment import Experiment, check_config
 from looplab.model import LoopedTransformer
 from looplab.model.protocol import LoopProbe
+from looplab.model.trace import trace
 from looplab.parallel import SINGLE
 from looplab.regularisers import JacobianPenalty, Regulariser, build_regularisers, regularised_loss
 from looplab.stability.jacobian import jsrr_per_sample, loop_map, random_direction

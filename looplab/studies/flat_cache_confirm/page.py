@@ -86,17 +86,35 @@ def _seeds(count: int) -> str:
     return f"{count} seed{'' if count == 1 else 's'}"
 
 
+def p_text(value: float) -> str:
+    """A p-value as the decisions table shows it: four decimals, "< 1e-4" below that."""
+    return "< 1e-4" if value < 1e-4 else f"{value:.4f}"
+
+
+def tests_said(count: int) -> str:
+    """What each p of the decisions table is, what "rejected" rejects, and the correction over ``count``."""
+    return (
+        f"Each equivalence decision's p is that of two one-sided Student-t tests (TOST) on the per-seed gaps "
+        f"(shared − per_loop) against the margins ±{P.EM_MARGIN:g} point of exact match and ±{P.LOSS_MARGIN:g} "
+        'nats/byte: the null is that the mean gap lies outside the margin, and "rejected" rejects it, which '
+        f"shows equivalence within the margin. Each contrast's p is Welch's two-sided t-test of the difference of "
+        f"the two arms' per-seed gaps (null: no difference). Holm's correction runs across the {count} decisions "
+        f"at α = {P.ALPHA:g}."
+    )
+
+
 def decisions_table(gaps: pd.DataFrame) -> list[str]:
-    """Each decision: its estimate with the 95 % interval, the TOST's 90 % interval, p, Holm's p, verdict."""
+    """The tests behind the p's (:func:`tests_said`), then each decision: its seeds, p, Holm's p, verdict."""
     found = tests(gaps)
     adjusted, rejected = holm([t.p for t in found], P.ALPHA)
-    lines = ["| decision | seeds | p | Holm p | decided |", "|---|---|---|---|---|"]
+    lines = [tests_said(len(found)), "", "| decision | seeds | p | Holm p | decided |", "|---|---|---|---|---|"]
     for test, p_holm, yes in zip(found, adjusted, rejected):
         if not np.isfinite(test.p):
             lines.append(f"| {test.name} | {test.seeds} of {len(P.SEEDS)} | pending | pending | pending |")
             continue
         lines.append(
-            f"| {test.name} | {test.seeds} | {test.p:.4f} | {p_holm:.4f} | {'rejected' if yes else 'not rejected'} |"
+            f"| {test.name} | {test.seeds} | {p_text(test.p)} | {p_text(p_holm)} "
+            f"| {'rejected' if yes else 'not rejected'} |"
         )
     return lines
 
@@ -126,20 +144,27 @@ def verdicts(gaps: pd.DataFrame) -> list[str]:
 
 
 def gap_table(gaps: pd.DataFrame) -> list[str]:
-    """Per arm and loops: each gap's mean with its 95 % interval, and the seeds whose gap exceeds its margin."""
+    """Per arm and loops: each gap's mean with its 95 % interval, and the seeds whose gap lies past its margin on
+    either side (below −margin, above +margin)."""
+    em, loss = f"{P.EM_MARGIN:g} point", f"{P.LOSS_MARGIN:g}"
     lines = [
-        "| arm | loops | EM gap, points | seeds over 1 point | loss gap, nats/byte | seeds over 0.05 |",
+        f"| arm | loops | EM gap, points | seeds below −{em} / above +{em} | loss gap, nats/byte "
+        f"| seeds below −{loss} / above +{loss} |",
         "|---|---|---|---|---|---|",
     ]
     for arm in P.ARMS:
         for loops in P.READ_LOOPS:
             at = gaps[(gaps.arm == arm) & (gaps.loops == loops)]
-            over_em, over_loss = int((at.em_gap > P.EM_MARGIN).sum()), int((at.loss_gap > P.LOSS_MARGIN).sum())
             lines.append(
-                f"| {arm} | {loops} | {_cell(at.em_gap, 1)} | {over_em} of {len(at)} | {_cell(at.loss_gap, 3)} "
-                f"| {over_loss} of {len(at)} |"
+                f"| {arm} | {loops} | {_cell(at.em_gap, 1)} | {_past(at.em_gap, P.EM_MARGIN)} "
+                f"| {_cell(at.loss_gap, 3)} | {_past(at.loss_gap, P.LOSS_MARGIN)} |"
             )
     return lines
+
+
+def _past(values: pd.Series, margin: float) -> str:
+    """How many of ``values`` lie below −margin and above +margin, of how many."""
+    return f"{int((values < -margin).sum())} / {int((values > margin).sum())} of {len(values)}"
 
 
 def earlier_rule(gaps: pd.DataFrame) -> list[str]:

@@ -29,8 +29,8 @@ import torch
 from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.massive import mlp_output_max, zero_mlp
 from looplab.analysis.stages import sink_mass
-from looplab.analysis.trace import trace
 from looplab.lm.retrofit import RetrofittedLoop
+from looplab.model.trace import trace
 from looplab.studies.mechanistic.smollm2_retrofit import text_chunks
 from looplab.text.pretrained import load_smollm2
 

@@ -63,8 +63,8 @@ def measure_run(run_dir: Path) -> dict:
     from looplab.analysis.colsum import colsum_trace
     from looplab.analysis.massive import massive_activations, mlp_output_max, zero_mlp
     from looplab.analysis.stages import distance_to_state, sink_mass, top_activation
-    from looplab.analysis.trace import trace
     from looplab.experiment import Experiment
+    from looplab.model.trace import trace
     from looplab.rundir import read_log
     from looplab.seeding import derive_generator
     from looplab.tasks import IGNORE

@@ -18,9 +18,9 @@ import torch
 from looplab.analysis.colsum import colsum_trace
 from looplab.analysis.massive import mlp_output_max
 from looplab.analysis.stages import sink_mass, top_activation
-from looplab.analysis.trace import trace
 from looplab.checkpoint import load_weights
 from looplab.experiment import Experiment
+from looplab.model.trace import trace
 from looplab.seeding import derive_generator
 from looplab.studies.mechanistic.traces import WINDOW_BYTES, WINDOWS
 from looplab.studies.mechanistic.trained import STUDY
