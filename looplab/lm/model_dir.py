@@ -41,6 +41,7 @@ from torch import nn
 
 from looplab.errors import LooplabError, one_line
 from looplab.io import read_json_object
+from looplab.lm.config_fields import boolean, check_fields, integer, positive_number, token_ids
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.memory import GIB, check_fits
 from looplab.token_exits import MAX_LOOPS
@@ -403,6 +404,18 @@ def _max_window(model_type: str, config) -> int:
     return window
 
 
+#: the config.json fields of the families transformers builds (HRM-Text, Inkling-2, the retrofit sources) that
+#: every one of them reads, with their types and domains; a family's own fields are its config class's
+TRANSFORMERS_FIELDS = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "max_position_embeddings"), integer(optional=True)),
+    **dict.fromkeys(("num_key_value_heads", "head_dim"), integer(optional=True)),
+    **dict.fromkeys(("rms_norm_eps", "rope_theta"), positive_number()),
+    "tie_word_embeddings": boolean(),
+    **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), token_ids()),
+}  # fmt: skip
+
+
 def open_model_dir(path: str | Path) -> ModelDir:
     """Open a model directory without reading its weights (see the module docstring); one-line errors."""
     path = Path(path)
@@ -427,7 +440,8 @@ def open_model_dir(path: str | Path) -> ModelDir:
     family = LOOPED_FAMILIES.get(model_type)
     if family is not None and family.config_reader is not None:  # looplab builds it: its own config reader
         config = family.config_reader(raw, f"{path}/{CONFIG_FILE}")
-    else:
+    else:  # transformers' config class reads it: the fields every such family shares, checked first
+        check_fields(raw, TRANSFORMERS_FIELDS, f"{path}/{CONFIG_FILE}")
         try:
             config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         except Exception as err:  # a config transformers cannot build: one line with its reason

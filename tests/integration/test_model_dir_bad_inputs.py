@@ -50,6 +50,8 @@ def world(tmp_path_factory):
     _fake_model_dir(root / "gpt2", {"model_type": "gpt2"})
     hrm = json.loads((root / "hrm_text" / "config.json").read_text())
     _fake_model_dir(root / "pickled", hrm, weights="pytorch_model.bin")
+    for name, (field, value) in HRM_BAD_FIELDS.items():
+        _fake_model_dir(root / name, {**hrm, field: value})
     huge = HrmTextConfig(hidden_size=65536, intermediate_size=262144, num_hidden_layers=64, num_attention_heads=64)
     _fake_model_dir(root / "huge", huge.to_dict())
     (root / "bad_json").mkdir()
@@ -107,6 +109,13 @@ BAD_FIELDS = {
     "huginn_recurrence_zero": ("huginn", "mean_recurrence", 0),
     "huginn_prelude_negative": ("huginn", "n_layers_in_prelude", -1),
 }
+#: dir name → (an HRM-Text config field transformers' families share, a value outside its domain)
+HRM_BAD_FIELDS = {
+    "hrm_theta_zero": ("rope_theta", 0),
+    "hrm_theta_text": ("rope_theta", "10000"),
+    "hrm_eps_negative": ("rms_norm_eps", -1),
+    "hrm_kv_heads_zero": ("num_key_value_heads", 0),
+}
 #: what each such dir's one line says
 BAD_FIELD_MESSAGES = {
     "ouro_threshold_text": "early_exit_threshold must be a number in (0, 1], got '0.5'",
@@ -128,6 +137,10 @@ BAD_FIELD_MESSAGES = {
     "huginn_state_init": "state_init must be one of 'like-init', got 'normal'",
     "huginn_recurrence_zero": "mean_recurrence must be an integer in 1..4096, got 0",
     "huginn_prelude_negative": "n_layers_in_prelude must be an integer ≥ 0, got -1",
+    "hrm_theta_zero": "config.json: rope_theta must be a finite number > 0, got 0",
+    "hrm_theta_text": "config.json: rope_theta must be a finite number > 0, got '10000'",
+    "hrm_eps_negative": "config.json: rms_norm_eps must be a finite number > 0, got -1",
+    "hrm_kv_heads_zero": "config.json: num_key_value_heads must be an integer ≥ 1 or null, got 0",
 }
 
 
