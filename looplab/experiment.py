@@ -422,7 +422,8 @@ class Experiment:
         opened = open_pretrained(config)
         check_pretrained_fits(config, opened)
         task = config_task(config, opened)
-        check_token_ids(task, opened)  # the KJV corpus (a text_file was checked with the config)
+        if not config.task.text_file:  # the KJV corpus (a text file was checked with the config)
+            check_token_ids(task, opened)
         model = opened.load(getattr(torch, config.model.pretrained_dtype), config.run.device, eager_experts=True)
         train = config.train
         if train.adapter == "lora":

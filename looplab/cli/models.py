@@ -43,6 +43,18 @@ def takes_model_dir(args, extra_flags: dict[str, str] | None = None) -> bool:
     return bool(given)
 
 
+def refuse_model_dir_flags(path, given: dict[str, object], how: str) -> None:
+    """Refuse the model-dir flags given (spelling → value, None when not given) when ``path`` is not a model
+    dir: a looplab run is ``how`` ("read", "served") as it was trained."""
+    from looplab.lm.model_dir import is_model_dir
+
+    flag = next((flag for flag, value in given.items() if value is not None), None)
+    if flag is not None and not is_model_dir(path):
+        raise LooplabError(
+            f"{flag} applies to a model dir (config.json); {path} is a looplab run, {how} as it was trained"
+        )
+
+
 def _refuse(args, flags: dict[str, str], why: str) -> None:
     """Refuse the run-dir flags given with a model dir (``why``: what the model dir reads instead)."""
     given = [spelling for dest, spelling in flags.items() if getattr(args, dest, None) not in (None, False, [])]

@@ -80,6 +80,7 @@ def generate_command(args) -> None:
     looped LM or a retrofit, with its own tokenizer). ``--json``: one JSON object per prompt on stdout (its
     prompt and prompt token ids, the new token ids, their text, the loops each ran and its log-probability);
     the summary line then goes to stderr, so stdout is JSON Lines."""
+    from looplab.cli.models import refuse_model_dir_flags
     from looplab.generation import Sampling
     from looplab.generation.fields import check_fields, decode_options
     from looplab.generation.text import generate_text, unescape
@@ -103,13 +104,8 @@ def generate_command(args) -> None:
     load_plugins(args.plugin)  # and the installed packages' entry points
     fields = _decode_fields(args)
     check_weights(args.weights or "float", "cpu")
+    refuse_model_dir_flags(args.run_dir, {"--dtype": args.dtype, "--weights": args.weights}, "read")
     if not is_model_dir(args.run_dir):
-        for flag, given in (("--dtype", args.dtype), ("--weights", args.weights)):
-            if given is not None:
-                raise LooplabError(
-                    f"{flag} applies to a model dir (config.json); {args.run_dir} is a looplab run, read as it was "
-                    "trained"
-                )
         load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
     check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
     lm = open_text_lm(args.run_dir, args.dtype or "float32", weights=args.weights or "float")

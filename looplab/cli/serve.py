@@ -17,21 +17,16 @@ def serve_command(args) -> None:
         raise LooplabError(f"--max-queue must be ≥ 1 (a queue of 0 refuses every request), got {args.max_queue}")
     if args.max_token_loops < 1:
         raise LooplabError(f"--max-token-loops must be ≥ 1, got {args.max_token_loops}")
+    from looplab.cli.models import refuse_model_dir_flags
     from looplab.experiment import check_device
     from looplab.lm.int8 import check_weights
-    from looplab.lm.model_dir import is_model_dir
 
     check_weights(args.weights or "float", args.device)  # before the device: int8 is for the CPU alone
     try:
         check_device(args.device)
     except LooplabError as err:
         raise LooplabError(str(err).replace("run.device", "--device")) from None
-    for flag, given in (("--dtype", args.dtype), ("--weights", args.weights)):
-        if given is not None and not is_model_dir(args.model_dir):
-            raise LooplabError(
-                f"{flag} applies to a model dir (config.json); {args.model_dir} is a looplab run, served as it was "
-                "trained"
-            )
+    refuse_model_dir_flags(args.model_dir, {"--dtype": args.dtype, "--weights": args.weights}, "served")
     if args.weights == "int8" and (args.replicas > 1 or args.ray_address):
         raise LooplabError("--weights int8 serves one process; drop --replicas / --ray-address")
     dtype = args.dtype or "float32"

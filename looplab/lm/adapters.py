@@ -22,11 +22,17 @@ from looplab.seeding import derive_seed
 __all__ = ["adapter_targets", "attach_lora", "check_targets"]
 
 
+def _names(name: str, target: str) -> bool:
+    """Whether ``target`` names the layer ``name`` by a whole dotted suffix (``q_proj`` names
+    ``core.0.self_attn.q_proj``)."""
+    return name == target or name.endswith(f".{target}")
+
+
 def check_targets(targets: list[str], linears) -> None:
-    """Refuse the first of ``targets`` that names none of the linear layers ``linears`` (qualified names) by a
-    whole dotted suffix, in one line listing the suffixes there are."""
+    """Refuse the first of ``targets`` that names none of the linear layers ``linears`` (qualified names), in
+    one line listing the suffixes there are."""
     for target in targets:
-        if not any(name == target or name.endswith(f".{target}") for name in linears):
+        if not any(_names(name, target) for name in linears):
             suffixes = sorted({name.rsplit(".", 1)[-1] for name in linears})
             raise LooplabError(
                 f"train.adapter_targets: {target!r} names no linear layer of the model; its linear layers end in "
@@ -43,7 +49,7 @@ def adapter_targets(model: nn.Module, targets: list[str]) -> list[str]:
     if not targets:
         return [name for name in linears if id(model.get_submodule(name)) not in heads]
     check_targets(targets, linears)
-    return [name for name in linears if any(name == t or name.endswith(f".{t}") for t in targets)]
+    return [name for name in linears if any(_names(name, target) for target in targets)]
 
 
 def attach_lora(model: nn.Module, rank: int, alpha: float, targets: list[str], seed: int) -> nn.Module:

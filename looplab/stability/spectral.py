@@ -70,6 +70,12 @@ def spectral_trajectory(
     return pd.DataFrame(rows)
 
 
+def power_products(loops: int, iters: int) -> int:
+    """The Jacobian–vector products :func:`warm_power_iterations` takes along ``loops`` loops: 4 × ``iters`` at
+    loop 1, ``iters`` after, and one more a loop for the Rayleigh quotient (:func:`power_iteration`)."""
+    return 4 * iters + 1 + (loops - 1) * (iters + 1)
+
+
 def warm_power_iterations(
     phi: LoopMap, h: Tensor, valid: Tensor, loops: int, iters: int, generator: torch.Generator
 ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:

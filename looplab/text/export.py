@@ -11,14 +11,13 @@ published fields, the dtype field set to what was written); the tokenizer; and f
 does (``looplab eval|generate|serve DIR``) and gives the run's logits.
 
 Everything is checked before anything is written (a run not fine-tuned from a model dir, a non-empty
-``--out``, ``--out`` under a file); the files go into a hidden sibling folder renamed into place at the
-end, so a failure (a full disk) leaves no half-written model dir behind and nothing overwritten.
+``--out``, ``--out`` under a file); the files are staged (:func:`looplab.io.staged`) and renamed into place
+at the end, so a failure (a full disk) leaves none of them behind and overwrites nothing.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from looplab.errors import LooplabError
+from looplab.io import staged
 
 __all__ = ["SHARD", "export_run", "merge_adapters"]
 
@@ -82,7 +82,6 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
     """Write the run ``run_dir`` (fine-tuned from a model dir) as a model dir ``out`` (module docstring);
     returns what was written: ``family``, ``merged`` adapters, ``files``."""
     from looplab.experiment import Experiment, open_pretrained
-    from looplab.lm.model_dir import INJECTION_FILE, RETROFIT_FILE
     from looplab.rundir import load_run_config
 
     run_dir, out = Path(run_dir), Path(out)
@@ -96,33 +95,34 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
     source = open_pretrained(config)
     model = Experiment.from_run(run_dir).model
     merged = merge_adapters(model)
-    published = model.published
-    dtype = next(published.parameters()).dtype
-    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        staging.mkdir()
-        if hasattr(published, "save_pretrained"):  # a family transformers builds, or a retrofit's source
-            published.save_pretrained(staging, max_shard_size=SHARD)
-        else:  # Ouro, Huginn: the module looplab builds holds the published names
-            tied = {"lm_head.weight"} if published.lm_head.weight is _embedding(published) else set()
-            _save_published(published, staging, tied)
-            config_json = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
-            config_json["torch_dtype"] = str(dtype).removeprefix("torch.")
-            (staging / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-        source.tokenizer.save_pretrained(staging)
-        if source.kind == "retrofit":
-            from safetensors.torch import save_file
-
-            shutil.copyfile(source.path / RETROFIT_FILE, staging / RETROFIT_FILE)
-            weight = model.inject.weight.detach().float().contiguous()
-            save_file({"weight": weight}, str(staging / INJECTION_FILE))
-        os.replace(staging, out)  # onto a missing or empty directory
-    except OSError as err:  # a full disk: nothing half-written is left as if complete
-        raise LooplabError(f"cannot write {out} ({err.strerror or err}); nothing was left there") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with staged(out) as staging:
+            _write(model, source, staging)
+    except OSError as err:  # a full disk: the staged files are removed, none is left as if complete
+        raise LooplabError(f"cannot write {out} ({err.strerror or err}); no file was left there") from None
     return {"family": source.name, "merged": merged, "files": sorted(p.name for p in out.iterdir())}
+
+
+def _write(model: nn.Module, source, staging: Path) -> None:
+    """The files of ``model`` (a run's adapter, its adapters merged) as a model dir of ``source``'s family, into
+    ``staging`` (module docstring)."""
+    from looplab.lm.model_dir import INJECTION_FILE, RETROFIT_FILE
+
+    published = model.published
+    if hasattr(published, "save_pretrained"):  # a family transformers builds, or a retrofit's source
+        published.save_pretrained(staging, max_shard_size=SHARD)
+    else:  # Ouro, Huginn: the module looplab builds holds the published names
+        tied = {"lm_head.weight"} if published.lm_head.weight is _embedding(published) else set()
+        _save_published(published, staging, tied)
+        config_json = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+        config_json["torch_dtype"] = str(next(published.parameters()).dtype).removeprefix("torch.")
+        (staging / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+    source.tokenizer.save_pretrained(staging)
+    if source.kind == "retrofit":
+        from safetensors.torch import save_file
+
+        shutil.copyfile(source.path / RETROFIT_FILE, staging / RETROFIT_FILE)
+        save_file({"weight": model.inject.weight.detach().float().contiguous()}, str(staging / INJECTION_FILE))
 
 
 def _embedding(module: nn.Module) -> torch.Tensor | None:

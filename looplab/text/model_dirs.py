@@ -34,7 +34,7 @@ from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.model_dir import DTYPES, ModelDir, not_looped, open_model_dir
 from looplab.model.protocol import readouts_by_loops
 from looplab.progress import Progress
-from looplab.stability.spectral import default_exact_loops
+from looplab.stability.spectral import default_exact_loops, power_products
 from looplab.text.compute import JVP_PASSES, budgeted_windows, estimate_line, pass_flops
 from looplab.text.evaluate import next_token_nll, plot_lm_loops
 
@@ -436,12 +436,6 @@ def _windows(count: int) -> str:
 def _estimate(model_dir: ModelDir, passes: float, window: int, dtype: torch.dtype, device: str) -> str:
     """The time ``passes`` loop passes over windows of ``window`` tokens take here (:func:`estimate_line`)."""
     return estimate_line(passes * pass_flops(model_dir.parameters, window), dtype, device, window)
-
-
-def power_products(loops: int, iters: int) -> int:
-    """The Jacobian–vector products of a warm-started power iteration along ``loops`` loops (4 × ``iters`` at
-    loop 1, ``iters`` after, and one more a loop for the Rayleigh quotient)."""
-    return 4 * iters + 1 + (loops - 1) * (iters + 1)
 
 
 @torch.no_grad()
