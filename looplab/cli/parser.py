@@ -319,6 +319,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-running", type=int, default=32, help="requests decoded at once (default 32)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
     serve.add_argument(
+        "--kv-memory",
+        type=float,
+        metavar="GIB",
+        help="GiB the running requests' KV caches may take together; a request that does not fit waits, one that "
+        "could never fit gets 400 (default: half of the device's memory beside the weights)",
+    )
+    serve.add_argument(
+        "--prefix-cache",
+        type=float,
+        metavar="GIB",
+        help="GiB of the KV memory kept prompt blocks may hold, for later requests that begin alike (per_loop "
+        "cache, continuous batching; default: a quarter of --kv-memory; 0: off)",
+    )
+    serve.add_argument(
         "--max-token-loops",
         type=int,
         default=2**20,
@@ -330,9 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--batching",
         choices=("continuous", "exact", "cohort"),
         default="continuous",
-        help="continuous (default): a greedy request joins the running batch of the requests that share its "
-        "exit and cache at the next step; exact: each request's rows alone, results equal to a solo run bit for "
-        "bit; cohort: batch only the requests admitted together",
+        help="continuous (default): a request (greedy, sampled or scoring, at any exit) joins the running batch "
+        "of the requests that share its cache policy at the next step; exact: each request's rows alone, results "
+        "equal to a solo run bit for bit; cohort: batch only the requests admitted together",
     )
     serve.add_argument("--replicas", type=int, default=1, help="N > 1: N replicas behind Ray Serve's HTTP proxy")
     serve.add_argument("--ray-address", help="a running Ray cluster to deploy the replicas on (default: a local head)")

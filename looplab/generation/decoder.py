@@ -62,9 +62,14 @@ class Decoder:
     cache the other cached decoders build on. ``options``: a checked
     :class:`~looplab.generation.options.DecodeOptions` (its exit, cache and sampling are read here)."""
 
-    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0):
+    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, exits=None, cap=0):
         exit_rule, policy = options.exit_rule, options.cache
         self.model, self.exit, self.sampling, self.finished = model, exit_rule, options.sampling, finished
+        # rows of a shared batch may each stop by an exit of their own, up to a cap of their own (``exits``, one
+        # per prompt; later rows' by :meth:`admit`): the loop runs to the largest cap any row may hold
+        self.mixed = mixed = exits is not None  # rows' exits may differ, now or once later rows are admitted
+        exits = list(exits) if mixed else [exit_rule] * len(prompts)
+        self.cap = max(cap, *(rule.loops for rule in exits))
         # the step decoder's read-only exit runs every token to the cap and reads it at its exit (writes every
         # loop's keys); the decoders built on this class have no such parameter
         params = options.decoder_params
@@ -74,6 +79,10 @@ class Decoder:
         cfg = model.cfg
         device, dtype = model.head.weight.device, model.head.weight.dtype
         self.lengths = torch.tensor([len(p) for p in prompts], device=device)
+        self.rules: list = []  # the distinct exits the rows hold
+        self.exit_ids = torch.zeros(len(prompts), dtype=torch.long, device=device)  # [B] each row's, in rules
+        self.row_caps = torch.zeros(len(prompts), dtype=torch.long, device=device)  # [B] each row's loop cap
+        self.set_exits(range(len(prompts)), exits)
         self.width = max(int(self.lengths.max()), width)  # more when later prompts will take over rows
         slots = self.width + max_new_tokens
         batch = len(prompts)
@@ -86,7 +95,7 @@ class Decoder:
         head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
         kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)  # a retrofit's grouped keys and values
         self.cache = KVCache(
-            policy, batch, kv_heads, head_dim, self.slots, dtype, device, options.cache_params, exit_rule.loops
+            policy, batch, kv_heads, head_dim, self.slots, dtype, device, options.cache_params, self.cap
         )
         self.rope = None
         if cfg.positional == "rope":
@@ -100,11 +109,12 @@ class Decoder:
         # when a later token first reaches a loop it has not run (its keys and values are the same
         # whenever they are computed). A coda would read the prompt's states at that depth, not the cap.
         per_loop = options.policy.per_loop
-        self.lazy_prompt = per_loop and exit_rule.adaptive and not cfg.coda_layers and not read_only
+        adaptive = exit_rule.adaptive or mixed  # some rows may stop before others
+        self.lazy_prompt = per_loop and adaptive and not cfg.coda_layers and not read_only
         # a decode step may run its exited rows too, their cache writes masked (MASK_AT), where the model's
         # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
         own_passes = any(hasattr(model, name) for name in ("prelude_pass", "core_pass", "coda_pass"))
-        self.masks = per_loop and exit_rule.adaptive and not own_passes and not read_only
+        self.masks = per_loop and adaptive and not own_passes and not read_only
         self.prompt: LazyPrompt | None = None
 
     def run(self) -> Generation:
@@ -129,19 +139,27 @@ class Decoder:
         out.cache_bytes = self.cache.nbytes()
         return out
 
-    def prefill(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt): their
-        next-token logits [R, V] and the depths [R] their last tokens exited at."""
+    def prefill(self, rows: Tensor, start: int = 0, full: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt, but for
+        the ``full`` [R] rows): their next-token logits [R, V] and the depths [R] their last tokens exited at.
+        ``start``: the slots before it already hold these rows' keys and values (a cached prefix)."""
         # a lazy prompt stands at the whole width (later rows take its place); otherwise the prompt slots past
         # these rows' longest prompt are padding, not run (a row admitted into a wide batch costs its own length)
         width = self.width if self.lazy_prompt else int(self.lengths[rows].max())
-        return self.forward(self.tokens[rows, :width], rows, slice(0, width), self.lengths[rows] - 1, prefill=True)
+        tokens, query = self.tokens[rows, start:width], self.lengths[rows] - 1 - start
+        return self.forward(tokens, rows, slice(start, width), query, prefill=True, full=full)
 
-    def admit(self, rows: Tensor, prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
-        """Give each of ``rows`` [R] a new prompt (at most the prompt width): its tokens, length and slots replace
-        the row's, and it is prefilled there while the other rows keep their place and their lazy prompts.
-        Returns what :meth:`prefill` returns for them."""
+    def admit(
+        self, rows: Tensor, prompts: list[list[int]], exits=None, start: int = 0, full: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Give each of ``rows`` [R] a new prompt (at most the prompt width) and, where given, an exit of its own
+        (its loops within the decoder's cap): its tokens, length and slots replace the row's, and it is
+        prefilled there while the other rows keep their place and their lazy prompts (from slot ``start`` on,
+        the keys and values before it put in place by :meth:`fill_slots`; ``full`` as :meth:`prefill` takes
+        it). Returns what :meth:`prefill` returns for them."""
         device = self.lengths.device
+        if exits is not None:
+            self.set_exits(rows.tolist(), exits)
         self.tokens[rows] = PAD
         for row, prompt in zip(rows.tolist(), prompts):
             self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
@@ -150,7 +168,7 @@ class Decoder:
         self.slots.positions[rows] = slots
         self.slots.real[rows] = slots[None, :] < self.lengths[rows][:, None]  # an earlier occupant's tokens go
         earlier = self.prompt
-        logits, depths = self.prefill(rows)
+        logits, depths = self.prefill(rows, start, full)
         if earlier is not None:  # the other rows' lazy prompts stand; these rows' are the new ones
             earlier.take(rows, self.prompt)
             self.prompt = earlier
@@ -169,15 +187,21 @@ class Decoder:
         return self.forward(tokens[:, None], rows, slice(slot, slot + 1), torch.zeros_like(rows))
 
     def forward(
-        self, tokens: Tensor, rows: Tensor, chunk: slice, query: Tensor, prefill: bool = False
+        self,
+        tokens: Tensor,
+        rows: Tensor,
+        chunk: slice,
+        query: Tensor,
+        prefill: bool = False,
+        full: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Run new tokens [R, m] of ``rows`` in slots ``chunk``; read each row's position ``query`` [R].
 
         The ``prefill`` (the prompts) runs every token to the cap (later tokens need each loop's
-        keys and values; with ``lazy_prompt`` only until every row's query token has exited, and
-        :meth:`deepen_prompt` runs the rest when a later token needs it) and reads the query
-        position at its exit; a decode step (m = 1) drops a row from the loop as soon as its token
-        exits. Returns next-token logits [R, V] and exit depths [R].
+        keys and values; with ``lazy_prompt`` only until every row's query token has exited, but for
+        the ``full`` [R] rows, and :meth:`deepen_prompt` runs the rest when a later token needs it) and
+        reads the query position at its exit; a decode step (m = 1) drops a row from the loop as soon as
+        its token exits. Returns next-token logits [R, V] and exit depths [R].
         """
         model, window = self.model, self.model.cfg.attention_window
         count = len(rows)
@@ -196,7 +220,8 @@ class Decoder:
         depth = torch.zeros(count, dtype=torch.long, device=rows.device)
         running = torch.ones(count, dtype=torch.bool, device=rows.device)
         active, logp_prev = picks, None
-        for t in range(1, self.exit.loops + 1):
+        reads_logits = self.reads_logits(rows)
+        for t in range(1, self.cap + 1):
             if not prefill and self.prompt is not None and t > self.prompt.shallowest:
                 self.deepen_prompt(rows[active], t)
             # every row runs: all of them, or (masked) also those that exited, whose writes are masked out
@@ -218,35 +243,130 @@ class Decoder:
             if read is None:
                 read = h_query.clone()
             logp = None
-            if self.exit.reads_logits and model.cfg.coda_layers:
+            if reads_logits and model.cfg.coda_layers:
                 # the logits follow the coda: run it on this loop's states, the earlier tokens' coda entries
                 # being their exits' (the final coda pass below writes this token's)
                 coda = coda_pass(model, xa, Calls(self, "coda", 0, sub_key, chunk, sub_allowed, sub_rope, keep))
                 logp = logits_of(model, coda[torch.arange(len(run), device=rows.device), query[run]]).log_softmax(-1)
-            elif self.exit.reads_logits:
+            elif reads_logits:
                 logp = logits_of(model, h_query).log_softmax(-1)
-            stop = self.exit.stop(t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[run])
+            stop = self.stops(rows[run], t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[run])
             stop = stop & running[run]
             stopping = run[stop]
             read[stopping] = h_query[stop]
             depth[stopping] = t
             running[stopping] = False
-            if not prefill and len(stopping) and t < self.exit.loops and not self.read_only:
-                self.cache.lend(rows[stopping], chunk, t, self.exit.loops)
+            if not prefill and len(stopping) and not self.read_only:
+                self.lend(rows[stopping], chunk, t)
             if logp is not None:
                 logp_prev = torch.zeros(count, logp.shape[-1], dtype=logp.dtype, device=logp.device)
                 logp_prev[run] = logp
-            if (prefill and not self.lazy_prompt) or self.read_only:  # every row runs every loop
+            if self.read_only:  # every row runs every loop
                 continue
-            if not running.any():
+            if prefill and not self.lazy_prompt:  # every row's prompt runs every loop up to its row's cap
+                if self.mixed:  # (a coda reads the prompt's states at the row's cap, not a deeper row's)
+                    active = picks[self.row_caps[rows] > t]
+                    if not len(active):
+                        break
+                continue
+            going = running if full is None else running | (full & (self.row_caps[rows] > t))
+            if not going.any():
                 break
-            active = running.nonzero(as_tuple=True)[0]
+            active = going.nonzero(as_tuple=True)[0]
         if prefill and self.lazy_prompt:  # each row's prompt stands at its query token's exit depth
-            self.prompt = LazyPrompt(h, e, allowed, rope, depth.clone(), int(depth.min()))
+            self.prompt = self.lazy_state(rows, chunk, h, e, allowed, rope, depth, full)
         final = h.clone()
         final[picks, query] = read
         final = coda_pass(model, final, Calls(self, "coda", 0, key, chunk, allowed, rope))
         return logits_of(model, final[picks, query]), depth
+
+    def lazy_state(self, rows: Tensor, chunk: slice, h: Tensor, e: Tensor, allowed, rope, depth, full) -> LazyPrompt:
+        """The lazy prompt of ``rows`` after their prefill of slots ``chunk`` (states h, e [R, m, d], its mask
+        and RoPE tables): each row's prompt stands at its query token's exit ``depth`` [R], a ``full`` row's
+        at its cap. A prefill from a cached prefix (chunk past slot 0, every row ``full``: never deepened) is
+        padded to the prompt slots before it."""
+        if full is not None:
+            depth = torch.where(full, self.row_caps[rows], depth)
+        if chunk.start > 0:
+            whole = slice(0, self.width)
+            allowed = visible(self.slots, rows, whole, self.model.cfg.attention_window)
+            h = torch.cat([h.new_zeros(h.shape[0], chunk.start, h.shape[-1]), h], dim=1)
+            e = torch.cat([e.new_zeros(e.shape[0], chunk.start, e.shape[-1]), e], dim=1)
+            if self.rope is not None:
+                positions = self.slots.positions[rows, whole]
+                rope = (self.rope[0][positions], self.rope[1][positions])
+        return LazyPrompt(h, e, allowed, rope, depth.clone(), int(depth.min()))
+
+    def slot_state(self, row: int, start: int, stop: int, loops: int) -> dict:
+        """Copies of the keys and values row ``row`` holds in slots ``start``..``stop`` − 1 of every layer call
+        (the core's at loops 1..``loops``): what :meth:`fill_slots` puts back. Under a per-loop cache whose calls
+        each hold keys and values only (no ring, no convolution inputs)."""
+        state = {}
+        for index, (k, v) in self.cache.stacks.items():
+            state["core", index] = (k[:loops, row, :, start:stop].clone(), v[:loops, row, :, start:stop].clone())
+        for key, entry in self.cache.layers.items():
+            if key[0] != "core":  # the core's are views of the stacks
+                state[key] = (entry.k[row, :, start:stop].clone(), entry.v[row, :, start:stop].clone())
+        return state
+
+    def fill_slots(self, rows: Tensor, start: int, state: dict) -> None:
+        """Put ``state`` (a :meth:`slot_state`, or several of consecutive slots joined) into ``rows``' slots from
+        ``start`` on."""
+        for key, (k, v) in state.items():
+            stop = start + k.shape[-2]
+            if key[0] == "core":
+                k_store, v_store = self.cache.stack(key[1])
+                k_store[: len(k), rows, :, start:stop] = k[:, None]
+                v_store[: len(v), rows, :, start:stop] = v[:, None]
+            else:
+                entry = self.cache.layer(*key)
+                entry.k[rows, :, start:stop], entry.v[rows, :, start:stop] = k[None], v[None]
+
+    def slots_only(self) -> bool:
+        """Whether every layer call's cache entry holds keys and values alone (what :meth:`slot_state` copies)."""
+        return self.cache.entry.per_loop and all(isinstance(entry, LayerCache) for entry in self.cache.layers.values())
+
+    def set_exits(self, rows, exits) -> None:
+        """Row ``rows[i]`` stops by ``exits[i]`` (its loops within the decoder's cap)."""
+        for row, rule in zip(rows, exits, strict=True):
+            if rule not in self.rules:
+                self.rules.append(rule)
+            self.exit_ids[row], self.row_caps[row] = self.rules.index(rule), rule.loops
+
+    def reads_logits(self, rows: Tensor) -> bool:
+        """Whether the exit of any of ``rows`` reads each loop's logits."""
+        if not self.mixed:
+            return self.exit.reads_logits
+        return any(self.rules[k].reads_logits for k in self.exit_ids[rows].unique().tolist())
+
+    def stops(self, rows: Tensor, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev) -> Tensor:
+        """[R] bool: whether the token of each of ``rows`` stops after loop t, by its row's exit (h, h_prev [R, d]
+        its states after and before the loop; logp, logp_prev [R, V] or None)."""
+        if not self.mixed:
+            return self.exit.stop(t, h, h_prev, logp, logp_prev)
+        ids = self.exit_ids[rows]
+        present = ids.unique().tolist()
+        if len(present) == 1:
+            return self.rules[present[0]].stop(t, h, h_prev, logp, logp_prev)
+        stop = torch.zeros(len(ids), dtype=torch.bool, device=h.device)
+        for k in present:
+            index = (ids == k).nonzero(as_tuple=True)[0]
+            sub_logp = None if logp is None else logp[index]
+            sub_prev = None if logp_prev is None else logp_prev[index]
+            stop[index] = self.rules[k].stop(t, h[index], h_prev[index], sub_logp, sub_prev)
+        return stop
+
+    def lend(self, rows: Tensor, chunk: slice, t: int) -> None:
+        """The tokens of ``rows`` stopped after loop t: their keys and values stand for the later loops up to their
+        row's cap (a per-loop cache)."""
+        if not self.mixed:
+            if t < self.exit.loops:
+                self.cache.lend(rows, chunk, t, self.exit.loops)
+            return
+        caps = self.row_caps[rows]
+        for cap in caps.unique().tolist():
+            if cap > t:
+                self.cache.lend(rows[caps == cap], chunk, t, cap)
 
     def deepen_prompt(self, rows: Tensor, loop: int) -> None:
         """Run the prompt tokens of those ``rows`` whose prompt stands below ``loop`` up to it, writing

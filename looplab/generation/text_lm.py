@@ -108,9 +108,16 @@ class TextLM:
         return rule
 
 
-def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu", weights: str = "float") -> TextLM:
+def open_text_lm(
+    path: str | Path,
+    dtype: str = "float32",
+    device: str = "cpu",
+    weights: str = "float",
+    announce: Callable[[str], None] | None = None,
+) -> TextLM:
     """The :class:`TextLM` of a looplab run dir or a model dir (``dtype`` and ``weights``, ``float`` or
-    ``int8`` (:mod:`looplab.lm.int8`), apply to a model dir)."""
+    ``int8`` (:mod:`looplab.lm.int8`), apply to a model dir). ``announce``, when given, is called with one line
+    saying what a model dir's weights will take before they are read."""
     from looplab.lm.int8 import check_weights
     from looplab.lm.model_dir import DTYPES, is_model_dir, open_model_dir
 
@@ -121,6 +128,8 @@ def open_text_lm(path: str | Path, dtype: str = "float32", device: str = "cpu", 
             raise LooplabError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
         model_dir = open_model_dir(path)
         model_dir.check_fits(DTYPES[dtype], device, "loading")
+        if announce is not None:
+            announce(model_dir.memory_line(DTYPES[dtype], device))
         lm = _model_dir_lm(model_dir.load(DTYPES[dtype], device), path, model_dir, model_dir.kind, model_dir.name)
         if weights == "int8":
             from looplab.lm.int8 import held_tokens, int8_quality

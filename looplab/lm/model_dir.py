@@ -43,7 +43,7 @@ from looplab.errors import LooplabError, one_line
 from looplab.io import read_json_object
 from looplab.lm.config_fields import boolean, check_fields, integer, positive_number, token_ids
 from looplab.lm.families import LOOPED_FAMILIES
-from looplab.memory import GIB, check_fits
+from looplab.memory import GIB, check_fits, device_bytes
 from looplab.token_exits import MAX_LOOPS
 
 __all__ = [
@@ -171,12 +171,23 @@ class ModelDir:
         extra = 2 * self.width * self.width if self.kind == "retrofit" else 0
         return (self.parameters + extra) * torch.finfo(dtype).bits // 8
 
+    def memory_line(self, dtype: torch.dtype, device: str) -> str:
+        """What loading takes, in one line: the parameters, their bytes in ``dtype`` and what ``device`` holds."""
+        name = next(key for key, value in DTYPES.items() if value == dtype)
+        return (
+            f"loading {self.name} from {self.path}: {self._count()} parameters, "
+            f"{self.weight_bytes(dtype) / GIB:,.2f} GiB of weights in {name} ({device} holds "
+            f"{device_bytes(device) / GIB:,.1f} GiB)"
+        )
+
+    def _count(self) -> str:
+        return f"{self.parameters / 1e9:,.1f} B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:,.1f} M"
+
     def check_fits(self, dtype: torch.dtype, device: str, what: str, extra_bytes: int = 0) -> None:
         """Refuse ``what`` (the weights in ``dtype`` and ``extra_bytes`` of work) when it does not fit ``device``."""
         name = next(key for key, value in DTYPES.items() if value == dtype)
-        count = f"{self.parameters / 1e9:,.1f} B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:,.1f} M"
         check_fits(
-            f"{what} on {self.path} ({count} parameters in {name}, {self.weight_bytes(dtype) / GIB:,.2f} GiB)",
+            f"{what} on {self.path} ({self._count()} parameters in {name}, {self.weight_bytes(dtype) / GIB:,.2f} GiB)",
             self.weight_bytes(dtype) + extra_bytes,
             device,
             "use --dtype bfloat16, a smaller model, or fewer --samples / a shorter --window"

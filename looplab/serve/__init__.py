@@ -7,13 +7,17 @@ per token (docs/commands.md, "looplab serve").
     continuous.py  a group that newcomers join between two steps (continuous batching)
     whole.py     a job whose decoder is not stepped (depth, wavefront, speculative, …): run whole, alone
     engine.py    the thread that admits jobs between steps and steps every running one
-    sampling.py  looplab's picking plus top_p
+    ledger.py    the KV memory ledger: one limit on every running group's caches
+    prefixes.py  prefix caching: kept prompt blocks' keys and values
+    metrics.py   GET /metrics (Prometheus) and a completion's usage.loops
+    sampling.py  looplab's picking plus top_p, per row of a shared batch
     app.py       the FastAPI routes; server.py: uvicorn with a draining SIGTERM
     replicas.py  N replicas behind Ray Serve
 
 Each request is decoded by :class:`~looplab.generation.decoder.Decoder`, the decoder of
 :func:`looplab.generation.generate`, stepped from outside (:mod:`looplab.serve.batch`), so a greedy
-request's tokens and loops are those of ``generate`` on its prompt alone, whatever runs beside it
+request's tokens and loops, and a seeded sampled request's, are those of ``generate`` on its prompt alone,
+whatever runs beside it
 (under ``--batching exact`` its log-probabilities too, bit for bit: :mod:`looplab.serve.engine` says why);
 a request naming another decoder runs through ``generate`` itself (:mod:`looplab.serve.whole`).
 """

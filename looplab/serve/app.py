@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API of ``looplab serve``: ``GET /v1/models``, ``POST /v1/completions``
-(JSON, or server-sent events with ``stream``), ``GET /health``, and vLLM's tokenizer routes
+(JSON, or server-sent events with ``stream``; its ``usage`` counts the loops its tokens ran), ``GET /health``,
+``GET /metrics`` (Prometheus' text format: :mod:`looplab.serve.metrics`), and vLLM's tokenizer routes
 (``GET /tokenizer_info``, ``POST /tokenize``, ``POST /detokenize``), through which a client that does not
 hold the model's tokenizer (lm-eval's ``local-completions`` with ``tokenizer_backend=remote``) sends
 token ids.
@@ -25,7 +26,8 @@ from pathlib import Path
 from uuid import uuid4
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -36,6 +38,7 @@ from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.serve.batch import Token
 from looplab.serve.choice import Choice
 from looplab.serve.engine import Busy, Closed, Engine, NeverFits
+from looplab.serve.metrics import loops_usage, registry_for
 from looplab.serve.request import BadRequest, parse_completion, parse_detokenize, parse_tokenize
 
 __all__ = ["create_app", "model_id", "MAX_BODY_BYTES", "MAX_TOKEN_LOOPS"]
@@ -45,7 +48,10 @@ MAX_BODY_BYTES = 4 * 2**20
 #: the default bound on one request's work: (prompt + new tokens) × loops, summed over its prompts
 MAX_TOKEN_LOOPS = 2**20
 #: the routes, for the error a request to any other names
-ROUTES = "GET /v1/models, POST /v1/completions, GET /health, GET /tokenizer_info, POST /tokenize, POST /detokenize"
+ROUTES = (
+    "GET /v1/models, POST /v1/completions, GET /health, GET /metrics, GET /tokenizer_info, POST /tokenize, "
+    "POST /detokenize"
+)
 
 
 def model_id(lm: TextLM) -> str:
@@ -64,6 +70,8 @@ def create_app(
     batching: str = "continuous",
     on_step: Callable[[Engine], None] | None = None,
     max_token_loops: int = MAX_TOKEN_LOOPS,
+    kv_memory: int | None = None,
+    prefix_memory: int | None = None,
 ) -> FastAPI:
     """The app serving the model at ``path`` (opened by its lifespan, so a Ray replica opens its own), or
     an already opened ``lm``; the engine's options as :class:`~looplab.serve.engine.Engine` takes them;
@@ -72,10 +80,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         text_lm = lm if lm is not None else await asyncio.to_thread(open_text_lm, path, dtype, device)
-        engine = Engine(text_lm.model, max_running, max_queue, batching, on_step).start()
+        engine = Engine(text_lm.model, max_running, max_queue, batching, on_step, kv_memory, prefix_memory).start()
         app.state.lm, app.state.engine, app.state.model_id = text_lm, engine, model_id(text_lm)
         app.state.replica, app.state.created = f"{socket.gethostname()}:{os.getpid()}", int(time.time())
         app.state.max_token_loops = max_token_loops
+        app.state.registry = registry_for(engine)
         try:
             yield
         finally:
@@ -85,6 +94,7 @@ def create_app(
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"])
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/detokenize", detokenize, methods=["POST"])
@@ -118,6 +128,12 @@ async def health(request: Request) -> JSONResponse:
     engine: Engine = request.app.state.engine
     body = {"status": "ok", "running": engine.running, "waiting": engine.waiting, "stats": dict(engine.stats)}
     return JSONResponse(body, headers=_replica(request))
+
+
+async def metrics(request: Request) -> Response:
+    """The engine's counts in Prometheus' text format (:mod:`looplab.serve.metrics` lists them)."""
+    body = generate_latest(request.app.state.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST, headers=_replica(request))
 
 
 async def tokenizer_info(request: Request) -> JSONResponse:
@@ -205,6 +221,7 @@ async def completions(request: Request):
         "prompt_tokens": prompt_tokens,
         "completion_tokens": new_tokens,
         "total_tokens": prompt_tokens + new_tokens,
+        "loops": loops_usage([token for choice in choices for token in choice.generated]),
     }
     body = {**meta, "choices": [choice.whole() for choice in choices], "usage": usage}
     return JSONResponse(body, headers=_replica(request))

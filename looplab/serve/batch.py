@@ -17,11 +17,11 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from looplab.generation.decoder import Decoder
+from looplab.generation.decoder import Decoder, StepParams
 from looplab.generation.options import DecodeOptions
-from looplab.generation.sampling import Sampling
 from looplab.generation.views import decodable
-from looplab.serve.sampling import Picking, pick_next
+from looplab.serve.ledger import DoesNotFit, group_bytes
+from looplab.serve.sampling import Picking, pick_rows
 
 __all__ = ["Job", "Group", "LiveRows", "Token", "End", "Failed"]
 
@@ -79,10 +79,23 @@ class Job:
 
     @cached_property
     def cohort(self) -> tuple:
-        """Jobs with equal cohorts may share a decoder: the same options (sampling aside) and greedy picking
-        (a job's settings do not change: worked out once, as the engine asks at each admission)."""
-        same = self.options.but(sampling=Sampling())
-        return (same, self.forced is None and self.picking.greedy)
+        """Jobs with equal cohorts may share a decoder: the same cache policy and decoder, with their parameters,
+        and the same view of the model (gated for the gate exit, or not). Exits, loop caps and sampling may
+        differ: each row stops by its own job's exit and is picked by its own job (the read-only exit runs
+        every row to the decoder's cap, so its jobs share their cap too). Worked out once, as the engine asks
+        at each admission."""
+        options, rule = self.options, self.options.exit_rule
+        read_only = isinstance(options.decoder_params, StepParams) and options.decoder_params.read_only_exit
+        same = (options.cache, repr(options.cache_params), options.decoder, repr(options.decoder_params))
+        return (*same, rule.needs_gate, rule.loops if read_only else None)
+
+    @cached_property
+    def generator(self) -> torch.Generator | None:
+        """The job's own sampling generator, seeded as :func:`looplab.generation.generate` seeds its one (None
+        when the job picks greedily or is forced)."""
+        if self.forced is not None or self.picking.greedy:
+            return None
+        return torch.Generator().manual_seed(self.picking.sampling.seed)
 
     def ended(self) -> str | None:
         """Why the job is done after its latest token, or None."""
@@ -102,10 +115,15 @@ class LiveRows:
     live: Tensor
     logits: Tensor
     depths: Tensor
+    decoder: Decoder
 
     @property
     def done(self) -> bool:
         return len(self.live) == 0
+
+    def cache_bytes(self) -> int:
+        """Bytes the group's KV cache holds."""
+        return self.decoder.cache.nbytes()
 
     def tops(self, logprobs: Tensor) -> list[list[tuple[int, float]]] | None:
         """The likeliest tokens of each live row's distribution (logprobs [R, V]), as many as its job asks."""
@@ -114,6 +132,15 @@ class LiveRows:
             return None
         values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
         return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
+
+    def choose(self) -> Tensor:
+        """[R] each live row's next token: its job's forced token, or one picked by its job's picking."""
+        jobs = [self.jobs[row] for row in self.live.tolist()]
+        chosen = pick_rows(self.logits, [job.picking for job in jobs], [job.generator for job in jobs])
+        for i, job in enumerate(jobs):
+            if job.forced is not None:
+                chosen[i] = job.forced[len(job.tokens)]
+        return chosen
 
     def drop_cancelled(self) -> None:
         """Jobs whose client left stop here: their rows leave the batch as a finished row would."""
@@ -154,17 +181,22 @@ class LiveRows:
 
 class Group(LiveRows):
     """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts): the prefill runs on
-    construction; each :meth:`step` emits one token per live job."""
+    construction (:class:`~looplab.serve.ledger.DoesNotFit` first when its KV bytes, :attr:`nbytes`, exceed
+    ``memory``); each :meth:`step` emits one token per live job."""
 
-    def __init__(self, model, jobs: list[Job]):
+    def __init__(self, model, jobs: list[Job], memory: int | None = None):
         first = jobs[0]
         self.jobs = jobs
         self.budget = max(len(job.forced) if job.forced is not None else job.max_new for job in jobs)
-        forced = [job.forced for job in jobs] if first.forced is not None else None
+        width, cap = max(len(job.prompt) for job in jobs), max(job.options.exit_rule.loops for job in jobs)
+        self.nbytes = group_bytes(model, jobs, len(jobs), width, self.budget, cap)
+        if memory is not None and self.nbytes > memory:
+            raise DoesNotFit(f"{len(jobs)} jobs need {self.nbytes:,} bytes of KV memory, {memory:,} are free")
         options = first.options
         model = decodable(model, gated=options.exit_rule.needs_gate)  # the gate exit reads a gated view
-        self.decoder = decoder = Decoder(model, [job.prompt for job in jobs], self.budget, options, forced=forced)
-        self.forced = forced
+        rules = [job.options.exit_rule for job in jobs]
+        exits = rules if len(set(rules)) > 1 else None  # one exit: the decoder generate runs, float for float
+        self.decoder = decoder = Decoder(model, [job.prompt for job in jobs], self.budget, options, exits=exits)
         self.live = torch.arange(len(jobs), device=decoder.lengths.device)
         self.logits, self.depths = decoder.prefill(self.live)
         self.step_index = 0
@@ -175,8 +207,7 @@ class Group(LiveRows):
         if self.done:
             return
         decoder, step = self.decoder, self.step_index
-        live = self.live.tolist()
-        chosen = self.choose(live, step)
+        chosen = self.choose()
         still = self.record(chosen)
         self.step_index += 1
         if step == self.budget - 1 or not still:
@@ -186,9 +217,3 @@ class Group(LiveRows):
         self.live, chosen = self.live[keep], chosen[keep]
         positions = decoder.lengths[self.live] + step
         self.logits, self.depths = decoder.step(self.live, chosen, decoder.width + step, positions)
-
-    def choose(self, live: list[int], step: int) -> Tensor:
-        """[R] each live row's forced token at ``step``, or one picked from its logits."""
-        if self.forced is not None:
-            return torch.tensor([self.forced[row][step] for row in live], dtype=torch.long, device=self.logits.device)
-        return pick_next(self.logits, self.jobs[0].picking, self.decoder.generator)

@@ -1,5 +1,9 @@
-"""Continuous batching: greedy jobs that share an exit and a cache run as rows of one
+"""Continuous batching: jobs that share a cache policy and a decoder run as rows of one
 :class:`~looplab.generation.decoder.Decoder`, and a newcomer joins the running batch between two steps.
+Each row stops by its own job's exit, up to its own loop cap (the loop runs to the largest cap the group
+holds, a row leaving it when its token exits), and its token is picked by its own job (greedy, or its
+temperature, top-k, top-p and seeded generator, or its forced token when scoring): greedy, sampled and
+scoring jobs at any exit share every forward pass.
 
 A :class:`ContinuousGroup` preallocates ``capacity`` rows and, after the prompts' ``width`` slots,
 ``columns`` slots for new tokens. Every step writes each live row's new token into the same slot column (the
@@ -13,7 +17,10 @@ budget fits the columns left; otherwise the engine starts a new group. A row who
 
 What is shared is every matmul of a step, across the rows; a row's result then differs from the same prompt
 decoded alone in its last float bits (batched matmuls, softmaxes over more masked keys), so greedy tokens
-agree and log-probabilities match to ~1e-6, not bit for bit (``batching="exact"`` keeps that).
+agree and log-probabilities match to ~1e-6, not bit for bit (``batching="exact"`` keeps that). A sampled
+row draws with its own generator from its own row's probabilities, so its tokens are those drawn alone
+unless a draw falls within that float noise of the boundary between two tokens (a chance of about 1e-6
+per token).
 """
 
 from __future__ import annotations
@@ -21,71 +28,145 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looplab.generation.budget import generation_bytes
 from looplab.generation.decoder import Decoder, LazyPrompt
 from looplab.generation.views import decodable
-from looplab.memory import device_bytes
 from looplab.serve.batch import Job, LiveRows
-from looplab.serve.sampling import pick_next
+from looplab.serve.ledger import DoesNotFit, group_bytes
+from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
 
 __all__ = ["ContinuousGroup"]
 
 
 class ContinuousGroup(LiveRows):
-    """Greedy jobs of one cohort in one decoder that newcomers join (see the module docstring).
+    """Jobs of one cohort in one decoder that newcomers join (see the module docstring).
 
     Args:
         model: the engine's model, as the decoder reads it.
-        jobs: the first jobs (one cohort: the same exit, cache and greedy picking; none scoring a text).
+        jobs: the first jobs (one :attr:`~looplab.serve.batch.Job.cohort`).
         capacity: the rows to preallocate (the engine's sizing: ``Engine._continuous_group``), fewer where
-            they would not fit in memory at ``columns`` new-token slots.
+            they would not fit in ``memory`` at ``columns`` new-token slots.
         columns: the new-token slots after the prompts (at least the first jobs' largest budget).
         width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
+        cap: the loops a row may run (at least the first jobs' largest cap): room for later, deeper exits.
+        memory: the KV bytes the group may take (None: no bound; :class:`~looplab.serve.ledger.DoesNotFit` when
+            its first jobs' rows would take more); its :attr:`nbytes` are what it takes.
     """
 
-    def __init__(self, model, jobs: list[Job], capacity: int, columns: int, width: int = 0):
+    def __init__(
+        self,
+        model,
+        jobs: list[Job],
+        capacity: int,
+        columns: int,
+        width: int = 0,
+        cap: int = 0,
+        memory: int | None = None,
+        prefixes: PrefixStore | None = None,
+    ):
         first = jobs[0]
         self.cohort = first.cohort
         self.width = max(width, *(len(job.prompt) for job in jobs))
         self.columns = max(columns, max(job.max_new for job in jobs))
-        options = first.options
-        model = decodable(model, gated=options.exit_rule.needs_gate)
-        loops, cache, params = options.exit_rule.loops, options.cache, options.cache_params
-        while capacity > len(jobs):  # rows that do not fit leave room for another group instead
-            needed = generation_bytes(model, capacity, self.width, self.columns, loops, cache, params)
-            if 2 * needed <= device_bytes(str(model.head.weight.device)):
-                break
+        self.cap = max(cap, *(job.options.exit_rule.loops for job in jobs))
+        options, loops = first.options, self.cap
+
+        def needed(rows: int) -> int:
+            return group_bytes(model, jobs, rows, self.width, self.columns, loops)
+
+        while memory is not None and capacity > len(jobs) and needed(capacity) > memory:  # room for other groups
             capacity = max(len(jobs), capacity // 2)
-        prompts = [job.prompt for job in jobs] + [[PAD]] * (capacity - len(jobs))
-        self.decoder = decoder = Decoder(model, prompts, self.columns, options, width=self.width)
-        decoder.slots.real[len(jobs) :] = False
-        self.jobs: list[Job | None] = [*jobs, *([None] * (capacity - len(jobs)))]
+        self.nbytes = needed(capacity)
+        if memory is not None and self.nbytes > memory:
+            raise DoesNotFit(f"{len(jobs)} rows need {self.nbytes:,} bytes of KV memory, {memory:,} are free")
+        model = decodable(model, gated=options.exit_rule.needs_gate)
+        # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
+        self.prefixes = prefixes if prefixes is not None and options.policy.per_loop and not self.cohort[-1] else None
+        leaders, followers = self._leaders(jobs)
+        prompts = [job.prompt for job in leaders] + [[PAD]] * (capacity - len(leaders))
+        exits = [job.options.exit_rule for job in leaders] + [options.exit_rule] * (capacity - len(leaders))
+        self.decoder = decoder = Decoder(
+            model, prompts, self.columns, options, width=self.width, exits=exits, cap=loops
+        )
+        decoder.slots.real[len(leaders) :] = False
+        self.jobs: list[Job | None] = [*leaders, *([None] * (capacity - len(leaders)))]
         self.column = 0  # the next new token's slot is width + column, for every live row
-        self.live = torch.arange(len(jobs), device=decoder.lengths.device)
-        self.logits, self.depths = decoder.prefill(self.live)
+        self.live = torch.arange(len(leaders), device=decoder.lengths.device)
+        self.logits, self.depths = decoder.prefill(self.live, full=self._kept(leaders))
         if decoder.prompt is not None:  # a lazy prompt (an adaptive exit) for every row, the free ones at the cap
             decoder.prompt = _padded(decoder.prompt, capacity, loops)
+        self._keep(self.live.tolist())
+        if followers:
+            self.join(followers)
 
     def can_take(self, job: Job) -> bool:
         """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
-        columns left."""
+        columns left, a loop cap within the group's."""
         return (
             job.cohort == self.cohort
+            and job.options.exit_rule.loops <= self.cap
             and any(owner is None for owner in self.jobs)
             and len(job.prompt) <= self.width
             and self.column + job.max_new <= self.columns
         )
 
-    def join(self, job: Job) -> None:
-        """Prefill ``job``'s prompt into a free row; its first token is picked at the next :meth:`step`."""
-        decoder = self.decoder
-        row = self.jobs.index(None)
-        rows = torch.tensor([row], device=decoder.lengths.device)
-        logits, depths = decoder.admit(rows, [job.prompt])
-        self.jobs[row] = job
-        self.live = torch.cat([self.live, rows])
-        self.logits, self.depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
+    def join(self, jobs: list[Job]) -> None:
+        """Prefill each of ``jobs``' prompts into a free row, after the kept prefix it begins with (those of one
+        prefix length in one forward pass); their first tokens are picked at the next :meth:`step`."""
+        decoder, device = self.decoder, self.decoder.lengths.device
+        starts: dict[int, list[int]] = {}
+        for job in jobs:
+            row = self.jobs.index(None)
+            self.jobs[row] = job
+            hit = self.prefixes and self.prefixes.find(self.cohort, job.options.exit_rule.loops, job.prompt)
+            if hit:
+                decoder.fill_slots(torch.tensor([row], device=device), 0, hit.state)
+            starts.setdefault(hit.tokens if hit else 0, []).append(row)
+        for start, rows in starts.items():
+            members = [self.jobs[row] for row in rows]
+            index = torch.tensor(rows, device=device)
+            full = self._kept(members)
+            if start and full is not None:
+                full = torch.ones_like(full)  # a row after a kept prefix: its prompt is not deepened later
+            logits, depths = decoder.admit(
+                index, [job.prompt for job in members], [job.options.exit_rule for job in members], start, full
+            )
+            self.live = torch.cat([self.live, index])
+            self.logits, self.depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
+            self._keep(rows)
+
+    def _leaders(self, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
+        """The jobs prefilled when the group is made, and those joined after them: a job whose first block is
+        kept, or is an earlier job's first block, follows (its prefix is then kept: :meth:`join`)."""
+        if self.prefixes is None:
+            return jobs, []
+        leaders, followers, heads = [], [], set()
+        for job in jobs:
+            head = tuple(job.prompt[: self.prefixes.block]) if self.prefixes.whole_blocks(job.prompt) else None
+            known = head is not None and (head in heads or self.prefixes.has_first(self.cohort, job, head))
+            (followers if known else leaders).append(job)
+            if head is not None:
+                heads.add(head)
+        if not leaders:  # the group's first prefill needs a job
+            leaders.append(followers.pop(0))
+        return leaders, followers
+
+    def _kept(self, jobs: list[Job]) -> Tensor | None:
+        """[R] bool: which of ``jobs``' prompts run to their row's cap to have their blocks kept (None: no store)."""
+        if self.prefixes is None:
+            return None
+        return torch.tensor([self.prefixes.whole_blocks(job.prompt) > 0 for job in jobs], device=self.live.device)
+
+    def _keep(self, rows: list[int]) -> None:
+        """Keep the whole blocks of the prompts just prefilled in ``rows``."""
+        if self.prefixes is None:
+            return
+        if not self.decoder.slots_only():  # a family whose calls keep more than keys and values
+            self.prefixes = None
+            return
+        for row in rows:
+            job = self.jobs[row]
+            self.prefixes.keep(self.cohort, job.options.exit_rule.loops, job.prompt, self.decoder, row)
 
     def step(self) -> None:
         """Pick every live row's next token, send it, free the rows that ended, and run the rest's tokens."""
@@ -93,8 +174,7 @@ class ContinuousGroup(LiveRows):
         if self.done:
             return
         decoder = self.decoder
-        live = self.live.tolist()
-        chosen = pick_next(self.logits, self.jobs[live[0]].picking, decoder.generator)
+        chosen = self.choose()
         still = self.record(chosen)
         slot = self.width + self.column
         self.column += 1

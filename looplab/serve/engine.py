@@ -3,9 +3,9 @@
 Each iteration of its loop
 
 1. admits waiting jobs while fewer than ``max_running`` run: under ``batching="continuous"`` (the
-   default) a greedy job joins a running :class:`~looplab.serve.continuous.ContinuousGroup` of its
-   cohort (the same exit, cache and greedy picking) between two steps, or starts one; a sampled or
-   scoring job gets its own :class:`~looplab.serve.batch.Group`. Under ``exact`` every job gets its
+   default) a job joins a running :class:`~looplab.serve.continuous.ContinuousGroup` of its cohort
+   (the same cache policy and decoder; greedy, sampled and scoring jobs alike, at any exit and loop cap,
+   each row stopped and picked by its own job) between two steps, or starts one. Under ``exact`` every job gets its
    own group; under ``cohort`` jobs admitted together that share a cohort are prefilled into one. A job
    naming another decoder than ``step`` runs whole, alone (:class:`~looplab.serve.whole.WholeGroup`);
 2. runs one decode step of every group: each live job gets one token, at its own exit's depth;
@@ -14,13 +14,14 @@ Each iteration of its loop
 
 So requests join the running decode between steps and leave it when they finish, each with its own
 loop budget, exit and cache. What is shared is the step loop, the model's weights and the thread;
-``continuous`` also shares every matmul of a step between the greedy jobs of a cohort. What
+``continuous`` also shares every matmul of a step between the jobs of a cohort. What
 ``exact`` keeps apart is every tensor a job's logits depend on: a job's rows are never padded or
 batched with another job's, because a matmul over more rows, or a softmax over more (masked) keys,
 changes the last bits of a row's result (measured on this CPU: 3e-8 in a log-probability). A greedy
 job's tokens and log-probabilities are therefore those of :func:`looplab.generation.generate` on its
 prompt alone, however many jobs run beside it. ``continuous`` and ``cohort`` trade that for batched
-matmuls (tokens agree; log-probabilities within ~1e-6).
+matmuls (tokens agree; log-probabilities within ~1e-6; a seeded sampled job draws its tokens alone
+with its own generator, from its own row).
 
 A bounded queue: :meth:`Engine.submit` refuses (:class:`Busy`) when ``max_queue`` jobs already wait,
 and (:class:`Closed`) once :meth:`Engine.stop_intake` was called; :meth:`Engine.close` drains.
@@ -36,8 +37,10 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation.views import decodable
-from looplab.serve.batch import End, Failed, Group, Job
+from looplab.serve.batch import End, Failed, Group, Job, Token
 from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.ledger import DoesNotFit, KVLedger, default_kv_memory, job_bytes
+from looplab.serve.prefixes import PrefixStore
 from looplab.serve.whole import STEPPED, WholeGroup
 
 __all__ = ["Engine", "Busy", "Closed", "BATCHING"]
@@ -67,10 +70,14 @@ class Engine:
         model: a causal looplab model or a retrofit (as :func:`looplab.generation.generate` takes).
         max_running: jobs decoded at once; later ones wait.
         max_queue: jobs that may wait; one more is refused with :class:`Busy`.
-        batching: ``continuous`` (greedy jobs join a running batch of their cohort), ``exact`` (one decoder
+        batching: ``continuous`` (jobs join a running batch of their cohort), ``exact`` (one decoder
             per job) or ``cohort`` (jobs admitted together).
         on_step: called on the engine's thread after every iteration, with the engine (a hook for
             observing or pacing it).
+        kv_memory: the bytes the running groups' KV caches may take together (:mod:`looplab.serve.ledger`;
+            default: half of what the device holds beside the weights).
+        prefix_memory: the most of ``kv_memory`` kept prompt blocks may hold (:mod:`looplab.serve.prefixes`;
+            default a quarter of it; 0: no prefix caching).
     """
 
     def __init__(
@@ -80,6 +87,8 @@ class Engine:
         max_queue: int = 64,
         batching: str = "continuous",
         on_step: Callable[[Engine], None] | None = None,
+        kv_memory: int | None = None,
+        prefix_memory: int | None = None,
     ):
         if batching not in BATCHING:
             raise LooplabError(f"unknown batching {batching!r}; valid choices: {', '.join(BATCHING)}")
@@ -87,11 +96,26 @@ class Engine:
             raise LooplabError(f"max running must be ≥ 1 and max queue ≥ 0, got {max_running} and {max_queue}")
         self.model = decodable(model)
         self.model.eval()
+        if kv_memory is not None and kv_memory < 1:
+            raise LooplabError(f"the KV memory must be a positive number of bytes, got {kv_memory}")
+        self.ledger = KVLedger(default_kv_memory(self.model) if kv_memory is None else kv_memory)
+        if prefix_memory is not None and prefix_memory < 0:
+            raise LooplabError(f"the prefix cache's memory must be ≥ 0 bytes, got {prefix_memory}")
+        prefix_memory = self.ledger.limit // 4 if prefix_memory is None else prefix_memory
+        #: kept prompt blocks (continuous batching only: ``exact`` keeps every row's own)
+        self.prefixes = PrefixStore(self.ledger, prefix_memory) if batching == "continuous" and prefix_memory else None
         self.max_running, self.max_queue, self.batching, self.on_step = max_running, max_queue, batching, on_step
+        #: counts of jobs (submitted, admitted, joined, finished, cancelled, failed), steps and tokens (generated,
+        #: scored, prompt), read by /health and /metrics
         self.stats: Counter[str] = Counter()
+        #: the generated tokens by the loops each ran
+        self.loops: Counter[int] = Counter()
+        #: bytes the running groups' KV caches hold, after the latest iteration (worked out on the engine's
+        #: thread, which grows the caches)
+        self.cache_bytes = 0
         self._waiting: deque[Job] = deque()
-        #: (prompt length, budget) of the latest admitted jobs, to size new groups
-        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT)
+        #: (prompt length, budget, loop cap) of the latest admitted jobs, to size new groups
+        self._recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT)
         self._groups: list[Group] = []
         self._cond = threading.Condition()
         self._accepting, self._closing = True, False
@@ -119,13 +143,27 @@ class Engine:
                     f"the request asks for {len(jobs)} completions (prompts × n), more than the server ever queues "
                     f"(--max-queue {self.max_queue}): send at most {self.max_queue} at once"
                 )
+            for job in jobs:
+                self._check_fits(job)
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise Busy(f"the server is busy: {len(self._waiting)} requests wait (--max-queue {self.max_queue})")
             for job in jobs:
                 job.sink = self._counted(job, job.sink)
             self._waiting.extend(jobs)
             self.stats["submitted"] += len(jobs)
+            self.stats["prompt_tokens"] += sum(len(job.prompt) for job in jobs if job.forced is None)
             self._cond.notify()
+
+    def _check_fits(self, job: Job) -> None:
+        """:class:`NeverFits` for a job whose KV cache alone exceeds the engine's KV memory."""
+        needed = job_bytes(self.model, job)
+        if needed > self.ledger.limit:
+            rule = job.options.exit_rule
+            raise NeverFits(
+                f"a completion of {len(job.prompt)} prompt tokens and {job.max_new} new ones at {rule.loops} loops "
+                f"({job.options.cache} cache) needs {needed / 2**20:,.1f} MiB of KV memory, more than the server "
+                f"holds (--kv-memory {self.ledger.describe()}): ask for fewer tokens or loops"
+            )
 
     def stop_intake(self) -> None:
         """Refuse new jobs from now on; those queued and running go on."""
@@ -150,7 +188,13 @@ class Engine:
 
     def _counted(self, job: Job, sink):
         def counted(event) -> None:
-            if isinstance(event, End | Failed):
+            if isinstance(event, Token):
+                if job.forced is None:
+                    self.stats["tokens"] += 1
+                    self.loops[event.depth] += 1
+                else:
+                    self.stats["scored_tokens"] += 1
+            elif isinstance(event, End | Failed):
                 job.closed = True
             if isinstance(event, End):
                 self.stats["cancelled" if event.reason == "cancelled" else "finished"] += 1
@@ -177,49 +221,108 @@ class Engine:
                 except Exception as err:  # a job the decoder fails on (out of memory) fails alone
                     self._fail([job for job in group.jobs if job is not None], err)
                     group.live = group.live[:0]
+            for group in self._groups:
+                if group.done:
+                    self.ledger.release(group)
             self._groups = [group for group in self._groups if not group.done]
+            self.cache_bytes = sum(group.cache_bytes() for group in self._groups)
             self.stats["steps"] += 1
             if self.on_step is not None:
                 self.on_step(self)
 
     def _admit(self, jobs: list[Job]) -> None:
+        """Put each of ``jobs`` into a group, in order: a running one it joins, or a new one where the free KV
+        memory holds it. The first job that does not fit now, and every job after it, go back to the front of the
+        queue (their order kept: no later job overtakes them)."""
         cohorts: dict[tuple, list[Job]] = {}
+        deferred: list[Job] = []
         for index, job in enumerate(jobs):
             if job.cancelled.is_set():
                 job.sink(End("cancelled"))
                 continue
-            self._recent.append((len(job.prompt), job.max_new))
-            if job.options.decoder != STEPPED:
-                self._groups.append(WholeGroup(self.model, job))
-                self.stats["admitted"] += 1
+            if deferred:
+                deferred.append(job)
+            elif job.options.decoder != STEPPED:
+                if not self._start([job], [(1, lambda free, job=job: WholeGroup(self.model, job, free))]):
+                    deferred.append(job)
+            elif self.batching == "continuous" and self._join(job):
                 continue
-            batchable = self.batching != "exact" and job.cohort[-1]
-            if batchable and self.batching == "continuous" and self._join(job):
-                continue
-            cohorts.setdefault(job.cohort if batchable else (index,), []).append(job)
+            else:
+                cohorts.setdefault(job.cohort if self.batching != "exact" else (index,), []).append(job)
         for members in cohorts.values():
-            try:
-                if self.batching == "continuous" and members[0].cohort[-1]:
-                    self._groups.append(self._continuous_group(members))
-                else:
-                    self._groups.append(Group(self.model, members))
-                self.stats["admitted"] += len(members)
-            except Exception as err:  # the prefill failed (out of memory): these jobs fail, the rest go on
-                self._fail(members, err)
+            if deferred:
+                deferred.extend(members)
+                continue
+            deferred.extend(members[self._start(members, self._makers(members)) :])
+        if deferred:
+            self.stats["deferred"] += len(deferred)
+            with self._cond:
+                self._waiting.extendleft(reversed(deferred))
 
-    def _continuous_group(self, members: list[Job]) -> ContinuousGroup:
-        """A new continuous group for ``members``. A lone job on an idle engine gets a lean one (MIN_ROWS rows,
-        its own prompt width and COLUMNS_PER_BUDGET times its budget: its caches are zeroed and read every
-        step). On a busy engine (several jobs arriving together, or a group of their cohort running) the group
-        gets ``max_running`` rows, and room for the longest prompt and COLUMNS_PER_BUDGET times the largest
-        budget of the last RECENT jobs too, so that later jobs join it instead of starting groups of their own
-        (each a forward pass of its own every step; measured: bench/serve.py)."""
+    def _makers(self, members: list[Job]) -> list[tuple[int, Callable]]:
+        """How a new group for ``members`` may be made, the roomiest first: (how many of the members it takes, a
+        maker of it given the free KV memory). The last takes the first member alone, as lean as it can be:
+        that fits whenever nothing else runs (:meth:`submit` refuses a job that could not)."""
+        model = self.model
+        if self.batching != "continuous":
+            return [
+                (len(members), lambda free: Group(model, members, free)),
+                (1, lambda free: Group(model, members[:1], free)),
+            ]
+
+        def lean(jobs: list[Job], free: int) -> ContinuousGroup:
+            width, budget = max(len(job.prompt) for job in jobs), max(job.max_new for job in jobs)
+            return ContinuousGroup(model, jobs, len(jobs), budget, width, memory=free, prefixes=self.prefixes)
+
+        return [
+            (len(members), lambda free: self._continuous_group(members, free)),
+            (len(members), lambda free: lean(members, free)),
+            (1, lambda free: lean(members[:1], free)),
+        ]
+
+    def _start(self, members: list[Job], makers: list[tuple[int, Callable]]) -> int:
+        """Make the first group of ``makers`` that fits the free KV memory, reserve its bytes and run it; how many
+        of ``members`` it took (0: none fits now). Kept prefixes give their room back first where nothing fits
+        beside them. A group whose prefill fails (out of memory) fails its jobs."""
+        while True:
+            for count, make in makers:
+                try:
+                    group = make(self.ledger.free)
+                except DoesNotFit:
+                    continue
+                except Exception as err:  # the prefill failed (out of memory): these jobs fail, the rest go on
+                    self._fail(members[:count], err)
+                    return count
+                self.ledger.reserve(group, group.nbytes)
+                self._groups.append(group)
+                self.stats["admitted"] += count
+                self._recent.extend(
+                    (len(job.prompt), job.max_new, job.options.exit_rule.loops) for job in members[:count]
+                )
+                return count
+            if self.prefixes is None or not self.prefixes.nbytes:
+                return 0
+            self.prefixes.clear()
+
+    def _continuous_group(self, members: list[Job], free: int) -> ContinuousGroup:
+        """A new continuous group for ``members`` within ``free`` bytes of KV memory. A lone job on an idle engine
+        gets a lean one (MIN_ROWS rows, its own prompt width and COLUMNS_PER_BUDGET times its budget: its caches
+        are zeroed and read every step). On a busy engine (several jobs arriving together, or a group of their
+        cohort running) the group gets ``max_running`` rows, and room for the longest prompt,
+        COLUMNS_PER_BUDGET times the largest budget and the deepest loop cap (but for the read-only exit, whose
+        rows all run to the cap) of the last RECENT jobs too, so that later jobs join it instead of starting
+        groups of their own (each a forward pass of its own every step; measured: bench/serve.py). Rows that do
+        not fit ``free`` are left out."""
         cohort = members[0].cohort
         busy = len(members) > 1 or any(isinstance(g, ContinuousGroup) and g.cohort == cohort for g in self._groups)
         rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
-        sizes = [*((len(job.prompt), job.max_new) for job in members), *(self._recent if busy else ())]
+        sizes = [
+            *((len(job.prompt), job.max_new, job.options.exit_rule.loops) for job in members),
+            *(self._recent if busy else ()),
+        ]
         width, columns = max(size[0] for size in sizes), COLUMNS_PER_BUDGET * max(size[1] for size in sizes)
-        return ContinuousGroup(self.model, members, rows, columns, width)
+        cap = cohort[-1] or max(size[2] for size in sizes)  # a read-only cohort's one cap
+        return ContinuousGroup(self.model, members, rows, columns, width, cap, memory=free, prefixes=self.prefixes)
 
     def _join(self, job: Job) -> bool:
         """Put ``job`` into a running continuous group that can take it; whether one could."""
@@ -227,7 +330,7 @@ class Engine:
         if group is None:
             return False
         try:
-            group.join(job)
+            group.join([job])
             self.stats["admitted"] += 1
             self.stats["joined"] += 1
         except Exception as err:  # its prefill failed (out of memory): this job fails, the group goes on

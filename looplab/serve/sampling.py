@@ -3,6 +3,10 @@ temperature and top-k) plus OpenAI's ``top_p`` (nucleus) filter, drawn from the 
 
 With ``top_p = 1`` it *is* :func:`~looplab.generation.sampling.pick`, so a request that names no
 ``top_p`` draws the tokens :func:`looplab.generation.generate` draws from the same seed.
+
+:func:`pick_rows` picks for the rows of a shared forward pass, each with its own picking and generator: a
+greedy row's argmax is its own row's, and a sampled row draws from its logits alone with its request's
+generator, so its draws are those of the request decoded alone (on the same logits).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from torch import Tensor
 
 from looplab.generation.sampling import Sampling, pick
 
-__all__ = ["Picking", "pick_next"]
+__all__ = ["Picking", "pick_next", "pick_rows"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,13 @@ def pick_next(logits: Tensor, picking: Picking, generator: torch.Generator) -> T
     probs = probs.masked_fill(drop, 0.0)
     drawn = torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
     return order.gather(1, drawn).squeeze(1)
+
+
+def pick_rows(logits: Tensor, pickings: list[Picking], generators: list[torch.Generator | None]) -> Tensor:
+    """[R] next tokens from logits [R, V], row ``i`` picked by ``pickings[i]`` and drawn from ``generators[i]``
+    (None for a greedy row)."""
+    chosen = logits.argmax(dim=-1)
+    for i, (picking, generator) in enumerate(zip(pickings, generators, strict=True)):
+        if not picking.greedy:
+            chosen[i] = pick_next(logits[i : i + 1], picking, generator)[0]
+    return chosen

@@ -15,6 +15,7 @@ import torch
 
 from looplab.generation.decode import generate
 from looplab.serve.batch import End, Job, Token
+from looplab.serve.ledger import DoesNotFit, job_bytes
 
 __all__ = ["WholeGroup", "STEPPED"]
 
@@ -23,15 +24,24 @@ STEPPED = "step"
 
 
 class WholeGroup:
-    """One job decoded whole at its first :meth:`step` (see the module docstring); ``live`` [1] until then."""
+    """One job decoded whole at its first :meth:`step` (see the module docstring); ``live`` [1] until then.
+    Its KV bytes, :attr:`nbytes`, are the job's alone (:class:`~looplab.serve.ledger.DoesNotFit` when more than
+    ``memory``)."""
 
-    def __init__(self, model, job: Job):
+    def __init__(self, model, job: Job, memory: int | None = None):
         self.model, self.jobs = model, [job]
+        self.nbytes = job_bytes(model, job)
+        if memory is not None and self.nbytes > memory:
+            raise DoesNotFit(f"the job needs {self.nbytes:,} bytes of KV memory, {memory:,} are free")
         self.live = torch.zeros(1, dtype=torch.long)
 
     @property
     def done(self) -> bool:
         return len(self.live) == 0
+
+    def cache_bytes(self) -> int:
+        """Nothing held between iterations: the job's decoder lives inside its one step."""
+        return 0
 
     def step(self) -> None:
         """Decode the job (unless its client left), send each token, then its end."""

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from looplab.cli import main
 from looplab.config import load_config
@@ -106,6 +107,40 @@ def test_a_completion_equals_generate(server, lm, exit, loops, cache, params):
     assert out.usage.completion_tokens == 12
 
 
+def test_usage_counts_the_loops_and_metrics_serve_the_engines_counts(lm):
+    """A completion's ``usage.loops`` sums, averages and histograms its tokens' loops (an adaptive exit: they
+    differ); ``GET /metrics`` is Prometheus text whose counts are those of the requests answered."""
+    extra = {"exit": "kl", "loops": 6, "eps": 1e-7}  # this tiny LM's tokens exit at 2 to 6 loops
+    with serving(lm) as (url, engine):
+        outs = [
+            client(url).completions.create(
+                model="lm", prompt=prompt, max_tokens=9, temperature=temperature, seed=5, extra_body=extra
+            )
+            for prompt, temperature in (("In the beginning", 0), ("And God said", 1.0))
+        ]
+        scrape = httpx.get(f"{url}/metrics", timeout=TIMEOUT)
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+    loops = [depth for out in outs for depth in out.choices[0].looplab["loops"]]
+    for out in outs:
+        depths = out.choices[0].looplab["loops"]
+        usage = out.usage.model_extra["loops"]
+        assert usage["total"] == sum(depths) and usage["mean"] == pytest.approx(sum(depths) / len(depths))
+        assert usage["histogram"] == {str(d): depths.count(d) for d in set(depths)}
+    assert len(set(loops)) > 1, "the exit ran every token to one depth: the histogram is not tested"
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(scrape.text)
+        for sample in family.samples
+    }
+    assert samples[("looplab_tokens_total", (("kind", "generated"),))] == len(loops) == 18
+    assert samples[("looplab_tokens_total", (("kind", "prompt"),))] == sum(out.usage.prompt_tokens for out in outs)
+    assert samples[("looplab_jobs_total", (("event", "finished"),))] == 2
+    assert samples[("looplab_token_loops_sum", ())] == sum(loops)
+    assert samples[("looplab_token_loops_count", ())] == len(loops)
+    assert samples[("looplab_token_loops_bucket", (("le", "3.0"),))] == sum(depth <= 3 for depth in loops)
+    assert samples[("looplab_jobs_running", ())] == 0 and samples[("looplab_kv_cache_bytes", ())] == 0
+
+
 def test_streaming_sends_the_same_tokens_one_chunk_at_a_time(server, lm):
     url, _ = server
     args = dict(model="lm", prompt=["k=3;", "And God"], max_tokens=9, temperature=0, logprobs=1)
@@ -174,11 +209,12 @@ async def _complete_all(url: str, bodies: list[dict]) -> list[dict]:
     return [r.json()["choices"][0] for r in replies]
 
 
-@pytest.mark.parametrize("batching", ["exact", "cohort"])
-def test_greedy_results_are_those_of_a_solo_run_among_concurrent_requests(lm, batching):
-    """Each greedy request of MIX, run among all of MIX (joining and leaving the decode at other steps), gets
-    the tokens, log-probabilities and loops of ``generate`` on its prompt alone: exactly under ``exact``
-    batching; the same tokens and loops, log-probabilities within 1e-6, under ``cohort``."""
+@pytest.mark.parametrize("batching", ["exact", "cohort", "continuous"])
+def test_results_are_those_of_a_solo_run_among_concurrent_requests(lm, batching):
+    """Each request of MIX (greedy, or sampled with its seed), run among all of MIX (joining and leaving the
+    decode at other steps), gets the tokens, log-probabilities and loops of ``generate`` on its prompt alone:
+    exactly under ``exact`` batching; the same tokens and loops, log-probabilities within 1e-6, under
+    ``cohort`` and ``continuous`` (the requests of one cache policy share a decoder, whatever their exits)."""
     most = []
     bodies = [
         {"prompt": p, "max_tokens": n, "temperature": t, "logprobs": 0, "seed": i, **fields}
@@ -188,12 +224,12 @@ def test_greedy_results_are_those_of_a_solo_run_among_concurrent_requests(lm, ba
         solo = asyncio.run(_complete_all(url, bodies[:1]))[0]
         together = asyncio.run(_complete_all(url, bodies))
     assert max(most) >= 4, "the requests did not overlap"
-    assert together[0]["looplab"] == solo["looplab"] and together[0]["logprobs"] == solo["logprobs"]
-    for (prompt, budget, fields, temperature), choice in zip(MIX, together):
-        if temperature:
-            assert len(choice["looplab"]["token_ids"]) == budget
-            continue
-        ref = generate(lm.model, [lm.encode(prompt)], budget, decode_options(fields, lm, Sampling()))
+    assert together[0]["looplab"] == solo["looplab"]
+    if batching == "exact":
+        assert together[0]["logprobs"] == solo["logprobs"]
+    for seed, ((prompt, budget, fields, temperature), choice) in enumerate(zip(MIX, together)):
+        sampling = Sampling(temperature, seed=seed)  # a sampled request draws as generate does with its seed
+        ref = generate(lm.model, [lm.encode(prompt)], budget, decode_options(fields, lm, sampling))
         assert choice["looplab"]["token_ids"] == ref.tokens[0]
         assert choice["looplab"]["loops"] == ref.depths[0]
         got = choice["logprobs"]["token_logprobs"]
@@ -308,6 +344,44 @@ def test_a_request_larger_than_the_queue_is_a_400_not_a_503_forever(lm):
             client(url).completions.create(model="lm", prompt=["a", "b", "c", "d", "e", "f"], max_tokens=2)
         assert "6 completions (prompts × n), more than the server ever queues (--max-queue 4)" in str(refused.value)
         assert len(client(url).completions.create(model="lm", prompt=["a"] * 4, max_tokens=2).choices) == 4
+
+
+def _kv_bytes(lm, prompt: str, max_tokens: int, loops: int) -> int:
+    """The KV bytes one greedy request holds alone (the engine's ledger's reckoning)."""
+    from looplab.serve.batch import Job
+    from looplab.serve.ledger import job_bytes
+    from looplab.serve.sampling import Picking
+
+    options = decode_options({"exit": "fixed", "loops": loops}, lm, Sampling())
+    return job_bytes(lm.model, Job(lm.encode(prompt), max_tokens, options, Picking(Sampling()), print))
+
+
+def test_under_a_kv_memory_half_of_what_the_load_needs_every_request_waits_its_turn_and_decodes_as_alone(lm):
+    """32 concurrent requests under ``kv_memory`` half of what they hold together: every one is answered (those
+    that do not fit wait in the queue: ``deferred``), each equal to the same request alone, and the KV memory
+    reserved never exceeds the limit."""
+    prompts = [("In the beginning " * (1 + i % 3))[: 8 + i] for i in range(32)]
+    bodies = [{"prompt": p, "max_tokens": 10, "temperature": 0, "loops": 3} for p in prompts]
+    limit = sum(_kv_bytes(lm, p, 10, 3) for p in prompts) // 2
+    reserved = []
+    with serving(lm, kv_memory=limit, on_step=lambda engine: reserved.append(engine.ledger.reserved)) as (url, eng):
+        together = asyncio.run(_complete_all(url, bodies))
+        stats = dict(eng.stats)
+    assert stats["deferred"] > 0 and stats["finished"] == 32, stats
+    assert max(reserved) <= limit
+    for prompt, choice in zip(prompts, together):
+        ref = reference(lm, prompt, 10, loops=3)
+        assert choice["looplab"]["token_ids"] == ref.tokens[0]
+
+
+def test_a_request_that_could_never_fit_the_kv_memory_is_a_400_naming_the_limit(lm):
+    limit = _kv_bytes(lm, "In the beginning", 8, 4)  # one such request fits; four times the tokens never do
+    with serving(lm, kv_memory=limit) as (url, _):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client(url).completions.create(model="lm", prompt="In the beginning", max_tokens=40, temperature=0)
+        assert "needs" in str(refused.value) and "MiB of KV memory, more than the server holds" in str(refused.value)
+        out = client(url).completions.create(model="lm", prompt="In the beginning", max_tokens=8, temperature=0)
+        assert out.usage.completion_tokens == 8  # the server goes on
 
 
 # -- bad requests ------------------------------------------------------------------------------------------
@@ -461,6 +535,8 @@ def _start(lm_run, *flags) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "looplab", "serve", str(lm_run), "--port", "0", *flags]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    memory = proc.stderr.readline()  # what a request's KV cache takes, against the KV memory
+    assert memory.startswith("serve: a request's KV cache at 2 loops (per_loop) takes") and "the KV memory" in memory
     line = proc.stderr.readline()
     assert " on http://127.0.0.1:" in line, line
     return proc, line.split(" on ")[1].split("/v1")[0]
@@ -535,6 +611,11 @@ def test_a_second_ctrl_c_ends_the_requests_in_flight_cleanly(lm_run):
         (["--batching", "fast"], "invalid choice"),
         (["--max-queue", "0"], "--max-queue must be ≥ 1 (a queue of 0 refuses every request), got 0"),
         (["--max-token-loops", "0"], "--max-token-loops must be ≥ 1, got 0"),
+        (["--kv-memory", "0"], "--kv-memory must be a positive number of GiB, got 0.0"),
+        (["--kv-memory", "nan"], "--kv-memory must be a positive number of GiB, got nan"),
+        (["--kv-memory", "lots"], "argument --kv-memory: invalid float value: 'lots'"),
+        (["--prefix-cache", "-1"], "--prefix-cache must be a number of GiB ≥ 0 (0: off), got -1.0"),
+        (["--kv-memory", "1e-7", "--port", "0"], "holds no request: one prompt token and one new token at"),
         (["--device", "cuda:7"], "--device = 'cuda:7', but this machine has"),
         (["--dtype", "bfloat16"], "--dtype applies to a model dir (config.json)"),
         (["--ray-address", "127.0.0.1:1"], "cannot reach the Ray cluster at 127.0.0.1:1"),

@@ -95,7 +95,7 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
     assert short_sink.end == End("length") and group.jobs[0] is None
     newcomer, new_sink = _job(PROMPTS[1], rule, max_new=3)
     assert group.can_take(newcomer)
-    group.join(newcomer)
+    group.join([newcomer])
     assert group.jobs[0] is newcomer and not group.can_take(_job(PROMPTS[3], rule)[0])  # no row left
     long_job.cancelled.set()
     while not group.done:
@@ -112,7 +112,92 @@ def test_a_job_that_does_not_fit_starts_its_own_group(model):
     assert not group.can_take(_job(PROMPTS[1], GenerationExit("fixed", 3))[0])  # another cohort
     assert not group.can_take(_job(PROMPTS[1], rule, max_new=9)[0])  # a budget past the columns
     sampled = Picking(Sampling(temperature=1.0, seed=3))
-    assert not group.can_take(_job(PROMPTS[1], rule, picking=sampled)[0])  # sampled: its own group
+    assert group.can_take(_job(PROMPTS[1], rule, picking=sampled)[0])  # sampled rows share the group
+
+
+#: each job's picking: greedy, sampled at temperature 1 (OpenAI's default), top-k, nucleus, and a scoring job
+PICKINGS = [
+    GREEDY,
+    Picking(Sampling(temperature=1.0, seed=11)),
+    Picking(Sampling(temperature=0.7, top_k=3, seed=12)),
+    Picking(Sampling(temperature=1.3, seed=13), top_p=0.8),
+    Picking(Sampling(temperature=1.0, seed=14)),
+    "score",
+]
+
+
+def _mixed_jobs(rules) -> list[tuple[Job, Sink]]:
+    """A job of each of PROMPTS, picked by PICKINGS, stopping by ``rules`` in turn."""
+    jobs = []
+    for index, (prompt, picking) in enumerate(zip(PROMPTS, PICKINGS, strict=True)):
+        rule, sink = rules[index % len(rules)], Sink()
+        if picking == "score":  # the prompt teacher-forced, as a server's echo with logprobs scores it
+            jobs.append((Job(prompt[:1], len(prompt) - 1, DecodeOptions(rule), GREEDY, sink, forced=prompt[1:]), sink))
+        else:
+            jobs.append((Job(prompt, 7, DecodeOptions(rule), picking, sink), sink))
+    return jobs
+
+
+def _run(jobs: list[tuple[Job, Sink]], model, batching: str, arrivals=()) -> Engine:
+    """The engine's run of ``jobs``, ``arrivals`` submitted after its first steps; its ``groups``: the most
+    groups that ran at once."""
+    arriving = iter(arrivals)
+
+    def arrive(engine: Engine) -> None:
+        engine.groups = max(getattr(engine, "groups", 0), len(engine._groups))
+        jobs = next(arriving, None)
+        if jobs:
+            engine.submit(jobs)
+
+    engine = Engine(model, max_running=8, batching=batching, on_step=arrive)
+    waiting = {id(job) for batch in arrivals for job in batch}
+    engine.submit([job for job, _ in jobs if id(job) not in waiting])
+    engine.start()
+    assert all(sink.closed.wait(60) for _, sink in jobs)
+    engine.close(60)
+    return engine
+
+
+def _assert_as_alone(sink: Sink, solo: Sink) -> None:
+    """A job's tokens and loops are those it got alone, its log-probabilities within 1e-5."""
+    assert [t.token for t in sink.tokens] == [t.token for t in solo.tokens]
+    assert [t.depth for t in sink.tokens] == [t.depth for t in solo.tokens]
+    assert [t.logprob for t in sink.tokens] == pytest.approx([t.logprob for t in solo.tokens], abs=1e-5)
+
+
+MIXED_EXITS = [
+    GenerationExit("fixed", 3),
+    GenerationExit("convergence", 6, {"eps": 0.2}),
+    GenerationExit("kl", 5, {"eps": 0.05}),
+    GenerationExit("fixed", 1),
+]
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [[GenerationExit("fixed", 3)], [GenerationExit("convergence", 6, {"eps": 0.2})], MIXED_EXITS],
+    ids=["fixed", "convergence", "mixed-exits"],
+)
+def test_every_job_of_a_cache_policy_shares_one_forward_and_decodes_as_alone(models, rules):
+    """Greedy, seeded sampled (temperature, top-k, top-p) and scoring jobs, at one exit or at four exits and
+    loop caps, three of them arriving mid-decode, run as rows of one group: each row's tokens and loops are
+    those of the job decoded alone (``exact`` batching: one decoder each, bit for bit ``generate``), its
+    log-probabilities within 1e-5."""
+    model = models
+    shared = _mixed_jobs(rules)
+    engine = _run(shared, model, "continuous", arrivals=[[shared[3][0]], [], [shared[4][0], shared[5][0]]])
+    assert engine.stats["joined"] == 3 and engine.groups == 1, dict(engine.stats)
+    alone = _mixed_jobs(rules)
+    _run(alone, model, "exact")
+    for (job, sink), (_, solo) in zip(shared, alone, strict=True):
+        _assert_as_alone(sink, solo)
+        if job.forced is not None:
+            assert [t.token for t in sink.tokens] == job.forced
+        elif job.picking.top_p == 1:  # the engine's picking is generate's: the same seed draws the same tokens
+            options = DecodeOptions(job.options.exit_rule, sampling=job.picking.sampling)
+            assert [t.token for t in sink.tokens] == generate(model, [job.prompt], 7, options).tokens[0]
+    sampled = [[t.token for t in sink.tokens] for job, sink in shared if job.generator is not None]
+    assert len({tuple(tokens) for tokens in sampled}) == len(sampled)  # each drew from its own generator
 
 
 def test_a_busy_engines_new_group_has_room_for_the_prompts_and_budgets_it_has_seen(model):
@@ -154,3 +239,37 @@ def test_the_engine_drains_what_it_holds_on_close(model):
     engine.close(60)  # stops intake, finishes every queued and running job
     assert all(sink.end == End("length") and len(sink.tokens) == 5 for _, sink in jobs)
     assert engine.running == 0 and engine.waiting == 0
+
+
+def _prefixed_jobs(rules, picking=GREEDY) -> list[tuple[Job, Sink]]:
+    """Jobs whose prompts share a 32-token (two-block) prefix, then differ; one shares only its first block."""
+    shared = [1, *(2 + (7 * i) % 5 for i in range(31))]
+    tails = [[3, 4], [5], [6, 2, 3, 4, 5], [4, 4, 4]]
+    prompts = [shared + tail for tail in tails] + [shared[:16] + [6] * 17]
+    jobs = []
+    for index, prompt in enumerate(prompts):
+        sink = Sink()
+        jobs.append((Job(prompt, 5, DecodeOptions(rules[index % len(rules)]), picking, sink), sink))
+    return jobs
+
+
+#: three exits at one cap: a prefix kept under one is read under the others (per_loop: the same keys and values)
+ONE_CAP = [GenerationExit("fixed", 3), GenerationExit("kl", 3, {"eps": 0.05}), GenerationExit("convergence", 3)]
+
+
+@pytest.mark.parametrize("rules", [[GenerationExit("fixed", 3)], ONE_CAP], ids=["fixed", "three-exits"])
+def test_a_kept_prompt_prefix_is_reused_and_each_job_decodes_as_alone(models, rules):
+    """Jobs whose prompts begin alike, arriving together and later: the first prompt's whole blocks are kept
+    and the others copy them and prefill only the rest (the store serves every shared block: three prompts'
+    two and one prompt's one); each job's tokens and loops are those of the job alone, its log-probabilities
+    within 1e-5."""
+    model = models
+    shared = _prefixed_jobs(rules)
+    engine = _run(shared, model, "continuous", arrivals=[[shared[3][0]], [shared[4][0]]])
+    store = engine.prefixes
+    assert store.served == 3 * 32 + 16 and store.asked == 4 * 32, (store.served, store.asked)  # the first: none
+    alone = _prefixed_jobs(rules)
+    _run(alone, model, "exact")
+    for (_, sink), (_, solo) in zip(shared, alone, strict=True):
+        _assert_as_alone(sink, solo)
+    assert engine.ledger.reserved == store.nbytes > 0  # the groups gave their bytes back; the kept blocks hold theirs

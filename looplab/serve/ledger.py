@@ -1,0 +1,65 @@
+"""The engine's KV memory ledger: one limit (``looplab serve --kv-memory``) on the bytes the running groups'
+keys and values may take together.
+
+A group's caches are allocated for its rows and slots when it is made (rows a later job joins included), so
+the ledger reserves a group's bytes whole at its making and frees them when its last job ends: a running
+job never runs out of memory, and a job that does not fit now waits in the queue, at its place, until
+running groups end. A job that could not fit even alone is refused when it is submitted
+(:class:`~looplab.serve.engine.NeverFits`: HTTP 400 naming the limit). Sizes are
+:func:`~looplab.generation.budget.generation_bytes`' upper bounds.
+"""
+
+from __future__ import annotations
+
+from looplab.errors import LooplabError
+from looplab.generation.budget import generation_bytes
+from looplab.generation.views import decodable
+from looplab.memory import GIB, device_bytes
+
+__all__ = ["DoesNotFit", "KVLedger", "default_kv_memory", "group_bytes", "job_bytes"]
+
+
+class DoesNotFit(LooplabError):
+    """A group would take more KV memory than is free now (the engine puts its jobs back in the queue)."""
+
+
+def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int) -> int:
+    """Bytes a group of ``rows`` rows for ``jobs`` (one cohort) holds at ``width`` prompt slots, ``columns``
+    new-token slots and loop cap ``cap``."""
+    options = jobs[0].options
+    view = decodable(model, gated=options.exit_rule.needs_gate)
+    return generation_bytes(view, rows, width, columns, cap, options.cache, options.cache_params)
+
+
+def job_bytes(model, job) -> int:
+    """Bytes ``job`` alone holds: its own prompt, budget and loop cap in a group of one row."""
+    return group_bytes(model, [job], 1, len(job.prompt), job.max_new, job.options.exit_rule.loops)
+
+
+def default_kv_memory(model) -> int:
+    """Half of what the device holds beside the model's weights."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(0, device_bytes(str(model.head.weight.device)) - weights) // 2
+
+
+class KVLedger:
+    """The bytes reserved by running groups, against ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.reserved = limit, 0
+
+    @property
+    def free(self) -> int:
+        return self.limit - self.reserved
+
+    def reserve(self, group, nbytes: int) -> None:
+        """Hold ``nbytes`` for ``group`` (its :meth:`release` gives them back)."""
+        group.reserved = nbytes
+        self.reserved += nbytes
+
+    def release(self, group) -> None:
+        self.reserved -= group.reserved
+        group.reserved = 0
+
+    def describe(self) -> str:
+        return f"{self.limit / GIB:,.3g} GiB"
