@@ -134,6 +134,35 @@ class KVCache:
                     self.layers[key] = source.empty_like()
                 self.layers[key].copy_slots(source, rows, chunk)
 
+    def slot_state(self, row: int, start: int, stop: int, loops: int) -> dict:
+        """Copies of the keys and values row ``row`` holds in slots ``start``..``stop`` − 1 of every layer call
+        (the core's at loops 1..``loops``): what :meth:`fill_slots` puts back. Under a per-loop cache whose calls
+        each hold keys and values only (:meth:`slots_only`)."""
+        state = {}
+        for index, (k, v) in self.stacks.items():
+            state["core", index] = (k[:loops, row, :, start:stop].clone(), v[:loops, row, :, start:stop].clone())
+        for key, entry in self.layers.items():
+            if key[0] != "core":  # the core's are views of the stacks
+                state[key] = (entry.k[row, :, start:stop].clone(), entry.v[row, :, start:stop].clone())
+        return state
+
+    def fill_slots(self, rows: Tensor, start: int, state: dict) -> None:
+        """Put ``state`` (a :meth:`slot_state`, or several of consecutive slots joined) into ``rows``' slots from
+        ``start`` on."""
+        for key, (k, v) in state.items():
+            stop = start + k.shape[-2]
+            if key[0] == "core":
+                k_store, v_store = self.stack(key[1])
+                k_store[: len(k), rows, :, start:stop] = k[:, None]
+                v_store[: len(v), rows, :, start:stop] = v[:, None]
+            else:
+                entry = self.layer(*key)
+                entry.k[rows, :, start:stop], entry.v[rows, :, start:stop] = k[None], v[None]
+
+    def slots_only(self) -> bool:
+        """Whether every layer call's cache entry holds keys and values alone (what :meth:`slot_state` copies)."""
+        return self.entry.per_loop and all(isinstance(entry, LayerCache) for entry in self.layers.values())
+
     def nbytes(self) -> int:
         """Bytes held by the keys and values (and convolution inputs)."""
         stacked = sum(2 * k.numel() * k.element_size() for k, _ in self.stacks.values())

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from looplab.generation.cache import KVCache, LayerCache, RingLayerCache, Slots, SlotStore, cached_attention, visible
 from looplab.generation.decoders import DecodingMethod, register_decoder
+from looplab.generation.row_exits import RowExits
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.model.attention import rope_tables
 from looplab.model.layer import Layer
@@ -49,6 +50,18 @@ class LazyPrompt:
     depth: Tensor
     shallowest: int
 
+    @classmethod
+    def free(cls, like: LazyPrompt, batch: int, loops: int) -> LazyPrompt:
+        r"""A lazy prompt of ``batch`` rows shaped as ``like``'s, each free row standing at ``loops`` (never
+        deepened) until a prompt :meth:`take`\ s its place."""
+
+        def empty(t: Tensor) -> Tensor:
+            return t.new_zeros((batch, *t.shape[1:]))
+
+        rope = None if like.rope is None else (empty(like.rope[0]), empty(like.rope[1]))
+        depth = torch.full((batch,), loops, dtype=like.depth.dtype, device=like.depth.device)
+        return cls(empty(like.h), empty(like.e), empty(like.allowed), rope, depth, loops)
+
     def take(self, rows: Tensor, fresh: LazyPrompt) -> None:
         """Put ``fresh`` (the prompts of ``rows`` only, a later prefill's) in the place of those rows' prompts."""
         self.h[rows], self.e[rows], self.allowed[rows], self.depth[rows] = fresh.h, fresh.e, fresh.allowed, fresh.depth
@@ -60,7 +73,11 @@ class LazyPrompt:
 class Decoder:
     """One generation with a KV cache (see :func:`generate`): the ``step`` decoder, and the prefill, passes and
     cache the other cached decoders build on. ``options``: a checked
-    :class:`~looplab.generation.options.DecodeOptions` (its exit, cache and sampling are read here)."""
+    :class:`~looplab.generation.options.DecodeOptions` (its exit, cache and sampling are read here).
+
+    ``exits`` (one per prompt), where given, lets each row stop by an exit of its own up to a cap of its own
+    (:class:`~looplab.generation.row_exits.RowExits`), and ``cap`` makes room for deeper rows admitted later
+    (:meth:`admit`): the server's shared batches."""
 
     def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, exits=None, cap=0):
         exit_rule, policy = options.exit_rule, options.cache
@@ -79,10 +96,7 @@ class Decoder:
         cfg = model.cfg
         device, dtype = model.head.weight.device, model.head.weight.dtype
         self.lengths = torch.tensor([len(p) for p in prompts], device=device)
-        self.rules: list = []  # the distinct exits the rows hold
-        self.exit_ids = torch.zeros(len(prompts), dtype=torch.long, device=device)  # [B] each row's, in rules
-        self.row_caps = torch.zeros(len(prompts), dtype=torch.long, device=device)  # [B] each row's loop cap
-        self.set_exits(range(len(prompts)), exits)
+        self.exits = RowExits(exits, device)
         self.width = max(int(self.lengths.max()), width)  # more when later prompts will take over rows
         slots = self.width + max_new_tokens
         batch = len(prompts)
@@ -154,12 +168,12 @@ class Decoder:
     ) -> tuple[Tensor, Tensor]:
         """Give each of ``rows`` [R] a new prompt (at most the prompt width) and, where given, an exit of its own
         (its loops within the decoder's cap): its tokens, length and slots replace the row's, and it is
-        prefilled there while the other rows keep their place and their lazy prompts (from slot ``start`` on,
-        the keys and values before it put in place by :meth:`fill_slots`; ``full`` as :meth:`prefill` takes
-        it). Returns what :meth:`prefill` returns for them."""
+        prefilled there while the other rows keep their place and their lazy prompts — from slot ``start`` on,
+        the keys and values before it put in place (``cache.fill_slots``); ``full`` as :meth:`prefill` takes
+        it. Returns what :meth:`prefill` returns for them."""
         device = self.lengths.device
         if exits is not None:
-            self.set_exits(rows.tolist(), exits)
+            self.exits.set(rows.tolist(), exits)
         self.tokens[rows] = PAD
         for row, prompt in zip(rows.tolist(), prompts):
             self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
@@ -169,9 +183,10 @@ class Decoder:
         self.slots.real[rows] = slots[None, :] < self.lengths[rows][:, None]  # an earlier occupant's tokens go
         earlier = self.prompt
         logits, depths = self.prefill(rows, start, full)
-        if earlier is not None:  # the other rows' lazy prompts stand; these rows' are the new ones
-            earlier.take(rows, self.prompt)
-            self.prompt = earlier
+        if self.prompt is not None:  # the other rows' lazy prompts stand (free rows' at the cap); these rows' are new
+            fresh = self.prompt
+            self.prompt = earlier if earlier is not None else LazyPrompt.free(fresh, len(self.lengths), self.cap)
+            self.prompt.take(rows, fresh)
         return logits, depths
 
     def start(self, rows: Tensor, slot: Tensor | int, positions: Tensor) -> None:
@@ -205,7 +220,9 @@ class Decoder:
         """
         model, window = self.model, self.model.cfg.attention_window
         count = len(rows)
-        every_row = count == len(self.lengths)  # rows are 0..B−1: index the cache by slices, not gathers
+        # rows are 0..B−1 in order: index the cache by slices, not gathers (a server's batch holds its rows in the
+        # order they joined, which may be another order of all of them)
+        every_row = count == len(self.lengths) and bool((rows == torch.arange(count, device=rows.device)).all())
         positions = self.slots.positions[rows, chunk]
         rope = None if self.rope is None else (self.rope[0][positions], self.rope[1][positions])
         key = slice(None) if every_row else rows
@@ -220,7 +237,7 @@ class Decoder:
         depth = torch.zeros(count, dtype=torch.long, device=rows.device)
         running = torch.ones(count, dtype=torch.bool, device=rows.device)
         active, logp_prev = picks, None
-        reads_logits = self.reads_logits(rows)
+        reads_logits = self.exits.reads_logits(rows) if self.mixed else self.exit.reads_logits
         for t in range(1, self.cap + 1):
             if not prefill and self.prompt is not None and t > self.prompt.shallowest:
                 self.deepen_prompt(rows[active], t)
@@ -250,7 +267,11 @@ class Decoder:
                 logp = logits_of(model, coda[torch.arange(len(run), device=rows.device), query[run]]).log_softmax(-1)
             elif reads_logits:
                 logp = logits_of(model, h_query).log_softmax(-1)
-            stop = self.stops(rows[run], t, h_query, h_prev_query, logp, None if logp_prev is None else logp_prev[run])
+            prev_run = None if logp_prev is None else logp_prev[run]
+            if self.mixed:
+                stop = self.exits.stop(rows[run], t, h_query, h_prev_query, logp, prev_run)
+            else:
+                stop = self.exit.stop(t, h_query, h_prev_query, logp, prev_run)
             stop = stop & running[run]
             stopping = run[stop]
             read[stopping] = h_query[stop]
@@ -265,11 +286,11 @@ class Decoder:
                 continue
             if prefill and not self.lazy_prompt:  # every row's prompt runs every loop up to its row's cap
                 if self.mixed:  # (a coda reads the prompt's states at the row's cap, not a deeper row's)
-                    active = picks[self.row_caps[rows] > t]
+                    active = picks[self.exits.caps[rows] > t]
                     if not len(active):
                         break
                 continue
-            going = running if full is None else running | (full & (self.row_caps[rows] > t))
+            going = running if full is None else running | (full & (self.exits.caps[rows] > t))
             if not going.any():
                 break
             active = going.nonzero(as_tuple=True)[0]
@@ -286,7 +307,7 @@ class Decoder:
         at its cap. A prefill from a cached prefix (chunk past slot 0, every row ``full``: never deepened) is
         padded to the prompt slots before it."""
         if full is not None:
-            depth = torch.where(full, self.row_caps[rows], depth)
+            depth = torch.where(full, self.exits.caps[rows], depth)
         if chunk.start > 0:
             whole = slice(0, self.width)
             allowed = visible(self.slots, rows, whole, self.model.cfg.attention_window)
@@ -297,65 +318,6 @@ class Decoder:
                 rope = (self.rope[0][positions], self.rope[1][positions])
         return LazyPrompt(h, e, allowed, rope, depth.clone(), int(depth.min()))
 
-    def slot_state(self, row: int, start: int, stop: int, loops: int) -> dict:
-        """Copies of the keys and values row ``row`` holds in slots ``start``..``stop`` − 1 of every layer call
-        (the core's at loops 1..``loops``): what :meth:`fill_slots` puts back. Under a per-loop cache whose calls
-        each hold keys and values only (no ring, no convolution inputs)."""
-        state = {}
-        for index, (k, v) in self.cache.stacks.items():
-            state["core", index] = (k[:loops, row, :, start:stop].clone(), v[:loops, row, :, start:stop].clone())
-        for key, entry in self.cache.layers.items():
-            if key[0] != "core":  # the core's are views of the stacks
-                state[key] = (entry.k[row, :, start:stop].clone(), entry.v[row, :, start:stop].clone())
-        return state
-
-    def fill_slots(self, rows: Tensor, start: int, state: dict) -> None:
-        """Put ``state`` (a :meth:`slot_state`, or several of consecutive slots joined) into ``rows``' slots from
-        ``start`` on."""
-        for key, (k, v) in state.items():
-            stop = start + k.shape[-2]
-            if key[0] == "core":
-                k_store, v_store = self.cache.stack(key[1])
-                k_store[: len(k), rows, :, start:stop] = k[:, None]
-                v_store[: len(v), rows, :, start:stop] = v[:, None]
-            else:
-                entry = self.cache.layer(*key)
-                entry.k[rows, :, start:stop], entry.v[rows, :, start:stop] = k[None], v[None]
-
-    def slots_only(self) -> bool:
-        """Whether every layer call's cache entry holds keys and values alone (what :meth:`slot_state` copies)."""
-        return self.cache.entry.per_loop and all(isinstance(entry, LayerCache) for entry in self.cache.layers.values())
-
-    def set_exits(self, rows, exits) -> None:
-        """Row ``rows[i]`` stops by ``exits[i]`` (its loops within the decoder's cap)."""
-        for row, rule in zip(rows, exits, strict=True):
-            if rule not in self.rules:
-                self.rules.append(rule)
-            self.exit_ids[row], self.row_caps[row] = self.rules.index(rule), rule.loops
-
-    def reads_logits(self, rows: Tensor) -> bool:
-        """Whether the exit of any of ``rows`` reads each loop's logits."""
-        if not self.mixed:
-            return self.exit.reads_logits
-        return any(self.rules[k].reads_logits for k in self.exit_ids[rows].unique().tolist())
-
-    def stops(self, rows: Tensor, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev) -> Tensor:
-        """[R] bool: whether the token of each of ``rows`` stops after loop t, by its row's exit (h, h_prev [R, d]
-        its states after and before the loop; logp, logp_prev [R, V] or None)."""
-        if not self.mixed:
-            return self.exit.stop(t, h, h_prev, logp, logp_prev)
-        ids = self.exit_ids[rows]
-        present = ids.unique().tolist()
-        if len(present) == 1:
-            return self.rules[present[0]].stop(t, h, h_prev, logp, logp_prev)
-        stop = torch.zeros(len(ids), dtype=torch.bool, device=h.device)
-        for k in present:
-            index = (ids == k).nonzero(as_tuple=True)[0]
-            sub_logp = None if logp is None else logp[index]
-            sub_prev = None if logp_prev is None else logp_prev[index]
-            stop[index] = self.rules[k].stop(t, h[index], h_prev[index], sub_logp, sub_prev)
-        return stop
-
     def lend(self, rows: Tensor, chunk: slice, t: int) -> None:
         """The tokens of ``rows`` stopped after loop t: their keys and values stand for the later loops up to their
         row's cap (a per-loop cache)."""
@@ -363,7 +325,7 @@ class Decoder:
             if t < self.exit.loops:
                 self.cache.lend(rows, chunk, t, self.exit.loops)
             return
-        caps = self.row_caps[rows]
+        caps = self.exits.caps[rows]
         for cap in caps.unique().tolist():
             if cap > t:
                 self.cache.lend(rows[caps == cap], chunk, t, cap)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looplab.generation.decoder import Decoder, LazyPrompt
+from looplab.generation.decoder import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import Job, LiveRows
 from looplab.serve.ledger import DoesNotFit, group_bytes
@@ -82,22 +82,17 @@ class ContinuousGroup(LiveRows):
         model = decodable(model, gated=options.exit_rule.needs_gate)
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
         self.prefixes = prefixes if prefixes is not None and options.policy.per_loop and not self.cohort[-1] else None
-        leaders, followers = self._leaders(jobs)
-        prompts = [job.prompt for job in leaders] + [[PAD]] * (capacity - len(leaders))
-        exits = [job.options.exit_rule for job in leaders] + [options.exit_rule] * (capacity - len(leaders))
-        self.decoder = decoder = Decoder(
-            model, prompts, self.columns, options, width=self.width, exits=exits, cap=loops
-        )
-        decoder.slots.real[len(leaders) :] = False
-        self.jobs: list[Job | None] = [*leaders, *([None] * (capacity - len(leaders)))]
+        # every row free at first (a padding prompt, unreal), then the first jobs join as later ones do
+        self.decoder = Decoder(
+            model, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[options.exit_rule] * capacity,
+            cap=loops,
+        )  # fmt: skip
+        self.decoder.slots.real[:] = False
+        self.jobs: list[Job | None] = [None] * capacity
         self.column = 0  # the next new token's slot is width + column, for every live row
-        self.live = torch.arange(len(leaders), device=decoder.lengths.device)
-        self.logits, self.depths = decoder.prefill(self.live, full=self._kept(leaders))
-        if decoder.prompt is not None:  # a lazy prompt (an adaptive exit) for every row, the free ones at the cap
-            decoder.prompt = _padded(decoder.prompt, capacity, loops)
-        self._keep(self.live.tolist())
-        if followers:
-            self.join(followers)
+        self.live = torch.zeros(0, dtype=torch.long, device=self.decoder.lengths.device)
+        self.logits = self.depths = None
+        self.join(jobs)
 
     def can_take(self, job: Job) -> bool:
         """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
@@ -111,8 +106,15 @@ class ContinuousGroup(LiveRows):
         )
 
     def join(self, jobs: list[Job]) -> None:
-        """Prefill each of ``jobs``' prompts into a free row, after the kept prefix it begins with (those of one
-        prefix length in one forward pass); their first tokens are picked at the next :meth:`step`."""
+        """Prefill each of ``jobs``' prompts into a free row, after the kept prefix it begins with; their first
+        tokens are picked at the next :meth:`step`. A job whose prompt begins with an earlier one's first block
+        waits for that one's blocks to be kept (:meth:`_leaders`)."""
+        for batch in self._leaders(jobs):
+            if batch:
+                self._admit(batch)
+
+    def _admit(self, jobs: list[Job]) -> None:
+        """Prefill ``jobs`` into free rows, those after a kept prefix of one length in one forward pass."""
         decoder, device = self.decoder, self.decoder.lengths.device
         starts: dict[int, list[int]] = {}
         for job in jobs:
@@ -120,24 +122,28 @@ class ContinuousGroup(LiveRows):
             self.jobs[row] = job
             hit = self.prefixes and self.prefixes.find(self.cohort, job.options.exit_rule.loops, job.prompt)
             if hit:
-                decoder.fill_slots(torch.tensor([row], device=device), 0, hit.state)
+                decoder.cache.fill_slots(torch.tensor([row], device=device), 0, hit.state)
             starts.setdefault(hit.tokens if hit else 0, []).append(row)
         for start, rows in starts.items():
             members = [self.jobs[row] for row in rows]
             index = torch.tensor(rows, device=device)
-            full = self._kept(members)
+            full = self._full(members)
             if start and full is not None:
                 full = torch.ones_like(full)  # a row after a kept prefix: its prompt is not deepened later
             logits, depths = decoder.admit(
                 index, [job.prompt for job in members], [job.options.exit_rule for job in members], start, full
             )
-            self.live = torch.cat([self.live, index])
-            self.logits, self.depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
-            self._keep(rows)
+            if self.logits is not None:
+                logits, depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
+            live = torch.cat([self.live, index])
+            order = live.argsort()  # rows in order: a full batch's caches are then read by slices
+            self.live, self.logits, self.depths = live[order], logits[order], depths[order]
+            if full is not None:  # the rows whose prompts ran to their caps: a lazy prompt's later loops are unrun
+                self._keep([row for row, ran in zip(rows, full.tolist()) if ran or not decoder.lazy_prompt])
 
     def _leaders(self, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
-        """The jobs prefilled when the group is made, and those joined after them: a job whose first block is
-        kept, or is an earlier job's first block, follows (its prefix is then kept: :meth:`join`)."""
+        """``jobs`` in two batches prefilled one after the other: a job whose first block is kept, or is an
+        earlier job's first block, goes in the second (by then its prefix is kept)."""
         if self.prefixes is None:
             return jobs, []
         leaders, followers, heads = [], [], set()
@@ -147,21 +153,20 @@ class ContinuousGroup(LiveRows):
             (followers if known else leaders).append(job)
             if head is not None:
                 heads.add(head)
-        if not leaders:  # the group's first prefill needs a job
-            leaders.append(followers.pop(0))
         return leaders, followers
 
-    def _kept(self, jobs: list[Job]) -> Tensor | None:
-        """[R] bool: which of ``jobs``' prompts run to their row's cap to have their blocks kept (None: no store)."""
+    def _full(self, jobs: list[Job]) -> Tensor | None:
+        """[R] bool: which of ``jobs``' prompts run to their row's cap, so that their whole blocks can be kept:
+        those at a fixed exit, which run there anyway (an adaptive exit's prompt runs only as deep as its
+        tokens need: it reads kept blocks, but keeps none). None without a store."""
         if self.prefixes is None:
             return None
-        return torch.tensor([self.prefixes.whole_blocks(job.prompt) > 0 for job in jobs], device=self.live.device)
+        full = [self.prefixes.whole_blocks(job.prompt) > 0 and not job.options.exit_rule.adaptive for job in jobs]
+        return torch.tensor(full, device=self.live.device)
 
     def _keep(self, rows: list[int]) -> None:
-        """Keep the whole blocks of the prompts just prefilled in ``rows``."""
-        if self.prefixes is None:
-            return
-        if not self.decoder.slots_only():  # a family whose calls keep more than keys and values
+        """Keep the whole blocks of the prompts just prefilled in ``rows`` to their caps."""
+        if not self.decoder.cache.slots_only():  # a family whose calls keep more than keys and values
             self.prefixes = None
             return
         for row in rows:
@@ -189,18 +194,3 @@ class ContinuousGroup(LiveRows):
     def release(self, row: int) -> None:
         """The row is free for a newcomer."""
         self.jobs[row] = None
-
-
-def _padded(prompt: LazyPrompt, rows: int, loops: int) -> LazyPrompt:
-    """The lazy prompt of the first rows, padded to ``rows`` rows: the free ones stand at ``loops`` (never
-    deepened) until a job's prompt takes their place."""
-    extra = rows - prompt.h.shape[0]
-    if extra == 0:
-        return prompt
-
-    def pad(t: Tensor, value=0) -> Tensor:
-        return torch.cat([t, t.new_full((extra, *t.shape[1:]), value)])
-
-    rope = None if prompt.rope is None else (pad(prompt.rope[0]), pad(prompt.rope[1]))
-    depth = pad(prompt.depth, loops)
-    return LazyPrompt(pad(prompt.h), pad(prompt.e), pad(prompt.allowed, False), rope, depth, int(depth.min()))

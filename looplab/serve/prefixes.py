@@ -86,7 +86,7 @@ class PrefixStore:
             if key in self.blocks:
                 self.blocks.move_to_end(key)
                 continue
-            state = decoder.slot_state(row, (b - 1) * self.block, b * self.block, cap)
+            state = decoder.cache.slot_state(row, (b - 1) * self.block, b * self.block, cap)
             nbytes = sum(t.numel() * t.element_size() for pair in state.values() for t in pair)
             while self.blocks and (self.nbytes + nbytes > self.limit or self.ledger.free < nbytes):
                 self.drop_oldest()

@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from looplab.generation import GenerationExit, Sampling, generate
+from looplab.generation.decoder import Decoder
 from looplab.generation.options import DecodeOptions
 from looplab.serve.batch import End, Job, Token
 from looplab.serve.continuous import ContinuousGroup
@@ -267,9 +269,23 @@ def test_a_kept_prompt_prefix_is_reused_and_each_job_decodes_as_alone(models, ru
     shared = _prefixed_jobs(rules)
     engine = _run(shared, model, "continuous", arrivals=[[shared[3][0]], [shared[4][0]]])
     store = engine.prefixes
-    assert store.served == 3 * 32 + 16 and store.asked == 4 * 32, (store.served, store.asked)  # the first: none
+    assert store.served == 3 * 32 + 16 and store.asked == 5 * 32, (store.served, store.asked)  # the first: none
     alone = _prefixed_jobs(rules)
     _run(alone, model, "exact")
     for (_, sink), (_, solo) in zip(shared, alone, strict=True):
         _assert_as_alone(sink, solo)
     assert engine.ledger.reserved == store.nbytes > 0  # the groups gave their bytes back; the kept blocks hold theirs
+
+
+def test_a_full_batch_stepped_in_another_row_order_reads_each_rows_own_cache(model):
+    """A server's batch holds its rows in the order they joined: a step of every row given in another order
+    gives each row the logits it gets in order (its own cache rows, not another's)."""
+    options = DecodeOptions(GenerationExit("fixed", 2))
+    logits = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        decoder = Decoder(model, PROMPTS[:3], 4, options)
+        rows = torch.tensor(order)
+        first, _ = decoder.prefill(rows)
+        step, _ = decoder.step(rows, first.argmax(-1), decoder.width, decoder.lengths[rows])
+        logits.append(step[torch.tensor(order).argsort()])
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-12)

@@ -1,0 +1,57 @@
+"""Each row of a decode batch stopping by an exit of its own, up to a loop cap of its own: how the server
+runs requests of different exits and caps as rows of one :class:`~looplab.generation.decoder.Decoder`.
+
+A decode step's loop runs to the deepest cap any row holds; at loop t each running row's token is tested by
+its own row's exit (rows grouped by exit, each exit's test on its rows only, so an exit sees what it would
+see alone), and a row stops at its own cap whatever its exit says.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from looplab.token_exits import GenerationExit
+
+__all__ = ["RowExits"]
+
+
+class RowExits:
+    """The exit of each of ``rows`` rows (``exits``, one per row; rows given a new one by :meth:`set`).
+
+    Attributes:
+        rules: the distinct exits the rows hold; ``ids`` [B] long: each row's, as an index into ``rules``;
+        ``caps`` [B] long: each row's loop cap.
+    """
+
+    def __init__(self, exits: list[GenerationExit], device):
+        self.rules: list[GenerationExit] = []
+        self.ids = torch.zeros(len(exits), dtype=torch.long, device=device)
+        self.caps = torch.zeros(len(exits), dtype=torch.long, device=device)
+        self.set(range(len(exits)), exits)
+
+    def set(self, rows, exits) -> None:
+        """Row ``rows[i]`` stops by ``exits[i]`` from now on."""
+        for row, rule in zip(rows, exits, strict=True):
+            if rule not in self.rules:
+                self.rules.append(rule)
+            self.ids[row], self.caps[row] = self.rules.index(rule), rule.loops
+
+    def reads_logits(self, rows: Tensor) -> bool:
+        """Whether the exit of any of ``rows`` reads each loop's logits."""
+        return any(self.rules[k].reads_logits for k in self.ids[rows].unique().tolist())
+
+    def stop(self, rows: Tensor, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev) -> Tensor:
+        """[R] bool: whether the token of each of ``rows`` stops after loop t, by its row's exit (h, h_prev [R, d]
+        its states after and before the loop; logp, logp_prev [R, V] or None)."""
+        ids = self.ids[rows]
+        present = ids.unique().tolist()
+        if len(present) == 1:
+            return self.rules[present[0]].stop(t, h, h_prev, logp, logp_prev)
+        stop = torch.zeros(len(ids), dtype=torch.bool, device=h.device)
+        for k in present:
+            index = (ids == k).nonzero(as_tuple=True)[0]
+            sub_logp = None if logp is None else logp[index]
+            sub_prev = None if logp_prev is None else logp_prev[index]
+            stop[index] = self.rules[k].stop(t, h[index], h_prev[index], sub_logp, sub_prev)
+        return stop
