@@ -39,6 +39,7 @@ BENCHMARKS = (
     "row_selection",
     "wavefront",
     "serve",
+    "serve_published",
 )
 _RATIO = re.compile(r"^RATIO (?P<label>.+?): (?P<value>\S+) \((?P<goal>[^)]*)\)(?: -> goal (?P<verdict>.+))?$")
 

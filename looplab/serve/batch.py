@@ -180,9 +180,9 @@ class LiveRows:
 
 
 class Group(LiveRows):
-    """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts): the prefill runs on
-    construction (:class:`~looplab.serve.ledger.DoesNotFit` first when its KV bytes, :attr:`nbytes`, exceed
-    ``memory``); each :meth:`step` emits one token per live job."""
+    """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts): sized on construction
+    (:class:`~looplab.serve.ledger.DoesNotFit` when its KV bytes, :attr:`nbytes`, exceed ``memory``),
+    prefilled by :meth:`begin`; each :meth:`step` emits one token per live job."""
 
     def __init__(self, model, jobs: list[Job], memory: int | None = None):
         first = jobs[0]
@@ -198,8 +198,11 @@ class Group(LiveRows):
         exits = rules if len(set(rules)) > 1 else None  # one exit: the decoder generate runs, float for float
         self.decoder = decoder = Decoder(model, [job.prompt for job in jobs], self.budget, options, exits=exits)
         self.live = torch.arange(len(jobs), device=decoder.lengths.device)
-        self.logits, self.depths = decoder.prefill(self.live)
         self.step_index = 0
+
+    def begin(self) -> None:
+        """Prefill the jobs' prompts."""
+        self.logits, self.depths = self.decoder.prefill(self.live)
 
     def step(self) -> None:
         """Pick the next token of every live job, send it, and run the tokens of the jobs still going."""

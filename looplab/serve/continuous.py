@@ -50,7 +50,8 @@ class ContinuousGroup(LiveRows):
         width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
         cap: the loops a row may run (at least the first jobs' largest cap): room for later, deeper exits.
         memory: the KV bytes the group may take (None: no bound; :class:`~looplab.serve.ledger.DoesNotFit` when
-            its first jobs' rows would take more); its :attr:`nbytes` are what it takes.
+            its first jobs' rows would take more); its :attr:`nbytes` are what it takes. Nothing runs until
+            :meth:`begin`.
     """
 
     def __init__(
@@ -92,7 +93,11 @@ class ContinuousGroup(LiveRows):
         self.column = 0  # the next new token's slot is width + column, for every live row
         self.live = torch.zeros(0, dtype=torch.long, device=self.decoder.lengths.device)
         self.logits = self.depths = None
-        self.join(jobs)
+        self.first = jobs
+
+    def begin(self) -> None:
+        """Prefill the first jobs (once the group's bytes are reserved: kept prefixes take what is left)."""
+        self.join(self.first)
 
     def can_take(self, job: Job) -> bool:
         """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the

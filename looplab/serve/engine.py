@@ -286,14 +286,18 @@ class Engine:
         beside them. A group whose prefill fails (out of memory) fails its jobs."""
         while True:
             for count, make in makers:
+                group = None
                 try:
                     group = make(self.ledger.free)
+                    self.ledger.reserve(group, group.nbytes)
+                    group.begin()
                 except DoesNotFit:
                     continue
-                except Exception as err:  # the prefill failed (out of memory): these jobs fail, the rest go on
+                except Exception as err:  # out of memory, or the prefill failed: these jobs fail, the rest go on
+                    if group is not None:
+                        self.ledger.release(group)
                     self._fail(members[:count], err)
                     return count
-                self.ledger.reserve(group, group.nbytes)
                 self._groups.append(group)
                 self.stats["admitted"] += count
                 self._recent.extend(

@@ -8,12 +8,13 @@ with kept blocks copies them into its row and prefills only the rest (at least i
 it reads).
 
 Exact where the cache policy makes it so: under ``per_loop`` a prompt token's keys and values at loop t
-depend only on the tokens before it, up to loop t, whichever exit the request reads its own tokens at; a
-prompt that will be kept is therefore run to its row's cap (not lazily: a lazy prompt's later loops are run
-only when a later token needs them), and a block is keyed by the cap (a coda's keys and values follow the
-states at the cap) and the cohort (cache, decoder and view). Copied keys and values were computed in
-another batch, so a row's later results match its own prefill to float rounding (~1e-6), as continuous
-batching's do. Other policies (``shared``, ``last_m``: their one store holds the latest loop's keys) and
+depend only on the tokens before it, up to loop t, whichever exit the request reads its own tokens at. Only
+a prompt that ran to its row's cap keeps its blocks: one at a fixed exit, or one after a kept prefix (an
+adaptive exit's prompt otherwise runs lazily, only as deep as its tokens need, its later loops run only when
+a later token needs them: it reads kept blocks but keeps none). A block is keyed by the cap (a coda's keys
+and values follow the states at the cap) and the cohort (cache, decoder and view). Copied keys and values
+were computed in another batch, so a row's later results match its own prefill to float rounding (~1e-6),
+as continuous batching's do. Other policies (``shared``, ``last_m``: their one store holds the latest loop's keys) and
 families whose layer calls keep convolution inputs are not cached.
 
 The store holds its blocks in the engine's KV memory (:class:`~looplab.serve.ledger.KVLedger`), the least

@@ -39,6 +39,9 @@ class WholeGroup:
     def done(self) -> bool:
         return len(self.live) == 0
 
+    def begin(self) -> None:
+        """Nothing to prefill: the job runs whole at its first step."""
+
     def cache_bytes(self) -> int:
         """Nothing held between iterations: the job's decoder lives inside its one step."""
         return 0

@@ -93,6 +93,7 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
     rule = GenerationExit("fixed", 2)
     (short, short_sink), (long_job, long_sink) = _job(PROMPTS[0], rule, max_new=1), _job(PROMPTS[2], rule, 8)
     group = ContinuousGroup(model, [short, long_job], capacity=2, columns=8)
+    group.begin()
     group.step()  # the short job's one token: its row is free
     assert short_sink.end == End("length") and group.jobs[0] is None
     newcomer, new_sink = _job(PROMPTS[1], rule, max_new=3)
