@@ -2,18 +2,24 @@
 decode, prompts and forced tokens of the model's vocabulary, an exit the model can run (then the decoder's
 own :meth:`~looplab.generation.decoders.DecodingMethod.check`: the memory budget and what it takes); and,
 after it, what the decoder returned (:func:`check_decoded`: a decoder is a plugin family, and its answer is
-printed, served and scored as it is)."""
+printed, served and scored as it is), and a plugin decoder's claim to be ``exact`` (:func:`check_exact_claim`)."""
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from looplab.errors import LooplabError
 from looplab.generation.decoders import DECODERS
 from looplab.generation.sampling import Generation
 from looplab.generation.views import described
 
-__all__ = ["check_generation", "check_decoded"]
+__all__ = ["check_generation", "check_decoded", "check_exact_claim", "EXACT_SLACK"]
+
+#: how far (nats) below the step decoder's likeliest first token an ``exact`` decoder's greedy first token may
+#: lie: float rounding between two ways of computing the prefill, not another token
+EXACT_SLACK = 1e-3
 
 
 def check_generation(model, prompts, max_new_tokens, options, forced=None, sources=None) -> None:
@@ -94,3 +100,29 @@ def check_decoded(result, prompts, max_new_tokens: int, options, vocab: int, for
         if bad is not None:
             raise refuse(f"log-probability {bad!r} in row {row}; a log-probability is finite and ≤ 0")
     return result
+
+
+def check_exact_claim(result: Generation, model, prompts, options, forced=None) -> None:
+    """A plugin decoder that claims ``exact`` (greedy tokens equal the step decoder's) is held to it on each row's
+    first token, as the step decoder's prefill reads it (one prefill more; looplab's own decoders are held to it
+    by their tests). A first token more than :data:`EXACT_SLACK` nats below that prefill's likeliest — another
+    row's answer, say — is refused in one line naming the decoder."""
+    entry = options.method
+    own = type(entry).__module__.startswith("looplab.generation.")
+    if not entry.exact or own or forced is not None or options.sampling.temperature != 0:
+        return
+    from looplab.generation.decoder import Decoder
+    from looplab.generation.options import DecodeOptions
+
+    step = Decoder(model, prompts, 1, DecodeOptions(options.exit_rule, "per_loop"))
+    logprobs = step.prefill(torch.arange(len(prompts), device=step.lengths.device))[0].double().log_softmax(-1)
+    for row, tokens in enumerate(result.tokens):
+        if not tokens:
+            continue
+        gap = float(logprobs[row].max() - logprobs[row, tokens[0]])
+        if gap > EXACT_SLACK:
+            raise LooplabError(
+                f"decoder {options.decoder!r} ({entry.origin}) claims exact (greedy tokens equal the step "
+                f"decoder's) but gave row {row} the first token {tokens[0]}, {gap:.3g} nats below the step decoder's "
+                f"{int(logprobs[row].argmax())}: a decoder whose greedy tokens may differ sets exact = False"
+            )

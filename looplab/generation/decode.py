@@ -19,7 +19,7 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import depthwise, recompute, speculative, wavefront  # noqa: F401 (they register)
-from looplab.generation.checks import check_decoded, check_generation
+from looplab.generation.checks import check_decoded, check_exact_claim, check_generation
 from looplab.generation.decoder import Decoder
 from looplab.generation.exits import GenerationExit
 from looplab.generation.options import DecodeOptions
@@ -71,7 +71,9 @@ def generate(
         method = options.method
         result = run_entry("decoder", options.decoder, method, method.decode, model, prompts, max_new_tokens,
                            options, finished, forced)  # fmt: skip
-        return check_decoded(result, prompts, max_new_tokens, options, model.head.out_features, forced)
+        checked = check_decoded(result, prompts, max_new_tokens, options, model.head.out_features, forced)
+        check_exact_claim(checked, model, prompts, options, forced)
+        return checked
     finally:
         model.train(was_training)
 

@@ -52,6 +52,10 @@ DECODER_ANSWERS = {
         lambda g: replace(g, logprobs=[[0.5, *r[1:]] for r in g.logprobs]),
         "log-probability 0.5 in row 0",
     ),
+    "a first token other than greedy's while it claims exact": (  # (both rows' greedy first token is 3)
+        lambda g: replace(g, tokens=[[(r[0] + 1) % 7, *r[1:]] for r in g.tokens]),
+        "claims exact (greedy tokens equal the step decoder's) but gave row 0 the first token 4, 1.59 nats below",
+    ),
 }
 
 
@@ -75,6 +79,18 @@ def test_a_plugin_decoders_answer_is_checked(model, case):
         assert "\n" not in message
     finally:
         del DECODERS["liar"]
+
+
+def test_a_plugin_decoder_that_claims_exact_and_is_passes_the_spot_check(model):
+    """The spot check holds an honest plugin (the example that decodes each prompt alone) to nothing it fails."""
+    from looplab.examples.plugins.one_at_a_time import OneAtATime
+
+    register_decoder(OneAtATime)
+    try:
+        options = DecodeOptions(GenerationExit("fixed", 2), decoder=OneAtATime.name)
+        assert generate(model, PROMPTS, NEW, options).tokens == _honest(model).tokens
+    finally:
+        del DECODERS[OneAtATime.name]
 
 
 def test_a_plugin_decoders_own_exception_names_it(model):
