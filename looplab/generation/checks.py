@@ -38,7 +38,7 @@ def check_generation(model, prompts, max_new_tokens, options, forced=None, sourc
     if cfg.init_state == "noise" and cfg.injection != "none":
         raise LooplabError("generation does not support init_state = 'noise' (each token would need its own draw)")
     if options.policy is not None:
-        policies = getattr(model, "policies", None)
+        policies = model.capabilities.policies
         if policies is not None and cache not in policies:
             raise LooplabError(
                 f"the {cache} cache is not defined for {described(model)} (its layers read earlier tokens "
@@ -54,7 +54,7 @@ def check_generation(model, prompts, max_new_tokens, options, forced=None, sourc
             raise LooplabError(f"forced tokens must be given for each of the {len(prompts)} prompts, at least one each")
     if rule.needs_head and rule.halts is None:
         raise LooplabError(f"the {rule.name} exit needs the run's halting head (a run trained with a halting schedule)")
-    if rule.needs_gate and not getattr(model, "gated", False):
+    if rule.needs_gate and not model.capabilities.gated:
         raise LooplabError(f"the {rule.name} exit reads a learned exit gate, which this model lacks (Ouro has one)")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise LooplabError("every prompt needs at least one token")

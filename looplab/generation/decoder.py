@@ -114,7 +114,7 @@ class Decoder:
         self.rope = None
         if cfg.positional == "rope":
             length = self.width + max_new_tokens
-            if hasattr(model, "rope_tables"):  # a pretrained model's own rotary tables
+            if model.capabilities.rope:  # a pretrained model's own rotary tables
                 self.rope = model.rope_tables(length, device, dtype)
             else:
                 self.rope = rope_tables(length, head_dim, cfg.rope_base, device, dtype)
@@ -127,8 +127,7 @@ class Decoder:
         self.lazy_prompt = per_loop and adaptive and not cfg.coda_layers and not read_only
         # a decode step may run its exited rows too, their cache writes masked (MASK_AT), where the model's
         # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
-        own_passes = any(hasattr(model, name) for name in ("prelude_pass", "core_pass", "coda_pass"))
-        self.masks = per_loop and adaptive and not own_passes and not read_only
+        self.masks = per_loop and adaptive and model.capabilities.chains and not read_only
         self.prompt: LazyPrompt | None = None
 
     def run(self) -> Generation:
@@ -398,7 +397,7 @@ class Calls:
 
 def prelude_pass(model, x: Tensor, calls: Calls) -> Tensor:
     """e [R, m, d_e] of new tokens' embeddings x: the model's ``prelude_pass``, by default its prelude layers."""
-    if hasattr(model, "prelude_pass"):
+    if "prelude" in model.capabilities.passes:
         return model.prelude_pass(x, calls)
     for index, layer in enumerate(model.prelude):
         x = calls.layer(index, layer, x)
@@ -408,7 +407,7 @@ def prelude_pass(model, x: Tensor, calls: Calls) -> Tensor:
 def core_pass(model, h: Tensor, e: Tensor, calls: Calls) -> Tensor:
     """One loop on the new tokens' states h [R, m, d_h]: the model's ``core_pass``, by default
     core_input(h, e), the core layers and the core's output norm."""
-    if hasattr(model, "core_pass"):
+    if "core" in model.capabilities.passes:
         return model.core_pass(h, e, calls)
     x = model.core_input(h, e)
     for index, layer in enumerate(model.core):
@@ -418,7 +417,7 @@ def core_pass(model, h: Tensor, e: Tensor, calls: Calls) -> Tensor:
 
 def coda_pass(model, h: Tensor, calls: Calls) -> Tensor:
     """The states after the loop through the model's ``coda_pass``, by default its coda layers."""
-    if hasattr(model, "coda_pass"):
+    if "coda" in model.capabilities.passes:
         return model.coda_pass(h, calls)
     for index, layer in enumerate(model.coda):
         h = calls.layer(index, layer, h)
@@ -427,7 +426,7 @@ def coda_pass(model, h: Tensor, calls: Calls) -> Tensor:
 
 def logits_of(model, h: Tensor) -> Tensor:
     """Next-token logits [..., V] of states h [..., d_h]: the model's ``logits``, by default head(final_norm(h))."""
-    if hasattr(model, "logits"):
+    if "logits" in model.capabilities.passes:
         return model.logits(h)
     return model.head(model.final_norm(h))
 

@@ -47,14 +47,11 @@ from looplab.params import at_least, param
 
 __all__ = ["DepthwiseDecoder", "Depth", "check_depthwise"]
 
-#: the passes a decoding view overrides when its loop is not a chain of layers (HRM-Text, Inkling-2)
-_OWN_PASSES = ("prelude_pass", "core_pass", "coda_pass")
-
 
 def check_depthwise(model, batching: str = "depth-wise batching") -> None:
     """One-line errors for a model (a decoding view) whose passes depth-wise batching (or ``batching``, a
     decoder built on it) cannot run."""
-    if any(hasattr(model, name) for name in _OWN_PASSES):
+    if not model.capabilities.chains:
         raise LooplabError(
             f"{batching} runs chains of pre-norm layers, which {described(model)} is not: valid models: a looplab "
             "run, a retrofit, or Ouro with an exit other than gate"

@@ -17,10 +17,13 @@ from torch import Tensor, nn
 
 from looplab.lm.native import DecodingShape, layer_view, rotary_tables
 from looplab.lm.retrofit import RetrofittedLoop
+from looplab.model.decoding import Capabilities
 
 
 class RetrofitDecoding(nn.Module):
     """A :class:`RetrofittedLoop` in the shape the generation decoder reads (see the module docstring)."""
+
+    capabilities = Capabilities(rope=True)
 
     def __init__(self, loop: RetrofittedLoop):
         super().__init__()

@@ -32,7 +32,6 @@ from looplab.errors import LooplabError
 from looplab.generation.cache import visible
 from looplab.generation.decoder import Calls, Decoder, coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.decoders import DecodingMethod, register_decoder
-from looplab.generation.policies import POLICIES
 from looplab.generation.sampling import Generation, ended
 from looplab.generation.views import described
 from looplab.params import Domain, at_least, param
@@ -80,7 +79,7 @@ class Speculative(DecodingMethod):
             raise LooplabError(
                 f"draft_loops must be in 1..{loops - 1} (below the exit's {loops} loops), got {params.draft_loops}"
             )
-        if tuple(getattr(model, "policies", POLICIES)) != tuple(POLICIES):
+        if model.capabilities.policies is not None:
             raise LooplabError(
                 f"speculative decoding is not defined for {described(model)}: its layers read the slot before "
                 "through convolutions over time, which a rejected draft may hold"

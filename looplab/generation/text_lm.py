@@ -91,7 +91,8 @@ class TextLM:
         if isinstance(loops, bool) or not isinstance(loops, int) or not 1 <= loops <= self.loop_cap:
             raise LooplabError(f"loops must be an integer in 1..{self.loop_cap}, got {loops!r}")
         rule = GenerationExit(name, loops, token_exit_params(name, self.exit_tables, **params))
-        if rule.needs_gate and not getattr(getattr(family_of(self.model), "view", None), "exit_gate", False):
+        family = family_of(self.model)
+        if rule.needs_gate and (family is None or not family.view.capabilities.gate):
             raise LooplabError(f"the {name} exit reads a learned exit gate, which {self.name} lacks (Ouro has one)")
         if rule.needs_head:
             if self.halts is None and self.kind == "run":

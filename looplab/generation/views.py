@@ -7,32 +7,38 @@ from __future__ import annotations
 from torch import nn
 
 from looplab.generation.retrofit import RetrofitDecoding
-from looplab.lm.families import family_of
+from looplab.lm.families import FAMILIES, family_of
 from looplab.lm.retrofit import RetrofittedLoop
 
 __all__ = ["decodable", "described"]
 
 
 def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
-    """``model`` as the decoder reads it: an adapter in its view, anything else (a looplab model, a view) as is.
+    """``model`` as the decoder reads it (a :class:`~looplab.model.decoding.DecodingView`): an adapter in its
+    view, anything else (a looplab model, a view) as is.
 
-    ``gated``: the view carries the exit gate's decision in its state (the ``gate`` exit; a family whose
-    view has ``exit_gate`` and ``with_gate``)."""
-    if gated and not getattr(model, "gated", True):  # an ungated view: view its adapter again, gated
+    ``gated``: the view carries the exit gate's decision in its state (the ``gate`` exit; a family whose view
+    declares the ``gate`` capability, with ``with_gate``)."""
+    if gated and isinstance(model, family_views()) and not model.capabilities.gated:  # view its adapter, gated
         model = model.loop
     if isinstance(model, RetrofittedLoop):
         return RetrofitDecoding(model)
     family = family_of(model)
     if family is None:
         return model
-    return family.view.with_gate(model) if gated and getattr(family.view, "exit_gate", False) else family.view(model)
+    return family.view.with_gate(model) if gated and family.view.capabilities.gate else family.view(model)
+
+
+def family_views() -> tuple[type, ...]:
+    """Every native family's decoding view class."""
+    return tuple(family.view for family in FAMILIES)
 
 
 def described(view: nn.Module) -> str:
     """How a refusal names the model behind a decoding view: its family (``Ouro``, ``Huginn-0125``; with the
     gate exit where the view carries it), a retrofit, or a looplab model."""
-    loop = getattr(view, "loop", view)
+    loop = view.loop if isinstance(view, (*family_views(), RetrofitDecoding)) else view
     family = family_of(loop)
     if family is not None:
-        return family.name + (" with the gate exit" if getattr(view, "gated", False) else "")
+        return family.name + (" with the gate exit" if view.capabilities.gated else "")
     return "a retrofit" if isinstance(loop, RetrofittedLoop) else "this looplab model"

@@ -67,6 +67,7 @@ from looplab.lm.native import (
     rotary_tables,
     select_rows,
 )
+from looplab.model.decoding import Capabilities
 
 __all__ = ["HrmTextLoop", "HrmTextContext", "HrmTextDecoding"]
 
@@ -192,6 +193,8 @@ class HrmTextLoop(NativeLoop):
 
 class HrmTextDecoding(nn.Module):
     """An :class:`HrmTextLoop` in the shape the generation decoder reads (see the module docstring)."""
+
+    capabilities = Capabilities(passes=frozenset({"core", "logits"}), rope=True)
 
     def __init__(self, loop: HrmTextLoop):
         super().__init__()

@@ -41,6 +41,7 @@ from looplab.lm.config_fields import boolean, check_fields, integer, one_of, pos
 from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop
 from looplab.lm.retrofit import LayerContext, causal_mask
 from looplab.model.attention import apply_rope
+from looplab.model.decoding import Capabilities
 from looplab.token_exits import MAX_LOOPS
 
 __all__ = ["HuginnConfig", "RavenForCausalLM", "HuginnLoop", "HuginnDecoding"]
@@ -357,6 +358,8 @@ class HuginnDecoding(nn.Module):
     """A :class:`HuginnLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`): the
     prelude and coda once per token, one cache entry per (recurrence, core block) under ``per_loop``;
     ``shared`` is Huginn's own cache (one entry per core block, each token's last recurrence)."""
+
+    capabilities = Capabilities(passes=frozenset({"coda"}), rope=True)
 
     def __init__(self, loop: HuginnLoop):
         super().__init__()

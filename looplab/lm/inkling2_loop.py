@@ -61,6 +61,7 @@ from torch import Tensor, nn
 
 from looplab.errors import LooplabError
 from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop, prepare_model, select_rows
+from looplab.model.decoding import PASSES, Capabilities
 
 __all__ = ["Inkling2Loop", "Inkling2LoopContext", "Inkling2LoopDecoding"]
 
@@ -247,8 +248,8 @@ def _unpack(h: Tensor, d: int) -> tuple[Tensor, Tensor]:
 class Inkling2LoopDecoding(nn.Module):
     """An :class:`Inkling2Loop` in the shape the generation decoder reads (see the module docstring)."""
 
-    #: the cache policies its convolutions' inputs can follow
-    policies = ("per_loop", "shared")
+    #: its own passes, and the cache policies its convolutions' inputs can follow
+    capabilities = Capabilities(passes=frozenset(PASSES), policies=("per_loop", "shared"))
 
     def __init__(self, loop: Inkling2Loop):
         super().__init__()

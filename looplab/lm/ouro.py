@@ -40,6 +40,7 @@ from looplab.errors import LooplabError
 from looplab.lm.config_fields import boolean, check_fields, integer, one_of, positive_number, token_ids, unit_interval
 from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop, rotary_tables
 from looplab.lm.retrofit import LayerContext, causal_mask
+from looplab.model.decoding import Capabilities
 from looplab.token_exits import MAX_LOOPS
 
 __all__ = ["OuroConfig", "OuroForCausalLM", "OuroLoop", "OuroDecoding", "GatedOuroDecoding"]
@@ -297,9 +298,8 @@ class OuroDecoding(nn.Module):
     """An :class:`OuroLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`): a chain of
     pre-norm layers (the sandwich norms inside them) closed by the loop's norm, no injection, no final norm."""
 
-    #: the family has a learned exit gate (:meth:`with_gate` is the view that carries its decision)
-    exit_gate = True
-    gated = False
+    #: own RoPE tables; a learned exit gate (:meth:`with_gate` is the view that carries its decision)
+    capabilities = Capabilities(rope=True, gate=True)
 
     def __init__(self, loop: OuroLoop):
         super().__init__()
@@ -341,7 +341,7 @@ class GatedOuroDecoding(OuroDecoding):
     S = ∏_{j≤t}(1 − λ_j) and C = Σ_{j≤t} λ_j ∏_{i<j}(1 − λ_i) after loop t (in the state's dtype), which the
     ``gate`` exit compares with τ. Its own ``core_pass`` keeps it off the decoders that batch chains of layers."""
 
-    gated = True
+    capabilities = Capabilities(passes=frozenset({"core", "logits"}), rope=True, gated=True, gate=True)
 
     def initial_state(self, e: Tensor) -> Tensor:
         return torch.cat([e, torch.ones_like(e[..., :1]), torch.zeros_like(e[..., :1])], dim=-1)

@@ -49,6 +49,7 @@ from looplab.config import ModelConfig
 from looplab.errors import LooplabError, choice_error
 from looplab.model.attention import AttentionContext, prefers_math, rope_tables
 from looplab.model.contractive import ContractiveInjection
+from looplab.model.decoding import Capabilities
 from looplab.model.depths import ReadAtDepths
 from looplab.model.layer import Layer
 from looplab.model.norms import make_norm
@@ -58,7 +59,10 @@ __all__ = ["LoopedTransformer", "LoopProbe", "injection_module", "injection_weig
 
 
 class LoopedTransformer(ReadAtDepths, ObservedLayers, nn.Module):
-    """The looped transformer; implements the looped-model protocol (``looplab.model.protocol``)."""
+    """The looped transformer; implements the looped-model protocol (``looplab.model.protocol``), and is its own
+    decoding view (:mod:`looplab.model.decoding`: chains of pre-norm layers, RoPE from its config)."""
+
+    capabilities = Capabilities()
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
