@@ -290,3 +290,27 @@ def test_a_full_batch_stepped_in_another_row_order_reads_each_rows_own_cache(mod
         step, _ = decoder.step(rows, first.argmax(-1), decoder.width, decoder.lengths[rows])
         logits.append(step[torch.tensor(order).argsort()])
     torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-12)
+
+
+def test_a_job_waiting_for_kv_memory_whose_client_leaves_ends_cancelled_and_the_rest_go_on(model):
+    """Under a KV memory that holds one job at a time the others wait (deferred); one cancelled while it waits
+    ends ``cancelled`` without running, the others decode as alone, and every reserved byte is given back."""
+    from looplab.serve.ledger import job_bytes
+
+    rule = GenerationExit("fixed", 2)
+    jobs = [_job(p, rule, max_new=4) for p in PROMPTS[:3]]
+    limit = max(job_bytes(model, job) for job, _ in jobs)
+
+    def leave(engine: Engine) -> None:
+        if engine.stats["deferred"]:
+            jobs[2][0].cancelled.set()  # its client leaves while it waits
+
+    engine = Engine(model, max_running=8, kv_memory=limit, prefix_memory=0, on_step=leave)
+    engine.submit([job for job, _ in jobs])
+    engine.start()
+    assert all(sink.closed.wait(60) for _, sink in jobs)
+    engine.close(60)
+    assert engine.stats["deferred"] > 0 and jobs[2][1].end == End("cancelled") and not jobs[2][1].tokens
+    for job, sink in jobs[:2]:
+        assert [t.token for t in sink.tokens] == generate(model, [job.prompt], 4, DecodeOptions(rule)).tokens[0]
+    assert engine.ledger.reserved == 0
