@@ -133,10 +133,9 @@ def open_text_lm(
             announce(model_dir.memory_line(DTYPES[dtype], device))
         lm = _model_dir_lm(model_dir.load(DTYPES[dtype], device), path, model_dir, model_dir.kind, model_dir.name)
         if weights == "int8":
-            from looplab.lm.int8 import held_tokens, int8_quality
+            from looplab.lm.int8 import held_text_quality
 
-            quality = int8_quality(lm.model, held_tokens(lambda text: lm.encode(text, False)), lm.default_loops)
-            lm.weights_note = quality.line()
+            lm.weights_note = held_text_quality(lm.model, model_dir.tokenizer, lm.default_loops).line()
         return lm
     if weights != "float":
         raise LooplabError(f"{weights} weights apply to a model dir (config.json); {path} is a looplab run")

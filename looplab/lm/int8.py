@@ -31,7 +31,15 @@ from torch import Tensor, nn
 from looplab.errors import LooplabError
 from looplab.model.protocol import readouts_by_loops
 
-__all__ = ["WEIGHTS", "Int8Linear", "Int8Quality", "check_weights", "quantize_linears", "int8_quality"]
+__all__ = [
+    "WEIGHTS",
+    "Int8Linear",
+    "Int8Quality",
+    "check_weights",
+    "quantize_linears",
+    "int8_quality",
+    "held_text_quality",
+]
 
 #: the choices of ``--weights``: the checkpoint's numbers in ``--dtype``, or int8 layers
 WEIGHTS = ("float", "int8")
@@ -139,6 +147,12 @@ def held_tokens(encode, count: int = HELD_TOKENS) -> Tensor:
     text = load_corpus().text("val")[: 8 * count]  # a token covers at least one character
     ids = encode(text)[:count]
     return torch.tensor([ids], dtype=torch.long)
+
+
+def held_text_quality(model: nn.Module, tokenizer, loops: int) -> Int8Quality:
+    """:func:`int8_quality` on the held text as ``tokenizer`` (a transformers tokenizer, special tokens left out)
+    reads it: what ``--weights int8`` prints where it is chosen."""
+    return int8_quality(model, held_tokens(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]), loops)
 
 
 @torch.no_grad()

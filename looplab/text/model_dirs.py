@@ -184,7 +184,7 @@ def evaluate_text(
     :data:`EVAL_SAMPLES`, fewer for a large model: :mod:`looplab.text.compute`): writes ``out`` (default
     DIR/eval)/lm_loops.csv, lm_loops.png and lm_summary.json; returns the summary. ``weights``
     ``int8``: the linear layers as int8 (:mod:`looplab.lm.int8`), their quality cost in the summary."""
-    from looplab.lm.int8 import check_weights, held_tokens, int8_quality
+    from looplab.lm.int8 import check_weights, held_text_quality
 
     check_weights(weights, device)
     model_dir, windows, max_loops, torch_dtype = _prepare(
@@ -206,9 +206,7 @@ def evaluate_text(
     model = model_dir.load(torch_dtype, device)
     quality = None
     if weights == "int8":
-        encode = model_dir.tokenizer
-        quality = int8_quality(model, held_tokens(lambda s: encode(s, add_special_tokens=False)["input_ids"]),
-                               model_dir.native_loops)  # fmt: skip
+        quality = held_text_quality(model, model_dir.tokenizer, model_dir.native_loops)
         if progress:
             print(f"eval: {quality.line()}", flush=True)
     frame = text_loss_by_loops(model, windows, max_loops, progress=progress)
