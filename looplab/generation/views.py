@@ -12,6 +12,9 @@ from looplab.lm.retrofit import RetrofittedLoop
 
 __all__ = ["decodable", "described"]
 
+#: every native family's decoding view class
+FAMILY_VIEWS: tuple[type, ...] = tuple(family.view for family in FAMILIES)
+
 
 def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
     """``model`` as the decoder reads it (a :class:`~looplab.model.decoding.DecodingView`): an adapter in its
@@ -19,7 +22,7 @@ def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
 
     ``gated``: the view carries the exit gate's decision in its state (the ``gate`` exit; a family whose view
     declares the ``gate`` capability, with ``with_gate``)."""
-    if gated and isinstance(model, family_views()) and not model.capabilities.gated:  # view its adapter, gated
+    if gated and isinstance(model, FAMILY_VIEWS) and not model.capabilities.gated:  # view its adapter, gated
         model = model.loop
     if isinstance(model, RetrofittedLoop):
         return RetrofitDecoding(model)
@@ -29,15 +32,10 @@ def decodable(model: nn.Module, gated: bool = False) -> nn.Module:
     return family.view.with_gate(model) if gated and family.view.capabilities.gate else family.view(model)
 
 
-def family_views() -> tuple[type, ...]:
-    """Every native family's decoding view class."""
-    return tuple(family.view for family in FAMILIES)
-
-
 def described(view: nn.Module) -> str:
     """How a refusal names the model behind a decoding view: its family (``Ouro``, ``Huginn-0125``; with the
     gate exit where the view carries it), a retrofit, or a looplab model."""
-    loop = view.loop if isinstance(view, (*family_views(), RetrofitDecoding)) else view
+    loop = view.loop if isinstance(view, (*FAMILY_VIEWS, RetrofitDecoding)) else view
     family = family_of(loop)
     if family is not None:
         return family.name + (" with the gate exit" if view.capabilities.gated else "")

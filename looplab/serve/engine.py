@@ -300,9 +300,7 @@ class Engine:
                     return count
                 self._groups.append(group)
                 self.stats["admitted"] += count
-                self._recent.extend(
-                    (len(job.prompt), job.max_new, job.options.exit_rule.loops) for job in members[:count]
-                )
+                self._recent.extend(_size(job) for job in members[:count])
                 return count
             if self.prefixes is None or not self.prefixes.nbytes:
                 return 0
@@ -321,7 +319,7 @@ class Engine:
         busy = len(members) > 1 or any(isinstance(g, ContinuousGroup) and g.cohort == cohort for g in self._groups)
         rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
         sizes = [
-            *((len(job.prompt), job.max_new, job.options.exit_rule.loops) for job in members),
+            *(_size(job) for job in members),
             *(self._recent if busy else ()),
         ]
         width, columns = max(size[0] for size in sizes), COLUMNS_PER_BUDGET * max(size[1] for size in sizes)
@@ -347,3 +345,8 @@ class Engine:
         for job in jobs:
             if not job.closed:
                 job.sink(Failed(first or type(err).__name__))
+
+
+def _size(job: Job) -> tuple[int, int, int]:
+    """What a group needs room for to take ``job``: (prompt length, budget, loop cap), as ``Engine._recent`` holds."""
+    return len(job.prompt), job.max_new, job.options.exit_rule.loops
