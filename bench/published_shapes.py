@@ -1,4 +1,4 @@
-"""What Ouro and Huginn-0125 cost at their published shapes, with random weights (no weights can be
+"""What Ouro, Huginn-0125 and Nanbeige4.2-3B cost at their published shapes, with random weights (no weights can be
 downloaded here), against this machine's limit: each family's published config (tests/data/reference_configs)
 is written as a model dir of random weights, then, for each ``--dtype`` (float32 and bfloat16) and int8
 weights (``--weights int8``, float32 activations):
@@ -6,7 +6,7 @@ weights (``--weights int8``, float32 activations):
 - the memory bandwidth, measured as a large matrix–vector product reads its matrix (GB/s, per dtype);
 - load: the seconds ``open_model_dir(...).load`` takes, and the process's peak resident memory after it;
 - decode at batch 1 with the ``per_loop`` cache, per prompt length (``--prompt``) and loop count
-  (Ouro 1 and 4, Huginn its native 32): ms per new token (the step decoder's steps after the prompt's
+  (Ouro 1 and 4, Huginn its native 32, Nanbeige 1 and 2): ms per new token (the step decoder's steps after the prompt's
   prefill, timed alone), tokens/s, and the fraction of the bandwidth bound reached — bytes read per token (the
   weights of every layer a token runs, the looped ones once per loop, the head once, and the keys and
   values attended to) ÷ bandwidth, over the measured time;
@@ -18,9 +18,10 @@ weights (``--weights int8``, float32 activations):
   sequence (``--cache none``) against the cache, at the native loops;
 - KV memory per 1K tokens at 4, 8 and 16 loops for each cache policy (the decoder's own allocation).
 
-    python bench/published_shapes.py [--family ouro huginn] [--dtype float32 bfloat16] [--prompt 16 512]
+    python bench/published_shapes.py [--family ouro huginn nanbeige] [--dtype float32 bfloat16] [--prompt 16 512]
 
-About 30 minutes on 2 cores (Huginn's 3.5 B parameters at 32 recurrences in float32 are the most of it);
+About 30 minutes on 2 cores for the default Ouro and Huginn (Huginn's 3.5 B parameters at 32 recurrences in
+float32 are the most of it); Nanbeige (4.2 B parameters, 16.7 GB in float32) is asked for by ``--family``;
 ``RATIO`` lines give the ratios.
 """
 
@@ -46,10 +47,14 @@ from looplab.lm.int8 import int8_quality
 from looplab.lm.model_dir import DTYPES, open_model_dir
 
 CONFIGS = Path(__file__).parent.parent / "tests" / "data" / "reference_configs"
-FILES = {"ouro": "ouro-1.4b_config.json", "huginn": "huginn-0125_raven_config_minimal.json"}
-#: loop counts decoded by default: Ouro at 1 (the same work as one pass of a Llama) and its native 4,
-#: Huginn at its native 32 recurrences
-LOOPS = {"ouro": (1, 4), "huginn": (32,)}
+FILES = {
+    "ouro": "ouro-1.4b_config.json",
+    "huginn": "huginn-0125_raven_config_minimal.json",
+    "nanbeige": "nanbeige4.2-3b_config.json",
+}
+#: loop counts decoded: Ouro at 1 (the same work as one pass of a Llama) and its native 4, Huginn at its
+#: native 32 recurrences, Nanbeige at 1 and its native 2
+LOOPS = {"ouro": (1, 4), "huginn": (32,), "nanbeige": (1, 2)}
 #: parameters run once per loop: the core layers, and Huginn's injection and Ouro's exit gate
 LOOPED_PREFIXES = ("core.", "adapter.", "gate.")
 GB = 1e9

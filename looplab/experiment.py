@@ -174,7 +174,7 @@ def open_pretrained(config: Config):
     one-line errors for a path that is not a model dir, an unsupported model, and a decoder not yet looped."""
     from looplab.lm.model_dir import not_looped, open_model_dir
 
-    opened = open_model_dir(config.model.pretrained)
+    opened = open_model_dir(config.model.pretrained, config.model.pretrained_tokenizer or None)
     if opened.kind == "source":
         raise not_looped(opened)
     return opened

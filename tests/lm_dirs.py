@@ -75,30 +75,39 @@ OURO_TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hid
 HUGINN_TINY = dict(vocab_size=VOCAB, n_embd=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=48,
                    block_size=128, n_layers_in_prelude=1, n_layers_in_recurrent_block=2, n_layers_in_coda=1,
                    mean_recurrence=4)  # fmt: skip
+#: head_dim 16 while hidden / heads is 8, as the published model's 128 against 64
+NANBEIGE_TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                     num_loops=2)  # fmt: skip
+#: family → (published config file, tiny sizes) of the families looplab builds
+OWN_FAMILIES = {
+    "ouro": ("ouro-1.4b_config.json", OURO_TINY),
+    "huginn": ("huginn-0125_raven_config_minimal.json", HUGINN_TINY),
+    "nanbeige": ("nanbeige4.2-3b_config.json", NANBEIGE_TINY),
+}
 
 
 def published_config(family: str, **sizes) -> dict:
-    """The published config.json of ``family`` (ouro: Ouro-1.4B's; huginn: Huginn-0125's) with ``sizes`` over it."""
-    name = {"ouro": "ouro-1.4b_config.json", "huginn": "huginn-0125_raven_config_minimal.json"}[family]
-    raw = json.loads((PUBLISHED / name).read_text())
+    """The published config.json of ``family`` (ouro: Ouro-1.4B's; huginn: Huginn-0125's; nanbeige:
+    Nanbeige4.2-3B's) with ``sizes`` over it."""
+    raw = json.loads((PUBLISHED / OWN_FAMILIES[family][0]).read_text())
     if family == "ouro" and "num_hidden_layers" in sizes:
         raw["layer_types"] = ["full_attention"] * sizes["num_hidden_layers"]
     return {**raw, **sizes}
 
 
 def save_own_family(family: str, path: Path, seed: int = 0, tokenizer: bool = True, **sizes) -> Path:
-    """A tiny random Ouro or Huginn model dir in the published layout: the published config.json with tiny
-    sizes (:data:`OURO_TINY`, :data:`HUGINN_TINY`, then ``sizes``), model.safetensors under the published
-    names (Huginn's tied head not stored), and the tokenizer."""
+    """A tiny random Ouro, Huginn or Nanbeige model dir in the published layout: the published config.json with
+    tiny sizes (:data:`OWN_FAMILIES`, then ``sizes``), model.safetensors under the published names (Huginn's
+    tied head not stored), and the tokenizer."""
     from safetensors.torch import save_file
 
-    from looplab.lm.huginn import HuginnConfig, RavenForCausalLM
-    from looplab.lm.ouro import OuroConfig, OuroForCausalLM
+    from looplab.lm.families import LOOPED_FAMILIES
 
-    raw = published_config(family, **{**(OURO_TINY if family == "ouro" else HUGINN_TINY), **sizes})
-    config_cls, model_cls = (OuroConfig, OuroForCausalLM) if family == "ouro" else (HuginnConfig, RavenForCausalLM)
+    raw = published_config(family, **{**OWN_FAMILIES[family][1], **sizes})
+    record = LOOPED_FAMILIES[raw["model_type"]]
     torch.manual_seed(seed)
-    model = model_cls(config_cls.from_dict(raw, "test"))
+    model = record.model(record.config_reader(raw, "test"))
     with torch.no_grad():
         for parameter in model.parameters():  # norms off 1 and the gate's bias off 0, so their order shows
             parameter.add_(0.2 * torch.randn_like(parameter))

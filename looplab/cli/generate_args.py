@@ -9,6 +9,8 @@ from looplab.generation import DECODERS, EXITS, MAX_LOOPS, POLICIES
 
 #: the help of ``--weights`` (generate, serve, eval on a model dir)
 WEIGHTS_HELP = "a model dir's linear layers: float (default, in --dtype) or int8, its quality cost printed"
+#: the help of ``--tokenizer`` (every command on a model dir)
+TOKENIZER_HELP = "a model dir whose tokenizer is kept elsewhere (Parcae's): the folder holding tokenizer.json"
 
 
 def add_generate(commands: argparse._SubParsersAction) -> None:
@@ -106,6 +108,7 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     )
     generate.add_argument("--dtype", help="a model dir's weights: float32 (default) or bfloat16")
     generate.add_argument("--weights", help=WEIGHTS_HELP)
+    generate.add_argument("--tokenizer", metavar="DIR", help=TOKENIZER_HELP)
     generate.add_argument(
         "--plugin",
         action="append",

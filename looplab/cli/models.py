@@ -12,7 +12,14 @@ from pathlib import Path
 from looplab.errors import LooplabError
 
 #: the flags only a model dir takes (argparse dest → how the command line spells it)
-MODEL_FLAGS = {"text": "--text", "window": "--window", "dtype": "--dtype", "device": "--device", "weights": "--weights"}
+MODEL_FLAGS = {
+    "text": "--text",
+    "window": "--window",
+    "dtype": "--dtype",
+    "device": "--device",
+    "weights": "--weights",
+    "tokenizer": "--tokenizer",
+}
 
 
 def _quiet_transformers() -> None:
@@ -88,6 +95,7 @@ def eval_model_dir(args) -> None:
         device=args.device or "cpu",
         progress=True,
         weights=args.weights or "float",
+        tokenizer=args.tokenizer,
     )
     out = Path(args.out) if args.out else Path(args.run_dir) / "eval"
     print(format_loss_table(out / "lm_loops.csv", summary["native_loops"]))
@@ -120,7 +128,12 @@ def analyze_model_dir(args, kind: str) -> None:
     from looplab.text.model_dirs import analyze_text_mechanistic, analyze_text_spectral
 
     text = _text(args)
-    common = {"window": args.window, "dtype": args.dtype or "float32", "device": args.device or "cpu"}
+    common = {
+        "window": args.window,
+        "dtype": args.dtype or "float32",
+        "device": args.device or "cpu",
+        "tokenizer": args.tokenizer,
+    }
     _quiet_transformers()
     if kind == "pca":
         from looplab.text.model_dirs import analyze_text_pca

@@ -6,7 +6,7 @@ import argparse
 
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
-from looplab.cli.generate_args import WEIGHTS_HELP, add_generate
+from looplab.cli.generate_args import TOKENIZER_HELP, WEIGHTS_HELP, add_generate
 from looplab.config import PRESETS
 from looplab.lm.model_dir import INJECTIONS
 from looplab.plotting import FIGURE_PRESETS
@@ -222,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--dtype", choices=("float32", "bfloat16"), help="a model dir: weights' dtype (float32)")
         sub.add_argument("--device", help="a model dir: cpu (default), cuda or cuda:N")
+        sub.add_argument("--tokenizer", metavar="DIR", help=TOKENIZER_HELP)
     evaluate.add_argument("--weights", help=WEIGHTS_HELP)
 
     retrofit = commands.add_parser(
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", help="a model dir's dtype, float32 or bfloat16 (default float32)")
     serve.add_argument("--device", default="cpu", help="where the model runs, e.g. cuda (default cpu)")
     serve.add_argument("--weights", help=WEIGHTS_HELP)
+    serve.add_argument("--tokenizer", metavar="DIR", help=TOKENIZER_HELP)
     serve.add_argument("--max-running", type=int, default=32, help="requests decoded at once (default 32)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 (default 64)")
     serve.add_argument(

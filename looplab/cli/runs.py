@@ -104,11 +104,13 @@ def generate_command(args) -> None:
     load_plugins(args.plugin)  # and the installed packages' entry points
     fields = _decode_fields(args)
     check_weights(args.weights or "float", "cpu")
-    refuse_model_dir_flags(args.run_dir, {"--dtype": args.dtype, "--weights": args.weights}, "read")
+    refuse_model_dir_flags(
+        args.run_dir, {"--dtype": args.dtype, "--weights": args.weights, "--tokenizer": args.tokenizer}, "read"
+    )
     if not is_model_dir(args.run_dir):
         load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
     check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
-    lm = open_text_lm(args.run_dir, args.dtype or "float32", weights=args.weights or "float")
+    lm = open_text_lm(args.run_dir, args.dtype or "float32", weights=args.weights or "float", tokenizer=args.tokenizer)
     if lm.weights_note:
         print(f"generate: {lm.weights_note}", file=sys.stderr)
     options = decode_options(fields, lm, Sampling(args.temperature, args.top_k, args.seed))

@@ -53,7 +53,9 @@ def serve_command(args) -> None:
         check_device(args.device)
     except LooplabError as err:
         raise LooplabError(str(err).replace("run.device", "--device")) from None
-    refuse_model_dir_flags(args.model_dir, {"--dtype": args.dtype, "--weights": args.weights}, "served")
+    refuse_model_dir_flags(
+        args.model_dir, {"--dtype": args.dtype, "--weights": args.weights, "--tokenizer": args.tokenizer}, "served"
+    )
     if args.weights == "int8" and (args.replicas > 1 or args.ray_address):
         raise LooplabError("--weights int8 serves one process; drop --replicas / --ray-address")
     dtype = args.dtype or "float32"
@@ -76,7 +78,9 @@ def serve_command(args) -> None:
     def say(line: str) -> None:
         print(f"serve: {line}", file=sys.stderr, flush=True)
 
-    lm = open_text_lm(args.model_dir, dtype, args.device, args.weights or "float", announce=say)
+    lm = open_text_lm(
+        args.model_dir, dtype, args.device, args.weights or "float", announce=say, tokenizer=args.tokenizer
+    )
     if lm.weights_note:
         say(lm.weights_note)
     engine = Engine(lm.model, **options)  # the options' one-line errors before the socket is taken

@@ -77,12 +77,13 @@ def check_adapter(config: Config) -> None:
 
 def check_pretrained(model: ModelConfig) -> None:
     """A model dir (``model.pretrained``) is the whole architecture: refuse an architecture key set beside it,
-    and ``model.pretrained_dtype`` without it."""
+    and ``model.pretrained_dtype`` or ``model.pretrained_tokenizer`` without it."""
     if not model.pretrained:
-        _require(
-            model.pretrained_dtype == OPTIONAL_KEYS["model"]["pretrained_dtype"],
-            "model.pretrained_dtype applies to a model dir: set model.pretrained = DIR, or drop pretrained_dtype",
-        )
+        for key in ("pretrained_dtype", "pretrained_tokenizer"):
+            _require(
+                getattr(model, key) == OPTIONAL_KEYS["model"][key],
+                f"model.{key} applies to a model dir: set model.pretrained = DIR, or drop {key}",
+            )
         return
     default = ModelConfig()
     own = set(OPTIONAL_KEYS["model"])

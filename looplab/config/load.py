@@ -74,7 +74,8 @@ def from_dict(data: dict[str, Any]) -> Config:
     config = Config()
     _fill(config, data, "")
     config.run.plugins = normalise_plugins(config.run.plugins)
-    for table, key in ((config.task, "pool"), (config.task, "text_file"), (config.model, "pretrained")):
+    for table, key in ((config.task, "pool"), (config.task, "text_file"), (config.model, "pretrained"),
+                       (config.model, "pretrained_tokenizer")):  # fmt: skip
         if getattr(table, key):  # paths made absolute, so a run dir's config.toml finds them from anywhere
             setattr(table, key, str(Path(getattr(table, key)).expanduser().resolve()))
     load_plugins(config.run.plugins)

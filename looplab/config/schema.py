@@ -27,7 +27,7 @@ ADAPTERS = ("none", "lora")  # train.adapter (looplab.lm.adapters)
 #: them keep their text, and their run and sweep ids
 OPTIONAL_KEYS = {
     "task": {"text_file": ""},
-    "model": {"pretrained": "", "pretrained_dtype": "float32"},
+    "model": {"pretrained": "", "pretrained_dtype": "float32", "pretrained_tokenizer": ""},
     "train": {"adapter": "none", "adapter_rank": 8, "adapter_alpha": 16.0, "adapter_targets": []},
 }
 DEFAULT_SAMPLES = 256  # evaluation samples per length
@@ -76,7 +76,8 @@ class ModelConfig:
     ``pretrained`` names a model dir instead (``looplab.lm.model_dir``: a native looped LM of
     transformers, or a retrofit written by ``looplab retrofit``; made absolute when the config is
     read): the run fine-tunes its looped adapter, loaded in ``pretrained_dtype``, on task ``text``
-    (the dir's own tokenizer). The dir is the architecture, so every other key here keeps its default.
+    (the dir's own tokenizer, or the one in ``pretrained_tokenizer`` where the dir holds none). The dir
+    is the architecture, so every other key here keeps its default.
     """
 
     d_model: int = param(64, at_least(1))
@@ -106,6 +107,7 @@ class ModelConfig:
     inject_gain: float = param(0.25, POSITIVE)
     pretrained: str = param("", doc="a model dir (config.json + safetensors + tokenizer) to fine-tune; empty: build")
     pretrained_dtype: str = param("float32", one_of(*PRETRAINED_DTYPES), "the weights of model.pretrained")
+    pretrained_tokenizer: str = param("", doc="the folder of model.pretrained's tokenizer where it holds none")
 
 
 @dataclass(init=False)

@@ -115,9 +115,11 @@ def open_text_lm(
     device: str = "cpu",
     weights: str = "float",
     announce: Callable[[str], None] | None = None,
+    tokenizer: str | Path | None = None,
 ) -> TextLM:
-    """The :class:`TextLM` of a looplab run dir or a model dir (``dtype`` and ``weights``, ``float`` or
-    ``int8`` (:mod:`looplab.lm.int8`), apply to a model dir). ``announce``, when given, is called with one line
+    """The :class:`TextLM` of a looplab run dir or a model dir (``dtype``, ``weights`` — ``float`` or
+    ``int8`` (:mod:`looplab.lm.int8`) — and ``tokenizer``, the tokenizer's folder where the dir holds none,
+    apply to a model dir). ``announce``, when given, is called with one line
     saying what a model dir's weights will take before they are read."""
     from looplab.lm.int8 import check_weights
     from looplab.lm.model_dir import DTYPES, is_model_dir, open_model_dir
@@ -127,7 +129,7 @@ def open_text_lm(
     if is_model_dir(path):
         if dtype not in DTYPES:
             raise LooplabError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
-        model_dir = open_model_dir(path)
+        model_dir = open_model_dir(path, tokenizer)
         model_dir.check_fits(DTYPES[dtype], device, "loading")
         if announce is not None:
             announce(model_dir.memory_line(DTYPES[dtype], device))

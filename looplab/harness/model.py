@@ -15,6 +15,7 @@ model_args (each checked at load; a bad one is a one-line :class:`~looplab.error
     dtype         float32 or bfloat16 (a model dir's weights)
     weights       float (default) or int8: a model dir's linear layers as int8 (:mod:`looplab.lm.int8`; its
                   quality cost is logged)
+    tokenizer     a model dir whose tokenizer is kept elsewhere (Parcae's): the folder holding it
     batch_size    rows per decoder call (lm-eval's ``--batch_size``; a positive integer)
     device        cpu, cuda, cuda:N (lm-eval's ``--device``; a CUDA device on a machine without one: cpu)
     prefix_token  the token an empty context and a rolling text start from (default: the model's start
@@ -82,6 +83,7 @@ class LooplabLM(TemplateLM):
         prefix_token: int | None = None,
         seed: int = 0,
         weights: str = "float",
+        tokenizer: str | None = None,
         **fields,
     ):
         super().__init__()
@@ -95,7 +97,8 @@ class LooplabLM(TemplateLM):
         self.seed = _integer("seed", seed)
         device = _device(device)
         check_weights(weights, device, "model_arg weights")
-        self.lm: TextLM = open_text_lm(path, dtype, device, weights)  # a run's plugins are known from here
+        # a run's plugins are known from here
+        self.lm: TextLM = open_text_lm(path, dtype, device, weights, tokenizer=tokenizer)
         if self.lm.weights_note:
             log.warning("looplab: %s", self.lm.weights_note)
         try:
@@ -349,7 +352,9 @@ class LooplabLM(TemplateLM):
 
 
 #: the model_args beside the decode fields (:mod:`looplab.generation.fields`)
-_MODEL_ARGS = ("path", "dtype", "batch_size", "max_batch_size", "device", "prefix_token", "seed", "weights")
+_MODEL_ARGS = (
+    "path", "dtype", "batch_size", "max_batch_size", "device", "prefix_token", "seed", "weights", "tokenizer",
+)  # fmt: skip
 
 
 def _integer(name: str, value) -> int:

@@ -5,9 +5,10 @@
     Inkling-2     inkling2_loop_text, inkling2_loop             one pass through the looped layers
     Ouro          ouro                                          the L layers and the norm closing them
     Huginn-0125   huginn_raven                                  the concat adapter and the 4 core blocks
+    Nanbeige4.2   nanbeige                                      the L Llama layers and the norm closing them
 
-HRM-Text and Inkling-2 are built by transformers; Ouro and Huginn, whose only published code is hub
-remote code, are built by looplab from their config.json and safetensors (no remote code runs).
+HRM-Text and Inkling-2 are built by transformers; Ouro, Huginn and Nanbeige, whose only published code is
+hub remote code, are built by looplab from their config.json and safetensors (no remote code runs).
 A family is one module ending in its record (the adapter, its decoding view, how it is built and how
 many loops it runs by itself) and one entry in :data:`FAMILIES`.
 """
@@ -17,14 +18,24 @@ from __future__ import annotations
 from torch import nn
 
 from looplab.errors import LooplabError
-from looplab.lm import hrm_text, huginn, inkling2_loop, ouro
+from looplab.lm import hrm_text, huginn, inkling2_loop, nanbeige, ouro
 from looplab.lm.native import ModelFamily, NativeLoop
 
-__all__ = ["FAMILIES", "LOOPED_FAMILIES", "family_of", "native_loop"]
+__all__ = ["CONFIG_CLASS_NAMES", "FAMILIES", "LOOPED_FAMILIES", "family_of", "native_loop"]
 
-FAMILIES: tuple[ModelFamily, ...] = (hrm_text.FAMILY, inkling2_loop.FAMILY, ouro.FAMILY, huginn.FAMILY)
+FAMILIES: tuple[ModelFamily, ...] = (
+    hrm_text.FAMILY,
+    inkling2_loop.FAMILY,
+    ouro.FAMILY,
+    huginn.FAMILY,
+    nanbeige.FAMILY,
+)
 #: model_type → its family
 LOOPED_FAMILIES: dict[str, ModelFamily] = {kind: family for family in FAMILIES for kind in family.model_types}
+#: config.json's ``_class_name`` → the model_type standing for its family (a config.json without a model_type)
+CONFIG_CLASS_NAMES: dict[str, str] = {
+    name: next(iter(family.model_types)) for family in FAMILIES for name in family.config_class_names
+}
 
 
 def family_of(adapter: nn.Module) -> ModelFamily | None:

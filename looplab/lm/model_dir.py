@@ -5,9 +5,12 @@ What the directory holds decides what it is (a looplab run dir holds ``config.to
 
     native     config.json's model_type is one of the looped-LM families
                (:data:`looplab.lm.families.FAMILIES`: hrm_text, inkling2_loop, inkling2_loop_text,
-               ouro, huginn_raven); its adapter wraps the model — transformers' where transformers has
+               ouro, huginn_raven, nanbeige; or, with no model_type, its ``_class_name`` is Parcae's
+               ``ParcaeConfig``); its adapter wraps the model — transformers' where transformers has
                the family, looplab's own (built from config.json, no remote code) where it has not —
-               sharing its weights. ``auto_map`` is never read
+               sharing its weights. ``auto_map`` is never read. A family looplab builds also reads
+               ``pytorch_model.bin``, by torch's weights-only loader (tensors, never code); a tokenizer
+               kept in another folder is named by ``tokenizer`` (``--tokenizer DIR``)
     retrofit   a Llama-family decoder (:data:`RETROFIT_SOURCES`) beside ``retrofit.json`` (the split and
                the injection) and ``injection.safetensors`` (W_I), as ``looplab retrofit`` writes
                them: a :class:`looplab.lm.retrofit.RetrofittedLoop` of the source's own layers
@@ -42,7 +45,7 @@ from torch import nn
 from looplab.errors import LooplabError, one_line
 from looplab.io import read_json_object
 from looplab.lm.config_fields import boolean, check_fields, integer, positive_number, token_ids
-from looplab.lm.families import LOOPED_FAMILIES
+from looplab.lm.families import CONFIG_CLASS_NAMES, LOOPED_FAMILIES
 from looplab.memory import GIB, check_fits, device_bytes
 from looplab.token_exits import MAX_LOOPS
 
@@ -303,24 +306,41 @@ def _read_config_json(path: Path) -> dict:
         raise LooplabError(f"{file} is not UTF-8 text (byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise LooplabError(f"{file} is not valid JSON (line {err.lineno}: {err.msg})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+    if not isinstance(data, dict):
+        raise LooplabError(f"{file} names no model_type: it is not a transformers model config")
+    if "model_type" not in data and data.get("_class_name") in CONFIG_CLASS_NAMES:  # Parcae's checkpoints
+        data = {**data, "model_type": CONFIG_CLASS_NAMES[data["_class_name"]]}
+    if not isinstance(data.get("model_type"), str):
         raise LooplabError(f"{file} names no model_type: it is not a transformers model config")
     return data
 
 
-def _check_files(path: Path) -> None:
+def _check_files(path: Path, state_dict_ok: bool, tokenizer: Path | None) -> None:
+    """Refuse a dir without weights looplab reads, or without a tokenizer (beside them, or in ``tokenizer``).
+    ``state_dict_ok``: a family looplab builds also reads ``pytorch_model.bin``, by the weights-only loader."""
+    from looplab.lm.weights import PICKLE_FILE
+
     names = {entry.name for entry in path.iterdir()}
     if not any(name.endswith(".safetensors") and name != INJECTION_FILE for name in names):
-        pickled = sorted(name for name in names if name.endswith((".bin", ".pt", ".pth")))
-        if pickled:
+        if not (state_dict_ok and PICKLE_FILE in names):
+            pickled = sorted(name for name in names if name.endswith((".bin", ".pt", ".pth")))
+            if pickled:
+                raise LooplabError(
+                    f"{path} holds its weights as {pickled[0]} (pickle); looplab reads safetensors "
+                    + (f"(or a weights-only {PICKLE_FILE})" if state_dict_ok else "only")
+                    + ": re-save the model with save_pretrained"
+                )
             raise LooplabError(
-                f"{path} holds its weights as {pickled[0]} (pickle); looplab reads safetensors only: "
-                "re-save the model with save_pretrained"
+                f"{path} holds no safetensors weights (model.safetensors, as save_pretrained writes them)"
             )
-        raise LooplabError(f"{path} holds no safetensors weights (model.safetensors, as save_pretrained writes them)")
-    if not names & set(TOKENIZER_FILES):
+    where = tokenizer or path
+    if not where.is_dir():
+        raise LooplabError(f"--tokenizer {where} is not a directory (one holding tokenizer.json)")
+    if not {entry.name for entry in where.iterdir()} & set(TOKENIZER_FILES):
+        hint = "" if tokenizer else "; give the folder holding it with --tokenizer DIR"
         raise LooplabError(
-            f"{path} holds no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}, as tokenizer.save_pretrained writes them)"
+            f"{where} holds no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}, as tokenizer.save_pretrained writes "
+            f"them){hint}"
         )
 
 
@@ -427,9 +447,11 @@ TRANSFORMERS_FIELDS = {
 }  # fmt: skip
 
 
-def open_model_dir(path: str | Path) -> ModelDir:
-    """Open a model directory without reading its weights (see the module docstring); one-line errors."""
+def open_model_dir(path: str | Path, tokenizer: str | Path | None = None) -> ModelDir:
+    """Open a model directory without reading its weights (see the module docstring); one-line errors.
+    ``tokenizer``: the folder holding the tokenizer, where the dir has none beside its weights (Parcae's)."""
     path = Path(path)
+    tokenizer = None if tokenizer is None else Path(tokenizer)
     if not path.exists():
         raise LooplabError(f"model dir not found: {path}")
     if not path.is_dir():
@@ -444,11 +466,11 @@ def open_model_dir(path: str | Path) -> ModelDir:
     model_type = raw["model_type"]
     if model_type not in LOOPED_FAMILIES and model_type not in RETROFIT_SOURCES:
         raise LooplabError(f"{path} holds model_type {model_type!r}, which looplab does not loop; {_supported()}")
-    _check_files(path)
+    family = LOOPED_FAMILIES.get(model_type)
+    _check_files(path, family is not None and family.model is not None, tokenizer)
     _offline()
     import transformers
 
-    family = LOOPED_FAMILIES.get(model_type)
     if family is not None and family.config_reader is not None:  # looplab builds it: its own config reader
         config = family.config_reader(raw, f"{path}/{CONFIG_FILE}")
     else:  # transformers' config class reads it: the fields every such family shares, checked first
@@ -490,7 +512,7 @@ def open_model_dir(path: str | Path) -> ModelDir:
     if kind == "retrofit":
         linears += ("inject",)  # the retrofit's W_I, a layer of the looped model beside the source's
     del meta
-    tokenizer = _load_tokenizer(path)
+    tokenizer = _load_tokenizer(tokenizer or path)
     window = _max_window(model_type, config)
     return ModelDir(
         path, kind, model_type, config, tokenizer, parameters, layers, split, native, window, heads, width,

@@ -193,6 +193,8 @@ class ModelFamily:
         config_reader: (config.json as a dict, where) → config, for a family looplab builds.
         model: the model class looplab builds, with ``from_dir(path, config, dtype, device)``.
         exit_defaults: config → the generation exits' parameters the config sets (``[generate.exits.NAME]``).
+        config_class_names: config.json's ``_class_name`` values naming this family, for checkpoints whose
+            config.json holds no ``model_type`` (Parcae's); the first model_type stands for it.
     """
 
     name: str
@@ -206,3 +208,4 @@ class ModelFamily:
     config_reader: Callable[[dict, str], Any] | None = None
     model: type | None = None
     exit_defaults: Callable[[Any], dict[str, dict]] | None = None
+    config_class_names: tuple[str, ...] = ()

@@ -38,8 +38,9 @@ from torch import Tensor, nn
 
 from looplab.errors import LooplabError
 from looplab.lm.config_fields import boolean, check_fields, integer, one_of, positive_number, token_ids, unit_interval
-from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop, rotary_tables
-from looplab.lm.retrofit import LayerContext, causal_mask
+from looplab.lm.llama_blocks import EmbeddingStartLoop, EmbeddingStartView, check_heads, llama_config, load_published
+from looplab.lm.native import ModelFamily
+from looplab.lm.retrofit import LayerContext
 from looplab.model.decoding import Capabilities
 from looplab.token_exits import MAX_LOOPS
 
@@ -102,18 +103,7 @@ class OuroConfig:
     def check(self, where: str) -> None:
         """Refuse a config the model cannot be built from, in one line naming the field (each field's type and
         domain by :data:`OURO_FIELDS`, checked in :meth:`from_dict`; here what relates two fields)."""
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise LooplabError(
-                f"{where}: hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
-                f"({self.num_attention_heads}) when head_dim is not given"
-            )
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise LooplabError(
-                f"{where}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        check_heads(self, where)
         if self.rope_scaling not in (None, {}):
             raise LooplabError(
                 f"{where}: rope_scaling {self.rope_scaling!r} is not supported (the published Ouro has none)"
@@ -135,24 +125,7 @@ class OuroConfig:
 
     def llama(self):
         """transformers' Llama config with Ouro's shapes: what its attention, MLP, norms and rotary tables read."""
-        from transformers import LlamaConfig
-
-        config = LlamaConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            attention_bias=False,
-            mlp_bias=False,
-        )
-        config._attn_implementation = "eager"
-        return config
+        return llama_config(self)
 
 
 class OuroLayer(nn.Module):
@@ -218,21 +191,10 @@ class OuroForCausalLM(nn.Module):
     @classmethod
     def from_dir(cls, path: Path, config: OuroConfig, dtype: torch.dtype, device: str) -> OuroForCausalLM:
         """The model of ``config`` with the weights of the model dir ``path`` (checked key by key)."""
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        from looplab.lm.weights import load_weights
-
-        with torch.device("meta"):
-            model = cls(config)
-        tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {}
-        load_weights(model, path, dtype, device, tied=tied)
-        if tied:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.rotary = LlamaRotaryEmbedding(config.llama()).to(device)  # not stored: built here
-        return model.eval()
+        return load_published(cls, path, config, dtype, device)
 
 
-class OuroLoop(NativeLoop):
+class OuroLoop(EmbeddingStartLoop):
     """Ouro's T steps as the loop of the looped-model protocol (see the module docstring): h_0 = e = embed(tokens),
     one loop is the L layers and the closing norm, and the readout is the LM head (no final norm beyond it).
 
@@ -258,21 +220,6 @@ class OuroLoop(NativeLoop):
         self.prelude, self.coda = nn.ModuleList(), nn.ModuleList()
         self.core = inner.layers
 
-    def start(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor, LayerContext]:
-        """(h_0, e, ctx) with h_0 = e = embed(tokens) [B, T, d]."""
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        e = self.embed(input_ids)
-        return e, e, self.context(attention_mask)
-
-    def context(self, valid: Tensor) -> LayerContext:
-        dtype, device = self.embed.weight.dtype, self.embed.weight.device
-        positions = torch.arange(valid.shape[1], device=device)[None]
-        rope = self.rotary(torch.zeros((), dtype=dtype, device=device), position_ids=positions)
-        return LayerContext(rope, causal_mask(valid.to(device), dtype), valid.bool().to(device))
-
     def step(self, h: Tensor, e: Tensor, ctx: LayerContext) -> Tensor:
         """One loop: the L layers on h [B, T, d], then the closing norm (Ouro has no input injection: e is unused)."""
         for index, layer in enumerate(self.core):
@@ -294,7 +241,7 @@ class OuroLoop(NativeLoop):
         return torch.cat([lam * before, survival[-1:]])
 
 
-class OuroDecoding(nn.Module):
+class OuroDecoding(EmbeddingStartView):
     """An :class:`OuroLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`): a chain of
     pre-norm layers (the sandwich norms inside them) closed by the loop's norm, no injection, no final norm."""
 
@@ -302,38 +249,14 @@ class OuroDecoding(nn.Module):
     capabilities = Capabilities(rope=True, gate=True)
 
     def __init__(self, loop: OuroLoop):
-        super().__init__()
-        self.loop = loop
-        config = loop.config
-        self.cfg = DecodingShape(
-            n_heads=config.num_attention_heads,
-            kv_heads=config.num_key_value_heads,
-            d_model=config.hidden_size,
-            head_dim=config.head_dim,
-            coda_layers=0,
-            max_len=config.max_position_embeddings,
-        )
-        self.embedding, self.positions, self.head = loop.embed, None, loop.lm_head
-        self.prelude, self.core, self.coda = [], list(loop.core), []
+        super().__init__(loop)
+        self.core = list(loop.core)
         self.core_out_norm, self.final_norm = loop.norm, nn.Identity()
 
     @staticmethod
     def with_gate(loop: OuroLoop) -> GatedOuroDecoding:
         """The view of ``loop`` whose state carries the gate's decision (for the ``gate`` exit)."""
         return GatedOuroDecoding(loop)
-
-    def initial_state(self, e: Tensor) -> Tensor:
-        return e
-
-    def core_input(self, h: Tensor, e: Tensor) -> Tensor:
-        return h  # no input injection
-
-    def rope_tables(self, length: int, device, dtype) -> tuple[Tensor, Tensor]:
-        return rotary_tables(self.loop.rotary, self.cfg.d_model, length, device, dtype)
-
-    def forward(self, tokens: Tensor, valid: Tensor, loops: int) -> Tensor:
-        """Logits [B, T, V] recomputed whole (the uncached reference)."""
-        return self.loop(tokens, valid.long(), loops)
 
 
 class GatedOuroDecoding(OuroDecoding):

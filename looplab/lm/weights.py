@@ -3,7 +3,9 @@ does not have: :mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`), with every key
 
     weight_files(path)           the weight files of a dir: ``model.safetensors`` or the shards its
                                  ``model.safetensors.index.json`` names (every other ``*.safetensors``
-                                 but looplab's own files, when there is no index)
+                                 but looplab's own files, when there is no index); a dir with no
+                                 safetensors may hold ``pytorch_model.bin`` (Parcae's checkpoints), read
+                                 only by torch's weights-only loader: tensors, never code
     check_weights(module, path)  every key and shape against a module built on the meta device
     check_files(path)            the files readable and their weights floats (before transformers loads
                                  a dir: its own key renaming is checked after, check_transformers_load)
@@ -30,6 +32,8 @@ from looplab.errors import LooplabError, one_line
 __all__ = ["check_files", "check_finite", "check_transformers_load", "check_weights", "load_weights", "weight_files"]
 
 INDEX_FILE = "model.safetensors.index.json"
+#: a PyTorch state dict, where a dir holds no safetensors (read by ``torch.load(weights_only=True)`` alone)
+PICKLE_FILE = "pytorch_model.bin"
 #: files in a model dir that are looplab's own, not the model's weights
 OWN_FILES = ("injection.safetensors",)
 
@@ -39,7 +43,31 @@ def weight_files(path: Path) -> list[Path]:
     index = _index(path)
     if index is not None:
         return [path / name for name in sorted(set(index.values()))]
-    return sorted(p for p in path.glob("*.safetensors") if p.name not in OWN_FILES)
+    files = sorted(p for p in path.glob("*.safetensors") if p.name not in OWN_FILES)
+    if not files and (path / PICKLE_FILE).is_file():
+        return [path / PICKLE_FILE]
+    return files
+
+
+#: torch dtype → the name safetensors' headers give it
+_DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
+def _state_dict_file(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a PyTorch state-dict file, memory-mapped, read by torch's weights-only unpickler (which
+    refuses any object but tensors and plain containers, so no code in the file runs). Refused in one line: a
+    file that loader rejects (naming what it found), and one holding anything but a flat name → tensor map."""
+    import pickle
+
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        raise LooplabError(f"{file} is not a weights-only PyTorch state dict: {one_line(err)}") from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise LooplabError(f"{file} holds something other than a map of names to tensors; looplab reads weights only")
+    return state
 
 
 def _index(path: Path) -> dict[str, str] | None:
@@ -71,6 +99,10 @@ def _headers(files: list[Path], index: dict[str, str] | None = None) -> dict[str
 
     found: dict[str, tuple[Path, list[int], str]] = {}
     for file in files:
+        if file.suffix == ".bin":
+            for key, tensor in _state_dict_file(file).items():
+                found[key] = (file, list(tensor.shape), _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype)))
+            continue
         try:
             with safe_open(file, "pt") as handle:
                 for key in handle.keys():
@@ -201,6 +233,9 @@ def load_weights(
     wanted = module.state_dict(keep_vars=True).keys()
     tensors = {}
     for file in sorted({file for file, _, _ in stored.values()}):
+        if file.suffix == ".bin":
+            tensors |= {k: v.to(dtype=dtype, device=device) for k, v in _state_dict_file(file).items() if k in wanted}
+            continue
         with safe_open(file, "pt", device="cpu") as handle:
             for key in handle.keys():
                 if key in wanted:

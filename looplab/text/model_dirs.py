@@ -90,6 +90,7 @@ def _window(model_dir: ModelDir, window: int | None, default: int) -> int:
 
 def _prepare(
     path,
+    tokenizer,
     text,
     window: int | None,
     default_window: int,
@@ -102,9 +103,10 @@ def _prepare(
     usual: int = 1,
     factor: int = LOOPS_FACTOR,
 ) -> tuple[ModelDir, Tensor, int, torch.dtype]:
-    """Open the model dir and read the text's windows; check the loops (``loops_option`` names them) and
-    samples. ``samples`` None: ``usual`` windows, fewer for a large model (:func:`budgeted_windows` of
-    ``passes(model_dir, loops)``, the loop passes one window costs). Nothing is loaded yet."""
+    """Open the model dir (``tokenizer``: the tokenizer's folder, where the dir holds none) and read the text's
+    windows; check the loops (``loops_option`` names them) and samples. ``samples`` None: ``usual`` windows,
+    fewer for a large model (:func:`budgeted_windows` of ``passes(model_dir, loops)``, the loop passes one
+    window costs). Nothing is loaded yet."""
     from looplab.experiment import check_device
 
     if dtype not in DTYPES:
@@ -115,7 +117,7 @@ def _prepare(
         raise LooplabError(str(err).replace("run.device =", "--device").replace("run.device", "--device")) from None
     if samples is not None and samples < 1:
         raise LooplabError(f"--samples must be >= 1, got {samples}")
-    model_dir = open_model_dir(path)
+    model_dir = open_model_dir(path, tokenizer)
     if model_dir.kind == "source":
         raise not_looped(model_dir)
     loops = factor * model_dir.native_loops if loops is None else loops
@@ -177,6 +179,7 @@ def evaluate_text(
     out=None,
     dtype: str = "float32",
     device: str = "cpu",
+    tokenizer=None,
     progress: bool = False,
     weights: str = "float",
 ) -> dict:
@@ -188,7 +191,18 @@ def evaluate_text(
 
     check_weights(weights, device)
     model_dir, windows, max_loops, torch_dtype = _prepare(
-        path, text, window, EVAL_WINDOW, samples, max_loops, "--max-loops", dtype, device, lambda _, k: k, EVAL_SAMPLES
+        path,
+        tokenizer,
+        text,
+        window,
+        EVAL_WINDOW,
+        samples,
+        max_loops,
+        "--max-loops",
+        dtype,
+        device,
+        lambda _, k: k,
+        EVAL_SAMPLES,
     )
     out = Path(out) if out is not None else model_dir.path / "eval"
     _check_out(out)
@@ -275,6 +289,7 @@ def analyze_text_mechanistic(
     window: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    tokenizer=None,
     progress: bool = False,
     **options,
 ) -> dict:
@@ -294,7 +309,7 @@ def analyze_text_mechanistic(
         return k * (1 + (_core_layers(opened) if ablation else 0))
 
     model_dir, windows, loops, torch_dtype = _prepare(
-        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device, passes,
+        path, tokenizer, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device, passes,
         AnalysisOptions().samples,
     )  # fmt: skip
     settings = fill(AnalysisOptions, {**options, "loops": loops, "samples": len(windows)}, "analysis")
@@ -375,6 +390,7 @@ def analyze_text_spectral(
     window: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    tokenizer=None,
     progress: bool = False,
 ) -> dict:
     """ρ of the loop Jacobian per loop (default loops 2 × native) on ``samples`` windows of ``text`` (default
@@ -393,7 +409,19 @@ def analyze_text_spectral(
         return k + JVP_PASSES * power_products(k, iters)
 
     model_dir, windows, loops, torch_dtype = _prepare(
-        path, text, window, ANALYSIS_WINDOW, samples, loops, "--loops", dtype, device, passes, 4, SPECTRAL_LOOPS_FACTOR
+        path,
+        tokenizer,
+        text,
+        window,
+        ANALYSIS_WINDOW,
+        samples,
+        loops,
+        "--loops",
+        dtype,
+        device,
+        passes,
+        4,
+        SPECTRAL_LOOPS_FACTOR,
     )
     out = Path(out) if out is not None else model_dir.path / "analysis"
     _check_out(out)
@@ -446,6 +474,7 @@ def analyze_text_pca(
     window: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    tokenizer=None,
 ) -> dict:
     """PCA of window ``sample``'s loop states h_1..h_K [K, T, state width] (default K 4 × native; the whole
     loop state, e.g. [z_H | z_L] for HRM-Text): pca_2d.png and pca_3d.png in ``out`` (default DIR/analysis).
@@ -455,7 +484,7 @@ def analyze_text_pca(
     if sample < 0:
         raise LooplabError(f"--sample must be >= 0 (the index of the traced window), got {sample}")
     model_dir, windows, loops, torch_dtype = _prepare(
-        path, text, window, ANALYSIS_WINDOW, sample + 1, loops, "--loops", dtype, device
+        path, tokenizer, text, window, ANALYSIS_WINDOW, sample + 1, loops, "--loops", dtype, device
     )
     if sample >= len(windows):
         raise LooplabError(

@@ -29,7 +29,7 @@ from looplab.train.trainer import train  # noqa: E402
 from tests.lm_dirs import LLAMA, TEXT, save_model_dir, save_own_family, tiny_tokenizer  # noqa: E402
 from tests.unit.test_native_looped import _randomise  # noqa: E402
 
-FAMILIES = ("hrm_text", "inkling2_loop", "retrofit", "ouro", "huginn")
+FAMILIES = ("hrm_text", "inkling2_loop", "retrofit", "ouro", "huginn", "nanbeige")
 PRESET = "model-dir/stars"
 STEPS, WINDOW, SAMPLES = 6, 16, 16
 
@@ -43,7 +43,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune_dirs")
     for family in ("hrm_text", "inkling2_loop"):
         save_model_dir(family, root / family)
-    for family in ("ouro", "huginn"):
+    for family in ("ouro", "huginn", "nanbeige"):
         save_own_family(family, root / family)
     save_own_family("ouro", root / "ouro_small_vocab", vocab_size=40)  # the tokenizer has 61 tokens
     torch.manual_seed(0)

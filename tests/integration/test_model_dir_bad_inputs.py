@@ -108,6 +108,12 @@ BAD_FIELDS = {
     "huginn_state_init": ("huginn", "state_init", "normal"),
     "huginn_recurrence_zero": ("huginn", "mean_recurrence", 0),
     "huginn_prelude_negative": ("huginn", "n_layers_in_prelude", -1),
+    "nanbeige_ngrams": ("nanbeige", "emb_neighbor_num", 3),
+    "nanbeige_hyper": ("nanbeige", "enable_hyper_connection", True),
+    "nanbeige_depth_attention": ("nanbeige", "enable_depth_attention", True),
+    "nanbeige_share_kv": ("nanbeige", "loop_share_kv", True),
+    "nanbeige_loops_zero": ("nanbeige", "num_loops", 0),
+    "nanbeige_loops_float": ("nanbeige", "num_loops", 1.5),
 }
 #: dir name → (an HRM-Text config field transformers' families share, a value outside its domain)
 HRM_BAD_FIELDS = {
@@ -137,6 +143,12 @@ BAD_FIELD_MESSAGES = {
     "huginn_state_init": "state_init must be one of 'like-init', got 'normal'",
     "huginn_recurrence_zero": "mean_recurrence must be an integer in 1..4096, got 0",
     "huginn_prelude_negative": "n_layers_in_prelude must be an integer ≥ 0, got -1",
+    "nanbeige_ngrams": "emb_neighbor_num = 3 turns on n-gram embeddings, which the published Nanbeige4.2 does not use",
+    "nanbeige_hyper": "enable_hyper_connection = True turns on hyper-connections",
+    "nanbeige_depth_attention": "enable_depth_attention = True turns on depth attention",
+    "nanbeige_share_kv": "loop_share_kv = True turns on keys and values shared across loops",
+    "nanbeige_loops_zero": "num_loops must be an integer in 1..4096, got 0",
+    "nanbeige_loops_float": "num_loops must be an integer in 1..4096, got 1.5",
     "hrm_theta_zero": "config.json: rope_theta must be a finite number > 0, got 0",
     "hrm_theta_text": "config.json: rope_theta must be a finite number > 0, got '10000'",
     "hrm_eps_negative": "config.json: rms_norm_eps must be a finite number > 0, got -1",
@@ -152,6 +164,9 @@ def _own_family_dirs(root: Path) -> None:
     for family in ("ouro", "huginn"):
         save_own_family(family, root / family)
     save_own_family("huginn", root / "huginn_no_tokenizer", tokenizer=False)
+    for name, content in (("ouro_not_tensors", {"step": 3}), ("ouro_foreign_pickle", {"w": Path("x")})):
+        _fake_model_dir(root / name, published_config("ouro"), weights="pytorch_model.bin")
+        torch.save(content, root / name / "pytorch_model.bin")  # an int; a Path, which the loader refuses
     weights = load_file(root / "ouro" / "model.safetensors")
     for name, change in (("ouro_missing", "drop"), ("ouro_misshaped", "shape")):
         shutil.copytree(root / "ouro", root / name)
@@ -242,7 +257,7 @@ CASES = [
     (
         f"eval {{root}}/gpt2 {TEXT_ARG} --out {{new}}",
         "holds model_type 'gpt2', which looplab does not loop; supported: hrm_text, huginn_raven, inkling2_loop, "
-        "inkling2_loop_text, ouro (native looped LMs), and retrofits of llama, mistral, olmo2, qwen2, qwen3",
+        "inkling2_loop_text, nanbeige, ouro (native looped LMs), and retrofits of llama, mistral, olmo2, qwen2, qwen3",
     ),
     # ---- broken weights and configs (a family transformers builds)
     (f"eval {{root}}/hrm_no_head {TEXT_ARG} --out {{new}}", "lacks 1 weight(s) the model needs: lm_head.weight"),
@@ -285,9 +300,22 @@ CASES = [
     ),
     (
         f"eval {{root}}/ouro_pickled {TEXT_ARG} --out {{new}}",
-        "as pytorch_model.bin (pickle); looplab reads safetensors",
+        "pytorch_model.bin is not a weights-only PyTorch state dict",
     ),
-    (f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}", "holds no tokenizer"),
+    (f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}", "give the folder holding it with --tokenizer DIR"),
+    (
+        f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --tokenizer {{root}}/ouro/model.safetensors --out {{new}}",
+        "model.safetensors is not a directory (one holding tokenizer.json)",
+    ),
+    (
+        "generate {root}/huginn_no_tokenizer --prompt In --tokenizer {root}/huginn_no_tokenizer",
+        "huginn_no_tokenizer holds no tokenizer (tokenizer.json / tokenizer_config.json",
+    ),
+    (
+        f"eval {{root}}/ouro_not_tensors {TEXT_ARG} --out {{new}}",
+        "holds something other than a map of names to tensors",
+    ),
+    (f"eval {{root}}/ouro_foreign_pickle {TEXT_ARG} --out {{new}}", "is not a weights-only PyTorch state dict"),
     (
         f"eval {{root}}/ouro_bad_config {TEXT_ARG} --out {{new}}",
         "num_attention_heads must be an integer ≥ 1, got 0",

@@ -1,4 +1,4 @@
-"""Every command on an Ouro and a Huginn-0125 model dir (tiny random checkpoints in the published layout,
+"""Every command on an Ouro, a Huginn-0125 and a Nanbeige4.2 model dir (tiny random checkpoints in the published layout,
 tests/lm_dirs.py): ``eval --text`` (the loss by loops is the adapter's own), ``analyze mechanistic``,
 ``analyze spectral``, ``analyze pca``, ``generate --json`` (the tokens of each prompt decoded alone),
 lm-eval's ``looplab`` model, and a fine-tune under the STARS preset that learns."""
@@ -21,8 +21,8 @@ from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from looplab.text.model_dirs import text_windows  # noqa: E402
 from tests.lm_dirs import TEXT, save_own_family  # noqa: E402
 
-FAMILIES = ("ouro", "huginn")
-NATIVE = {"ouro": 3, "huginn": 4}
+FAMILIES = ("ouro", "huginn", "nanbeige")
+NATIVE = {"ouro": 3, "huginn": 4, "nanbeige": 2}
 WINDOW, SAMPLES = 12, 3
 PROMPTS = ["In the beginning God created", "And the earth", "And God said, Let there be light"]
 
@@ -116,7 +116,10 @@ def test_lm_evals_looplab_model_scores_the_text_as_the_adapter(dirs, family):
     assert logprob == pytest.approx(expected, rel=1e-5)  # the cached decode against the whole forward, float32
 
 
-@pytest.mark.parametrize("family, extra", [("ouro", {"exit": "gate", "threshold": 0.5}), ("huginn", {"loops": 6})])
+@pytest.mark.parametrize(
+    "family, extra",
+    [("ouro", {"exit": "gate", "threshold": 0.5}), ("huginn", {"loops": 6}), ("nanbeige", {"exit": "kl", "eps": 0.01})],
+)
 def test_looplab_serve_answers_as_generate(dirs, family, extra):
     pytest.importorskip("fastapi")
     from looplab.generation.text_lm import open_text_lm
@@ -132,3 +135,19 @@ def test_looplab_serve_answers_as_generate(dirs, family, extra):
     expected = generate(lm.model, [lm.encode(PROMPTS[0])], 5, DecodeOptions(rule))
     (choice,) = out.choices
     assert choice.looplab["token_ids"] == expected.tokens[0] and choice.looplab["loops"] == expected.depths[0]
+
+
+def test_a_state_dict_file_and_a_tokenizer_kept_apart_generate_as_the_safetensors_dir(dirs, tmp_path, capsys):
+    """``pytorch_model.bin`` (read by the weights-only loader) and ``--tokenizer DIR``: Parcae's layout."""
+    from safetensors.torch import load_file
+
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    (apart / "config.json").write_text((dirs["nanbeige"] / "config.json").read_text())
+    torch.save(load_file(dirs["nanbeige"] / "model.safetensors"), apart / "pytorch_model.bin")
+    outputs = []
+    for path, extra in ((dirs["nanbeige"], []), (apart, ["--tokenizer", str(dirs["nanbeige"])])):
+        capsys.readouterr()
+        assert main(["generate", str(path), "--prompt", PROMPTS[0], "--json", "--max-new-tokens", "4", *extra]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[0] == outputs[1]

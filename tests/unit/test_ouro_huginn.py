@@ -32,7 +32,7 @@ def models(tmp_path_factory):
     """family → (model dir, the adapter loaded in float64)."""
     root = tmp_path_factory.mktemp("own_families")
     out = {}
-    for family in ("ouro", "huginn"):
+    for family in ("ouro", "huginn", "nanbeige"):
         path = save_own_family(family, root / family)
         out[family] = (path, open_model_dir(path).load(torch.float64))
     return out
@@ -315,7 +315,7 @@ def test_exits_that_read_logits_run_huginns_coda_per_loop(models, name):
     assert all(1 <= d <= 12 for row in run.depths for d in row)
 
 
-@pytest.mark.parametrize("family", ["ouro", "huginn"])
+@pytest.mark.parametrize("family", ["ouro", "huginn", "nanbeige"])
 def test_checkpointing_each_loop_gives_the_same_gradients(models, family):
     """``train.checkpoint_loops``: each loop recomputed in the backward pass, the gradients unchanged."""
     from looplab.model.depths import at_depths
