@@ -8,7 +8,8 @@ returns [R] bool: stop here. Loop ``cap`` always stops.
 
     fixed        t = loops
     convergence  ‖h_t − h_{t−1}‖ / ‖h_t‖ < eps                      (t ≥ 2)   [generate.exits.convergence] eps
-    kl           KL(p_t ‖ p_{t−1}) < eps: the distribution settled   (t ≥ 2)   [generate.exits.kl] eps
+    kl           KL(p_t ‖ p_{t−1}) < eps: the distribution settled   (t ≥ 2)   [generate.exits.kl] eps, direction
+                 (``direction = "reverse"``: KL(p_{t−1} ‖ p_t), Huginn's)
     confidence   max p_t ≥ threshold                                          [generate.exits.confidence] threshold
     halting      the run's own halting head says halt on the token's state (its logit > 0,
                  at the loops where its schedule decides: every segment's end for act_bce
@@ -21,6 +22,8 @@ returns [R] bool: stop here. Loop ``cap`` always stops.
     entropy-diff |H(p_t) − H(p_{t−1})| < eps (Huginn's, eps 1e-3)         (t ≥ 2)   [generate.exits.entropy-diff] eps
     minp-kl      KL(q_{t−1} ‖ q_t) < eps, q: p with the probabilities     (t ≥ 2)   [generate.exits.minp-kl] eps
                  below 0.1 · max p set to 1/V, renormalised (Huginn's, eps 1e-5)
+    argmax-stability  argmax p_t has stood unchanged for ``steps`` checks    [generate.exits.argmax-stability]
+                 (Huginn's, 5): the one exit that carries state across a token's checks     steps
 
 The contract of an entry: a function ``(rule, t, h, h_prev, logp, logp_prev) -> [R] bool``, where ``rule``
 is the :class:`GenerationExit` being run (its ``params``, an instance of the ``Params`` dataclass the exit
@@ -32,6 +35,13 @@ whether it reads the run's halting head (``needs_head``) or a learned exit gate 
 whether its test reads the loop number t (``reads_loop``, the safe default: depth-wise batching, whose
 rows are at different loops, then tests each loop's rows apart; an entry that ignores t is tested once
 for all rows past its first loop).
+
+**State across checks.** An exit whose decision at loop t reads more than loops t and t − 1 (Huginn's
+``argmax-stability`` counts the loops its argmax has stood) registers ``carries``: ``(rows, device) ->``
+the state it starts each token with, a tensor [R, ...]. Its test then takes that state of its rows as a
+last argument and returns ``(stop, state)``; every decoder keeps each token's state from its first check
+to its exit and gives each row its own (:meth:`GenerationExit.check`, :class:`Carried`). An exit without
+``carries`` holds no state and returns its decisions alone.
 
 This registry sits below :mod:`looplab.experiment`, so a config's ``[generate.exits]`` tables are checked
 with the rest of it; :mod:`looplab.generation` decodes with the exits.
@@ -49,10 +59,11 @@ from torch import Tensor
 
 from looplab.errors import LooplabError, choice_error
 from looplab.exits import NoParams
-from looplab.params import POSITIVE, Domain, as_dict, check_domains, fill, param
+from looplab.params import POSITIVE, Domain, as_dict, at_least, check_domains, fill, one_of, param
 from looplab.plugins import register_entry, run_entry
 
 __all__ = [
+    "Carried",
     "EXITS",
     "MAX_LOOPS",
     "TokenExit",
@@ -83,6 +94,7 @@ class TokenExit:
     params: type = NoParams
     reads_loop: bool = True
     needs_gate: bool = False
+    carries: Callable[[int, Any], Tensor] | None = None
 
     @property
     def origin(self) -> str:
@@ -101,12 +113,16 @@ def register_token_exit(
     params: type = NoParams,
     reads_loop: bool = True,
     needs_gate: bool = False,
+    carries: Callable[[int, Any], Tensor] | None = None,
 ):
     """Function decorator: make ``stops`` available as the generation exit ``name``; its
-    ``[generate.exits.NAME]`` table is read into ``params`` (a dataclass of :func:`looplab.params.param` fields)."""
+    ``[generate.exits.NAME]`` table is read into ``params`` (a dataclass of :func:`looplab.params.param` fields);
+    ``carries``: the state it starts a token with, where it carries one across checks (module docstring)."""
 
     def register(stops):
-        entry = TokenExit(name, reads_logits, first_loop, stops, adaptive, needs_head, params, reads_loop, needs_gate)
+        entry = TokenExit(
+            name, reads_logits, first_loop, stops, adaptive, needs_head, params, reads_loop, needs_gate, carries
+        )
         register_entry(EXITS, name, entry, "generation exit")
         return stops
 
@@ -207,49 +223,110 @@ class GenerationExit:
         """Whether the exit reads a learned exit gate's decision off the token's state (a gated decoding view)."""
         return EXITS[self.name].needs_gate
 
-    def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
-        """[R] bool: the rows whose token stops after loop t."""
+    @property
+    def carries(self) -> bool:
+        """Whether the exit carries state across a token's checks."""
+        return EXITS[self.name].carries is not None
+
+    def start(self, rows: int, device) -> Tensor | None:
+        """The state each of ``rows`` new tokens starts with ([R, ...]; None for an exit that carries none)."""
+        carries = EXITS[self.name].carries
+        return None if carries is None else carries(rows, device)
+
+    def check(
+        self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None, carried=None
+    ) -> tuple[Tensor, Tensor | None]:
+        """([R] bool: the rows whose token stops after loop t, the state they carry on); ``carried``: the rows'
+        state (:meth:`start`, then what the last check returned; None for an exit that carries none)."""
         rows = h.shape[0]
         if t >= self.loops:
-            return torch.ones(rows, dtype=torch.bool, device=h.device)
+            return torch.ones(rows, dtype=torch.bool, device=h.device), carried
         entry = EXITS[self.name]
         if t < entry.first_loop:
-            return torch.zeros(rows, dtype=torch.bool, device=h.device)
-        return self._stops(entry, t, h, h_prev, logp, logp_prev)
+            return torch.zeros(rows, dtype=torch.bool, device=h.device), carried
+        return self._stops(entry, t, h, h_prev, logp, logp_prev, carried)
 
-    def _stops(self, entry: TokenExit, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev) -> Tensor:
-        """The entry's test, its answer checked at the boundary: a bool tensor [R] for the R rows of ``h``."""
-        stop = run_entry("generation exit", self.name, entry, entry.stops, self, t, h, h_prev, logp, logp_prev)
+    def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
+        """[R] bool: the rows whose token stops after loop t, for an exit that carries no state (:meth:`check`)."""
+        if self.carries:
+            raise LooplabError(f"the {self.name} exit carries state across checks: decide with check(..., carried)")
+        return self.check(t, h, h_prev, logp, logp_prev)[0]
+
+    def _stops(self, entry: TokenExit, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev, carried):
+        """The entry's test, its answer checked at the boundary: a bool tensor [R] for the R rows of ``h`` (and the
+        state they carry on, [R, ...], from an exit that carries one)."""
+        args = (self, t, h, h_prev, logp, logp_prev) + ((carried,) if entry.carries is not None else ())
+        answer = run_entry("generation exit", self.name, entry, entry.stops, *args)
+        stop, carried = answer if entry.carries is not None and isinstance(answer, tuple) else (answer, carried)
         rows = h.shape[0]
         if not isinstance(stop, Tensor) or stop.dtype != torch.bool or tuple(stop.shape) != (rows,):
             got = f"a {stop.dtype} tensor of shape {list(stop.shape)}" if isinstance(stop, Tensor) else repr(stop)
             raise LooplabError(
                 f"generation exit {self.name!r} ({entry.origin}) returned {got[:80]}; an exit returns a bool "
                 f"tensor of shape [{rows}], one decision per row"
+                + (", and the state its rows carry on" if entry.carries is not None else "")
             )
-        return stop
+        if entry.carries is not None and (not isinstance(carried, Tensor) or carried.shape[:1] != (rows,)):
+            raise LooplabError(
+                f"generation exit {self.name!r} ({entry.origin}) carries state but returned {carried!r:.80} as it; "
+                f"it returns (stop, state) with a state of {rows} rows"
+            )
+        return stop, carried
 
-    def stop_rows(
-        self, loops: Tensor, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None
-    ) -> Tensor:
-        """[R] bool: :meth:`stop` for rows each after its own loop ``loops`` [R] (depth-wise batching);
-        ``logp_prev`` is read only for rows past loop 1. One test per loop present when the exit reads t."""
+    def check_rows(
+        self, loops: Tensor, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None, carried=None
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`check` for rows each after its own loop ``loops`` [R] (depth-wise batching); ``logp_prev`` is
+        read only for rows past loop 1. One test per loop present when the exit reads t."""
         entry = EXITS[self.name]
         stop = loops >= self.loops
         tested = (loops >= entry.first_loop) & ~stop
         if not bool(tested.any()):
-            return stop
+            return stop, carried
         if entry.reads_loop:
             groups = [(t, tested & (loops == t)) for t in loops[tested].unique().tolist()]
         else:  # one test past loop 1 (the t it is given is not read), loop 1 apart: it has no earlier logp
             groups = [(1, tested & (loops == 1)), (2, tested & (loops > 1))]
+        carried = None if carried is None else carried.clone()
         for t, at in groups:
             rows = at.nonzero(as_tuple=True)[0]
             if not len(rows):
                 continue
             earlier = None if logp_prev is None or t == 1 else logp_prev[rows]
-            stop[rows] = self._stops(entry, t, h[rows], h_prev[rows], None if logp is None else logp[rows], earlier)
-        return stop
+            now = None if logp is None else logp[rows]
+            mine = None if carried is None else carried[rows]
+            stop[rows], mine = self._stops(entry, t, h[rows], h_prev[rows], now, earlier, mine)
+            if carried is not None:
+                carried[rows] = mine
+        return stop, carried
+
+
+class Carried:
+    """The state each token in flight carries for its exit across its checks: for each exit that carries one
+    (several in a batch whose rows hold exits of their own), a tensor [N, ...] over the N places a decoder
+    keeps tokens in (its rows, or its rows × positions in flight)."""
+
+    def __init__(self, places: int, device):
+        self.places, self.device = places, device
+        self.states: dict[GenerationExit, Tensor] = {}
+
+    def of(self, rule: GenerationExit, at: Tensor) -> Tensor | None:
+        """The state of the tokens at places ``at`` [R] under ``rule`` (None for an exit that carries none)."""
+        if not rule.carries:
+            return None
+        if rule not in self.states:
+            self.states[rule] = rule.start(self.places, self.device)
+        return self.states[rule][at]
+
+    def put(self, rule: GenerationExit, at: Tensor, state: Tensor | None) -> None:
+        """Keep ``state`` [R, ...] as the state of the tokens at places ``at``."""
+        if state is not None:
+            self.states[rule][at] = state
+
+    def restart(self, at: Tensor) -> None:
+        """New tokens at places ``at``: each exit's state there back to its start."""
+        for rule, states in self.states.items():
+            states[at] = rule.start(len(at), self.device)
 
 
 @register_token_exit("fixed", reads_logits=False, adaptive=False, reads_loop=False)
@@ -270,11 +347,15 @@ def _convergence(rule, t, h, h_prev, logp, logp_prev):
 @dataclass
 class KLParams:
     eps: float = param(1e-3, POSITIVE, "stop once KL(p_t ‖ p_{t−1}) < eps nats")
+    direction: str = param(
+        "forward", one_of("forward", "reverse"), "forward: KL(p_t ‖ p_{t−1}); reverse: KL(p_{t−1} ‖ p_t) (Huginn's kl)"
+    )
 
 
 @register_token_exit("kl", reads_logits=True, first_loop=2, params=KLParams, reads_loop=False)
 def _kl(rule, t, h, h_prev, logp, logp_prev):
-    return (logp.exp() * (logp - logp_prev)).sum(-1) < rule.params.eps
+    new, old = (logp, logp_prev) if rule.params.direction == "forward" else (logp_prev, logp)
+    return (new.exp() * (new - old)).sum(-1) < rule.params.eps
 
 
 @dataclass
@@ -359,3 +440,23 @@ def _minp(logp: Tensor) -> Tensor:
 def _minp_kl(rule, t, h, h_prev, logp, logp_prev):
     now, before = _minp(logp), _minp(logp_prev)
     return (before.exp() * (before - now)).sum(-1) < rule.params.eps
+
+
+@dataclass
+class ArgmaxStabilityParams:
+    steps: int = param(5, at_least(1), "stop once argmax p_t has stood unchanged for steps checks (Huginn's, 5)")
+
+
+def _argmax_start(rows: int, device) -> Tensor:
+    """[R, 2] long: no argmax seen yet (−1), stood for 0 checks."""
+    return torch.tensor([-1, 0], device=device).repeat(rows, 1)
+
+
+@register_token_exit(
+    "argmax-stability", reads_logits=True, params=ArgmaxStabilityParams, reads_loop=False, carries=_argmax_start
+)
+def _argmax_stability(rule, t, h, h_prev, logp, logp_prev, carried):
+    """Huginn's: count the checks in a row whose argmax equals the one before (the first check has none before)."""
+    argmax = logp.argmax(-1)
+    stood = torch.where(argmax == carried[:, 0], carried[:, 1] + 1, 0)
+    return stood >= rule.params.steps, torch.stack([argmax, stood], dim=-1)

@@ -30,6 +30,7 @@ from looplab.model.attention import rope_tables
 from looplab.model.layer import Layer
 from looplab.params import param
 from looplab.tasks.base import PAD
+from looplab.token_exits import Carried
 
 #: a decode step's loop runs every row of the step, masking the cache writes of rows whose token has
 #: exited, while at least this fraction of them still runs; below it, it gathers the running rows
@@ -236,6 +237,7 @@ class Decoder:
         depth = torch.zeros(count, dtype=torch.long, device=rows.device)
         running = torch.ones(count, dtype=torch.bool, device=rows.device)
         active, logp_prev = picks, None
+        carried = Carried(count, rows.device)  # what each row's exit carries across this token's checks
         reads_logits = self.exits.reads_logits(rows) if self.mixed else self.exit.reads_logits
         for t in range(1, self.cap + 1):
             if not prefill and self.prompt is not None and t > self.prompt.shallowest:
@@ -268,9 +270,10 @@ class Decoder:
                 logp = logits_of(model, h_query).log_softmax(-1)
             prev_run = None if logp_prev is None else logp_prev[run]
             if self.mixed:
-                stop = self.exits.stop(rows[run], t, h_query, h_prev_query, logp, prev_run)
+                stop = self.exits.check(rows[run], t, h_query, h_prev_query, logp, prev_run, carried, run)
             else:
-                stop = self.exit.stop(t, h_query, h_prev_query, logp, prev_run)
+                stop, state = self.exit.check(t, h_query, h_prev_query, logp, prev_run, carried.of(self.exit, run))
+                carried.put(self.exit, run, state)
             stop = stop & running[run]
             stopping = run[stop]
             read[stopping] = h_query[stop]

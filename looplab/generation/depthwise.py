@@ -44,6 +44,7 @@ from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.generation.views import described
 from looplab.params import at_least, param
+from looplab.token_exits import Carried
 
 __all__ = ["DepthwiseDecoder", "Depth", "check_depthwise"]
 
@@ -54,7 +55,7 @@ def check_depthwise(model, batching: str = "depth-wise batching") -> None:
     if not model.capabilities.chains:
         raise LooplabError(
             f"{batching} runs chains of pre-norm layers, which {described(model)} is not: valid models: a looplab "
-            "run, a retrofit, or Ouro with an exit other than gate"
+            "run, a retrofit, Ouro, Huginn-0125 or Nanbeige4.2"
         )
 
 
@@ -177,6 +178,7 @@ class DepthwiseDecoder(Decoder):
         state.e[rows], state.h[rows] = e, h
         state.loop[rows] = 0
         state.running[rows] = True
+        state.carried.restart(rows)
 
     def _loop(self, state: _Rows, rows: Tensor) -> tuple[Tensor, Tensor]:
         """One loop of every running row's token, each at its own loop; the rows that exit and their states."""
@@ -189,7 +191,9 @@ class DepthwiseDecoder(Decoder):
         calls = self._calls("core", rows, state.slot[rows], loop)
         h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], calls)[:, 0]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exit.reads_logits else None
-        stop = self.exit.stop_rows(loop, h, h_prev, logp, None if logp is None else state.logp[rows])
+        earlier, carried = None if logp is None else state.logp[rows], state.carried.of(self.exit, rows)
+        stop, carried = self.exit.check_rows(loop, h, h_prev, logp, earlier, carried)
+        state.carried.put(self.exit, rows, carried)
         state.h[rows], state.loop[rows] = h, loop
         if logp is not None:
             state.logp[rows] = logp
@@ -228,8 +232,8 @@ class DepthwiseDecoder(Decoder):
 @dataclass
 class _Rows:
     """Each row's token in flight: its slot [B] (the latest token's), loop [B] (loops run), whether it is
-    ``running`` [B], its states h, e [B, d] (allocated at the first prelude) and, for an exit that reads
-    them, its last loop's log-probabilities [B, V]."""
+    ``running`` [B], its states h, e [B, d] (allocated at the first prelude), for an exit that reads
+    them, its last loop's log-probabilities [B, V], and what its exit carries across checks."""
 
     slot: Tensor
     loop: Tensor
@@ -237,6 +241,7 @@ class _Rows:
     h: Tensor | None
     e: Tensor | None
     logp: Tensor | None
+    carried: Carried
 
     @classmethod
     def empty(cls, batch: int, width: int, logits: Tensor | None, device) -> _Rows:
@@ -244,7 +249,8 @@ class _Rows:
         ``logits`` [B, V] (the prefill's) size the log-probabilities of an exit that reads them."""
         slot = torch.full((batch,), width - 1, dtype=torch.long, device=device)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
-        return cls(slot, zeros, zeros.bool(), None, None, None if logits is None else torch.zeros_like(logits))
+        logp = None if logits is None else torch.zeros_like(logits)
+        return cls(slot, zeros, zeros.bool(), None, None, logp, Carried(batch, device))
 
 
 @dataclass

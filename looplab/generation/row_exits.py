@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looplab.token_exits import GenerationExit
+from looplab.token_exits import Carried, GenerationExit
 
 __all__ = ["RowExits"]
 
@@ -41,17 +41,23 @@ class RowExits:
         """Whether the exit of any of ``rows`` reads each loop's logits."""
         return any(self.rules[k].reads_logits for k in self.ids[rows].unique().tolist())
 
-    def stop(self, rows: Tensor, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev) -> Tensor:
+    def check(self, rows: Tensor, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev, carried: Carried, at) -> Tensor:
         """[R] bool: whether the token of each of ``rows`` stops after loop t, by its row's exit (h, h_prev [R, d]
-        its states after and before the loop; logp, logp_prev [R, V] or None)."""
+        its states after and before the loop; logp, logp_prev [R, V] or None); ``carried`` holds what each exit
+        carries across checks, the rows' at places ``at`` [R], and takes what they carry on."""
         ids = self.ids[rows]
         present = ids.unique().tolist()
         if len(present) == 1:
-            return self.rules[present[0]].stop(t, h, h_prev, logp, logp_prev)
+            rule = self.rules[present[0]]
+            stop, state = rule.check(t, h, h_prev, logp, logp_prev, carried.of(rule, at))
+            carried.put(rule, at, state)
+            return stop
         stop = torch.zeros(len(ids), dtype=torch.bool, device=h.device)
         for k in present:
+            rule = self.rules[k]
             index = (ids == k).nonzero(as_tuple=True)[0]
             sub_logp = None if logp is None else logp[index]
             sub_prev = None if logp_prev is None else logp_prev[index]
-            stop[index] = self.rules[k].stop(t, h[index], h_prev[index], sub_logp, sub_prev)
+            stop[index], state = rule.check(t, h[index], h_prev[index], sub_logp, sub_prev, carried.of(rule, at[index]))
+            carried.put(rule, at[index], state)
         return stop

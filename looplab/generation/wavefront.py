@@ -38,6 +38,7 @@ from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.depthwise import DepthwiseDecoder, check_depthwise
 from looplab.generation.sampling import Generation, ended
 from looplab.params import at_least, param
+from looplab.token_exits import Carried
 
 __all__ = ["WavefrontDecoder", "Wavefront", "check_wavefront"]
 
@@ -91,6 +92,7 @@ class WavefrontDecoder(DepthwiseDecoder):
         self.running = torch.zeros(batch, slots, dtype=torch.bool, device=device)
         self.guess = torch.zeros(batch, slots, dtype=torch.long, device=device)
         self.h = self.e = self.logp = None
+        self.carried = Carried(batch * slots, device)  # what each position's exit carries, at row · slots + slot
         self.entering: list[tuple[int, int]] = []  # (row, slot) entered since the last prelude
         self.inflight: list[list[int]] = [[] for _ in range(batch)]  # per row, the slots in flight, in order
         self.calls = 0  # core calls of the decode (the prefill's not counted)
@@ -126,6 +128,8 @@ class WavefrontDecoder(DepthwiseDecoder):
         self.token[row, slot] = token
         self.loop[row, slot] = 0
         self.running[row, slot] = True
+        if self.exit.carries:
+            self.carried.restart(torch.tensor([row * self.token.shape[1] + slot], device=self.token.device))
         self.start(row, slot, self.lengths[row] + slot - self.width)
         self.entering.append((row, slot))
 
@@ -174,7 +178,10 @@ class WavefrontDecoder(DepthwiseDecoder):
         logp = logits.log_softmax(-1) if self.exit.reads_logits else None
         if logp is not None and self.logp is None:
             self.logp = logp.new_zeros(*self.token.shape, logp.shape[-1])
-        stop = self.exit.stop_rows(loop, h, h_prev, logp, None if logp is None else self.logp[rows, slots])
+        places = rows * self.token.shape[1] + slots
+        earlier, carried = None if logp is None else self.logp[rows, slots], self.carried.of(self.exit, places)
+        stop, carried = self.exit.check_rows(loop, h, h_prev, logp, earlier, carried)
+        self.carried.put(self.exit, places, carried)
         self.h[rows, slots], self.loop[rows, slots] = h, loop
         if logp is not None:
             self.logp[rows, slots] = logp

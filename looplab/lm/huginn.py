@@ -359,7 +359,7 @@ class HuginnDecoding(nn.Module):
     prelude and coda once per token, one cache entry per (recurrence, core block) under ``per_loop``;
     ``shared`` is Huginn's own cache (one entry per core block, each token's last recurrence)."""
 
-    capabilities = Capabilities(passes=frozenset({"coda"}), rope=True)
+    capabilities = Capabilities(passes=frozenset({"coda"}), rope=True, layerwise=True)
 
     def __init__(self, loop: HuginnLoop):
         super().__init__()

@@ -262,9 +262,10 @@ class OuroDecoding(EmbeddingStartView):
 class GatedOuroDecoding(OuroDecoding):
     """The Ouro view whose state carries the exit gate's decision: [h | S | C] [.., d + 2], with
     S = ∏_{j≤t}(1 − λ_j) and C = Σ_{j≤t} λ_j ∏_{i<j}(1 − λ_i) after loop t (in the state's dtype), which the
-    ``gate`` exit compares with τ. Its own ``core_pass`` keeps it off the decoders that batch chains of layers."""
+    ``gate`` exit compares with τ. Its own ``core_pass`` reaches the layers through the decoder's calls alone
+    (``layerwise``), so every decoder that batches tokens at different loops takes it."""
 
-    capabilities = Capabilities(passes=frozenset({"core", "logits"}), rope=True, gated=True, gate=True)
+    capabilities = Capabilities(passes=frozenset({"core", "logits"}), rope=True, gated=True, gate=True, layerwise=True)
 
     def initial_state(self, e: Tensor) -> Tensor:
         return torch.cat([e, torch.ones_like(e[..., :1]), torch.zeros_like(e[..., :1])], dim=-1)

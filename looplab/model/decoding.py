@@ -33,6 +33,9 @@ class Capabilities:
         gated: its loop states carry a learned exit gate's decision (what the ``gate`` exit reads).
         gate: its family has a gated twin (the view class's ``with_gate(loop)``).
         policies: the KV cache policies it decodes through (None: every one).
+        layerwise: the passes it runs itself reach the layers through ``calls.layer`` alone, one token's states
+            at a time (Huginn's coda, Ouro's gated core), so the decoders that batch tokens at different loops
+            take them as they take chains of layers.
     """
 
     passes: frozenset[str] = frozenset()
@@ -40,6 +43,7 @@ class Capabilities:
     gated: bool = False
     gate: bool = False
     policies: tuple[str, ...] | None = None
+    layerwise: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.passes) - set(PASSES)
@@ -48,9 +52,9 @@ class Capabilities:
 
     @property
     def chains(self) -> bool:
-        """Whether its prelude, core and coda are chains of pre-norm layers (what depth-wise batching and masked
-        decode steps run)."""
-        return not self.passes & {"prelude", "core", "coda"}
+        """Whether its prelude, core and coda are chains of pre-norm layers, or passes of its own that run like
+        them (``layerwise``): what depth-wise batching, wavefront decoding and masked decode steps run."""
+        return self.layerwise or not self.passes & {"prelude", "core", "coda"}
 
 
 class DecodingView(Protocol):

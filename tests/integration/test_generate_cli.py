@@ -175,7 +175,10 @@ def prompt_files(tmp_path_factory):
             ["--prompt", "x", "--exit", "halting"],
             "exit: the halting exit needs a halting head; this run's 'fixed' schedule has none",
         ),
-        (["--prompt", "x", "--exit", "nope"], "unknown generation exit 'nope'; valid choices: confidence, convergence"),
+        (
+            ["--prompt", "x", "--exit", "nope"],
+            "unknown generation exit 'nope'; valid choices: argmax-stability, confidence, convergence",
+        ),
         (["--prompt", "x", "--exit", "kl", "--exit-param", "eps"], "--exit-param 'eps' must look like KEY=VALUE"),
         (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=inf"], "eps: must be a finite number, got inf"),
         (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=nan"], "eps: must be a finite number, got nan"),
@@ -183,7 +186,7 @@ def prompt_files(tmp_path_factory):
         (["--prompt", "x", "--exit", "kl", "--exit-param", "eps=small"], "generate.exits.kl.eps must be float"),
         (
             ["--prompt", "x", "--exit", "kl", "--exit-param", "epsilon=1"],
-            "epsilon: unknown field; valid fields: loops, exit, cache, decoder, eps, read_only_exit",
+            "epsilon: unknown field; valid fields: loops, exit, cache, decoder, eps, direction, read_only_exit",
         ),
         (["--prompt", "x", "--exit", "confidence", "--threshold", "1.5"], "confidence.threshold must be in (0, 1]"),
         (
@@ -326,8 +329,8 @@ def test_a_plugin_generation_exit_reads_its_parameter_from_the_run_and_the_comma
     )
     elsewhere = run_cli("generate", str(tmp_path / "lm-plugin"), "--prompt", "In", "--exit", "top_margin2")
     assert (
-        "valid choices: confidence, convergence, cosine, entropy-diff, fixed, gate, halting, kl, latent-diff, minp-kl, "
-        "top_margin" in elsewhere.stderr
+        "valid choices: argmax-stability, confidence, convergence, cosine, entropy-diff, fixed, gate, halting, kl, "
+        "latent-diff, minp-kl, top_margin" in elsewhere.stderr
     )
 
 

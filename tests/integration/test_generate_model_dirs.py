@@ -234,7 +234,11 @@ def test_a_row_stops_after_the_models_end_of_text_token(lms):
     [
         ("hrm_text", ["--loops", "0"], "loops: must be an integer in 1..4096, got 0"),
         ("hrm_text", ["--loops", "5000"], "loops: must be an integer in 1..4096, got 5000"),
-        ("hrm_text", ["--exit", "nope"], "unknown generation exit 'nope'; valid choices: confidence, convergence"),
+        (
+            "hrm_text",
+            ["--exit", "nope"],
+            "unknown generation exit 'nope'; valid choices: argmax-stability, confidence, convergence",
+        ),
         ("hrm_text", ["--exit", "kl", "--exit-param", "eps=-1"], "generate.exits.kl.eps must be in (0, inf)"),
         ("hrm_text", ["--exit", "halting"], "the halting exit needs a halting head, which hrm_text lacks"),
         ("llama", [], "is a llama model, not a looped one: make one of it with `looplab retrofit"),

@@ -199,7 +199,10 @@ BAD_ARGS = [
     ("loops=2,loops=3", "model_arg loops is given twice"),
     ("loops=0", "model_arg loops: must be an integer in 1..4096, got 0"),
     ("loops=two", "model_arg loops: must be an integer in 1..4096, got 'two'"),
-    ("exit=sometimes", "unknown generation exit 'sometimes'; valid choices: confidence, convergence, cosine"),
+    (
+        "exit=sometimes",
+        "unknown generation exit 'sometimes'; valid choices: argmax-stability, confidence, convergence, cosine",
+    ),
     ("exit=fixed,eps=0.1", "model_arg eps: a parameter of the convergence, kl"),
     ("exit=kl,eps=-1", "eps"),
     ("exit=halting", "needs a halting head"),

@@ -273,10 +273,10 @@ CASES = [
     (f"eval {{root}}/hrm_no_cycles {TEXT_ARG} --out {{new}}", "the model runs 0 loops by itself (HRM-Text"),
     ("generate {root}/hrm_nan --prompt In --json", "weight lm_head.weight holds NaN or infinite values"),
     ("generate {root}/hrm_no_head --prompt In", "lacks 1 weight(s) the model needs: lm_head.weight"),
-    ("generate {root}/huginn --prompt In --decoder depth", "chains of pre-norm layers, which Huginn-0125 is not"),
+    ("generate {root}/huginn --prompt In --decoder wavefront", "a coda (1 layers) would read their unfinished states"),
     (
-        "generate {root}/ouro --prompt In --exit gate --decoder wavefront",
-        "runs chains of pre-norm layers, which Ouro with the gate exit is not: valid models",
+        "generate {root}/huginn --prompt In --exit kl --decoder depth",
+        "the kl exit reads each loop's logits, which follow the coda (1 layers)",
     ),
     ("generate {root}/ouro --prompt In --exit gate --decoder speculative", "use the fixed exit, not gate"),
     # ---- shards: inside the dir, each key once, where the index says
@@ -340,7 +340,10 @@ CASES = [
         "read_only_exit: a parameter of the step decoder; this request chooses exit gate, cache per_loop, "
         "decoder depth",
     ),
-    ("generate {root}/huginn --prompt In --batching depth", "depth-wise batching runs chains of pre-norm layers"),
+    (
+        "generate {root}/huginn --prompt In --exit entropy-diff --batching depth",
+        "the entropy-diff exit reads each loop's",
+    ),
     (
         f"eval {{root}}/pickled {TEXT_ARG} --out {{new}}",
         "as pytorch_model.bin (pickle); looplab reads safetensors only",

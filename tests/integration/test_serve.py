@@ -388,7 +388,7 @@ def test_a_request_that_could_never_fit_the_kv_memory_is_a_400_naming_the_limit(
 
 #: (request fields, the field the 400 names, a fragment of its message): through the openai client
 BAD = [
-    ({"extra_body": {"exit": "nope"}}, "exit", "valid choices: confidence, convergence, cosine"),
+    ({"extra_body": {"exit": "nope"}}, "exit", "valid choices: argmax-stability, confidence, convergence, cosine"),
     ({"extra_body": {"cache": "huge"}}, "cache", "valid choices: last_m, none, per_loop, shared"),
     ({"extra_body": {"decoder": "nope"}}, "decoder", "valid choices: depth, recompute, speculative, step, wavefront"),
     ({"top_p": 0.5, "extra_body": {"decoder": "depth"}}, "top_p", "the depth decoder takes top_p 1"),

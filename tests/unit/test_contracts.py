@@ -211,15 +211,24 @@ def test_token_exit_answers_per_row_and_the_cap_always_stops(name):
     logp_prev = torch.log_softmax(torch.randn(5, 11, generator=generator), -1)
     with installed("token_exit", name):
         rule = GenerationExit(name, loops=4, halts=lambda h, t: h[:, 0] > 0)
+        read = (logp, logp_prev) if rule.reads_logits else (None, None)
+        carried = rule.start(5, h.device)
+        assert (carried is None) == (not rule.carries)
         for t in (1, 2, 3):
-            stop = rule.stop(t, h, h_prev, *((logp, logp_prev) if rule.reads_logits else (None, None)))
+            stop, after = rule.check(t, h, h_prev, *read, carried)
             assert stop.shape == (5,) and stop.dtype == torch.bool
             assert rule.adaptive or not stop.any()  # an exit that says it never stops early does not
-        assert bool(rule.stop(4, h, h_prev, logp, logp_prev).all())
+            # each row's decision and state are its own: two rows alone answer as they do in the batch
+            part = [None if x is None else x[1:3] for x in (*read, carried)]
+            alone, alone_after = rule.check(t, h[1:3], h_prev[1:3], *part)
+            assert torch.equal(alone, stop[1:3])
+            assert (after is None) == (not rule.carries) and (after is None or torch.equal(alone_after, after[1:3]))
+            carried = after
+        assert bool(rule.check(4, h, h_prev, logp, logp_prev, carried)[0].all())
         without_head = GenerationExit(name, loops=4)
         if rule.needs_head:  # it says so: a call without the head is refused, not answered
             with pytest.raises(LooplabError, match="halting head"):
-                without_head.stop(1, h, h_prev, logp, logp_prev)
+                without_head.check(1, h, h_prev, logp, logp_prev, without_head.start(5, h.device))
 
 
 @pytest.mark.parametrize("name", names("token_exit"))

@@ -1,7 +1,8 @@
 """Depth-wise batching (looplab/generation/depthwise.py): rows at different loops of different tokens in one
 core call give the step-synchronous decoder's tokens, depths and log-probabilities (float64) on every
-placement and injection, every position scheme and a window, a retrofit, rows that finish early and a
-kl exit; sampling is reproducible by its seed; what it does not take is refused in one line."""
+placement and injection, every position scheme and a window, a retrofit, rows that finish early, a
+kl exit and an exit that carries state across checks; sampling is reproducible by its seed; what it does
+not take is refused in one line."""
 
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ def test_an_exit_that_reads_the_logits_of_every_loop():
     model = _causal(injection="contractive")
     out = _assert_same(model, PROMPTS, GenerationExit("kl", 8, {"eps": 0.01}))
     assert len({d for row in out.depths for d in row}) >= 4
+
+
+def test_an_exit_that_carries_state_across_checks():
+    """argmax-stability counts a token's loops: each row in flight keeps its own count, restarted per token."""
+    model = _causal(injection="contractive")
+    out = _assert_same(model, PROMPTS, GenerationExit("argmax-stability", 8, {"steps": 2}))
+    assert len({d for row in out.depths for d in row}) >= 2 and min(d for row in out.depths for d in row) >= 3
 
 
 def test_a_retrofit_with_grouped_keys_and_values():
@@ -175,13 +183,15 @@ def _stops_on_even_loops(rule, t, h, h_prev, logp, logp_prev):
         GenerationExit("convergence", 6, {"eps": 0.5}),
         GenerationExit("confidence", 6, {"threshold": 0.5}),
         GenerationExit("fixed", 3),
+        GenerationExit("argmax-stability", 6, {"steps": 2}),
         "even_loops",
     ],
     ids=lambda r: r if isinstance(r, str) else r.name,
 )
-def test_stop_rows_is_stop_row_by_row(monkeypatch, rule):
-    """Rows after different loops tested in one call give what each row's own ``stop(t, ...)`` gives; an exit
-    that reads t (the default for a plugin) is tested per loop."""
+def test_check_rows_is_check_row_by_row(monkeypatch, rule):
+    """Rows after different loops tested in one call give what each row's own ``check(t, ...)`` gives, the
+    state an exit carries across checks included; an exit that reads t (the default for a plugin) is tested
+    per loop."""
     from looplab.token_exits import EXITS, TokenExit
 
     if rule == "even_loops":
@@ -193,10 +203,17 @@ def test_stop_rows_is_stop_row_by_row(monkeypatch, rule):
     h, h_prev = torch.randn(rows, 8, generator=generator), torch.randn(rows, 8, generator=generator)
     logp = torch.randn(rows, 5, generator=generator).log_softmax(-1)
     logp_prev = (logp + 0.3 * torch.randn(rows, 5, generator=generator)).log_softmax(-1)
-    together = rule.stop_rows(loops, h, h_prev, logp, logp_prev)
+    carried = rule.start(rows, h.device)
+    if carried is not None:  # a state mid-token: half the rows' last argmax is this loop's, stood 0..2 checks
+        carried[:, 0] = torch.where(torch.arange(rows) % 2 == 0, logp.argmax(-1), -1)
+        carried[:, 1] = torch.arange(rows) % 3
+    together, after = rule.check_rows(loops, h, h_prev, logp, logp_prev, carried)
     alone = []
     for i, t in enumerate(loops.tolist()):
         row = slice(i, i + 1)
-        alone.append(bool(rule.stop(t, h[row], h_prev[row], logp[row], None if t == 1 else logp_prev[row])))
+        earlier = None if t == 1 else logp_prev[row]
+        stop, state = rule.check(t, h[row], h_prev[row], logp[row], earlier, None if carried is None else carried[row])
+        alone.append(bool(stop))
+        assert carried is None or torch.equal(state, after[row])
     assert together.tolist() == alone
     assert 0 < sum(alone) < rows  # the test decides both ways

@@ -392,7 +392,10 @@ def test_a_finished_row_stops_and_the_others_go_on():
             lambda m: generate(causal_model(positional="rope"), [[3] * 65], 1),
             "prompts[0]: its 65 tokens leave no room for new ones (the model's positions end at 64 (max_len))",
         ),
-        (lambda m: GenerationExit("halt"), "unknown generation exit 'halt'; valid choices: confidence, convergence"),
+        (
+            lambda m: GenerationExit("halt"),
+            "unknown generation exit 'halt'; valid choices: argmax-stability, confidence, convergence",
+        ),
         (lambda m: GenerationExit("fixed", 0), "must be in 1..4096, got 0"),
         (lambda m: GenerationExit("fixed", 10**7), "must be in 1..4096, got 10000000"),
         (lambda m: GenerationExit("confidence", 4, {"threshold": 1.5}), "confidence.threshold must be in (0, 1]"),

@@ -125,6 +125,26 @@ def test_the_cached_step_decoder_equals_each_prompt_recomputed_alone(models, fam
     assert batched.tokens == _alone(loop, loops)
 
 
+@pytest.mark.parametrize(
+    "family, rule, decoder",
+    [
+        ("ouro", GenerationExit("gate", 3, {"threshold": 0.5}), "depth"),
+        ("ouro", GenerationExit("gate", 3, {"threshold": 0.8}), "wavefront"),
+        ("huginn", GenerationExit("fixed", 4), "depth"),
+        ("huginn", GenerationExit("latent-diff", 12, {"eps": 1.0}), "depth"),
+    ],
+    ids=["ouro-gate-depth", "ouro-gate-wavefront", "huginn-fixed-depth", "huginn-latent-diff-depth"],
+)
+def test_the_gate_exit_and_huginn_batch_tokens_at_different_loops_exactly(models, family, rule, decoder):
+    """Depth-wise and wavefront batching take Ouro's gated view and Huginn's coda: the step decoder's tokens and
+    exit loops, the exits spread over several loops."""
+    _, loop = models[family]
+    step = generate(loop, PROMPTS, NEW, DecodeOptions(rule, "per_loop"))
+    batched = generate(loop, PROMPTS, NEW, DecodeOptions(rule, "per_loop", decoder=decoder))
+    assert (batched.tokens, batched.depths) == (step.tokens, step.depths)
+    assert rule.name == "fixed" or len({d for row in step.depths for d in row}) > 1
+
+
 @pytest.mark.parametrize("batching", ["depth", "wavefront"])
 def test_ouros_layers_batch_depth_wise_and_by_wavefront_exactly(models, batching):
     _, loop = models["ouro"]
@@ -295,22 +315,48 @@ def _criterion(name: str, logp: torch.Tensor, before: torch.Tensor) -> float:
     if name == "minp-kl":
         now, earlier = _minp(logp), _minp(before)
         return float((earlier.exp() * (earlier - now)).sum())
+    if name == "reverse-kl":  # Huginn's own direction, KL(p_{t-1} ‖ p_t)
+        return float((before.exp() * (before - logp)).sum())
     return float((logp.exp() * (logp - before)).sum())  # kl
 
 
-@pytest.mark.parametrize("name", ["entropy-diff", "minp-kl", "kl"])
+def _last_logps(loop, loops: int) -> list[torch.Tensor]:
+    """The first prompt's last-token log-probabilities after each of ``loops`` loops, from the whole forward."""
+    with torch.no_grad():
+        return [
+            loop.readout(h, loop.context(torch.ones(1, len(PROMPTS[0]))))[0, -1].log_softmax(-1)
+            for h in loop.unroll(torch.tensor([PROMPTS[0]]), None, loops)
+        ]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_huginns_argmax_stability_counts_the_loops_its_argmax_stood(models, steps):
+    """The exit carries its count across a token's loops (Huginn's reference ArgmaxStabilityExitEvaluator), on
+    the Ouro dir, whose argmax settles within 16 loops (the tiny Huginn's never does)."""
+    _, loop = models["ouro"]
+    argmaxes = [int(logp.argmax()) for logp in _last_logps(loop, 16)]
+    stood, expected = 0, 16
+    for t in range(1, 16):
+        stood = stood + 1 if t > 1 and argmaxes[t - 1] == argmaxes[t - 2] else 0
+        if stood >= steps:
+            expected = t
+            break
+    run = generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit("argmax-stability", 16, {"steps": steps})))
+    assert run.depths[0][0] == expected
+    assert steps < expected < 16  # the count starts at 0 (a token runs at least steps + 1 loops); it stops early
+
+
+@pytest.mark.parametrize("name", ["entropy-diff", "minp-kl", "kl", "reverse-kl"])
 def test_exits_that_read_logits_run_huginns_coda_per_loop(models, name):
     """The first token's exit (the prefill's query) is where the whole forward's logits settle."""
     _, loop = models["huginn"]
-    with torch.no_grad():
-        logps = [
-            loop.readout(h, loop.context(torch.ones(1, len(PROMPTS[0]))))[0, -1].log_softmax(-1)
-            for h in loop.unroll(torch.tensor([PROMPTS[0]]), None, 12)
-        ]
+    logps = _last_logps(loop, 12)
     values = [_criterion(name, now, before) for before, now in zip(logps, logps[1:])]  # loops 2..12
     eps = sorted(values)[len(values) // 2] * 1.0001  # a threshold the values cross mid-way
     expected = next(t + 2 for t, value in enumerate(values) if value < eps)
-    run = generate(loop, PROMPTS, NEW, DecodeOptions(GenerationExit(name, 12, {"eps": eps})))
+    params = {"eps": eps, "direction": "reverse"} if name == "reverse-kl" else {"eps": eps}
+    rule = GenerationExit("kl" if name == "reverse-kl" else name, 12, params)
+    run = generate(loop, PROMPTS, NEW, DecodeOptions(rule))
     assert run.depths[0][0] == expected
     assert all(1 <= d <= 12 for row in run.depths for d in row)
 

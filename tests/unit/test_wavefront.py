@@ -20,6 +20,7 @@ EXITS = [
     GenerationExit("convergence", 8, {"eps": 0.2}),
     GenerationExit("convergence", 8, {"eps": 0.05}),
     GenerationExit("kl", 8, {"eps": 0.01}),
+    GenerationExit("argmax-stability", 8, {"steps": 2}),  # a count each position in flight carries
 ]
 
 
