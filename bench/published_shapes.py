@@ -1,7 +1,7 @@
-"""What Ouro, Huginn-0125 and Nanbeige4.2-3B cost at their published shapes, with random weights (no weights can be
-downloaded here), against this machine's limit: each family's published config (tests/data/reference_configs)
-is written as a model dir of random weights, then, for each ``--dtype`` (float32 and bfloat16) and int8
-weights (``--weights int8``, float32 activations):
+"""What Ouro, Huginn-0125, Nanbeige4.2-3B and Parcae-770M cost at their published shapes, with random weights
+(no weights can be downloaded here), against this machine's limit: each family's published config
+(tests/data/reference_configs) is written as a model dir of random weights, then, for each ``--dtype``
+(float32 and bfloat16) and int8 weights (``--weights int8``, float32 activations):
 
 - the memory bandwidth, measured as a large matrix–vector product reads its matrix (GB/s, per dtype);
 - load: the seconds ``open_model_dir(...).load`` takes, and the process's peak resident memory after it;
@@ -51,12 +51,15 @@ FILES = {
     "ouro": "ouro-1.4b_config.json",
     "huginn": "huginn-0125_raven_config_minimal.json",
     "nanbeige": "nanbeige4.2-3b_config.json",
+    "parcae": "parcae-770m_config.json",
 }
 #: loop counts decoded: Ouro at 1 (the same work as one pass of a Llama) and its native 4, Huginn at its
-#: native 32 recurrences, Nanbeige at 1 and its native 2
-LOOPS = {"ouro": (1, 4), "huginn": (32,), "nanbeige": (1, 2)}
-#: parameters run once per loop: the core layers, and Huginn's injection and Ouro's exit gate
-LOOPED_PREFIXES = ("core.", "adapter.", "gate.")
+#: native 32 recurrences, Nanbeige at 1 and its native 2, Parcae-770M at its native 8
+LOOPS = {"ouro": (1, 4), "huginn": (32,), "nanbeige": (1, 2), "parcae": (8,)}
+#: parameters run once per loop: the core layers, and Huginn's and Parcae's injections and Ouro's exit gate
+LOOPED_PREFIXES = ("core.", "adapter.", "injection.", "gate.")
+#: tables of which a token reads one row: an untied embedding, Parcae's value embeddings
+ROW_TABLES = ("embed", "value_embeds.")
 GB = 1e9
 
 
@@ -67,14 +70,14 @@ def write_random_dir(family: str, folder: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     raw = json.loads((CONFIGS / FILES[family]).read_text())
-    record = LOOPED_FAMILIES[raw["model_type"]]
+    record = LOOPED_FAMILIES[raw.get("model_type", family)]
     config = record.config_reader(raw, FILES[family])
     with torch.device("meta"):
         model = record.model(config)
     generator = torch.Generator().manual_seed(0)
     weights = {}
     for name, parameter in model.state_dict().items():
-        if name == "lm_head.weight" and family == "huginn":
+        if name == "lm_head.weight" and family in ("huginn", "parcae"):
             continue  # tied to the embedding: not stored
         value = torch.randn(parameter.shape, generator=generator, dtype=torch.float32) * 0.02
         if "norm" in name:  # RMSNorm weights about 1
@@ -105,8 +108,8 @@ def bandwidth(dtype: torch.dtype, size: int = 8192, repeats: int = 20) -> float:
 
 def bytes_per_token(loop, loops: int, context: int, layers: int, kv_heads: int, head_dim: int) -> int:
     """Bytes a decode step reads at ``loops`` loops over ``context`` tokens: the looped parameters and
-    buffers (int8 weights at one byte) once per loop, the rest but the embedding once (a tied head reads
-    the embedding), and the keys and values of the ``layers`` core layers per loop."""
+    buffers (int8 weights at one byte) once per loop, the rest but the tables a token reads a row of once (a
+    tied head reads the embedding), and the keys and values of the ``layers`` core layers per loop."""
     looped, once = 0, 0
     named = [*loop.named_parameters(), *loop.named_buffers()]
     tied = not any(name.startswith("lm_head") for name, _ in named)
@@ -114,8 +117,8 @@ def bytes_per_token(loop, loops: int, context: int, layers: int, kv_heads: int, 
         size = tensor.numel() * tensor.element_size()
         if name.startswith(LOOPED_PREFIXES):
             looped += size
-        elif tied or not name.startswith("embed"):
-            once += size  # of an untied embedding, a token reads one row
+        elif not name.startswith(ROW_TABLES) or (tied and name.startswith("embed")):
+            once += size  # of an untied embedding or a value embedding, a token reads one row
     element = next(loop.parameters()).element_size()
     kv = 2 * context * kv_heads * head_dim * element * layers
     return loops * (looped + kv) + once
@@ -224,8 +227,6 @@ def main() -> None:
             raw = json.loads((folder / "config.json").read_text())
             model_dir = open_model_dir(folder)
             native = model_dir.native_loops
-            kv_heads = raw["num_key_value_heads"]
-            head_dim = raw.get("head_dim") or model_dir.width // raw["num_attention_heads"]
             prompts = args.prompt if family == "ouro" else [min(args.prompt)]
             for weights in [*args.dtype, *([] if args.no_int8 else ["int8"])]:
                 dtype = DTYPES["float32" if weights == "int8" else weights]
@@ -238,6 +239,8 @@ def main() -> None:
                     _row(quality, [family, native, f"{cost.max_logit_diff:.4g}", f"{cost.agreement:.1%}", cost.layers])
                 _row(loads, [family, weights, f"{load_s:.1f}", f"{peak_gib():.1f}"])
                 layers = len(loop.core)
+                shape = decodable(loop).cfg  # the core's key-value heads and their width (the cache's)
+                kv_heads, head_dim = shape.kv_heads, shape.head_dim
                 for length in prompts:
                     prompt = list(range(1, length + 1))
                     for loops in LOOPS[family]:

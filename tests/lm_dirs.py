@@ -79,11 +79,16 @@ HUGINN_TINY = dict(vocab_size=VOCAB, n_embd=32, num_attention_heads=4, num_key_v
 NANBEIGE_TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
                      num_loops=2)  # fmt: skip
+#: Parcae-140M's (2, 2, 2) blocks at width 32 (the value-embedding gate reads 32 channels)
+PARCAE_TINY = dict(n_embd=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, vocab_size=VOCAB,
+                   padded_vocab_size=64, block_size=128, recurrent_embedding_dimension=32,
+                   recurrent_intermediation_embedding_dimension=48, mean_recurrence=4)  # fmt: skip
 #: family → (published config file, tiny sizes) of the families looplab builds
 OWN_FAMILIES = {
     "ouro": ("ouro-1.4b_config.json", OURO_TINY),
     "huginn": ("huginn-0125_raven_config_minimal.json", HUGINN_TINY),
     "nanbeige": ("nanbeige4.2-3b_config.json", NANBEIGE_TINY),
+    "parcae": ("parcae-140m_config.json", PARCAE_TINY),
 }
 
 
@@ -97,25 +102,28 @@ def published_config(family: str, **sizes) -> dict:
 
 
 def save_own_family(family: str, path: Path, seed: int = 0, tokenizer: bool = True, **sizes) -> Path:
-    """A tiny random Ouro, Huginn or Nanbeige model dir in the published layout: the published config.json with
-    tiny sizes (:data:`OWN_FAMILIES`, then ``sizes``), model.safetensors under the published names (Huginn's
-    tied head not stored), and the tokenizer."""
+    """A tiny random Ouro, Huginn, Nanbeige or Parcae model dir in the published layout: the published config.json
+    with tiny sizes (:data:`OWN_FAMILIES`, then ``sizes``), the weights under the published names
+    (model.safetensors, Huginn's tied head not stored; Parcae's, as its reference saves them, pytorch_model.bin
+    by ``torch.save``), and the tokenizer (Parcae's lives apart: ``tokenizer=False`` and ``--tokenizer``)."""
     from safetensors.torch import save_file
 
     from looplab.lm.families import LOOPED_FAMILIES
 
     raw = published_config(family, **{**OWN_FAMILIES[family][1], **sizes})
-    record = LOOPED_FAMILIES[raw["model_type"]]
+    record = LOOPED_FAMILIES[raw.get("model_type", family)]
     torch.manual_seed(seed)
     model = record.model(record.config_reader(raw, "test"))
     with torch.no_grad():
         for parameter in model.parameters():  # norms off 1 and the gate's bias off 0, so their order shows
             parameter.add_(0.2 * torch.randn_like(parameter))
-    skip = {"lm_head.weight"} if family == "huginn" else set()
     path.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in model.state_dict().items() if k not in skip}, str(path / "model.safetensors")
-    )
+    if family == "parcae":
+        torch.save(model.state_dict(), path / "pytorch_model.bin")
+    else:
+        skip = {"lm_head.weight"} if family == "huginn" else set()
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k not in skip}
+        save_file(weights, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     if tokenizer:
         tiny_tokenizer().save_pretrained(path)

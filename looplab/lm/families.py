@@ -6,9 +6,11 @@
     Ouro          ouro                                          the L layers and the norm closing them
     Huginn-0125   huginn_raven                                  the concat adapter and the 4 core blocks
     Nanbeige4.2   nanbeige                                      the L Llama layers and the norm closing them
+    Parcae        (none: _class_name ParcaeConfig)              the diagonal injection and the core blocks
 
-HRM-Text and Inkling-2 are built by transformers; Ouro, Huginn and Nanbeige, whose only published code is
-hub remote code, are built by looplab from their config.json and safetensors (no remote code runs).
+HRM-Text and Inkling-2 are built by transformers; Ouro, Huginn, Nanbeige and Parcae, whose only published
+code is hub remote code or a research repository, are built by looplab from their config.json and weights
+(no remote code runs).
 A family is one module ending in its record (the adapter, its decoding view, how it is built and how
 many loops it runs by itself) and one entry in :data:`FAMILIES`.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 from torch import nn
 
 from looplab.errors import LooplabError
-from looplab.lm import hrm_text, huginn, inkling2_loop, nanbeige, ouro
+from looplab.lm import hrm_text, huginn, inkling2_loop, nanbeige, ouro, parcae
 from looplab.lm.native import ModelFamily, NativeLoop
 
 __all__ = ["CONFIG_CLASS_NAMES", "FAMILIES", "LOOPED_FAMILIES", "family_of", "native_loop"]
@@ -29,6 +31,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ouro.FAMILY,
     huginn.FAMILY,
     nanbeige.FAMILY,
+    parcae.FAMILY,
 )
 #: model_type → its family
 LOOPED_FAMILIES: dict[str, ModelFamily] = {kind: family for family in FAMILIES for kind in family.model_types}

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from looplab.errors import LooplabError
 from looplab.lm.config_fields import boolean, check_fields, integer, one_of, positive_number
-from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop
+from looplab.lm.native import DecodingShape, ModelFamily, NativeLoop, pair_rope_tables
 from looplab.lm.retrofit import LayerContext, causal_mask
 from looplab.model.attention import apply_rope
 from looplab.model.decoding import Capabilities
@@ -252,29 +252,21 @@ class RavenForCausalLM(nn.Module):
     @classmethod
     def from_dir(cls, path: Path, config: HuginnConfig, dtype: torch.dtype, device: str) -> RavenForCausalLM:
         """The model of ``config`` with the weights of the model dir ``path`` (checked key by key)."""
-        from looplab.lm.weights import load_weights
+        from looplab.lm.weights import build_loaded
 
-        with torch.device("meta"):
-            model = cls(config)
-        tied = {"lm_head.weight": "transformer.wte.weight"} if config.tie_embeddings else {}
-        load_weights(model, path, dtype, device, ignored=("freqs_cis",), tied=tied)
-        if tied:
-            model.lm_head.weight = model.transformer.wte.weight
+        embedding = "transformer.wte" if config.tie_embeddings else None
+        model = build_loaded(cls, config, path, dtype, device, embedding, ignored=("freqs_cis",))
         for module in model.modules():  # the non-persistent pair order, lost on the meta device
             if isinstance(module, HuginnAttention):
                 module.pairs = torch.cat([torch.arange(0, module.head_dim, 2), torch.arange(1, module.head_dim, 2)]).to(
                     device
                 )
-        return model.eval()
+        return model
 
 
-def rope_tables(config: HuginnConfig, length: int, device, dtype=torch.float32) -> tuple[Tensor, Tensor]:
+def rope_tables(config: HuginnConfig, length: int, device) -> tuple[Tensor, Tensor]:
     """(cos, signed sin) [length, Dh] in float32 for de-interleaved heads (the reference's frequencies)."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
-    cos, sin = angles.cos(), angles.sin()
-    return torch.cat([cos, cos], -1).to(device), torch.cat([-sin, sin], -1).to(device)
+    return pair_rope_tables(config.head_dim, config.rope_base, length, device)
 
 
 class HuginnLoop(NativeLoop):

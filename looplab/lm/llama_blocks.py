@@ -69,16 +69,12 @@ def load_published(cls, path: Path, config, dtype: torch.dtype, device: str, ign
     Llama's rotary tables, which no checkpoint stores, built as ``model.rotary``. In eval mode."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from looplab.lm.weights import load_weights
+    from looplab.lm.weights import build_loaded
 
-    with torch.device("meta"):
-        model = cls(config)
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {}
-    load_weights(model, path, dtype, device, ignored=ignored, tied=tied)
-    if tied:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    embedding = "model.embed_tokens" if config.tie_word_embeddings else None
+    model = build_loaded(cls, config, path, dtype, device, embedding, ignored)
     model.rotary = LlamaRotaryEmbedding(llama_config(config)).to(device)
-    return model.eval()
+    return model
 
 
 class EmbeddingStartLoop(NativeLoop):

@@ -84,8 +84,9 @@ RETROFIT_SOURCES = {
 
 
 def _supported() -> str:
+    by_class = "".join(f"; {kind} by _class_name {name}" for name, kind in sorted(CONFIG_CLASS_NAMES.items()))
     return (
-        f"supported: {', '.join(sorted(LOOPED_FAMILIES))} (native looped LMs), and retrofits of "
+        f"supported: {', '.join(sorted(LOOPED_FAMILIES))} (native looped LMs{by_class}), and retrofits of "
         f"{', '.join(sorted(RETROFIT_SOURCES))} made by `looplab retrofit`"
     )
 

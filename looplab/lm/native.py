@@ -20,6 +20,7 @@ What this module gives them:
     LlamaLayerView, Olmo2LayerView, layer_view
                         a Llama-family decoder layer as the decoder's two residual sublayers
     rotary_tables       a transformers rotary module's tables in the form the decoder applies
+    pair_rope_tables    RoPE tables of adjacent pairs (Huginn's, Parcae's), for de-interleaved heads
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "LlamaLayerView",
     "ModelFamily",
     "NativeLoop",
+    "pair_rope_tables",
     "prepare_model",
     "rotary_tables",
     "select_rows",
@@ -145,6 +147,16 @@ def rotary_tables(rotary: nn.Module, width: int, length: int, device, dtype) -> 
     cos, sin = rotary(probe, position_ids=torch.arange(length, device=device)[None])
     half = sin.shape[-1] // 2
     return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+
+def pair_rope_tables(dim: int, base: float, length: int, device, condense: float = 1) -> tuple[Tensor, Tensor]:
+    """(cos, signed sin) [length, dim] in float32 of a RoPE that rotates adjacent pairs (x_2i, x_2i+1) at
+    frequencies base^(−2i/dim), positions divided by ``condense``; for heads de-interleaved, so the decoder
+    applies them as rotate-half (:func:`looplab.model.attention.apply_rope`)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32) / condense, inv_freq)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], -1).to(device), torch.cat([-sin, sin], -1).to(device)
 
 
 class LlamaLayerView:

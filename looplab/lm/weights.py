@@ -11,6 +11,8 @@ does not have: :mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`), with every key
                                  a dir: its own key renaming is checked after, check_transformers_load)
     load_weights(module, path)   the checked weights copied into ``module`` (built on the meta device:
                                  parameters are materialised in ``dtype`` on ``device`` as they are read)
+    build_loaded(cls, config, path)  ``cls(config)`` built on the meta device, its weights read in and its
+                                 tied head tied again
 
 A missing key, an unexpected one and a mis-shaped one are each refused in one line naming the first few,
 before any tensor is read; a weight stored as integers (a quantised checkpoint) is refused rather than
@@ -29,7 +31,15 @@ from torch import nn
 
 from looplab.errors import LooplabError, one_line
 
-__all__ = ["check_files", "check_finite", "check_transformers_load", "check_weights", "load_weights", "weight_files"]
+__all__ = [
+    "build_loaded",
+    "check_files",
+    "check_finite",
+    "check_transformers_load",
+    "check_weights",
+    "load_weights",
+    "weight_files",
+]
 
 INDEX_FILE = "model.safetensors.index.json"
 #: a PyTorch state dict, where a dir holds no safetensors (read by ``torch.load(weights_only=True)`` alone)
@@ -244,3 +254,24 @@ def load_weights(
         tensors[key] = tensors[source]
     module.load_state_dict(tensors, strict=True, assign=True)
     check_finite(module, path)
+
+
+def build_loaded(
+    cls,
+    config,
+    path: Path,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    embedding: str | None = None,
+    ignored: tuple[str, ...] = (),
+) -> nn.Module:
+    """``cls(config)`` built on the meta device with the checked weights of the model dir ``path``
+    (:func:`load_weights`); ``embedding``: the key of the embedding its ``lm_head`` is tied to (not stored
+    again, and tied again after loading), None for an untied head. In eval mode."""
+    with torch.device("meta"):
+        model = cls(config)
+    tied = {} if embedding is None else {"lm_head.weight": embedding + ".weight"}
+    load_weights(model, path, dtype, device, ignored=ignored, tied=tied)
+    if embedding is not None:
+        model.lm_head.weight = model.get_submodule(embedding).weight
+    return model.eval()

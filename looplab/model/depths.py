@@ -49,12 +49,12 @@ def at_depths(
     depths = depths.view(depths.shape[0], -1).to(tokens.device)
     batch, slots = depths.shape
     last = depths.max(dim=1).values
-    h, e_rows, sorted_ctx = model.start(tokens, valid, generator)
+    h, e_rows, start_ctx = model.start(tokens, valid, generator)
     order = torch.argsort(last, descending=True, stable=True)
-    e = e_rows
+    e, sorted_ctx = e_rows, start_ctx
     if not _is_identity(order):  # rows already in depth order (a fixed depth) need no gathers
         e, h, depths, last = e_rows[order], h[order], depths[order], last[order]
-        sorted_ctx = model.context(valid[order])
+        sorted_ctx = start_ctx.select(order)  # the context start built (a family's may hold the token ids)
     loops = torch.arange(1, int(last[0]) + 1, device=last.device)
     remaining = (last[None, :] >= loops[:, None]).sum(1).tolist()  # active rows at each loop
     states, where, finals, final_rows = [], [], [], []
@@ -80,7 +80,7 @@ def at_depths(
     where = torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=tokens.device)
     chosen = _concat(states) if states else h.new_zeros((0, *h.shape[1:]))
     in_place = len(where) == batch * slots and _is_identity(where)
-    readout_ctx = sorted_ctx if in_place and slots == 1 else model.context(valid[where // slots])
+    readout_ctx = sorted_ctx if in_place and slots == 1 else start_ctx.select(where // slots)
     flat = model.readout(chosen, readout_ctx)
     if not in_place:
         flat = flat.new_zeros((batch * slots, *flat.shape[1:])).index_copy(0, where, flat)
@@ -88,7 +88,9 @@ def at_depths(
     logits = flat[:, 0] if single else flat
     if not probe:
         return logits, None
-    return logits, LoopProbe(_select_rows(_concat(finals), torch.argsort(_concat(final_rows))), e_rows, valid)
+    return logits, LoopProbe(
+        _select_rows(_concat(finals), torch.argsort(_concat(final_rows))), e_rows, valid, start_ctx
+    )
 
 
 class ReadAtDepths:

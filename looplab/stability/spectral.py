@@ -53,8 +53,8 @@ def spectral_trajectory(
     """
     rows = []
     with torch.no_grad():
-        h0, e, _ = model.start(batch.tokens, batch.valid)
-    phi = loop_map(model, e, batch.valid)
+        h0, e, ctx = model.start(batch.tokens, batch.valid)
+    phi = loop_map(model, e, batch.valid, ctx)  # in start's context (a family's may hold what start read)
     trajectory = warm_power_iterations(phi, h0, batch.valid, loops, iters, generator)
     for t, (h, growth, rayleigh) in enumerate(trajectory, start=1):
         for i in range(len(h)):
@@ -62,7 +62,10 @@ def spectral_trajectory(
             row["rho_exact"] = float("nan")
             if t in exact_loops:
                 length = int(batch.valid[i].sum())
-                single = loop_map(model, e[i : i + 1, :length], batch.valid[i : i + 1, :length])
+                tokens, valid = batch.tokens[i : i + 1, :length], batch.valid[i : i + 1, :length]
+                with torch.no_grad():
+                    _, _, single_ctx = model.start(tokens, valid)
+                single = loop_map(model, e[i : i + 1, :length], valid, single_ctx)
                 row["rho_exact"] = spectral_radius_exact(single, h[i : i + 1, :length])
             rows.append(row)
         if progress is not None:

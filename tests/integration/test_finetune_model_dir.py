@@ -29,7 +29,7 @@ from looplab.train.trainer import train  # noqa: E402
 from tests.lm_dirs import LLAMA, TEXT, save_model_dir, save_own_family, tiny_tokenizer  # noqa: E402
 from tests.unit.test_native_looped import _randomise  # noqa: E402
 
-FAMILIES = ("hrm_text", "inkling2_loop", "retrofit", "ouro", "huginn", "nanbeige")
+FAMILIES = ("hrm_text", "inkling2_loop", "retrofit", "ouro", "huginn", "nanbeige", "parcae")
 PRESET = "model-dir/stars"
 STEPS, WINDOW, SAMPLES = 6, 16, 16
 
@@ -43,7 +43,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune_dirs")
     for family in ("hrm_text", "inkling2_loop"):
         save_model_dir(family, root / family)
-    for family in ("ouro", "huginn", "nanbeige"):
+    for family in ("ouro", "huginn", "nanbeige", "parcae"):
         save_own_family(family, root / family)
     save_own_family("ouro", root / "ouro_small_vocab", vocab_size=40)  # the tokenizer has 61 tokens
     torch.manual_seed(0)
@@ -175,7 +175,9 @@ def test_export_writes_the_run_back_in_the_published_layout(world, tmp_path, fam
     out = tmp_path / "exported"
     assert main(["export", str(run), "--out", str(out)]) == 0
     assert f"-> {out}" in capsys.readouterr().out
-    assert _stored_keys(out) == _stored_keys(world / family)
+    # Parcae's reference pickles its tied head beside the embedding; export writes safetensors, each tensor once
+    tied_twice = {"lm_head.weight"} if family == "parcae" else set()
+    assert _stored_keys(out) == _stored_keys(world / family) - tied_twice
     exported = open_model_dir(out).load(torch.float32, eager_experts=True)  # the run's dtype and expert loop
     ours = Experiment.from_run(run).model
     ids = torch.randint(0, 61, (2, WINDOW), generator=torch.Generator().manual_seed(0))

@@ -114,6 +114,10 @@ BAD_FIELDS = {
     "nanbeige_share_kv": ("nanbeige", "loop_share_kv", True),
     "nanbeige_loops_zero": ("nanbeige", "num_loops", 0),
     "nanbeige_loops_float": ("nanbeige", "num_loops", 1.5),
+    "parcae_recurrence_zero": ("parcae", "mean_recurrence", 0),
+    "parcae_recurrence_text": ("parcae", "mean_recurrence", "8"),
+    "parcae_heads": ("parcae", "n_embd", 30),
+    "parcae_other_class": ("parcae", "_class_name", "GPTConfig"),
 }
 #: dir name → (an HRM-Text config field transformers' families share, a value outside its domain)
 HRM_BAD_FIELDS = {
@@ -149,6 +153,10 @@ BAD_FIELD_MESSAGES = {
     "nanbeige_share_kv": "loop_share_kv = True turns on keys and values shared across loops",
     "nanbeige_loops_zero": "num_loops must be an integer in 1..4096, got 0",
     "nanbeige_loops_float": "num_loops must be an integer in 1..4096, got 1.5",
+    "parcae_recurrence_zero": "mean_recurrence must be an integer in 1..4096, got 0",
+    "parcae_recurrence_text": "mean_recurrence must be an integer in 1..4096, got '8'",
+    "parcae_heads": "n_embd (30) must be num_attention_heads (6) × an even head width",
+    "parcae_other_class": "config.json names no model_type: it is not a transformers model config",
     "hrm_theta_zero": "config.json: rope_theta must be a finite number > 0, got 0",
     "hrm_theta_text": "config.json: rope_theta must be a finite number > 0, got '10000'",
     "hrm_eps_negative": "config.json: rms_norm_eps must be a finite number > 0, got -1",
@@ -164,6 +172,7 @@ def _own_family_dirs(root: Path) -> None:
     for family in ("ouro", "huginn"):
         save_own_family(family, root / family)
     save_own_family("huginn", root / "huginn_no_tokenizer", tokenizer=False)
+    save_own_family("parcae", root / "parcae_no_tokenizer", tokenizer=False)
     for name, content in (("ouro_not_tensors", {"step": 3}), ("ouro_foreign_pickle", {"w": Path("x")})):
         _fake_model_dir(root / name, published_config("ouro"), weights="pytorch_model.bin")
         torch.save(content, root / name / "pytorch_model.bin")  # an int; a Path, which the loader refuses
@@ -257,7 +266,8 @@ CASES = [
     (
         f"eval {{root}}/gpt2 {TEXT_ARG} --out {{new}}",
         "holds model_type 'gpt2', which looplab does not loop; supported: hrm_text, huginn_raven, inkling2_loop, "
-        "inkling2_loop_text, nanbeige, ouro (native looped LMs), and retrofits of llama, mistral, olmo2, qwen2, qwen3",
+        "inkling2_loop_text, nanbeige, ouro, parcae (native looped LMs; parcae by _class_name ParcaeConfig), and "
+        "retrofits of llama, mistral, olmo2, qwen2, qwen3",
     ),
     # ---- broken weights and configs (a family transformers builds)
     (f"eval {{root}}/hrm_no_head {TEXT_ARG} --out {{new}}", "lacks 1 weight(s) the model needs: lm_head.weight"),
@@ -303,6 +313,7 @@ CASES = [
         "pytorch_model.bin is not a weights-only PyTorch state dict",
     ),
     (f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}", "give the folder holding it with --tokenizer DIR"),
+    ("generate {root}/parcae_no_tokenizer --prompt In", "holds no tokenizer (tokenizer.json / tokenizer_config.json"),
     (
         f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --tokenizer {{root}}/ouro/model.safetensors --out {{new}}",
         "model.safetensors is not a directory (one holding tokenizer.json)",

@@ -1,7 +1,9 @@
-"""Every command on an Ouro, a Huginn-0125 and a Nanbeige4.2 model dir (tiny random checkpoints in the published layout,
-tests/lm_dirs.py): ``eval --text`` (the loss by loops is the adapter's own), ``analyze mechanistic``,
-``analyze spectral``, ``analyze pca``, ``generate --json`` (the tokens of each prompt decoded alone),
-lm-eval's ``looplab`` model, and a fine-tune under the STARS preset that learns."""
+"""Every command on an Ouro, a Huginn-0125, a Nanbeige4.2 and a Parcae model dir (tiny random checkpoints in the
+published layout, tests/lm_dirs.py): ``eval --text`` (the loss by loops is the adapter's own), ``analyze
+mechanistic``, ``analyze spectral`` (Parcae's injection radius beside the loop map's), ``analyze pca``,
+``generate --json`` (the tokens of each prompt decoded alone), lm-eval's ``looplab`` model, ``looplab serve``,
+a weights-only ``pytorch_model.bin`` and a tokenizer kept apart (``--tokenizer``). The STARS fine-tunes:
+tests/integration/test_finetune_model_dir.py."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from looplab.text.model_dirs import text_windows  # noqa: E402
 from tests.lm_dirs import TEXT, save_own_family  # noqa: E402
 
-FAMILIES = ("ouro", "huginn", "nanbeige")
-NATIVE = {"ouro": 3, "huginn": 4, "nanbeige": 2}
+FAMILIES = ("ouro", "huginn", "nanbeige", "parcae")
+NATIVE = {"ouro": 3, "huginn": 4, "nanbeige": 2, "parcae": 4}
 WINDOW, SAMPLES = 12, 3
 PROMPTS = ["In the beginning God created", "And the earth", "And God said, Let there be light"]
 
@@ -69,6 +71,13 @@ def test_analyze_mechanistic_spectral_and_pca_run(dirs, tmp_path, family, capsys
     assert main(f"analyze spectral {dirs[family]} {text} --out {spectral}".split()) == 0
     rho = pd.read_csv(spectral / "spectral.csv")
     assert rho.rho_power.notna().all() and (rho.rho_power > 0).all()
+    radius = json.loads((spectral / "spectral.json").read_text()).get("injection_radius")
+    if family == "parcae":  # its injection's own recurrence, beside the loop map's: max(decay) < 1
+        decay = open_model_dir(dirs[family]).load().injection_decay()
+        assert radius == pytest.approx(float(decay.detach().max())) and 0 < radius < 1
+        assert "the injection's own recurrence (its diagonal decay)" in capsys.readouterr().out
+    else:
+        assert radius is None
     pca = tmp_path / "pca"
     assert main(f"analyze pca {dirs[family]} --text {dirs['text']} --window 6 --loops 3 --out {pca}".split()) == 0
     assert (pca / "pca_2d.png").is_file()
@@ -118,7 +127,12 @@ def test_lm_evals_looplab_model_scores_the_text_as_the_adapter(dirs, family):
 
 @pytest.mark.parametrize(
     "family, extra",
-    [("ouro", {"exit": "gate", "threshold": 0.5}), ("huginn", {"loops": 6}), ("nanbeige", {"exit": "kl", "eps": 0.01})],
+    [
+        ("ouro", {"exit": "gate", "threshold": 0.5}),
+        ("huginn", {"loops": 6}),
+        ("nanbeige", {"exit": "kl", "eps": 0.01}),
+        ("parcae", {"exit": "argmax-stability", "steps": 2}),
+    ],
 )
 def test_looplab_serve_answers_as_generate(dirs, family, extra):
     pytest.importorskip("fastapi")
@@ -148,6 +162,23 @@ def test_a_state_dict_file_and_a_tokenizer_kept_apart_generate_as_the_safetensor
     outputs = []
     for path, extra in ((dirs["nanbeige"], []), (apart, ["--tokenizer", str(dirs["nanbeige"])])):
         capsys.readouterr()
+        assert main(["generate", str(path), "--prompt", PROMPTS[0], "--json", "--max-new-tokens", "4", *extra]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[0] == outputs[1]
+
+
+def test_a_parcae_dir_as_published_needs_its_tokenizer_named(dirs, tmp_path, capsys):
+    """Parcae's checkpoints hold config.json (no model_type) and pytorch_model.bin, the tokenizer elsewhere."""
+    import shutil
+
+    published = tmp_path / "parcae"
+    published.mkdir()
+    for name in ("config.json", "pytorch_model.bin"):
+        shutil.copy(dirs["parcae"] / name, published / name)
+    assert main(["generate", str(published), "--prompt", PROMPTS[0], "--max-new-tokens", "2"]) == 2
+    assert "give the folder holding it with --tokenizer DIR" in capsys.readouterr().err
+    outputs = []
+    for path, extra in ((dirs["parcae"], []), (published, ["--tokenizer", str(dirs["parcae"])])):
         assert main(["generate", str(path), "--prompt", PROMPTS[0], "--json", "--max-new-tokens", "4", *extra]) == 0
         outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
     assert outputs[0] == outputs[1]

@@ -257,12 +257,15 @@ def test_the_multimodal_inkling_model_is_wrapped_on_its_text_path(batch):
 
 
 def test_the_registry_refuses_other_models_in_one_line(saved):
-    assert set(LOOPED_FAMILIES) == {"hrm_text", "inkling2_loop", "inkling2_loop_text", "ouro", "huginn_raven"}
+    assert set(LOOPED_FAMILIES) == {
+        "hrm_text", "inkling2_loop", "inkling2_loop_text", "ouro", "huginn_raven", "nanbeige", "parcae"
+    }  # fmt: skip
     llama = LlamaForCausalLM(
         LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=VOCAB)
     )
     with pytest.raises(
-        LooplabError, match="'llama'; supported: hrm_text, huginn_raven, inkling2_loop, inkling2_loop_text, ouro$"
+        LooplabError,
+        match="'llama'; supported: hrm_text, huginn_raven, inkling2_loop, inkling2_loop_text, nanbeige, ouro, parcae$",
     ) as err:
         native_loop(llama)
     assert "\n" not in str(err.value)
