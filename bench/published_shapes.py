@@ -5,10 +5,10 @@
 
 - the memory bandwidth, measured as a large matrix–vector product reads its matrix (GB/s, per dtype);
 - load: the seconds ``open_model_dir(...).load`` takes, and the process's peak resident memory after it;
-- decode at batch 1 with the ``per_loop`` cache, per prompt length (``--prompt``) and loop count
-  (Ouro 1 and 4, Huginn its native 32, Nanbeige 1 and 2): ms per new token (the step decoder's steps after the prompt's
-  prefill, timed alone), tokens/s, and the fraction of the bandwidth bound reached — bytes read per token (the
-  weights of every layer a token runs, the looped ones once per loop, the head once, and the keys and
+- decode at batch 1 with the ``per_loop`` cache, per prompt length (``--prompt``) and loop count (Ouro 1 and 4,
+  Huginn its native 32, Nanbeige 1 and 2, Parcae its native 8): ms per new token (the step decoder's steps after
+  the prompt's prefill, timed alone), tokens/s, and the fraction of the bandwidth bound reached — bytes read per
+  token (the weights of every layer a token runs, the looped ones once per loop, the head once, and the keys and
   values attended to) ÷ bandwidth, over the measured time;
 - Ouro: transformers' ``LlamaForCausalLM`` with the same 24 layers, width and heads in the same dtype, its
   ms per new token beside (one pass of the layers: looplab at 1 loop does the same work);
@@ -18,10 +18,11 @@
   sequence (``--cache none``) against the cache, at the native loops;
 - KV memory per 1K tokens at 4, 8 and 16 loops for each cache policy (the decoder's own allocation).
 
-    python bench/published_shapes.py [--family ouro huginn nanbeige] [--dtype float32 bfloat16] [--prompt 16 512]
+    python bench/published_shapes.py [--family ouro huginn nanbeige parcae] [--dtype float32 bfloat16] [--prompt 16]
 
 About 30 minutes on 2 cores for the default Ouro and Huginn (Huginn's 3.5 B parameters at 32 recurrences in
-float32 are the most of it); Nanbeige (4.2 B parameters, 16.7 GB in float32) is asked for by ``--family``;
+float32 are the most of it); Nanbeige (4.2 B parameters, 16.7 GB in float32) and Parcae-770M are asked for
+by ``--family``;
 ``RATIO`` lines give the ratios.
 """
 

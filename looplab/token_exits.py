@@ -246,18 +246,30 @@ class GenerationExit:
             return torch.zeros(rows, dtype=torch.bool, device=h.device), carried
         return self._stops(entry, t, h, h_prev, logp, logp_prev, carried)
 
-    def stop(self, t: int, h: Tensor, h_prev: Tensor, logp: Tensor | None, logp_prev: Tensor | None) -> Tensor:
-        """[R] bool: the rows whose token stops after loop t, for an exit that carries no state (:meth:`check`)."""
-        if self.carries:
-            raise LooplabError(f"the {self.name} exit carries state across checks: decide with check(..., carried)")
-        return self.check(t, h, h_prev, logp, logp_prev)[0]
-
     def _stops(self, entry: TokenExit, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev, carried):
         """The entry's test, its answer checked at the boundary: a bool tensor [R] for the R rows of ``h`` (and the
         state they carry on, [R, ...], from an exit that carries one)."""
         args = (self, t, h, h_prev, logp, logp_prev) + ((carried,) if entry.carries is not None else ())
         answer = run_entry("generation exit", self.name, entry, entry.stops, *args)
-        stop, carried = answer if entry.carries is not None and isinstance(answer, tuple) else (answer, carried)
+        if entry.carries is None:
+            stop = answer
+        elif isinstance(answer, tuple) and len(answer) == 2:
+            before, (stop, carried) = carried, answer
+            if (
+                not isinstance(carried, Tensor)
+                or carried.shape[1:] != before.shape[1:]
+                or carried.dtype != before.dtype
+            ):
+                shape = f"{carried.dtype} {list(carried.shape)}" if isinstance(carried, Tensor) else repr(carried)[:40]
+                raise LooplabError(
+                    f"generation exit {self.name!r} ({entry.origin}) carries state but returned {shape} as it; its "
+                    f"state stays {before.dtype} [R, {', '.join(map(str, before.shape[1:]))}] (what it starts with)"
+                )
+        else:
+            raise LooplabError(
+                f"generation exit {self.name!r} ({entry.origin}) carries state but returned {type(answer).__name__}; "
+                "an exit that carries state returns (stop, state)"
+            )
         rows = h.shape[0]
         if not isinstance(stop, Tensor) or stop.dtype != torch.bool or tuple(stop.shape) != (rows,):
             got = f"a {stop.dtype} tensor of shape {list(stop.shape)}" if isinstance(stop, Tensor) else repr(stop)
@@ -266,10 +278,10 @@ class GenerationExit:
                 f"tensor of shape [{rows}], one decision per row"
                 + (", and the state its rows carry on" if entry.carries is not None else "")
             )
-        if entry.carries is not None and (not isinstance(carried, Tensor) or carried.shape[:1] != (rows,)):
+        if entry.carries is not None and carried.shape[0] != rows:
             raise LooplabError(
-                f"generation exit {self.name!r} ({entry.origin}) carries state but returned {carried!r:.80} as it; "
-                f"it returns (stop, state) with a state of {rows} rows"
+                f"generation exit {self.name!r} ({entry.origin}) returned a state of {carried.shape[0]} rows for "
+                f"{rows}; an exit that carries state returns one per row"
             )
         return stop, carried
 
@@ -346,7 +358,7 @@ def _convergence(rule, t, h, h_prev, logp, logp_prev):
 
 @dataclass
 class KLParams:
-    eps: float = param(1e-3, POSITIVE, "stop once KL(p_t ‖ p_{t−1}) < eps nats")
+    eps: float = param(1e-3, POSITIVE, "stop once the KL of the direction below < eps nats")
     direction: str = param(
         "forward", one_of("forward", "reverse"), "forward: KL(p_t ‖ p_{t−1}); reverse: KL(p_{t−1} ‖ p_t) (Huginn's kl)"
     )

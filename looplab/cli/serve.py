@@ -68,7 +68,7 @@ def serve_command(args) -> None:
         from looplab.serve.replicas import serve_replicas
 
         serve_replicas(args.model_dir, args.replicas, args.host, args.port, args.ray_address, dtype,
-                       args.device, **options)  # fmt: skip
+                       args.device, args.tokenizer, **options)  # fmt: skip
         return
     from looplab.generation.text_lm import open_text_lm
     from looplab.serve.app import create_app, model_id

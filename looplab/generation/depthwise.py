@@ -191,7 +191,8 @@ class DepthwiseDecoder(Decoder):
         calls = self._calls("core", rows, state.slot[rows], loop)
         h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], calls)[:, 0]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exit.reads_logits else None
-        earlier, carried = None if logp is None else state.logp[rows], state.carried.of(self.exit, rows)
+        earlier = None if logp is None else state.logp[rows]
+        carried = state.carried.of(self.exit, rows)
         stop, carried = self.exit.check_rows(loop, h, h_prev, logp, earlier, carried)
         state.carried.put(self.exit, rows, carried)
         state.h[rows], state.loop[rows] = h, loop

@@ -141,6 +141,10 @@ def open_text_lm(
         return lm
     if weights != "float":
         raise LooplabError(f"{weights} weights apply to a model dir (config.json); {path} is a looplab run")
+    if tokenizer is not None:
+        raise LooplabError(
+            f"a tokenizer applies to a model dir (config.json); {path} is a looplab run, read as trained"
+        )
     return _open_run(path, device)
 
 

@@ -179,7 +179,8 @@ class WavefrontDecoder(DepthwiseDecoder):
         if logp is not None and self.logp is None:
             self.logp = logp.new_zeros(*self.token.shape, logp.shape[-1])
         places = rows * self.token.shape[1] + slots
-        earlier, carried = None if logp is None else self.logp[rows, slots], self.carried.of(self.exit, places)
+        earlier = None if logp is None else self.logp[rows, slots]
+        carried = self.carried.of(self.exit, places)
         stop, carried = self.exit.check_rows(loop, h, h_prev, logp, earlier, carried)
         self.carried.put(self.exit, places, carried)
         self.h[rows, slots], self.loop[rows, slots] = h, loop

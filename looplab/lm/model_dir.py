@@ -336,9 +336,16 @@ def _check_files(path: Path, state_dict_ok: bool, tokenizer: Path | None) -> Non
             )
     where = tokenizer or path
     if not where.is_dir():
-        raise LooplabError(f"--tokenizer {where} is not a directory (one holding tokenizer.json)")
+        raise LooplabError(f"the tokenizer folder {where} is not a directory (one holding tokenizer.json)")
     if not {entry.name for entry in where.iterdir()} & set(TOKENIZER_FILES):
-        hint = "" if tokenizer else "; give the folder holding it with --tokenizer DIR"
+        hint = (
+            ""
+            if tokenizer
+            else (
+                "; give the folder holding it (--tokenizer DIR; lm-eval: tokenizer=DIR; a fine-tune: "
+                "model.pretrained_tokenizer)"
+            )
+        )
         raise LooplabError(
             f"{where} holds no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}, as tokenizer.save_pretrained writes "
             f"them){hint}"

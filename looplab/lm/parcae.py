@@ -44,9 +44,10 @@ Differences from the reference code, on purpose:
   rotate-half on de-interleaved heads, which leaves every q·k unchanged);
 - logits are in float32 or wider (the reference's float32; float64 in a float64 model).
 
-The value embeddings read the token ids, so the adapter's context carries them (:class:`ParcaeContext`): one
-from ``start``, narrowed by ``ctx.select(rows)``; one built by ``context(valid)`` alone is refused by any
-block that needs them (as :func:`looplab.model.depths.at_depths` builds for rows read at different depths).
+The value embeddings read the token ids, so the adapter's context carries them (:class:`ParcaeContext`): the
+one ``start`` builds, narrowed by ``ctx.select(rows)`` (what depth-wise readouts, halting schedules, the
+regularisers' probes and the spectral analysis keep); one built by ``context(valid)`` alone is refused by
+any block that needs them, in one line.
 """
 
 from __future__ import annotations
@@ -414,8 +415,7 @@ class DiagonalInjection(nn.Module):
         return torch.exp(-F.softplus(self.dt_bias) * torch.exp(self.A_log))
 
     def forward(self, x: Tensor, e: Tensor) -> Tensor:
-        dt = F.softplus(self.dt_bias)
-        return x * torch.exp(-dt * torch.exp(self.A_log)) + dt * (e @ self.B.T)
+        return x * self.decay() + F.softplus(self.dt_bias) * (e @ self.B.T)
 
 
 class LinearInjection(nn.Module):

@@ -68,9 +68,10 @@ def _state_dict_file(file: Path) -> dict[str, torch.Tensor]:
     refuses any object but tensors and plain containers, so no code in the file runs). Refused in one line: a
     file that loader rejects (naming what it found), and one holding anything but a flat name → tensor map."""
     import pickle
+    import zipfile
 
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    try:  # memory-mapped where torch.save's zip format allows (older files are read whole)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
         raise LooplabError(f"{file} is not a weights-only PyTorch state dict: {one_line(err)}") from None
     if not isinstance(state, dict) or not all(

@@ -30,6 +30,7 @@ Both read out at test time at argmax_t π^(T_test)(t|x).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,8 @@ class HaltingSample:
         log_prob: [B] log π(τ | x), differentiable in the halting head.
         entropy: [B] H(π(·|x)) (``exact``) or its one-sample estimate −log π(τ|x) (``sampled``).
         e: [B, L, d] the injected input.
+        ctx: the context ``start`` built for the batch (a family's may hold what the readout reads, as Parcae's
+            token ids).
         log_pi: [B, T_max] the whole log π(·|x) when every row was unrolled to T_max
             (``exact``), else None (use :meth:`RLHalting.distribution`).
     """
@@ -70,6 +73,7 @@ class HaltingSample:
     log_prob: Tensor
     entropy: Tensor
     e: Tensor
+    ctx: Any
     log_pi: Tensor | None = None
 
 
@@ -160,7 +164,7 @@ class RLHalting(LearnedHalting):
     def training_loss(self, model, batch, generator, probe=False):
         drawn = self.sample(model, batch, generator)
         states, depth, log_pi_tau, halt_entropy, e = drawn.states, drawn.depth, drawn.log_prob, drawn.entropy, drawn.e
-        row_loss = per_row_loss(model.readout(states, model.context(batch.valid)), batch.labels)
+        row_loss = per_row_loss(model.readout(states, drawn.ctx), batch.labels)
         reward = -row_loss.detach()
         if self.params.entropy_mode == "sampled":
             reward = reward - self.params.entropy_weight * log_pi_tau.detach()
@@ -181,7 +185,8 @@ class RLHalting(LearnedHalting):
             "baseline": self.baseline,
             "task_loss": float(row_loss.detach().mean()),
         }
-        return StepOutput(row_loss.mean() + halt_loss, stats, LoopProbe(states, e, batch.valid) if probe else None)
+        probed = LoopProbe(states, e, batch.valid, drawn.ctx) if probe else None
+        return StepOutput(row_loss.mean() + halt_loss, stats, probed)
 
     def _sample_exact(self, model, batch, generator):
         """Unroll every row to T_max; draw τ from the exact π.
@@ -205,7 +210,7 @@ class RLHalting(LearnedHalting):
         depth = below.sum(1).clamp_max(t_max - 1) + 1
         rows = torch.arange(len(depth), device=h.device)
         chosen = torch.stack(states)[depth - 1, rows]
-        return HaltingSample(chosen, depth, log_pi[rows, depth - 1], entropy(log_pi), e, log_pi)
+        return HaltingSample(chosen, depth, log_pi[rows, depth - 1], entropy(log_pi), e, ctx, log_pi)
 
     def _sample_on_the_fly(self, model, batch, generator):
         """Stop each running row at loop t with probability r_t; stopped rows leave the batch.
@@ -217,8 +222,8 @@ class RLHalting(LearnedHalting):
         uniform = self.parallel.draw_rows(
             lambda n: torch.rand(n, max(t_max - 1, 0), generator=generator), len(batch.tokens)
         ).to(batch.tokens.device)  # [B, T_max − 1]
-        h, e_rows, ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
-        e = e_rows
+        h, e_rows, start_ctx = model.start(batch.tokens, batch.valid, self.parallel.fork(generator))
+        e, ctx = e_rows, start_ctx
         batch_size = len(batch.tokens)
         alive = torch.arange(batch_size, device=h.device)
         survived = h.new_zeros(batch_size)  # Σ_{i<t} log(1 − r_i) of the running rows
@@ -246,7 +251,7 @@ class RLHalting(LearnedHalting):
         order = torch.argsort(torch.cat(finished_rows))
         log_pi_tau = torch.cat(finished_log_pi)[order]
         states, depth = torch.cat(finished_states)[order], torch.cat(finished_depth)[order]
-        return HaltingSample(states, depth, log_pi_tau, -log_pi_tau, e_rows)
+        return HaltingSample(states, depth, log_pi_tau, -log_pi_tau, e_rows, start_ctx)
 
 
 @register_schedule
@@ -282,4 +287,4 @@ class PonderNet(LearnedHalting):
             "kl": float(kl.detach()),
         }
         loss = task_loss + self.params.ponder_beta * kl
-        return StepOutput(loss, stats, LoopProbe(h, e, batch.valid) if probe else None)
+        return StepOutput(loss, stats, LoopProbe(h, e, batch.valid, ctx) if probe else None)

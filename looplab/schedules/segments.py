@@ -113,7 +113,7 @@ def supervise_segments(
     device = batch.tokens.device
     cap = cap.to(device)
     h, e, ctx = model.start(batch.tokens, batch.valid, generator)
-    e_rows = e
+    e_rows, start_ctx = e, ctx
     alive = torch.arange(batch_size, device=device)
     depth = torch.zeros(batch_size, dtype=torch.long, device=device)
     segments = torch.zeros_like(depth)
@@ -171,5 +171,5 @@ def supervise_segments(
     found = None
     if probe:
         order = torch.argsort(torch.cat(final_rows))
-        found = LoopProbe(torch.cat(finals)[order], e_rows, batch.valid)
+        found = LoopProbe(torch.cat(finals)[order], e_rows, batch.valid, start_ctx)
     return SegmentRun((loss_sum / per_segment).mean(), depth, segments, task_sum / per_segment, found)

@@ -72,14 +72,18 @@ def create_app(
     max_token_loops: int = MAX_TOKEN_LOOPS,
     kv_memory: int | None = None,
     prefix_memory: int | None = None,
+    tokenizer: str | None = None,
 ) -> FastAPI:
-    """The app serving the model at ``path`` (opened by its lifespan, so a Ray replica opens its own), or
-    an already opened ``lm``; the engine's options as :class:`~looplab.serve.engine.Engine` takes them;
-    ``max_token_loops`` bounds one request's work, (prompt + new tokens) × loops over its prompts."""
+    """The app serving the model at ``path`` (opened by its lifespan, so a Ray replica opens its own; a model
+    dir's tokenizer from ``tokenizer`` where it holds none), or an already opened ``lm``; the engine's options
+    as :class:`~looplab.serve.engine.Engine` takes them; ``max_token_loops`` bounds one request's work,
+    (prompt + new tokens) × loops over its prompts."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        text_lm = lm if lm is not None else await asyncio.to_thread(open_text_lm, path, dtype, device)
+        text_lm = lm
+        if text_lm is None:
+            text_lm = await asyncio.to_thread(open_text_lm, path, dtype, device, tokenizer=tokenizer)
         engine = Engine(text_lm.model, max_running, max_queue, batching, on_step, kv_memory, prefix_memory).start()
         app.state.lm, app.state.engine, app.state.model_id = text_lm, engine, model_id(text_lm)
         app.state.replica, app.state.created = f"{socket.gethostname()}:{os.getpid()}", int(time.time())

@@ -55,15 +55,18 @@ def serve_replicas(
     address: str | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    tokenizer: str | None = None,
     **engine_options,
 ) -> None:
-    """Deploy ``replicas`` copies of the server on Ray and answer on ``host:port`` until SIGTERM / SIGINT."""
+    """Deploy ``replicas`` copies of the server on Ray and answer on ``host:port`` until SIGTERM / SIGINT (a model
+    dir's tokenizer from ``tokenizer`` where it holds none)."""
     try:
         import ray
         from ray import serve
     except ImportError:
         raise LooplabError("--replicas needs Ray Serve, which is not installed: pip install 'looplab[ray]'") from None
     path = str(Path(path).resolve())  # the replicas open it themselves, from their own working dirs
+    tokenizer = None if tokenizer is None else str(Path(tokenizer).resolve())
     if address:
         _check_reachable(address)
     try:
@@ -74,7 +77,7 @@ def serve_replicas(
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         serve.start(http_options={"host": host, "port": port})
-        app = create_app(path, dtype=dtype, device=device, **engine_options)
+        app = create_app(path, dtype=dtype, device=device, tokenizer=tokenizer, **engine_options)
         gpu = 1 if device.startswith("cuda") else 0
         deployment = serve.deployment(
             name="looplab",

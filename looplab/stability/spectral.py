@@ -56,17 +56,19 @@ def spectral_trajectory(
         h0, e, ctx = model.start(batch.tokens, batch.valid)
     phi = loop_map(model, e, batch.valid, ctx)  # in start's context (a family's may hold what start read)
     trajectory = warm_power_iterations(phi, h0, batch.valid, loops, iters, generator)
+    singles = {}  # sample → its loop map alone, over its valid tokens (in its own start's context)
     for t, (h, growth, rayleigh) in enumerate(trajectory, start=1):
         for i in range(len(h)):
             row = {"loop": t, "sample": i, "rho_power": float(growth[i]), "rayleigh": float(rayleigh[i])}
             row["rho_exact"] = float("nan")
             if t in exact_loops:
                 length = int(batch.valid[i].sum())
-                tokens, valid = batch.tokens[i : i + 1, :length], batch.valid[i : i + 1, :length]
-                with torch.no_grad():
-                    _, _, single_ctx = model.start(tokens, valid)
-                single = loop_map(model, e[i : i + 1, :length], valid, single_ctx)
-                row["rho_exact"] = spectral_radius_exact(single, h[i : i + 1, :length])
+                if i not in singles:
+                    tokens, valid = batch.tokens[i : i + 1, :length], batch.valid[i : i + 1, :length]
+                    with torch.no_grad():
+                        _, _, single_ctx = model.start(tokens, valid)
+                    singles[i] = loop_map(model, e[i : i + 1, :length], valid, single_ctx)
+                row["rho_exact"] = spectral_radius_exact(singles[i], h[i : i + 1, :length])
             rows.append(row)
         if progress is not None:
             progress.advance(detail=f"loop {t}, mean ρ {float(growth.mean()):.3f}")

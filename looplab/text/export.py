@@ -3,12 +3,13 @@ model dir in its family's published layout, which transformers, vLLM and the lla
 they read the original.
 
 What is written: the run's latest weights (LoRA adapters merged into the weights they sit beside) under the
-published names — through transformers' ``save_pretrained`` for the families it builds (HRM-Text,
-Inkling-2, a retrofit's source), and as safetensors of the published module looplab builds for Ouro and
-Huginn — sharded past 5 GB with a ``model.safetensors.index.json``; the source dir's ``config.json`` (its
+published names — through transformers' ``save_pretrained`` for the families it builds (HRM-Text, Inkling-2, a
+retrofit's source), and as safetensors of the published module looplab builds for Ouro, Huginn, Nanbeige and
+Parcae (whose own checkpoints are a pickled ``pytorch_model.bin``: looplab writes no pickle, and its tied head
+once) — sharded past 5 GB with a ``model.safetensors.index.json``; the source dir's ``config.json`` (its
 published fields, the dtype field set to what was written); the tokenizer; and for a retrofit its
-``retrofit.json`` and fine-tuned W_I (``injection.safetensors``). The exported dir opens as the original
-does (``looplab eval|generate|serve DIR``) and gives the run's logits.
+``retrofit.json`` and fine-tuned W_I (``injection.safetensors``). The exported dir opens as the original does
+(``looplab eval|generate|serve DIR``) and gives the run's logits.
 
 Everything is checked before anything is written (a run not fine-tuned from a model dir, a non-empty
 ``--out``, ``--out`` under a file); the files are staged (:func:`looplab.io.staged`) and renamed into place
@@ -111,7 +112,7 @@ def _write(model: nn.Module, source, staging: Path) -> None:
     published = model.published
     if hasattr(published, "save_pretrained"):  # a family transformers builds, or a retrofit's source
         published.save_pretrained(staging, max_shard_size=SHARD)
-    else:  # Ouro, Huginn: the module looplab builds holds the published names
+    else:  # a family looplab builds: its module holds the published names
         tied = {"lm_head.weight"} if published.lm_head.weight is _embedding(published) else set()
         _save_published(published, staging, tied)
         config_json = json.loads((source.path / "config.json").read_text(encoding="utf-8"))

@@ -179,7 +179,7 @@ CASES = [
     (
         "train {cfg} --set generate.exits.kl.epsilon=1 --out {new}",
         2,
-        "unknown key in [generate.exits.kl] 'epsilon'; valid choices: eps",
+        "unknown key in [generate.exits.kl] 'epsilon'; valid choices: direction, eps",
     ),
     ("train {cfg} --set generate.exits.nope.x=1 --out {new}", 2, "unknown generation exit [generate.exits.NAME]"),
     (

@@ -51,6 +51,7 @@ def world(tmp_path_factory):
     tiny_tokenizer().save_pretrained(root / "llama")
     command = f"retrofit {root / 'llama'} --prelude 1 --core 2 --coda 1 --injection mix --out {root / 'retrofit'}"
     assert main(command.split()) == 0
+    save_own_family("parcae", root / "parcae_apart", tokenizer=False)  # its published layout: the tokenizer apart
     (root / "text.txt").write_text(TEXT * 4, encoding="utf-8")
     (root / "short.txt").write_text("In the beginning\n", encoding="utf-8")
     return root
@@ -282,6 +283,12 @@ TRAIN = (
 #: (the command, the text of its one line)
 BAD = [
     (TRAIN + " --set model.pretrained={root}/missing", "model dir not found:"),
+    (TRAIN + " --set model.pretrained_tokenizer={root}/parcae", "model.pretrained_tokenizer applies to a model dir"),
+    (
+        TRAIN + " --set model.pretrained={root}/parcae_apart --set model.pretrained_tokenizer={root}/text.txt",
+        "the tokenizer folder",
+    ),
+    (TRAIN + " --set model.pretrained={root}/parcae_apart", "holds no tokenizer"),
     (TRAIN + " --set model.pretrained={root}/text.txt", "is a file, not a model dir"),
     (TRAIN + " --set model.pretrained={root}/llama", "is a llama model, not a looped one: make one of it with"),
     (
@@ -346,3 +353,38 @@ def test_every_model_dir_preset_checks_with_a_dir_of_each_family(world):
             windows = [f"task.train_min={WINDOW}", f"task.train_max={WINDOW}", f"task.eval_lengths=[{WINDOW}]"]
             config = check_config(load_config(preset, [f"model.pretrained={world / family}", *windows]))
             assert config.task.name == "text" and json.loads(json.dumps(config.to_dict()))["model"]["pretrained"]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        ["schedule.name=rl_halting"],
+        ["schedule.name=rl_halting", "schedule.entropy_mode=exact"],
+        ["schedule.name=pondernet"],
+    ],
+    ids=["rl_halting-sampled", "rl_halting-exact", "pondernet"],
+)
+def test_halting_schedules_and_jsrr_read_parcaes_context(world, tmp_path, schedule):
+    """Parcae's value embeddings read the token ids its start context holds: the halting schedules' readouts and
+    the JSRR probe keep that context (a context built from the mask alone is refused)."""
+    overrides = [
+        f"model.pretrained={world / 'parcae'}", "task.name=text", f"task.text_file={world / 'text.txt'}",
+        f"task.train_min={WINDOW}", f"task.train_max={WINDOW}", f"task.eval_lengths=[{WINDOW}]", "schedule.t_max=4",
+        "schedule.depth=4", "train.steps=2", "train.batch_size=2", "train.log_every=1", "stability.jsrr.weight=0.1",
+        "stability.jsrr.estimator=jvp", "stability.jsrr.rows=1", "eval.max_loops=4", "eval.samples=4",
+        "run.threads=1", *schedule,
+    ]  # fmt: skip
+    train(load_config(None, overrides), tmp_path / "run", progress=False)
+    log = read_log(tmp_path / "run")
+    assert [r["step"] for r in log] == [1, 2] and all(r["jsrr"] > 0 for r in log)
+
+
+def test_a_dir_whose_tokenizer_is_apart_fine_tunes_with_pretrained_tokenizer(world, tmp_path, monkeypatch):
+    """``model.pretrained_tokenizer`` names Parcae's tokenizer folder (made absolute as the config is read), and the
+    run reads the same windows as the dir holding its tokenizer beside the weights."""
+    monkeypatch.chdir(world)
+    config = load_config(PRESET, [*_overrides(world, "parcae_apart", steps=2), "model.pretrained_tokenizer=parcae"])
+    assert config.model.pretrained_tokenizer == str(world / "parcae")
+    train(config, tmp_path / "apart", progress=False)
+    train(load_config(PRESET, _overrides(world, "parcae", steps=2)), tmp_path / "beside", progress=False)
+    assert [r["loss"] for r in read_log(tmp_path / "apart")] == [r["loss"] for r in read_log(tmp_path / "beside")]

@@ -312,11 +312,14 @@ CASES = [
         f"eval {{root}}/ouro_pickled {TEXT_ARG} --out {{new}}",
         "pytorch_model.bin is not a weights-only PyTorch state dict",
     ),
-    (f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}", "give the folder holding it with --tokenizer DIR"),
+    (
+        f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --out {{new}}",
+        "give the folder holding it (--tokenizer DIR; lm-eval",
+    ),
     ("generate {root}/parcae_no_tokenizer --prompt In", "holds no tokenizer (tokenizer.json / tokenizer_config.json"),
     (
         f"eval {{root}}/huginn_no_tokenizer {TEXT_ARG} --tokenizer {{root}}/ouro/model.safetensors --out {{new}}",
-        "model.safetensors is not a directory (one holding tokenizer.json)",
+        "/ouro/model.safetensors is not a directory (one holding tokenizer.json)",
     ),
     (
         "generate {root}/huginn_no_tokenizer --prompt In --tokenizer {root}/huginn_no_tokenizer",

@@ -7,6 +7,7 @@ tests/integration/test_finetune_model_dir.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pandas as pd
@@ -176,9 +177,29 @@ def test_a_parcae_dir_as_published_needs_its_tokenizer_named(dirs, tmp_path, cap
     for name in ("config.json", "pytorch_model.bin"):
         shutil.copy(dirs["parcae"] / name, published / name)
     assert main(["generate", str(published), "--prompt", PROMPTS[0], "--max-new-tokens", "2"]) == 2
-    assert "give the folder holding it with --tokenizer DIR" in capsys.readouterr().err
-    outputs = []
-    for path, extra in ((dirs["parcae"], []), (published, ["--tokenizer", str(dirs["parcae"])])):
+    assert "give the folder holding it (--tokenizer DIR;" in capsys.readouterr().err
+    outputs, losses, logprobs = [], [], []
+    for path, tokenizer in ((dirs["parcae"], None), (published, str(dirs["parcae"]))):
+        extra = [] if tokenizer is None else ["--tokenizer", tokenizer]
+        capsys.readouterr()
         assert main(["generate", str(path), "--prompt", PROMPTS[0], "--json", "--max-new-tokens", "4", *extra]) == 0
         outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
-    assert outputs[0] == outputs[1]
+        out = tmp_path / f"eval-{len(losses)}"
+        command = f"eval {path} --text {dirs['text']} --window {WINDOW} --samples {SAMPLES} --max-loops 2 --out {out}"
+        assert main([*command.split(), *extra]) == 0
+        losses.append(pd.read_csv(out / "lm_loops.csv").loss.tolist())
+        logprobs.append(_lm_eval_logprob(path, tokenizer))
+    assert outputs[0] == outputs[1] and losses[0] == losses[1] and logprobs[0] == logprobs[1]
+
+
+def _lm_eval_logprob(path, tokenizer) -> float | None:
+    """lm-eval's looplab model (``tokenizer=DIR`` where given): one continuation's log-probability."""
+    if importlib.util.find_spec("lm_eval") is None:
+        return None
+    from lm_eval.api.instance import Instance
+
+    from looplab.harness.model import LooplabLM
+
+    lm = LooplabLM(path=str(path), tokenizer=tokenizer, prefix_token=0)
+    ((logprob, _),) = lm.loglikelihood([Instance("loglikelihood", {}, ("In the beginning", " God created"), 0)])
+    return logprob

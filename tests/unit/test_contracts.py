@@ -231,6 +231,35 @@ def test_token_exit_answers_per_row_and_the_cap_always_stops(name):
                 without_head.check(1, h, h_prev, logp, logp_prev, without_head.start(5, h.device))
 
 
+def _count_start(rows, device):
+    return torch.zeros(rows, 1, dtype=torch.long, device=device)
+
+
+#: what a plugin exit that carries state may wrongly return, and the line that refuses it
+BAD_CARRIES = [
+    (lambda h: h[:, 0] > 0, "carries state but returned Tensor; an exit that carries state returns (stop, state)"),
+    (lambda h: (h[:, 0] > 0, None), "carries state but returned None as it"),
+    (lambda h: (h[:, 0] > 0, torch.zeros(len(h), 2, dtype=torch.long)), "returned torch.int64 [5, 2] as it"),
+    (lambda h: (h[:, 0] > 0, torch.zeros(len(h), 1)), "returned torch.float32 [5, 1] as it"),
+    (lambda h: (h[:, 0] > 0, torch.zeros(3, 1, dtype=torch.long)), "returned a state of 3 rows for 5"),
+]
+
+
+@pytest.mark.parametrize("answer, message", BAD_CARRIES, ids=range(len(BAD_CARRIES)))
+def test_an_exit_that_carries_state_and_loses_it_is_refused_in_one_line(monkeypatch, answer, message):
+    from looplab.token_exits import TokenExit
+
+    def stops(rule, t, h, h_prev, logp, logp_prev, carried):
+        return answer(h)
+
+    monkeypatch.setitem(TOKEN_EXITS, "counting", TokenExit("counting", False, 1, stops, carries=_count_start))
+    rule = GenerationExit("counting", 4)
+    h = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(LooplabError, match="^generation exit 'counting'") as refused:
+        rule.check(1, h, h, None, None, rule.start(5, h.device))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("name", names("token_exit"))
 def test_token_exit_declares_its_parameters_and_its_config_table_round_trips(name):
     with installed("token_exit", name):

@@ -174,12 +174,18 @@ MIXED_EXITS = [
     GenerationExit("kl", 5, {"eps": 0.05}),
     GenerationExit("fixed", 1),
 ]
+#: exits that carry state across a token's checks, two caps and counts, beside one that carries none
+CARRYING_EXITS = [
+    GenerationExit("argmax-stability", 6, {"steps": 1}),
+    GenerationExit("argmax-stability", 4, {"steps": 2}),
+    GenerationExit("convergence", 6, {"eps": 0.2}),
+]
 
 
 @pytest.mark.parametrize(
     "rules",
-    [[GenerationExit("fixed", 3)], [GenerationExit("convergence", 6, {"eps": 0.2})], MIXED_EXITS],
-    ids=["fixed", "convergence", "mixed-exits"],
+    [[GenerationExit("fixed", 3)], [GenerationExit("convergence", 6, {"eps": 0.2})], MIXED_EXITS, CARRYING_EXITS],
+    ids=["fixed", "convergence", "mixed-exits", "carrying-exits"],
 )
 def test_every_job_of_a_cache_policy_shares_one_forward_and_decodes_as_alone(models, rules):
     """Greedy, seeded sampled (temperature, top-k, top-p) and scoring jobs, at one exit or at four exits and
