@@ -185,7 +185,8 @@ def analyze_model_dir(args, kind: str) -> None:
 
 def retrofit_command(args) -> None:
     """``looplab retrofit SOURCE_DIR|SOURCE.gguf --prelude P --core K --coda C --injection NAME --out DIR``."""
-    from looplab.lm.model_dir import RetrofitSplit, open_gguf, open_model_dir, write_retrofit
+    from looplab.lm.model_dir import RetrofitSplit, open_model_dir
+    from looplab.lm.retrofit_dir import open_gguf, write_retrofit
 
     _quiet_transformers()
     split = RetrofitSplit(args.prelude, args.core, args.coda, args.injection)

@@ -16,7 +16,7 @@ What the directory holds decides what it is (a looplab run dir holds ``config.to
                them: a :class:`looplab.lm.retrofit.RetrofittedLoop` of the source's own layers
     source     the same decoder without ``retrofit.json``: not looped; ``looplab retrofit`` takes it,
                and takes a GGUF file of one too (``--source x.gguf``, dequantised by transformers'
-               GGUF reader into float weights: :func:`open_gguf`)
+               GGUF reader into float weights: :func:`looplab.lm.retrofit_dir.open_gguf`)
 
 :func:`open_model_dir` reads everything but the weights — the config, the tokenizer, and the
 parameter count of the model built on the meta device from config.json — so a directory that
@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +57,7 @@ __all__ = [
     "ModelDir",
     "RetrofitSplit",
     "is_model_dir",
-    "open_gguf",
     "open_model_dir",
-    "write_retrofit",
 ]
 
 CONFIG_FILE = "config.json"
@@ -83,7 +80,8 @@ RETROFIT_SOURCES = {
 }
 
 
-def _supported() -> str:
+def supported_models() -> str:
+    """What looplab opens, as a refusal names it: the native families' model types and the retrofits' sources."""
     by_class = "".join(f"; {kind} by _class_name {name}" for name, kind in sorted(CONFIG_CLASS_NAMES.items()))
     return (
         f"supported: {', '.join(sorted(LOOPED_FAMILIES))} (native looped LMs{by_class}), and retrofits of "
@@ -215,7 +213,7 @@ class ModelDir:
         """
         if self.kind == "source":
             raise not_looped(self)
-        _offline()
+        stay_offline()
         import transformers
 
         options = {"dtype": dtype, "attn_implementation": "eager", "local_files_only": True, "use_safetensors": True}
@@ -293,7 +291,7 @@ def _transformers_quiet():
             logging.enable_progress_bar()
 
 
-def _offline() -> None:
+def stay_offline() -> None:
     """Keep transformers and huggingface_hub off the network (every load also says local_files_only)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -377,16 +375,16 @@ def _load_tokenizer(path: Path):
     return tokenizer
 
 
-def _meta_model(cls, config) -> nn.Module:
+def meta_model(cls, config) -> nn.Module:
     """The model built on the meta device: its shapes and classes, no memory."""
     with torch.device("meta"):
         return cls(config)
 
 
 def _built(cls, config, path: Path) -> nn.Module:
-    """:func:`_meta_model`, a config the class cannot build from refused in one line."""
+    """:func:`meta_model`, a config the class cannot build from refused in one line."""
     try:
-        return _meta_model(cls, config)
+        return meta_model(cls, config)
     except LooplabError:
         raise
     except Exception as err:  # a field out of the class's range fails somewhere inside its constructor
@@ -430,7 +428,7 @@ def _read_split(path: Path, layers: int, width: int) -> RetrofitSplit:
     return split
 
 
-def _max_window(model_type: str, config) -> int:
+def max_window(model_type: str, config) -> int:
     """The longest window: the model's positions, or its sliding attention window where a layer uses one
     (a retrofit's mask is full causal, exact only within the window)."""
     text = getattr(config, "text_config", None) or config
@@ -473,10 +471,10 @@ def open_model_dir(path: str | Path, tokenizer: str | Path | None = None) -> Mod
     raw = _read_config_json(path)
     model_type = raw["model_type"]
     if model_type not in LOOPED_FAMILIES and model_type not in RETROFIT_SOURCES:
-        raise LooplabError(f"{path} holds model_type {model_type!r}, which looplab does not loop; {_supported()}")
+        raise LooplabError(f"{path} holds model_type {model_type!r}, which looplab does not loop; {supported_models()}")
     family = LOOPED_FAMILIES.get(model_type)
     _check_files(path, family is not None and family.model is not None, tokenizer)
-    _offline()
+    stay_offline()
     import transformers
 
     if family is not None and family.config_reader is not None:  # looplab builds it: its own config reader
@@ -521,112 +519,8 @@ def open_model_dir(path: str | Path, tokenizer: str | Path | None = None) -> Mod
         linears += ("inject",)  # the retrofit's W_I, a layer of the looped model beside the source's
     del meta
     tokenizer = _load_tokenizer(tokenizer or path)
-    window = _max_window(model_type, config)
+    window = max_window(model_type, config)
     return ModelDir(
         path, kind, model_type, config, tokenizer, parameters, layers, split, native, window, heads, width,
         linear_names=linears,
     )  # fmt: skip
-
-
-def write_retrofit(source: ModelDir, split: RetrofitSplit, out: str | Path) -> Path:
-    """Write the retrofit of ``source`` with ``split`` into ``out`` (a new or empty directory): the source's
-    config, tokenizer and weights by ``save_pretrained``, ``retrofit.json`` and W_I in ``injection.safetensors``.
-
-    Everything is checked first (the source is a Llama-family decoder and not itself a retrofit, the
-    split fits its layers, ``out`` is new or empty, the weights fit in memory); the files are written
-    into a hidden sibling folder renamed into place at the end, so a failure leaves no partial retrofit.
-    """
-    from safetensors.torch import save_file
-
-    from looplab.model.looped import injection_weight
-
-    out = Path(out)
-    if source.kind == "native":
-        raise LooplabError(
-            f"{source.path} is a native looped LM ({source.model_type}): it loops by itself; retrofit takes "
-            f"{', '.join(sorted(RETROFIT_SOURCES))}"
-        )
-    if source.kind == "retrofit":
-        raise LooplabError(f"{source.path} is already a retrofit ({source.name}): retrofit its source instead")
-    split.check(source.layers)
-    if out.is_file():
-        raise LooplabError(f"--out {out} is a file; give a new or empty directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise LooplabError(f"--out {out} exists and is not empty; give a new or empty directory")
-    dtype = getattr(source.config, "dtype", None) or torch.float32
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in DTYPES.values():
-        dtype = torch.float32
-    source.check_fits(dtype, "cpu", "retrofitting")
-    import transformers
-
-    cls = getattr(transformers, RETROFIT_SOURCES[source.model_type][0])
-    if source.gguf_file is None:
-        model = cls.from_pretrained(source.path, dtype=dtype, local_files_only=True, use_safetensors=True)
-    else:
-        model = _plain(cls.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=dtype, local_files_only=True))
-    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        model.save_pretrained(staging)
-        source.tokenizer.save_pretrained(staging)
-        weight = injection_weight(split.injection, source.width, 0.25, torch.float32, torch.device("cpu"))
-        save_file({"weight": weight.contiguous()}, str(staging / INJECTION_FILE))
-        description = {
-            "prelude": split.prelude,
-            "core": split.core,
-            "coda": split.coda,
-            "injection": split.injection,
-            "source": str(source.path.resolve()),
-            "source_layers": source.layers,
-        }
-        (staging / RETROFIT_FILE).write_text(json.dumps(description, indent=2) + "\n")
-        os.replace(staging, out)  # onto a missing or empty directory
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
-
-
-def _plain(model: nn.Module) -> nn.Module:
-    """A GGUF model as a plain float one: transformers dequantises its weights on loading but keeps it
-    marked as quantised, which ``save_pretrained`` refuses; the same weights in a model of the config
-    without its quantisation entry save as any other."""
-    import copy
-
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    dtype = next(model.parameters()).dtype
-    plain = type(model)(config).to(dtype)
-    plain.load_state_dict(model.state_dict())
-    return plain.eval()
-
-
-def open_gguf(file: str | Path) -> ModelDir:
-    """A GGUF file of a Llama-family decoder opened as a retrofit ``source`` (its config and tokenizer read by
-    transformers' GGUF reader; the weights are dequantised only when :func:`write_retrofit` loads them)."""
-    file = Path(file)
-    if not file.is_file():
-        raise LooplabError(f"GGUF file not found: {file}")
-    _offline()
-    import transformers
-
-    folder, name = file.parent, file.name
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    except Exception as err:  # gguf and transformers raise many kinds for a foreign file; one line each
-        first = one_line(err)
-        raise LooplabError(f"cannot read {file} as a GGUF model: {first}") from None
-    if config.model_type not in RETROFIT_SOURCES:
-        raise LooplabError(
-            f"{file} holds model_type {config.model_type!r}, which looplab does not loop; {_supported()}"
-        )
-    model_class, _ = RETROFIT_SOURCES[config.model_type]
-    meta = _meta_model(getattr(transformers, model_class), config)
-    layers, parameters = len(meta.model.layers), sum(p.numel() for p in meta.parameters())
-    del meta
-    heads, width = int(config.num_attention_heads), int(config.hidden_size)
-    window = _max_window(config.model_type, config)
-    return ModelDir(folder, "source", config.model_type, config, tokenizer, parameters, layers, None, 1, window,
-                    heads, width, name)  # fmt: skip

@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 pytest.importorskip("transformers")
 
 from looplab.cli import main  # noqa: E402
-from looplab.lm.model_dir import RetrofitSplit, open_model_dir, write_retrofit  # noqa: E402
+from looplab.lm.model_dir import RetrofitSplit, open_model_dir  # noqa: E402
+from looplab.lm.retrofit_dir import write_retrofit  # noqa: E402
 from tests.lm_dirs import TEXT, published_config, save_model_dir, save_own_family, tiny_tokenizer  # noqa: E402
 
 

@@ -35,8 +35,9 @@ import torch
 from looplab.analysis.colsum import colsum_depth, colsum_trace
 from looplab.analysis.fixed_points import convergence, fixed_point_cross_cos_min, late_self_cos, self_convergence
 from looplab.analysis.plots import plot_colsum_depth
-from looplab.lm.model_dir import ModelDir, RetrofitSplit, is_model_dir, open_gguf, open_model_dir, write_retrofit
+from looplab.lm.model_dir import ModelDir, RetrofitSplit, is_model_dir, open_model_dir
 from looplab.lm.retrofit import RetrofittedLoop
+from looplab.lm.retrofit_dir import open_gguf, write_retrofit
 from looplab.seeding import derive_generator
 from looplab.tasks.corpus import load_corpus
 from looplab.text.finetune import (
