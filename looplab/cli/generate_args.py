@@ -9,6 +9,11 @@ from looplab.generation import DECODERS, EXITS, MAX_LOOPS, POLICIES
 
 #: the help of ``--weights`` (generate, serve, eval on a model dir)
 WEIGHTS_HELP = "a model dir's linear layers: float (default, in --dtype) or int8, its quality cost printed"
+#: the help of ``--dtype`` (every command on a model dir; :func:`looplab.lm.model_dir.default_dtype`)
+DTYPE_HELP = (
+    "a model dir's weights: float32 or bfloat16 (default: bfloat16 on a CPU with native bfloat16 arithmetic "
+    "(AVX512-BF16, AMX), else float32)"
+)
 #: the help of ``--tokenizer`` (every command on a model dir)
 TOKENIZER_HELP = "a model dir whose tokenizer is kept elsewhere (Parcae's): the folder holding tokenizer.json"
 
@@ -106,7 +111,7 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         help="print one JSON object per prompt (prompt, prompt_ids, token_ids, text, loops, logprobs) on stdout, "
         "the summary line on stderr",
     )
-    generate.add_argument("--dtype", help="a model dir's weights: float32 (default) or bfloat16")
+    generate.add_argument("--dtype", help=DTYPE_HELP)
     generate.add_argument("--weights", help=WEIGHTS_HELP)
     generate.add_argument("--tokenizer", metavar="DIR", help=TOKENIZER_HELP)
     generate.add_argument(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from looplab.errors import LooplabError
+from looplab.lm.model_dir import default_dtype
 
 #: the flags only a model dir takes (argparse dest → how the command line spells it)
 MODEL_FLAGS = {
@@ -91,7 +92,7 @@ def eval_model_dir(args) -> None:
         window=args.window,
         samples=args.samples,
         out=args.out,
-        dtype=args.dtype or "float32",
+        dtype=args.dtype or default_dtype(args.device or "cpu", args.weights or "float"),
         device=args.device or "cpu",
         progress=True,
         weights=args.weights or "float",
@@ -130,7 +131,7 @@ def analyze_model_dir(args, kind: str) -> None:
     text = _text(args)
     common = {
         "window": args.window,
-        "dtype": args.dtype or "float32",
+        "dtype": args.dtype or default_dtype(args.device or "cpu"),
         "device": args.device or "cpu",
         "tokenizer": args.tokenizer,
     }

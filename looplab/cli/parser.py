@@ -6,7 +6,7 @@ import argparse
 
 from looplab import __version__
 from looplab.analysis.registry import AnalysisOptions
-from looplab.cli.generate_args import TOKENIZER_HELP, WEIGHTS_HELP, add_generate
+from looplab.cli.generate_args import DTYPE_HELP, TOKENIZER_HELP, WEIGHTS_HELP, add_generate
 from looplab.config import PRESETS
 from looplab.lm.model_dir import INJECTIONS
 from looplab.plotting import FIGURE_PRESETS
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
             type=int,
             help="a model dir: tokens per window (default 256 for eval, 64 for analyze; at most the model's positions)",
         )
-        sub.add_argument("--dtype", choices=("float32", "bfloat16"), help="a model dir: weights' dtype (float32)")
+        sub.add_argument("--dtype", choices=("float32", "bfloat16"), help=DTYPE_HELP)
         sub.add_argument("--device", help="a model dir: cpu (default), cuda or cuda:N")
         sub.add_argument("--tokenizer", metavar="DIR", help=TOKENIZER_HELP)
     evaluate.add_argument("--weights", help=WEIGHTS_HELP)
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model_dir", help="a looplab run dir of a text task, or a model dir")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    serve.add_argument("--dtype", help="a model dir's dtype, float32 or bfloat16 (default float32)")
+    serve.add_argument("--dtype", help=DTYPE_HELP)
     serve.add_argument("--device", default="cpu", help="where the model runs, e.g. cuda (default cpu)")
     serve.add_argument("--weights", help=WEIGHTS_HELP)
     serve.add_argument("--tokenizer", metavar="DIR", help=TOKENIZER_HELP)

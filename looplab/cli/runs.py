@@ -86,7 +86,7 @@ def generate_command(args) -> None:
     from looplab.generation.text import generate_text, unescape
     from looplab.generation.text_lm import open_text_lm
     from looplab.lm.int8 import check_weights
-    from looplab.lm.model_dir import is_model_dir
+    from looplab.lm.model_dir import default_dtype, is_model_dir
     from looplab.plugins import load_plugins
     from looplab.rundir import load_run_config
 
@@ -110,7 +110,8 @@ def generate_command(args) -> None:
     if not is_model_dir(args.run_dir):
         load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
     check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read
-    lm = open_text_lm(args.run_dir, args.dtype or "float32", weights=args.weights or "float", tokenizer=args.tokenizer)
+    dtype = args.dtype or default_dtype("cpu", args.weights or "float")  # generate decodes on the CPU
+    lm = open_text_lm(args.run_dir, dtype, weights=args.weights or "float", tokenizer=args.tokenizer)
     if lm.weights_note:
         print(f"generate: {lm.weights_note}", file=sys.stderr)
     options = decode_options(fields, lm, Sampling(args.temperature, args.top_k, args.seed))

@@ -47,6 +47,7 @@ def serve_command(args) -> None:
     from looplab.cli.models import refuse_model_dir_flags
     from looplab.experiment import check_device
     from looplab.lm.int8 import check_weights
+    from looplab.lm.model_dir import default_dtype
 
     check_weights(args.weights or "float", args.device)  # before the device: int8 is for the CPU alone
     try:
@@ -58,7 +59,7 @@ def serve_command(args) -> None:
     )
     if args.weights == "int8" and (args.replicas > 1 or args.ray_address):
         raise LooplabError("--weights int8 serves one process; drop --replicas / --ray-address")
-    dtype = args.dtype or "float32"
+    dtype = args.dtype or default_dtype(args.device, args.weights or "float")
     options = {"max_running": args.max_running, "max_queue": args.max_queue, "batching": args.batching}
     if args.kv_memory is not None:
         options["kv_memory"] = round(args.kv_memory * 2**30)

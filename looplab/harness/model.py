@@ -12,7 +12,8 @@ model_args (each checked at load; a bad one is a one-line :class:`~looplab.error
     eps, keep_loops, max_batch, ...  every parameter the chosen exit, cache and decoder declare (the exit's
                   over the run's ``[generate.exits.NAME]`` table), checked by the same parser as
                   ``looplab generate``'s flags and a server request's fields (:mod:`looplab.generation.fields`)
-    dtype         float32 or bfloat16 (a model dir's weights)
+    dtype         float32 or bfloat16 (a model dir's weights; default: bfloat16 on a CPU with native bfloat16
+                  arithmetic, else float32 — :func:`looplab.lm.model_dir.default_dtype`)
     weights       float (default) or int8: a model dir's linear layers as int8 (:mod:`looplab.lm.int8`; its
                   quality cost is logged)
     tokenizer     a model dir whose tokenizer is kept elsewhere (Parcae's): the folder holding it
@@ -58,7 +59,7 @@ from looplab.generation.fields import FieldError, decode_options, unknown_fields
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
 from looplab.lm.int8 import check_weights
-from looplab.lm.model_dir import DTYPES
+from looplab.lm.model_dir import DTYPES, default_dtype
 
 __all__ = ["LooplabLM"]
 
@@ -76,7 +77,7 @@ class LooplabLM(TemplateLM):
     def __init__(
         self,
         path: str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         batch_size: int | str | None = 1,
         max_batch_size: int | None = None,
         device: str | None = None,
@@ -91,11 +92,12 @@ class LooplabLM(TemplateLM):
             raise LooplabError("model_args needs path=DIR: a looplab run dir or a model dir")
         if "cache" in fields and fields["cache"] is None:
             fields["cache"] = "none"  # lm-eval's model_args parser reads cache=none as None
-        if dtype not in DTYPES:
+        if dtype is not None and dtype not in DTYPES:
             raise choice_error("model_arg dtype", dtype, DTYPES)
         self.batch_size = _positive("batch_size", 1 if batch_size is None else batch_size)
         self.seed = _integer("seed", seed)
         device = _device(device)
+        dtype = dtype or default_dtype(device, weights)
         check_weights(weights, device, "model_arg weights")
         # a run's plugins are known from here
         self.lm: TextLM = open_text_lm(path, dtype, device, weights, tokenizer=tokenizer)

@@ -50,6 +50,7 @@ from looplab.token_exits import MAX_LOOPS
 
 __all__ = [
     "DTYPES",
+    "default_dtype",
     "INJECTIONS",
     "LOOP_CAP",
     "RETROFIT_FILE",
@@ -67,6 +68,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 #: the loops any command runs a model dir at: 1..LOOP_CAP (the same cap as ``looplab generate``'s)
 LOOP_CAP = MAX_LOOPS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: the CPU flags of native bfloat16 arithmetic (/proc/cpuinfo): AVX512-BF16, AMX's bfloat16 tiles
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: the W_I choices ``looplab retrofit`` writes (``looplab.model.looped.injection_weight``)
 INJECTIONS = ("mix", "state", "input", "sum")
 #: model_type → (causal LM class, decoder layer class) of the decoders a retrofit takes: each one's
@@ -108,6 +111,26 @@ class RetrofitSplit:
             )
         if self.injection not in INJECTIONS:
             raise LooplabError(f"unknown injection {self.injection!r}; valid choices: {', '.join(INJECTIONS)}")
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU does bfloat16 arithmetic natively (a flag of :data:`BF16_FLAGS` in /proc/cpuinfo; no
+    such file, as off Linux: no)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in BF16_FLAGS)
+
+
+def default_dtype(device: str = "cpu", weights: str = "float") -> str:
+    """A model dir's dtype when a command names none: on a CPU the faster of the two for decoding — bfloat16
+    where the CPU does bfloat16 arithmetic natively (measured 1.04–1.24× float32's tokens/s at Ouro-1.4B's,
+    Nanbeige4.2-3B's and Parcae-770M's shapes on an AMX Xeon: docs/testing.md), float32 elsewhere, where
+    bfloat16 is emulated; float32 on a GPU (the exactness tests' dtype), and under int8 weights (whose
+    quality line is measured against float32)."""
+    native = str(device).startswith("cpu") and weights == "float" and native_bfloat16()
+    return "bfloat16" if native else "float32"
 
 
 def is_model_dir(path: str | Path) -> bool:

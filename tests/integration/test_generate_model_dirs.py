@@ -62,10 +62,11 @@ def lms(dirs):
 
 
 def _generate_json(capsys, path, *flags: str) -> list[dict]:
-    """``looplab generate PATH --prompt … --json FLAGS``: the JSON object of each prompt (the summary on stderr)."""
+    """``looplab generate PATH --prompt … --json --dtype float32 FLAGS`` (float32, as the references it is held to):
+    the JSON object of each prompt (the summary on stderr)."""
     capsys.readouterr()
     prompts = [arg for prompt in PROMPTS for arg in ("--prompt", prompt)]
-    code = main(["generate", str(path), *prompts, "--json", "--max-new-tokens", str(NEW), *flags])
+    code = main(["generate", str(path), *prompts, "--json", "--max-new-tokens", str(NEW), "--dtype", "float32", *flags])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert err.startswith("generate: ") and err.count("\n") == 1, err

@@ -375,7 +375,7 @@ CASES = [
     ),
     (f"eval {{root}}/llama {TEXT_ARG} --out {{new}}", "is a llama model, not a looped one: make one of it with"),
     (
-        f"eval {{root}}/huge {TEXT_ARG} --out {{new}}",
+        f"eval {{root}}/huge {TEXT_ARG} --dtype float32 --out {{new}}",
         "(6,960.6 B parameters in float32, 25,930.13 GiB) needs an estimated",
     ),
     (f"eval {{root}}/huge {TEXT_ARG} --dtype bfloat16 --out {{new}}", "more than the"),

@@ -6,6 +6,7 @@ is transformers' own next-token loss on the same windows."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -93,7 +94,7 @@ def test_the_retrofit_at_one_loop_of_every_layer_is_the_source(dirs, tmp_path, i
 def test_eval_text_writes_the_loss_by_loops_with_transformers_loss_at_the_native_count(dirs, tmp_path, family):
     out = tmp_path / "eval"
     max_loops = 2 * NATIVE[family]
-    command = f"eval {dirs[family]} --text {dirs['text']} --window {WINDOW} --samples {SAMPLES} "
+    command = f"eval {dirs[family]} --text {dirs['text']} --window {WINDOW} --samples {SAMPLES} --dtype float32 "
     assert main((command + f"--max-loops {max_loops} --out {out}").split()) == 0
     frame = pd.read_csv(out / "lm_loops.csv")
     assert list(frame.columns) == ["loops", "loss", "tokens"]
@@ -117,7 +118,7 @@ def test_eval_text_at_another_loop_count_is_transformers_with_that_count(dirs, t
     key = {"hrm_text": "H_cycles", "inkling2_loop": "loop_num_passes"}[family]
     out = tmp_path / "eval"
     command = f"eval {dirs[family]} --text {dirs['text']} --window {WINDOW} --samples 2 --max-loops 5 --out {out}"
-    assert main(command.split()) == 0
+    assert main([*command.split(), "--dtype", "float32"]) == 0
     windows = text_windows(open_model_dir(dirs[family]).tokenizer, TEXT * 2, WINDOW, 2, "text")
     with torch.no_grad():
         reference = float(_source(dirs[family], **{key: 5})(input_ids=windows, labels=windows, use_cache=False).loss)
@@ -180,3 +181,37 @@ def test_analyze_pca_traces_one_windows_loop_states(dirs, tmp_path, family, caps
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("explained variance"))
     ratios = [float(part.strip().rstrip("%")) / 100 for part in line.split(":")[1].split(",")]
     assert len(ratios) == 3 and all(0 < r <= 1 for r in ratios) and sum(ratios) <= 1 + 1e-6
+
+
+@pytest.mark.parametrize(
+    "flags, device, expected",
+    [
+        ("fpu sse avx512f amx_bf16 amx_tile", "cpu", "bfloat16"),
+        ("fpu sse avx512f avx512_bf16", "cpu", "bfloat16"),
+        ("fpu sse avx2 avx512f", "cpu", "float32"),  # bfloat16 emulated: float32 decodes faster
+        ("fpu sse avx512f amx_bf16", "cuda", "float32"),
+    ],
+)
+def test_a_model_dirs_default_dtype_is_bfloat16_only_where_the_cpu_has_it(monkeypatch, flags, device, expected):
+    from looplab.lm import model_dir
+
+    real = Path.read_text
+    monkeypatch.setattr(
+        Path,
+        "read_text",
+        lambda self, *a, **k: f"flags : {flags}\n" if str(self) == "/proc/cpuinfo" else real(self, *a, **k),
+    )
+    assert model_dir.default_dtype(device) == expected
+    assert model_dir.default_dtype(device, "int8") == "float32"  # int8's quality is measured against float32
+
+
+def test_a_command_without_dtype_loads_the_cpus_default(dirs, tmp_path, monkeypatch, capsys):
+    """``eval`` without ``--dtype`` reads the weights in :func:`default_dtype`'s choice, and says so."""
+    from looplab.lm import model_dir
+
+    for native, name in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(model_dir, "native_bfloat16", lambda native=native: native)
+        out = tmp_path / name
+        command = f"eval {dirs['hrm_text']} --text {dirs['text']} --window {WINDOW} --samples 1 --max-loops 1"
+        assert main([*command.split(), "--out", str(out)]) == 0
+        assert json.loads((out / "lm_summary.json").read_text())["dtype"] == name

@@ -43,7 +43,8 @@ def dirs(tmp_path_factory):
 def test_eval_text_reads_the_loss_by_loops_of_the_adapter(dirs, tmp_path, family):
     out, native = tmp_path / "eval", NATIVE[family]
     command = (
-        f"eval {dirs[family]} --text {dirs['text']} --window {WINDOW} --samples {SAMPLES} --max-loops {2 * native}"
+        f"eval {dirs[family]} --text {dirs['text']} --window {WINDOW} --samples {SAMPLES} --max-loops {2 * native} "
+        "--dtype float32"
     )
     assert main((command + f" --out {out}").split()) == 0
     frame = pd.read_csv(out / "lm_loops.csv")
@@ -60,7 +61,7 @@ def test_eval_text_reads_the_loss_by_loops_of_the_adapter(dirs, tmp_path, family
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_analyze_mechanistic_spectral_and_pca_run(dirs, tmp_path, family, capsys):
-    text = f"--text {dirs['text']} --window 8 --samples 2 --loops {NATIVE[family] + 1}"
+    text = f"--text {dirs['text']} --window 8 --samples 2 --loops {NATIVE[family] + 1} --dtype float32"
     mechanistic = tmp_path / "mechanistic"
     assert main(f"analyze mechanistic {dirs[family]} {text} --no-plots --out {mechanistic}".split()) == 0
     summary = json.loads((mechanistic / "summary.json").read_text())
@@ -68,7 +69,7 @@ def test_analyze_mechanistic_spectral_and_pca_run(dirs, tmp_path, family, capsys
     fixed = pd.read_csv(mechanistic / "fixed_points.csv")
     assert len(fixed) > 0 and fixed.select_dtypes("number").notna().any().any()
     spectral = tmp_path / "spectral"
-    text = f"--text {dirs['text']} --window 4 --samples 2 --loops 2 --iters 2 --exact-at 1"
+    text = f"--text {dirs['text']} --window 4 --samples 2 --loops 2 --iters 2 --exact-at 1 --dtype float32"
     assert main(f"analyze spectral {dirs[family]} {text} --out {spectral}".split()) == 0
     rho = pd.read_csv(spectral / "spectral.csv")
     assert rho.rho_power.notna().all() and (rho.rho_power > 0).all()
@@ -88,7 +89,7 @@ def test_analyze_mechanistic_spectral_and_pca_run(dirs, tmp_path, family, capsys
 def test_generate_json_gives_each_prompt_its_tokens_alone(dirs, capsys, family):
     prompts = [arg for prompt in PROMPTS for arg in ("--prompt", prompt)]
     capsys.readouterr()
-    assert main(["generate", str(dirs[family]), *prompts, "--json", "--max-new-tokens", "4"]) == 0
+    assert main(["generate", str(dirs[family]), *prompts, "--json", "--max-new-tokens", "4", "--dtype", "float32"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     loop = open_model_dir(dirs[family]).load()
     for row in rows:
@@ -113,7 +114,8 @@ def test_lm_evals_looplab_model_scores_the_text_as_the_adapter(dirs, family):
 
     from looplab.harness.model import LooplabLM
 
-    lm = LooplabLM(path=str(dirs[family]), loops=NATIVE[family], prefix_token=0)  # the tiny tokenizer has no BOS
+    # float32, as the adapter it is held to; the tiny tokenizer has no BOS
+    lm = LooplabLM(path=str(dirs[family]), dtype="float32", loops=NATIVE[family], prefix_token=0)
     request = Instance("loglikelihood", {}, ("In the beginning", " God created the heaven"), 0)
     ((logprob, _),) = lm.loglikelihood([request])
     model_dir = open_model_dir(dirs[family])

@@ -47,7 +47,9 @@ def retrofit(tmp_path_factory):
 
 
 def test_lm_evals_local_completions_through_the_server_gives_looplabs_loglikelihoods(retrofit):
-    direct = _loglikelihoods(get_model("looplab").create_from_arg_string(f"path={retrofit},prefix_token=0"))
+    direct = _loglikelihoods(
+        get_model("looplab").create_from_arg_string(f"path={retrofit},prefix_token=0,dtype=float32")
+    )
     with serving(open_text_lm(retrofit)) as (url, engine):
         args = (
             f"base_url={url}/v1/completions,model={retrofit.name},tokenizer_backend=huggingface,"
