@@ -56,6 +56,7 @@ def test_eval_text_on_the_dir_equals_the_python_path(smollm2_retrofit, tmp_path)
     text.write_text(TEXT * 3, encoding="utf-8")
     out = tmp_path / "eval"
     args = f"eval {smollm2_retrofit} --text {text} --window {WINDOW} --samples {SAMPLES} --max-loops {LOOPS}"
+    args += " --dtype float32"  # the python path's dtype
     assert main([*args.split(), "--out", str(out)]) == 0
     table = pd.read_csv(out / "lm_loops.csv")
     assert table.loops.tolist() == list(range(1, LOOPS + 1))
@@ -79,7 +80,7 @@ def test_generate_json_on_the_dir_equals_the_python_path(smollm2_retrofit, capsy
 
     prompts, new = ["In the beginning God created", "And the earth was"], 6
     capsys.readouterr()
-    flags = ["--loops", str(LOOPS), "--cache", "per_loop", "--max-new-tokens", str(new), "--json"]
+    flags = ["--loops", str(LOOPS), "--cache", "per_loop", "--max-new-tokens", str(new), "--json", "--dtype", "float32"]
     code = main(["generate", str(smollm2_retrofit), *[a for p in prompts for a in ("--prompt", p)], *flags])
     out, err = capsys.readouterr()
     assert code == 0, err
