@@ -24,6 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -383,6 +384,9 @@ class Experiment:
     schedule: Schedule
     regularisers: list[Regulariser] = field(default_factory=list)
     checkpoint: str | None = None
+    #: the model dir ``model.pretrained`` names, as opened for the build (its tokenizer, loops, family);
+    #: None for looplab's own model
+    source: Any = None
 
     @staticmethod
     def build(config: Config, parallel: Parallel = SINGLE) -> Experiment:
@@ -392,8 +396,10 @@ class Experiment:
         checked(config)
         check_device(config.run.device)
         torch.manual_seed(config.run.seed)
+        source = None
         if config.model.pretrained:
-            task, model, width = Experiment._pretrained(config)
+            task, model, source = Experiment._pretrained(config)
+            width = source.width
         else:
             task = make_task(config.task.name, config.task.alphabet)
             check_fits(
@@ -412,13 +418,13 @@ class Experiment:
         schedule = make_schedule(config.schedule, context)
         if schedule.module is not None:
             schedule.module.to(config.run.device)
-        return Experiment(config, task, model, schedule, build_regularisers(config))
+        return Experiment(config, task, model, schedule, build_regularisers(config), source=source)
 
     @staticmethod
-    def _pretrained(config: Config) -> tuple[Task, torch.nn.Module, int]:
+    def _pretrained(config: Config) -> tuple[Task, torch.nn.Module, Any]:
         """The text task on the dir's tokenizer, the dir's adapter (its weights read once, in
         ``model.pretrained_dtype``; a mixture of experts runs its eager loop, which forward-mode AD for
-        the JSRR penalty needs) and its width."""
+        the JSRR penalty needs) and the opened dir."""
         opened = open_pretrained(config)
         check_pretrained_fits(config, opened)
         task = config_task(config, opened)
@@ -430,7 +436,7 @@ class Experiment:
             from looplab.lm.adapters import attach_lora
 
             model = attach_lora(model, train.adapter_rank, train.adapter_alpha, train.adapter_targets, config.run.seed)
-        return task, model, opened.width
+        return task, model, opened
 
     @staticmethod
     def from_run(run_dir: str | Path) -> Experiment:

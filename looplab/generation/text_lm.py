@@ -173,12 +173,9 @@ def _open_run(path: Path, device: str) -> TextLM:
     from looplab.tasks.base import TASKS
 
     exp = Experiment.from_run(path)
-    if exp.config.model.pretrained:  # fine-tuned from a model dir: that dir's tokenizer, loops and exits
-        from looplab.experiment import open_pretrained
-
-        opened = open_pretrained(exp.config)
-        name = f"looplab run {path.name} (fine-tuned from {opened.name})"
-        return _model_dir_lm(exp.model.to(device), path, opened, "run", name)
+    if exp.source is not None:  # fine-tuned from a model dir: that dir's tokenizer, loops and exits
+        name = f"looplab run {path.name} (fine-tuned from {exp.source.name})"
+        return _model_dir_lm(exp.model.to(device), path, exp.source, "run", name)
     if not exp.task.is_text:
         text_tasks = sorted(name for name, task in TASKS.items() if task.is_text)
         raise LooplabError(

@@ -82,7 +82,7 @@ def _save_published(module: nn.Module, folder: Path, skip: set[str]) -> None:
 def export_run(run_dir: str | Path, out: str | Path) -> dict:
     """Write the run ``run_dir`` (fine-tuned from a model dir) as a model dir ``out`` (module docstring);
     returns what was written: ``family``, ``merged`` adapters, ``files``."""
-    from looplab.experiment import Experiment, open_pretrained
+    from looplab.experiment import Experiment
     from looplab.rundir import load_run_config
 
     run_dir, out = Path(run_dir), Path(out)
@@ -93,8 +93,8 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
             "a model dir; a looplab run is read as it is (its checkpoints)"
         )
     _check_out(out)
-    source = open_pretrained(config)
-    model = Experiment.from_run(run_dir).model
+    exp = Experiment.from_run(run_dir)
+    source, model = exp.source, exp.model
     merged = merge_adapters(model)
     try:
         with staged(out) as staging:
