@@ -366,8 +366,8 @@ class KLParams:
 
 @register_token_exit("kl", reads_logits=True, first_loop=2, params=KLParams, reads_loop=False)
 def _kl(rule, t, h, h_prev, logp, logp_prev):
-    new, old = (logp, logp_prev) if rule.params.direction == "forward" else (logp_prev, logp)
-    return (new.exp() * (new - old)).sum(-1) < rule.params.eps
+    p, q = (logp, logp_prev) if rule.params.direction == "forward" else (logp_prev, logp)
+    return (p.exp() * (p - q)).sum(-1) < rule.params.eps  # KL(p ‖ q)
 
 
 @dataclass

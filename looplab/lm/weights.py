@@ -1,5 +1,6 @@
-"""Reading a model directory's safetensors weights into a module built by looplab (the families transformers
-does not have: :mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`), with every key and shape checked first.
+"""Reading a model directory's weights into a module built by looplab (the families transformers does not have:
+:mod:`looplab.lm.ouro`, :mod:`looplab.lm.huginn`, :mod:`looplab.lm.nanbeige`, :mod:`looplab.lm.parcae`), with
+every key and shape checked first.
 
     weight_files(path)           the weight files of a dir: ``model.safetensors`` or the shards its
                                  ``model.safetensors.index.json`` names (every other ``*.safetensors``
