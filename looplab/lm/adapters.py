@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from looplab.errors import LooplabError
-from looplab.lm.int8 import output_heads
+from looplab.model.protocol import output_heads
 from looplab.seeding import derive_seed
 
 __all__ = ["adapter_targets", "attach_lora", "check_targets"]

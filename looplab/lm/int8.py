@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from looplab.errors import LooplabError
-from looplab.model.protocol import readouts_by_loops
+from looplab.model.protocol import output_heads, readouts_by_loops
 
 __all__ = [
     "WEIGHTS",
@@ -114,11 +114,6 @@ def quantize_linears(model: nn.Module, keep: tuple[nn.Module, ...] = ()) -> int:
     for parent, name in targets:  # each float layer freed as its int8 one replaces it: memory of one more layer
         setattr(parent, name, Int8Linear(getattr(parent, name)))
     return len(targets)
-
-
-def output_heads(model: nn.Module) -> tuple[nn.Module, ...]:
-    """The modules a model's logits come from (``lm_head`` / ``head``, wherever they sit)."""
-    return tuple(module for name, module in model.named_modules() if name.split(".")[-1] in ("lm_head", "head"))
 
 
 @dataclass(frozen=True)

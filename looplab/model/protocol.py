@@ -94,6 +94,12 @@ def readouts_by_loops(
         yield h, model.readout(h, ctx, at=at)
 
 
+def output_heads(model: nn.Module) -> tuple[nn.Module, ...]:
+    """The modules a model's logits come from (``lm_head`` / ``head``, wherever they sit): what int8 weights and
+    LoRA adapters leave as they are."""
+    return tuple(module for name, module in model.named_modules() if name.split(".")[-1] in ("lm_head", "head"))
+
+
 class ObservedLayers:
     """The layer hook of :meth:`LoopedModel.observe`, shared by the models that implement the protocol.
 
