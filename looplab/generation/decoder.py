@@ -238,7 +238,7 @@ class Decoder:
         running = torch.ones(count, dtype=torch.bool, device=rows.device)
         active, logp_prev = picks, None
         carried = Carried(count, rows.device)  # what each row's exit carries across this token's checks
-        reads_logits = self.exits.reads_logits(rows) if self.mixed else self.exit.reads_logits
+        reads_logits = self.exits.reads_logits(rows)
         for t in range(1, self.cap + 1):
             if not prefill and self.prompt is not None and t > self.prompt.shallowest:
                 self.deepen_prompt(rows[active], t)
@@ -269,11 +269,7 @@ class Decoder:
             elif reads_logits:
                 logp = logits_of(model, h_query).log_softmax(-1)
             prev_run = None if logp_prev is None else logp_prev[run]
-            if self.mixed:
-                stop = self.exits.check(rows[run], t, h_query, h_prev_query, logp, prev_run, carried, run)
-            else:
-                stop, state = self.exit.check(t, h_query, h_prev_query, logp, prev_run, carried.of(self.exit, run))
-                carried.put(self.exit, run, state)
+            stop = self.exits.check(rows[run], t, h_query, h_prev_query, logp, prev_run, carried, run)
             stop = stop & running[run]
             stopping = run[stop]
             read[stopping] = h_query[stop]

@@ -37,21 +37,25 @@ class RowExits:
                 self.rules.append(rule)
             self.ids[row], self.caps[row] = self.rules.index(rule), rule.loops
 
+    def present(self, rows: Tensor) -> list[int]:
+        """The exits ``rows`` hold, as indices into ``rules`` (no lookup where every row holds one exit)."""
+        return [0] if len(self.rules) == 1 else self.ids[rows].unique().tolist()
+
     def reads_logits(self, rows: Tensor) -> bool:
         """Whether the exit of any of ``rows`` reads each loop's logits."""
-        return any(self.rules[k].reads_logits for k in self.ids[rows].unique().tolist())
+        return any(self.rules[k].reads_logits for k in self.present(rows))
 
     def check(self, rows: Tensor, t: int, h: Tensor, h_prev: Tensor, logp, logp_prev, carried: Carried, at) -> Tensor:
         """[R] bool: whether the token of each of ``rows`` stops after loop t, by its row's exit (h, h_prev [R, d]
         its states after and before the loop; logp, logp_prev [R, V] or None); ``carried`` holds what each exit
         carries across checks, the rows' at places ``at`` [R], and takes what they carry on."""
-        ids = self.ids[rows]
-        present = ids.unique().tolist()
+        present = self.present(rows)
         if len(present) == 1:
             rule = self.rules[present[0]]
             stop, state = rule.check(t, h, h_prev, logp, logp_prev, carried.of(rule, at))
             carried.put(rule, at, state)
             return stop
+        ids = self.ids[rows]
         stop = torch.zeros(len(ids), dtype=torch.bool, device=h.device)
         for k in present:
             rule = self.rules[k]
