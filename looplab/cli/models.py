@@ -51,12 +51,13 @@ def takes_model_dir(args, extra_flags: dict[str, str] | None = None) -> bool:
     return bool(given)
 
 
-def refuse_model_dir_flags(path, given: dict[str, object], how: str) -> None:
-    """Refuse the model-dir flags given (spelling → value, None when not given) when ``path`` is not a model
-    dir: a looplab run is ``how`` ("read", "served") as it was trained."""
+def refuse_model_dir_flags(path, args, how: str) -> None:
+    """Refuse the model-dir flags ``args`` gives (``--dtype``, ``--weights``, ``--tokenizer``) when ``path`` is not
+    a model dir: a looplab run is ``how`` ("read", "served") as it was trained."""
     from looplab.lm.model_dir import is_model_dir
 
-    flag = next((flag for flag, value in given.items() if value is not None), None)
+    given = (MODEL_FLAGS[dest] for dest in ("dtype", "weights", "tokenizer") if getattr(args, dest) is not None)
+    flag = next(given, None)
     if flag is not None and not is_model_dir(path):
         raise LooplabError(
             f"{flag} applies to a model dir (config.json); {path} is a looplab run, {how} as it was trained"

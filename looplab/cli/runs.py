@@ -104,9 +104,7 @@ def generate_command(args) -> None:
     load_plugins(args.plugin)  # and the installed packages' entry points
     fields = _decode_fields(args)
     check_weights(args.weights or "float", "cpu")
-    refuse_model_dir_flags(
-        args.run_dir, {"--dtype": args.dtype, "--weights": args.weights, "--tokenizer": args.tokenizer}, "read"
-    )
+    refuse_model_dir_flags(args.run_dir, args, "read")
     if not is_model_dir(args.run_dir):
         load_run_config(args.run_dir)  # imports the run's plugins: their exits, caches and decoders are known
     check_fields(fields)  # an unknown exit, cache, decoder or parameter is refused before any weight is read

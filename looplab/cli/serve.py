@@ -54,9 +54,7 @@ def serve_command(args) -> None:
         check_device(args.device)
     except LooplabError as err:
         raise LooplabError(str(err).replace("run.device", "--device")) from None
-    refuse_model_dir_flags(
-        args.model_dir, {"--dtype": args.dtype, "--weights": args.weights, "--tokenizer": args.tokenizer}, "served"
-    )
+    refuse_model_dir_flags(args.model_dir, args, "served")
     if args.weights == "int8" and (args.replicas > 1 or args.ray_address):
         raise LooplabError("--weights int8 serves one process; drop --replicas / --ray-address")
     dtype = args.dtype or default_dtype(args.device, args.weights or "float")
