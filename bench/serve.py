@@ -11,7 +11,8 @@ concurrent clients. The cells (CELLS): greedy at a fixed depth (4 loops) and at 
 0.01, cap 16); sampled at temperature 1 with a seed each (what an OpenAI client sends by default); and a
 mix, request by request, of four exits (fixed 4, kl cap 16, convergence cap 8, confidence cap 6), two cache
 policies (per_loop, shared) and greedy or sampled picking. ``exact`` and ``cohort`` run the greedy fixed
-cell only.
+cell only; ``depth`` (continuous depth batching: the per_loop requests' rows each at their own loop in one
+core call) the kl and mixed cells.
 
 Per cell: new tokens per second of wall time, p50 and p99 request latency (sent → whole response), the
 tokens/s ratio to the one-at-a-time run, and how many answers equal the same request's answer one at a
@@ -19,7 +20,7 @@ time (token ids; a sampled request's seed fixes its draws). Then what a sampled 
 greedy one (one client, fixed 4). The load is bounded: ``--requests`` per cell, and a cell stops sending after
 ``--time-limit`` seconds (the table says how many were answered).
 
-    python bench/serve.py [--run-dir RUN] [--steps 150] [--requests 48] [--max-tokens 32]
+    python bench/serve.py [--run-dir RUN] [--steps 150] [--requests 48] [--max-tokens 32] [--modes continuous depth]
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def cell_fields(cell: str, index: int) -> dict:
 
 CELLS = ("greedy, fixed 4", "sampled T 1, fixed 4", "greedy, kl (cap 16)", "mixed exits, caches, sampling")
 #: the cells each batching mode runs, and the goal of each continuous cell at 32 clients (tokens/s ratio)
-MODES = {"continuous": CELLS, "exact": CELLS[:1], "cohort": CELLS[:1]}
+MODES = {"continuous": CELLS, "exact": CELLS[:1], "cohort": CELLS[:1], "depth": CELLS[2:]}
 GOALS = {"greedy, fixed 4": 6.0, "sampled T 1, fixed 4": 5.0, "greedy, kl (cap 16)": 4.0,
          "mixed exits, caches, sampling": 4.0}  # fmt: skip
 #: the most a sampled token may cost against a greedy one, alone
@@ -168,7 +169,8 @@ def percentile(values: list[float], q: float) -> float:
 def load_cells(run_dir: str, windows: list[list[int]], args) -> list[list]:
     """Every batching mode's cells (MODES) under 1, 8 and 32 clients: a table row each."""
     rows = []
-    for batching, cells in MODES.items():
+    for batching in args.modes:
+        cells = MODES[batching]
         server, url = start_server(run_dir, batching, max(CLIENTS))
         try:
             for cell in cells:
@@ -224,6 +226,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds a cell may send requests for")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--parts", nargs="+", default=["load", "prefix"], choices=["load", "prefix"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="batching modes")
     args = parser.parse_args()
     setup(args.threads, 0)
     print(machine_line())
@@ -239,13 +242,17 @@ def main() -> None:
     if rows:
         header = ["batching", "requests", "clients", "answered", "tok/s", "p50 ms", "p99 ms", "vs 1-at-a-time"]
         print_table([*header, "= alone"], rows)
-        for cell, goal in GOALS.items():
-            ratio = next(float(row[-2][:-1]) for row in rows if row[:3] == ["continuous", cell, max(CLIENTS)])
-            print_verdict(f"serve continuous, {cell}: {max(CLIENTS)} clients vs one at a time", ratio, goal)
+        for batching in args.modes:
+            for cell in MODES[batching]:
+                if cell in GOALS and batching in ("continuous", "depth"):
+                    ratio = next(float(row[-2][:-1]) for row in rows if row[:3] == [batching, cell, max(CLIENTS)])
+                    label = f"serve {batching}, {cell}: {max(CLIENTS)} clients vs one at a time"
+                    print_verdict(label, ratio, GOALS[cell])
         rates = {row[1]: float(row[4]) for row in rows if row[0] == "continuous" and row[2] == 1}
-        cost = rates["greedy, fixed 4"] / rates["sampled T 1, fixed 4"]
-        label = "serve continuous, one client: a sampled token's cost vs a greedy one's"
-        print_verdict(label, cost, SAMPLED_COST, at_most=True)
+        if "continuous" in args.modes:
+            cost = rates["greedy, fixed 4"] / rates["sampled T 1, fixed 4"]
+            label = "serve continuous, one client: a sampled token's cost vs a greedy one's"
+            print_verdict(label, cost, SAMPLED_COST, at_most=True)
     if ttft:
         label = f"serve, {PREFIX_REQUESTS} requests sharing a {PREFIX_TOKENS}-token prefix: time to first token"
         print_verdict(label + " without / with the prefix cache", ttft["without"] / ttft["with"], PREFIX_GOAL)

@@ -5,16 +5,19 @@ clients on loopback.
 A ``looplab serve DIR`` process (its memory lines, printed before and after loading, are echoed) answers
 ``--requests`` greedy completions of ``--max-tokens`` new tokens after a ``--prompt``-token prompt of token
 ids, at the family's fixed depth (Ouro 4 loops, its native count; Huginn ``--huginn-loops``): one at a time
-(the baseline), then from ``--clients`` clients at once. For Ouro, the same load again with its ``gate``
-exit at τ 0.5 (each request's ``usage.loops`` gives the mean depth its tokens ran).
+(the baseline), then from ``--clients`` clients at once. For Ouro, the same again with its ``gate`` exit at
+τ 0.5 (each request's ``usage.loops`` gives the mean depth its tokens ran). Each ``--batching`` mode gets a
+server of its own: ``continuous`` (a step runs every row's token to its exit, so the deepest row sets the
+step's loops) and ``depth`` (a step is one loop of every row's token, each at its own loop).
 
 Per cell: new tokens per second of wall time, p50 latency, the ratio to one at a time, and how many answers
 equal the same request's answer one at a time. Goals (Ouro): ``--clients`` 8 ≥ 3× one client's tokens/s;
 under that load the gate exit's tokens/s ≥ 0.8 × (4 / its mean depth) × fixed 4's.
 
-    python bench/serve_published.py [--family ouro huginn] [--requests 8] [--clients 8] [--max-tokens 8]
+    python bench/serve_published.py [--family ouro huginn] [--batching continuous depth] [--requests 8]
+                                    [--clients 8] [--max-tokens 8]
 
-About 3 minutes for Ouro on 2 cores, 20 GiB of memory and 10 minutes more for Huginn.
+About 4 minutes a batching mode for Ouro on 2 cores, 20 GiB of memory and 10 minutes more for Huginn.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ GATE = {"exit": "gate", "loops": 4, "threshold": 0.5}
 GOAL_CLIENTS, GOAL_GATE = 3.0, 0.8
 
 
-def start_server(model_dir: Path, max_running: int, threads: int) -> tuple[subprocess.Popen, str]:
+def start_server(model_dir: Path, max_running: int, threads: int, batching: str) -> tuple[subprocess.Popen, str]:
     """``looplab serve`` on a free loopback port; its stderr lines up to the address are echoed."""
     command = [sys.executable, "-m", "looplab", "serve", str(model_dir), "--port", "0",
-               "--max-running", str(max_running), "--max-queue", "64"]  # fmt: skip
+               "--max-running", str(max_running), "--max-queue", "64", "--batching", batching,
+               "--dtype", "float32"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     while True:
@@ -60,6 +64,7 @@ def start_server(model_dir: Path, max_running: int, threads: int) -> tuple[subpr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", nargs="+", default=["ouro"], choices=sorted(FIXED))
+    parser.add_argument("--batching", nargs="+", default=["continuous", "depth"], choices=["continuous", "depth"])
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=8)
@@ -74,42 +79,59 @@ def main() -> None:
             began = time.perf_counter()
             model_dir = write_random_dir(family, Path(scratch) / family)
             print(f"{family}: wrote its published shape in {time.perf_counter() - began:.0f} s", flush=True)
-            server, url = start_server(model_dir, args.clients, args.threads)
-            cells = {"fixed": FIXED[family], **({"gate 0.5": GATE} if family == "ouro" else {})}
-            try:
-                for cell, fields in cells.items():
-                    bodies = [
-                        {"prompt": [1 + (7 * i + 3 * j) % 250 for j in range(args.prompt)],
-                         "max_tokens": args.max_tokens, "temperature": 0, **fields}
-                        for i in range(args.requests)
-                    ]  # fmt: skip
-                    alone = None
-                    for clients in (1, args.clients) if cell == "fixed" else (args.clients,):
-                        seconds, latencies, tokens, answers = asyncio.run(load(url, bodies, clients, args.time_limit))
-                        rate = tokens / seconds
-                        rates[family, cell, clients] = rate
-                        loops = [answer["usage"]["loops"]["mean"] for answer in answers.values()]
-                        depths[family, cell] = statistics.mean(loops)
-                        tokens_of = {i: answer["token_ids"] for i, answer in answers.items()}
-                        alone = alone or tokens_of
-                        same = sum(tokens_of[i] == alone.get(i) for i in tokens_of)
-                        ratio = rate / rates[family, "fixed", 1]
-                        rows.append([family, cell, clients, f"{len(latencies)}/{len(bodies)}", f"{rate:.2f}",
-                                     f"{statistics.median(latencies):.1f}", f"{depths[family, cell]:.2f}",
-                                     f"{ratio:.2f}x", f"{same}/{len(tokens_of)}"])  # fmt: skip
-                        print("row: " + " | ".join(map(str, rows[-1])), flush=True)
-            finally:
-                server.send_signal(signal.SIGTERM)
-                server.wait(120)
-    header = ["family", "exit", "clients", "answered", "tok/s", "p50 s", "mean loops", "vs 1 client", "= alone"]
+            for batching in args.batching:
+                server, url = start_server(model_dir, args.clients, args.threads, batching)
+                try:
+                    for cell, fields in cells_of(family).items():
+                        rows += run_cell(url, args, family, batching, cell, fields, rates, depths)
+                finally:
+                    server.send_signal(signal.SIGTERM)
+                    server.wait(120)
+    header = ["family", "batching", "exit", "clients", "answered", "tok/s", "p50 s", "mean loops", "vs 1 client",
+              "= alone"]  # fmt: skip
     print_table(header, rows)
-    if "ouro" in args.family:
-        ratio = rates["ouro", "fixed", args.clients] / rates["ouro", "fixed", 1]
-        print_verdict(f"serve ouro-1.4b float32: {args.clients} clients vs one at a time", ratio, GOAL_CLIENTS)
-        ideal = 4 / depths["ouro", "gate 0.5"]
-        share = rates["ouro", "gate 0.5", args.clients] / rates["ouro", "fixed", args.clients] / ideal
-        label = f"serve ouro-1.4b, {args.clients} clients: gate 0.5 vs fixed 4 tokens/s, over 4 / mean depth"
+    if "ouro" not in args.family:
+        return
+    for batching in args.batching:
+        key = ("ouro", batching)
+        ratio = rates[(*key, "fixed", args.clients)] / rates[(*key, "fixed", 1)]
+        label = f"serve ouro-1.4b float32, {batching}: {args.clients} clients vs one at a time"
+        print_verdict(label, ratio, GOAL_CLIENTS)
+        ideal = 4 / depths[(*key, "gate 0.5", args.clients)]
+        share = rates[(*key, "gate 0.5", args.clients)] / rates[(*key, "fixed", args.clients)] / ideal
+        label = f"serve ouro-1.4b, {batching}, {args.clients} clients: gate 0.5 vs fixed 4 tokens/s"
+        label += ", over 4 / mean depth"
         print_verdict(label, share, GOAL_GATE)
+
+
+def cells_of(family: str) -> dict[str, dict]:
+    """The decode fields of each cell a family runs: its fixed depth, and Ouro's gate."""
+    return {"fixed": FIXED[family], **({"gate 0.5": GATE} if family == "ouro" else {})}
+
+
+def run_cell(url: str, args, family: str, batching: str, cell: str, fields: dict, rates: dict, depths: dict) -> list:
+    """The cell's table rows: its requests one at a time, then from ``args.clients`` clients at once (tokens/s
+    and mean depths into ``rates`` and ``depths``, keyed by family, batching, cell and clients)."""
+    bodies = [
+        {"prompt": [1 + (7 * i + 3 * j) % 250 for j in range(args.prompt)],
+         "max_tokens": args.max_tokens, "temperature": 0, **fields}
+        for i in range(args.requests)
+    ]  # fmt: skip
+    rows, alone = [], None
+    for clients in (1, args.clients):
+        seconds, latencies, tokens, answers = asyncio.run(load(url, bodies, clients, args.time_limit))
+        key = (family, batching, cell, clients)
+        rates[key] = tokens / seconds
+        depths[key] = statistics.mean(answer["usage"]["loops"]["mean"] for answer in answers.values())
+        tokens_of = {i: answer["token_ids"] for i, answer in answers.items()}
+        alone = alone or tokens_of
+        same = sum(tokens_of[i] == alone.get(i) for i in tokens_of)
+        ratio = rates[key] / rates[family, batching, cell, 1]
+        rows.append([family, batching, cell, clients, f"{len(latencies)}/{len(bodies)}", f"{rates[key]:.2f}",
+                     f"{statistics.median(latencies):.1f}", f"{depths[key]:.2f}", f"{ratio:.2f}x",
+                     f"{same}/{len(tokens_of)}"])  # fmt: skip
+        print("row: " + " | ".join(map(str, rows[-1])), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -344,11 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--batching",
-        choices=("continuous", "exact", "cohort"),
+        choices=("continuous", "exact", "cohort", "depth"),
         default="continuous",
         help="continuous (default): a request (greedy, sampled or scoring, at any exit) joins the running batch "
-        "of the requests that share its cache policy at the next step; exact: each request's rows alone, results "
-        "equal to a solo run bit for bit; cohort: batch only the requests admitted together",
+        "of the requests that share its cache policy at the next step; depth: continuous, and each core call runs "
+        "one loop of every per_loop request's token, each at its own loop (a request's tokens cost its own loops); "
+        "exact: each request's rows alone, results equal to a solo run bit for bit; cohort: batch only the "
+        "requests admitted together",
     )
     serve.add_argument("--replicas", type=int, default=1, help="N > 1: N replicas behind Ray Serve's HTTP proxy")
     serve.add_argument("--ray-address", help="a running Ray cluster to deploy the replicas on (default: a local head)")

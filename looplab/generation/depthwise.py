@@ -46,7 +46,7 @@ from looplab.generation.views import described
 from looplab.params import at_least, param
 from looplab.token_exits import Carried
 
-__all__ = ["DepthwiseDecoder", "Depth", "check_depthwise"]
+__all__ = ["DepthwiseDecoder", "Depth", "InFlight", "check_depthwise"]
 
 
 def check_depthwise(model, batching: str = "depth-wise batching") -> None:
@@ -96,11 +96,14 @@ class Depth(DecodingMethod):
 class DepthwiseDecoder(Decoder):
     """The cached decoder's prefill, then calls that advance each running row by one loop (module docstring)."""
 
-    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, max_batch=0):
+    def __init__(
+        self, model, prompts, max_new_tokens, options, finished=None, forced=None, max_batch=0, width=0, exits=None,
+        cap=0,
+    ):  # fmt: skip
         batch = min(max_batch or len(prompts), len(prompts))
-        width = max(map(len, prompts))  # every prompt fits the rows' prompt slots, whichever row it takes
+        width = max(width, *map(len, prompts))  # every prompt fits the rows' prompt slots, whichever row it takes
         first = prompts[:batch]
-        super().__init__(model, first, max_new_tokens, options, finished, forced, width)
+        super().__init__(model, first, max_new_tokens, options, finished, forced, width, exits, cap)
         self.stacks = [self.cache.stack(index) for index in range(len(self.model.core))]
         self.prompts = prompts
         self.request = list(range(batch))  # row → the prompt it decodes now
@@ -111,26 +114,35 @@ class DepthwiseDecoder(Decoder):
         every = torch.arange(batch, device=device)
         logits, depths = self.prefill(every)
         out = Generation(*([[] for _ in self.prompts] for _ in range(3)))
-        state = _Rows.empty(batch, self.width, logits if self.exit.reads_logits else None, device)
+        state = self.in_flight()
         starting = self._pick(out, state, every, logits, depths)
         while True:
             if len(starting):
                 latest = [out.tokens[self.request[row]][-1] for row in starting.tolist()]
-                self._start(state, starting, torch.tensor(latest, device=device))
-            running = state.running.nonzero(as_tuple=True)[0]
-            if not len(running):
+                self.start_tokens(state, starting, torch.tensor(latest, device=device))
+            if not state.running.any():
                 break
-            exited, exit_h = self._loop(state, running)
+            exited, logits = self.advance(state)
             starting = exited[:0]
             if len(exited):
-                read = exit_h
-                if len(self.model.coda):
-                    read = coda_pass(self.model, exit_h[:, None], self._calls("coda", exited, state.slot[exited]))[:, 0]
-                starting = self._pick(out, state, exited, logits_of(self.model, read), state.loop[exited])
+                starting = self._pick(out, state, exited, logits, state.loop[exited])
         out.cache_bytes = self.cache.nbytes()
         return out
 
-    def _pick(self, out: Generation, state: _Rows, rows: Tensor, logits: Tensor, depths: Tensor) -> Tensor:
+    def in_flight(self) -> InFlight:
+        """No row with a token in flight (each row's next token goes into the first new-token slot)."""
+        return InFlight.empty(len(self.lengths), self.width, self.lengths.device)
+
+    def advance(self, state: InFlight) -> tuple[Tensor, Tensor]:
+        """One core call: every running row's token one loop on. The rows whose token exited [X] and their
+        next-token logits [X, V] (the coda run on their exit states first); each one's exit depth is
+        ``state.loop`` there."""
+        exited, exit_h = self._loop(state, state.running.nonzero(as_tuple=True)[0])
+        if len(exited) and len(self.model.coda):
+            exit_h = coda_pass(self.model, exit_h[:, None], self._calls("coda", exited, state.slot[exited]))[:, 0]
+        return exited, logits_of(self.model, exit_h)
+
+    def _pick(self, out: Generation, state: InFlight, rows: Tensor, logits: Tensor, depths: Tensor) -> Tensor:
         """Record each row's next token from its logits [R, V] (picked in row order); a row whose prompt is
         done takes the next waiting prompt. The rows that go on to a next token, in batch order."""
         go_on, free = [], []
@@ -147,7 +159,7 @@ class DepthwiseDecoder(Decoder):
             go_on += self._admit(out, state, torch.tensor(free, device=rows.device)).tolist()
         return torch.tensor(sorted(go_on), dtype=torch.long, device=rows.device)
 
-    def _admit(self, out: Generation, state: _Rows, rows: Tensor) -> Tensor:
+    def _admit(self, out: Generation, state: InFlight, rows: Tensor) -> Tensor:
         """Give ``rows`` the next waiting prompts and prefill them there (their earlier slots are no longer
         real, so nothing attends to them); :meth:`_pick` their first tokens."""
         count = len(rows)
@@ -155,11 +167,17 @@ class DepthwiseDecoder(Decoder):
         for row, request in zip(rows.tolist(), range(self.waiting, self.waiting + count)):
             self.request[row] = request
         self.waiting += count
-        state.slot[rows] = self.width - 1
-        logits, depths = self.admit(rows, prompts)
+        logits, depths = self.take(state, rows, prompts)
         return self._pick(out, state, rows, logits, depths)
 
-    def _start(self, state: _Rows, rows: Tensor, tokens: Tensor) -> None:
+    def take(self, state: InFlight, rows: Tensor, prompts: list[list[int]], exits=None) -> tuple[Tensor, Tensor]:
+        """Give ``rows`` [R] new prompts (and, where given, exits of their own) and prefill them there, their new
+        tokens from the first new-token slot on (the earlier occupants' slots are no longer real, so nothing
+        attends to them): what :meth:`~looplab.generation.decoder.Decoder.admit` returns."""
+        state.slot[rows] = self.width - 1
+        return self.admit(rows, prompts, exits)
+
+    def start_tokens(self, state: InFlight, rows: Tensor, tokens: Tensor) -> None:
         """Put each row's latest token [R] in its next slot and run its prelude: the row is at loop 0 of it."""
         state.slot[rows] += 1
         slot = state.slot[rows]
@@ -180,7 +198,7 @@ class DepthwiseDecoder(Decoder):
         state.running[rows] = True
         state.carried.restart(rows)
 
-    def _loop(self, state: _Rows, rows: Tensor) -> tuple[Tensor, Tensor]:
+    def _loop(self, state: InFlight, rows: Tensor) -> tuple[Tensor, Tensor]:
         """One loop of every running row's token, each at its own loop; the rows that exit and their states."""
         loop = state.loop[rows] + 1
         if self.prompt is not None:  # a lazy prompt runs a loop when a later token of its row first needs it
@@ -190,11 +208,11 @@ class DepthwiseDecoder(Decoder):
         h_prev = state.h[rows]
         calls = self._calls("core", rows, state.slot[rows], loop)
         h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], calls)[:, 0]
-        logp = logits_of(self.model, h).log_softmax(-1) if self.exit.reads_logits else None
+        logp = logits_of(self.model, h).log_softmax(-1) if self.exits.reads_logits(rows) else None
+        if logp is not None and state.logp is None:
+            state.logp = logp.new_zeros(len(self.lengths), logp.shape[-1])
         earlier = None if logp is None else state.logp[rows]
-        carried = state.carried.of(self.exit, rows)
-        stop, carried = self.exit.check_rows(loop, h, h_prev, logp, earlier, carried)
-        state.carried.put(self.exit, rows, carried)
+        stop = self.exits.check_rows(rows, loop, h, h_prev, logp, earlier, state.carried)
         state.h[rows], state.loop[rows] = h, loop
         if logp is not None:
             state.logp[rows] = logp
@@ -224,17 +242,18 @@ class DepthwiseDecoder(Decoder):
         writes = None
         if loop is not None and lockstep is None:
             # (loop, row) pairs: the token's loop and every later one (what it lends when it exits there)
-            later = torch.arange(1, self.exit.loops + 1, device=rows.device)[None, :] >= loop[:, None]
+            later = torch.arange(1, self.cap + 1, device=rows.device)[None, :] >= loop[:, None]
             which, loops = later.nonzero(as_tuple=True)
             writes = (which, loops, rows[which], slot[which])
         return DepthCalls(self, site, rows, slot, loop, allowed[:, None], rope, lockstep, writes)
 
 
 @dataclass
-class _Rows:
+class InFlight:
     """Each row's token in flight: its slot [B] (the latest token's), loop [B] (loops run), whether it is
     ``running`` [B], its states h, e [B, d] (allocated at the first prelude), for an exit that reads
-    them, its last loop's log-probabilities [B, V], and what its exit carries across checks."""
+    them, its last loop's log-probabilities [B, V] (allocated when an exit first reads them), and what its exit
+    carries across checks."""
 
     slot: Tensor
     loop: Tensor
@@ -245,13 +264,11 @@ class _Rows:
     carried: Carried
 
     @classmethod
-    def empty(cls, batch: int, width: int, logits: Tensor | None, device) -> _Rows:
-        """No token in flight; the first new token goes into slot ``width`` (W), so each row starts one before.
-        ``logits`` [B, V] (the prefill's) size the log-probabilities of an exit that reads them."""
+    def empty(cls, batch: int, width: int, device) -> InFlight:
+        """No token in flight; the first new token goes into slot ``width`` (W), so each row starts one before."""
         slot = torch.full((batch,), width - 1, dtype=torch.long, device=device)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
-        logp = None if logits is None else torch.zeros_like(logits)
-        return cls(slot, zeros, zeros.bool(), None, None, logp, Carried(batch, device))
+        return cls(slot, zeros, zeros.bool(), None, None, None, Carried(batch, device))
 
 
 @dataclass

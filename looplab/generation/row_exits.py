@@ -49,19 +49,39 @@ class RowExits:
         """[R] bool: whether the token of each of ``rows`` stops after loop t, by its row's exit (h, h_prev [R, d]
         its states after and before the loop; logp, logp_prev [R, V] or None); ``carried`` holds what each exit
         carries across checks, the rows' at places ``at`` [R], and takes what they carry on."""
+
+        def test(rule: GenerationExit, index, state):
+            return rule.check(t, *_part(index, h, h_prev, logp, logp_prev), state)
+
+        return self._by_exit(rows, at, carried, test)
+
+    def check_rows(self, rows: Tensor, loops: Tensor, h: Tensor, h_prev: Tensor, logp, logp_prev, carried) -> Tensor:
+        """:meth:`check` for rows each after its own loop ``loops`` [R] (depth-wise batching), each row's token
+        carrying its exit's state at its own row's place in ``carried``."""
+
+        def test(rule: GenerationExit, index, state):
+            return rule.check_rows(loops[index], *_part(index, h, h_prev, logp, logp_prev), state)
+
+        return self._by_exit(rows, rows, carried, test)
+
+    def _by_exit(self, rows: Tensor, at: Tensor, carried: Carried, test) -> Tensor:
+        """Each exit's ``test(rule, index, state)`` on its rows (``index`` into ``rows``; every row's where one
+        exit holds them all), with the state they carry at places ``at``; the [R] bool stops."""
         present = self.present(rows)
         if len(present) == 1:
             rule = self.rules[present[0]]
-            stop, state = rule.check(t, h, h_prev, logp, logp_prev, carried.of(rule, at))
+            stop, state = test(rule, slice(None), carried.of(rule, at))
             carried.put(rule, at, state)
             return stop
         ids = self.ids[rows]
-        stop = torch.zeros(len(ids), dtype=torch.bool, device=h.device)
+        stop = torch.zeros(len(ids), dtype=torch.bool, device=rows.device)
         for k in present:
-            rule = self.rules[k]
-            index = (ids == k).nonzero(as_tuple=True)[0]
-            sub_logp = None if logp is None else logp[index]
-            sub_prev = None if logp_prev is None else logp_prev[index]
-            stop[index], state = rule.check(t, h[index], h_prev[index], sub_logp, sub_prev, carried.of(rule, at[index]))
+            rule, index = self.rules[k], (ids == k).nonzero(as_tuple=True)[0]
+            stop[index], state = test(rule, index, carried.of(rule, at[index]))
             carried.put(rule, at[index], state)
         return stop
+
+
+def _part(index, *tensors: Tensor | None) -> list[Tensor | None]:
+    """Each of ``tensors`` at ``index`` (None stays None)."""
+    return [None if x is None else x[index] for x in tensors]

@@ -39,7 +39,7 @@ from looplab.params import Domain, at_least, param
 #: the most tokens one round may draft (a round's drafts take cache slots whether kept or not)
 MAX_DRAFT = 64
 
-__all__ = ["SpeculativeGeneration", "Speculative"]
+__all__ = ["SpeculativeGeneration", "Speculative", "SpeculativeDecoder"]
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Speculative(DecodingMethod):
 
     def decode(self, model, prompts, max_new_tokens, options, finished, forced) -> SpeculativeGeneration:
         params = options.decoder_params
-        return _SpeculativeDecoder(
+        return SpeculativeDecoder(
             model, prompts, max_new_tokens, options, params.draft_loops, params.draft_tokens, finished
         ).run()
 
@@ -112,59 +112,69 @@ def _check_draft_slots(view, prompts, max_new_tokens: int, loops: int, draft_tok
         )
 
 
-class _SpeculativeDecoder(Decoder):
+class SpeculativeDecoder(Decoder):
     """The cached decoder's prefill and passes, stepped in draft-and-verify rounds (module docstring)."""
 
-    def __init__(self, model, prompts, max_new_tokens, options, draft_loops, draft_tokens, finished):
+    def __init__(self, model, prompts, max_new_tokens, options, draft_loops, draft_tokens, finished=None):
         super().__init__(model, prompts, max_new_tokens * draft_tokens, options, finished)
         self.max_new, self.draft_loops, self.draft_tokens = max_new_tokens, draft_loops, draft_tokens
 
     def run(self) -> SpeculativeGeneration:
         batch = len(self.lengths)
-        rows = torch.arange(batch, device=self.lengths.device)
-        logits, _ = self.prefill(rows)
         out = SpeculativeGeneration(*([[] for _ in range(batch)] for _ in range(3)))
+        live = self.begin(out)
+        while live:
+            live = self.round(out, live)
+        out.cache_bytes = self.cache.nbytes()
+        return out
+
+    def begin(self, out: SpeculativeGeneration) -> list[int]:
+        """Prefill every row and commit its first token (K's greedy pick) to ``out``; the rows that go on."""
+        rows = torch.arange(len(self.lengths), device=self.lengths.device)
+        logits, _ = self.prefill(rows)
         first = logits.argmax(-1)
         logprobs = logits.double().log_softmax(-1)
         live = []
-        for row in range(batch):
+        for row in rows.tolist():
             self._commit(out, row, int(first[row]), float(logprobs[row, first[row]]))
             if not self._done(out, row):
                 live.append(row)
-        base, n = self.width, self.draft_tokens
-        while live:
-            live_rows = torch.tensor(live, device=rows.device)
-            last = torch.tensor([out.tokens[row][-1] for row in live], device=rows.device)
-            start = self.lengths[live_rows] + torch.tensor(
-                [len(out.tokens[row]) - 1 for row in live], device=rows.device
-            )
-            chunk = slice(base, base + n)
-            # a draft past a row's last new token is never kept; its position is held within the model's
-            # (the budget keeps every kept token's there), so a learned position table is never overrun
-            drafted = start[:, None] + torch.arange(n, device=rows.device)
-            self.slots.positions[live_rows, chunk] = drafted.clamp(max=self.model.cfg.max_len - 1)
-            drafts, h, e = self._draft(last, live_rows, base, n)
-            logits = self._verify(h, e, live_rows, chunk)  # [R, n, V] at K loops
-            agreed = logits.argmax(-1)  # [R, n]: K's token after each of the round's inputs
-            logprobs = logits.double().log_softmax(-1)
-            still = []
-            for i, row in enumerate(live):
-                kept = 0  # drafts d_1..d_kept agree with K
-                while kept < n and int(drafts[i, kept]) == int(agreed[i, kept]):
-                    kept += 1
-                out.drafted += n
-                out.accepted += kept
-                for j in range(min(kept + 1, n)):
-                    self._commit(out, row, int(agreed[i, j]), float(logprobs[i, j, agreed[i, j]]))
-                    if self._done(out, row):
-                        break
-                # the round's slots beyond the row's last committed token but one hold rejected drafts
-                self.slots.real[row, base + min(kept + 1, n) : base + n] = False
-                if not self._done(out, row):
-                    still.append(row)
-            live, base = still, base + n
-        out.cache_bytes = self.cache.nbytes()
-        return out
+        self.base = self.width  # the next round's first slot
+        return live
+
+    def round(self, out: SpeculativeGeneration, live: list[int]) -> list[int]:
+        """One draft-and-verify round of the ``live`` rows, each one's kept tokens committed to ``out``; the rows
+        that go on."""
+        base, n, device = self.base, self.draft_tokens, self.lengths.device
+        live_rows = torch.tensor(live, device=device)
+        last = torch.tensor([out.tokens[row][-1] for row in live], device=device)
+        start = self.lengths[live_rows] + torch.tensor([len(out.tokens[row]) - 1 for row in live], device=device)
+        chunk = slice(base, base + n)
+        # a draft past a row's last new token is never kept; its position is held within the model's
+        # (the budget keeps every kept token's there), so a learned position table is never overrun
+        drafted = start[:, None] + torch.arange(n, device=device)
+        self.slots.positions[live_rows, chunk] = drafted.clamp(max=self.model.cfg.max_len - 1)
+        drafts, h, e = self._draft(last, live_rows, base, n)
+        logits = self._verify(h, e, live_rows, chunk)  # [R, n, V] at K loops
+        agreed = logits.argmax(-1)  # [R, n]: K's token after each of the round's inputs
+        logprobs = logits.double().log_softmax(-1)
+        still = []
+        for i, row in enumerate(live):
+            kept = 0  # drafts d_1..d_kept agree with K
+            while kept < n and int(drafts[i, kept]) == int(agreed[i, kept]):
+                kept += 1
+            out.drafted += n
+            out.accepted += kept
+            for j in range(min(kept + 1, n)):
+                self._commit(out, row, int(agreed[i, j]), float(logprobs[i, j, agreed[i, j]]))
+                if self._done(out, row):
+                    break
+            # the round's slots beyond the row's last committed token but one hold rejected drafts
+            self.slots.real[row, base + min(kept + 1, n) : base + n] = False
+            if not self._done(out, row):
+                still.append(row)
+        self.base = base + n
+        return still
 
     def _commit(self, out: SpeculativeGeneration, row: int, token: int, logprob: float) -> None:
         out.record(row, token, self.exit.loops, logprob)

@@ -5,6 +5,7 @@ per token (docs/commands.md, "looplab serve").
     choice.py    a prompt's engine jobs and the OpenAI-shaped choice built from their tokens
     batch.py     a job, and a group of jobs stepped one token at a time by one Decoder
     continuous.py  a group that newcomers join between two steps (continuous batching)
+    depth_group.py a group whose rows each run at their own loop, a loop a step (continuous depth batching)
     whole.py     a job whose decoder is not stepped (depth, wavefront, speculative, …): run whole, alone
     engine.py    the thread that admits jobs between steps and steps every running one
     ledger.py    the KV memory ledger: one limit on every running group's caches

@@ -20,10 +20,10 @@ from torch import Tensor
 from looplab.generation.decoder import Decoder, StepParams
 from looplab.generation.options import DecodeOptions
 from looplab.generation.views import decodable
-from looplab.serve.ledger import DoesNotFit, group_bytes
+from looplab.serve.ledger import DoesNotFit, group_bytes, sized_rows
 from looplab.serve.sampling import Picking, pick_rows
 
-__all__ = ["Job", "Group", "LiveRows", "Token", "End", "Failed"]
+__all__ = ["Job", "Group", "JoinableRows", "LiveRows", "Token", "End", "Failed"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,15 @@ class LiveRows:
     def done(self) -> bool:
         return len(self.live) == 0
 
+    @property
+    def held(self) -> int:
+        """The jobs the group holds now."""
+        return len(self.live)
+
+    def abandon(self) -> None:
+        """Hold no job from now on (the engine failed them all)."""
+        self.live = self.live[:0]
+
     def cache_bytes(self) -> int:
         """Bytes the group's KV cache holds."""
         return self.decoder.cache.nbytes()
@@ -177,6 +186,47 @@ class LiveRows:
 
     def release(self, row: int) -> None:
         """A row whose job ended (a group that never reuses rows keeps it as it is)."""
+
+
+class JoinableRows(LiveRows):
+    """A group that jobs of its cohort join between steps, into rows freed by jobs that ended: what a continuous
+    and a depth group share. :meth:`size` sets its room (prompt ``width``, new-token ``columns``, loop
+    ``cap``) and its rows; a subclass says how many columns a newcomer has left (:meth:`columns_left`)."""
+
+    jobs: list[Job | None]
+
+    def size(self, model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int, memory) -> int:
+        """Room for at least what ``jobs`` (one cohort) need, and ``capacity`` rows, fewer where they would not fit
+        in ``memory`` bytes (:func:`~looplab.serve.ledger.sized_rows`); the rows it takes (its bytes: ``nbytes``)."""
+        self.cohort = jobs[0].cohort
+        self.width = max(width, *(len(job.prompt) for job in jobs))
+        self.columns = max(columns, *(job.max_new for job in jobs))
+        self.cap = max(cap, *(job.options.exit_rule.loops for job in jobs))
+
+        def needed(rows: int) -> int:
+            return group_bytes(model, jobs, rows, self.width, self.columns, self.cap)
+
+        rows, self.nbytes = sized_rows(needed, capacity, len(jobs), memory)
+        return rows
+
+    def columns_left(self) -> int:
+        """The new-token slots a job joining now may fill."""
+        raise NotImplementedError
+
+    def can_take(self, job: Job) -> bool:
+        """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
+        columns left, a loop cap within the group's."""
+        return (
+            job.cohort == self.cohort
+            and job.options.exit_rule.loops <= self.cap
+            and any(owner is None for owner in self.jobs)
+            and len(job.prompt) <= self.width
+            and job.max_new <= self.columns_left()
+        )
+
+    def release(self, row: int) -> None:
+        """The row is free for a newcomer."""
+        self.jobs[row] = None
 
 
 class Group(LiveRows):

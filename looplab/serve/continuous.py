@@ -30,15 +30,14 @@ from torch import Tensor
 
 from looplab.generation.decoder import Decoder
 from looplab.generation.views import decodable
-from looplab.serve.batch import Job, LiveRows
-from looplab.serve.ledger import DoesNotFit, group_bytes
+from looplab.serve.batch import Job, JoinableRows
 from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
 
 __all__ = ["ContinuousGroup"]
 
 
-class ContinuousGroup(LiveRows):
+class ContinuousGroup(JoinableRows):
     """Jobs of one cohort in one decoder that newcomers join (see the module docstring).
 
     Args:
@@ -54,6 +53,10 @@ class ContinuousGroup(LiveRows):
             :meth:`begin`.
     """
 
+    #: new-token slots a group is sized for per budget: every row writes the same column, so a job that joins
+    #: later needs its budget after the column the group stands at
+    COLUMNS_PER_BUDGET = 2
+
     def __init__(
         self,
         model,
@@ -65,21 +68,9 @@ class ContinuousGroup(LiveRows):
         memory: int | None = None,
         prefixes: PrefixStore | None = None,
     ):
-        first = jobs[0]
-        self.cohort = first.cohort
-        self.width = max(width, *(len(job.prompt) for job in jobs))
-        self.columns = max(columns, max(job.max_new for job in jobs))
-        self.cap = max(cap, *(job.options.exit_rule.loops for job in jobs))
-        options, loops = first.options, self.cap
-
-        def needed(rows: int) -> int:
-            return group_bytes(model, jobs, rows, self.width, self.columns, loops)
-
-        while memory is not None and capacity > len(jobs) and needed(capacity) > memory:  # room for other groups
-            capacity = max(len(jobs), capacity // 2)
-        self.nbytes = needed(capacity)
-        if memory is not None and self.nbytes > memory:
-            raise DoesNotFit(f"{len(jobs)} rows need {self.nbytes:,} bytes of KV memory, {memory:,} are free")
+        options = jobs[0].options
+        capacity = self.size(model, jobs, capacity, columns, width, cap, memory)
+        loops = self.cap
         model = decodable(model, gated=options.exit_rule.needs_gate)
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
         self.prefixes = prefixes if prefixes is not None and options.policy.per_loop and not self.cohort[-1] else None
@@ -99,16 +90,8 @@ class ContinuousGroup(LiveRows):
         """Prefill the first jobs (once the group's bytes are reserved: kept prefixes take what is left)."""
         self.join(self.first)
 
-    def can_take(self, job: Job) -> bool:
-        """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
-        columns left, a loop cap within the group's."""
-        return (
-            job.cohort == self.cohort
-            and job.options.exit_rule.loops <= self.cap
-            and any(owner is None for owner in self.jobs)
-            and len(job.prompt) <= self.width
-            and self.column + job.max_new <= self.columns
-        )
+    def columns_left(self) -> int:
+        return self.columns - self.column
 
     def join(self, jobs: list[Job]) -> None:
         """Prefill each of ``jobs``' prompts into a free row, after the kept prefix it begins with; their first
@@ -195,7 +178,3 @@ class ContinuousGroup(LiveRows):
         self.live, chosen = self.live[keep], chosen[keep]
         made = torch.tensor([len(self.jobs[row].tokens) for row in self.live.tolist()], device=self.live.device)
         self.logits, self.depths = decoder.step(self.live, chosen, slot, decoder.lengths[self.live] + made - 1)
-
-    def release(self, row: int) -> None:
-        """The row is free for a newcomer."""
-        self.jobs[row] = None

@@ -6,9 +6,14 @@ Each iteration of its loop
    default) a job joins a running :class:`~looplab.serve.continuous.ContinuousGroup` of its cohort
    (the same cache policy and decoder; greedy, sampled and scoring jobs alike, at any exit and loop cap,
    each row stopped and picked by its own job) between two steps, or starts one. Under ``exact`` every job gets its
-   own group; under ``cohort`` jobs admitted together that share a cohort are prefilled into one. A job
-   naming another decoder than ``step`` runs whole, alone (:class:`~looplab.serve.whole.WholeGroup`);
-2. runs one decode step of every group: each live job gets one token, at its own exit's depth;
+   own group; under ``cohort`` jobs admitted together that share a cohort are prefilled into one; under
+   ``depth`` a job that depth batching can run joins a :class:`~looplab.serve.depth_group.DepthGroup` (its
+   rows each at their own loop; :func:`~looplab.serve.depth_group.depth_batchable`), any other a continuous
+   group. The ``speculative`` decoder's jobs admitted together share a
+   :class:`~looplab.serve.speculative_group.SpeculativeGroup` (a draft-and-verify round a step); a job naming
+   another decoder than these runs whole, alone (:class:`~looplab.serve.whole.WholeGroup`);
+2. runs one decode step of every group: each live job gets one token, at its own exit's depth (a depth
+   group's step runs loops of every row's token, each at its own loop, until one of them exits);
 3. drops the groups whose jobs all ended (their budget, end-of-text, a stop string, or a client that
    left: :meth:`Job.cancelled` is read before every step).
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -39,16 +45,20 @@ from looplab.errors import LooplabError
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Failed, Group, Job, Token
 from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.depth_group import DepthGroup, depth_batchable
 from looplab.serve.ledger import DoesNotFit, KVLedger, default_kv_memory, job_bytes
 from looplab.serve.prefixes import PrefixStore
+from looplab.serve.speculative_group import SPECULATIVE, SpeculativeGroup
 from looplab.serve.whole import STEPPED, WholeGroup
 
 __all__ = ["Engine", "Busy", "Closed", "BATCHING"]
 
-BATCHING = ("continuous", "exact", "cohort")
-#: a continuous group's sizes (Engine._continuous_group): new-token slots per budget, a lone job's rows, and
-#: how many admitted jobs a busy engine's new group is sized for
-COLUMNS_PER_BUDGET, MIN_ROWS, RECENT = 2, 8, 64
+BATCHING = ("continuous", "exact", "cohort", "depth")
+#: the batchings whose jobs join running groups
+JOINING = ("continuous", "depth")
+#: a continuous or depth group's sizes (Engine._continuous_group): a lone job's rows, and how many admitted
+#: jobs a busy engine's new group is sized for
+MIN_ROWS, RECENT = 8, 64
 
 
 class Busy(LooplabError):
@@ -71,7 +81,8 @@ class Engine:
         max_running: jobs decoded at once; later ones wait.
         max_queue: jobs that may wait; one more is refused with :class:`Busy`.
         batching: ``continuous`` (jobs join a running batch of their cohort), ``exact`` (one decoder
-            per job) or ``cohort`` (jobs admitted together).
+            per job), ``cohort`` (jobs admitted together) or ``depth`` (continuous, rows at their own loops
+            where the job allows it).
         on_step: called on the engine's thread after every iteration, with the engine (a hook for
             observing or pacing it).
         kv_memory: the bytes the running groups' KV caches may take together (:mod:`looplab.serve.ledger`;
@@ -102,8 +113,8 @@ class Engine:
         if prefix_memory is not None and prefix_memory < 0:
             raise LooplabError(f"the prefix cache's memory must be ≥ 0 bytes, got {prefix_memory}")
         prefix_memory = self.ledger.limit // 4 if prefix_memory is None else prefix_memory
-        #: kept prompt blocks (continuous batching only: ``exact`` keeps every row's own)
-        self.prefixes = PrefixStore(self.ledger, prefix_memory) if batching == "continuous" and prefix_memory else None
+        #: kept prompt blocks (continuous groups only: ``exact`` keeps every row's own)
+        self.prefixes = PrefixStore(self.ledger, prefix_memory) if batching in JOINING and prefix_memory else None
         self.max_running, self.max_queue, self.batching, self.on_step = max_running, max_queue, batching, on_step
         #: counts of jobs (submitted, admitted, joined, finished, cancelled, failed), steps and tokens (generated,
         #: scored, prompt), read by /health and /metrics
@@ -117,6 +128,8 @@ class Engine:
         #: (prompt length, budget, loop cap) of the latest admitted jobs, to size new groups
         self._recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT)
         self._groups: list[Group] = []
+        #: (cohort, exit) → whether a depth group can run such jobs (worked out once per pair)
+        self._depth_ok: dict[tuple, bool] = {}
         self._cond = threading.Condition()
         self._accepting, self._closing = True, False
         self._thread = threading.Thread(target=self._loop, name="looplab-serve-engine", daemon=True)
@@ -131,7 +144,7 @@ class Engine:
 
     @property
     def running(self) -> int:
-        return sum(len(group.live) for group in self._groups)
+        return sum(group.held for group in self._groups)
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue ``jobs`` (all or none)."""
@@ -220,7 +233,7 @@ class Engine:
                     group.step()
                 except Exception as err:  # a job the decoder fails on (out of memory) fails alone
                     self._fail([job for job in group.jobs if job is not None], err)
-                    group.live = group.live[:0]
+                    group.abandon()
             for group in self._groups:
                 if group.done:
                     self.ledger.release(group)
@@ -242,13 +255,14 @@ class Engine:
                 continue
             if deferred:
                 deferred.append(job)
-            elif job.options.decoder != STEPPED:
+            elif job.options.decoder not in (STEPPED, SPECULATIVE):
                 if not self._start([job], [(1, lambda free, job=job: WholeGroup(self.model, job, free))]):
                     deferred.append(job)
-            elif self.batching == "continuous" and self._join(job):
+            elif job.options.decoder == STEPPED and self.batching in JOINING and self._join(job):
                 continue
             else:
-                cohorts.setdefault(job.cohort if self.batching != "exact" else (index,), []).append(job)
+                key = (self._kind(job), job.cohort) if self.batching != "exact" else (index,)
+                cohorts.setdefault(key, []).append(job)
         for members in cohorts.values():
             if deferred:
                 deferred.extend(members)
@@ -264,15 +278,21 @@ class Engine:
         maker of it given the free KV memory). The last takes the first member alone, as lean as it can be:
         that fits whenever nothing else runs (:meth:`submit` refuses a job that could not)."""
         model = self.model
-        if self.batching != "continuous":
+        if members[0].options.decoder == SPECULATIVE:  # rows whose slots advance together: no later joins
+            return [
+                (len(members), lambda free: SpeculativeGroup(model, members, free)),
+                (1, lambda free: SpeculativeGroup(model, members[:1], free)),
+            ]
+        if self.batching not in JOINING:
             return [
                 (len(members), lambda free: Group(model, members, free)),
                 (1, lambda free: Group(model, members[:1], free)),
             ]
+        make = self._maker(members[0])
 
-        def lean(jobs: list[Job], free: int) -> ContinuousGroup:
+        def lean(jobs: list[Job], free: int) -> ContinuousGroup | DepthGroup:
             width, budget = max(len(job.prompt) for job in jobs), max(job.max_new for job in jobs)
-            return ContinuousGroup(model, jobs, len(jobs), budget, width, memory=free, prefixes=self.prefixes)
+            return make(model, jobs, len(jobs), budget, width, memory=free)
 
         return [
             (len(members), lambda free: self._continuous_group(members, free)),
@@ -306,29 +326,48 @@ class Engine:
                 return 0
             self.prefixes.clear()
 
-    def _continuous_group(self, members: list[Job], free: int) -> ContinuousGroup:
-        """A new continuous group for ``members`` within ``free`` bytes of KV memory. A lone job on an idle engine
-        gets a lean one (MIN_ROWS rows, its own prompt width and COLUMNS_PER_BUDGET times its budget: its caches
-        are zeroed and read every step). On a busy engine (several jobs arriving together, or a group of their
-        cohort running) the group gets ``max_running`` rows, and room for the longest prompt,
-        COLUMNS_PER_BUDGET times the largest budget and the deepest loop cap (but for the read-only exit, whose
-        rows all run to the cap) of the last RECENT jobs too, so that later jobs join it instead of starting
-        groups of their own (each a forward pass of its own every step; measured: bench/serve.py). Rows that do
-        not fit ``free`` are left out."""
-        cohort = members[0].cohort
-        busy = len(members) > 1 or any(isinstance(g, ContinuousGroup) and g.cohort == cohort for g in self._groups)
+    def _kind(self, job: Job) -> type:
+        """The group ``job`` joins: a speculative one for the speculative decoder, a depth group under ``depth``
+        batching where one can run it, else continuous."""
+        if job.options.decoder == SPECULATIVE:
+            return SpeculativeGroup
+        if self.batching != "depth":
+            return ContinuousGroup
+        key = (job.cohort, job.options.exit_rule)
+        if key not in self._depth_ok:
+            self._depth_ok[key] = depth_batchable(self.model, job)
+        return DepthGroup if self._depth_ok[key] else ContinuousGroup
+
+    def _maker(self, job: Job) -> Callable:
+        """The class of the group ``job`` joins, with the engine's prefix store where it keeps prefixes."""
+        if self._kind(job) is DepthGroup:
+            return DepthGroup
+        return partial(ContinuousGroup, prefixes=self.prefixes)
+
+    def _continuous_group(self, members: list[Job], free: int) -> ContinuousGroup | DepthGroup:
+        """A new continuous or depth group for ``members`` within ``free`` bytes of KV memory. A lone job on an
+        idle engine gets a lean one (MIN_ROWS rows, its own prompt width and the group kind's
+        COLUMNS_PER_BUDGET times its budget: its caches are zeroed and read every step). On a busy engine
+        (several jobs arriving together, or a group of their kind and cohort running) the group gets
+        ``max_running`` rows, and room for the longest prompt, COLUMNS_PER_BUDGET times the largest budget and
+        the deepest loop cap (but for the read-only exit, whose rows all run to the cap) of the last RECENT
+        jobs too, so that later jobs join it instead of starting groups of their own (each a forward pass of
+        its own every step; measured: bench/serve.py). Rows that do not fit ``free`` are left out."""
+        cohort, kind = members[0].cohort, self._kind(members[0])
+        busy = len(members) > 1 or any(type(g) is kind and g.cohort == cohort for g in self._groups)
         rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
         sizes = [
             *(_size(job) for job in members),
             *(self._recent if busy else ()),
         ]
-        width, columns = max(size[0] for size in sizes), COLUMNS_PER_BUDGET * max(size[1] for size in sizes)
+        width, columns = max(size[0] for size in sizes), kind.COLUMNS_PER_BUDGET * max(size[1] for size in sizes)
         cap = cohort[-1] or max(size[2] for size in sizes)  # a read-only cohort's one cap
-        return ContinuousGroup(self.model, members, rows, columns, width, cap, memory=free, prefixes=self.prefixes)
+        return self._maker(members[0])(self.model, members, rows, columns, width, cap, memory=free)
 
     def _join(self, job: Job) -> bool:
-        """Put ``job`` into a running continuous group that can take it; whether one could."""
-        group = next((g for g in self._groups if isinstance(g, ContinuousGroup) and g.can_take(job)), None)
+        """Put ``job`` into a running group of its kind that can take it; whether one could."""
+        kind = self._kind(job)
+        group = next((g for g in self._groups if type(g) is kind and g.can_take(job)), None)
         if group is None:
             return False
         try:

@@ -16,7 +16,7 @@ from looplab.generation.budget import generation_bytes
 from looplab.generation.views import decodable
 from looplab.memory import GIB, device_bytes
 
-__all__ = ["DoesNotFit", "KVLedger", "default_kv_memory", "group_bytes", "job_bytes"]
+__all__ = ["DoesNotFit", "KVLedger", "default_kv_memory", "group_bytes", "job_bytes", "sized_rows"]
 
 
 class DoesNotFit(LooplabError):
@@ -34,6 +34,18 @@ def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int) -> i
 def job_bytes(model, job) -> int:
     """Bytes ``job`` alone holds: its own prompt, budget and loop cap in a group of one row."""
     return group_bytes(model, [job], 1, len(job.prompt), job.max_new, job.options.exit_rule.loops)
+
+
+def sized_rows(needed, capacity: int, least: int, memory: int | None) -> tuple[int, int]:
+    """(rows, bytes) of a group of ``capacity`` rows, halved (down to ``least``, its first jobs' rows) until its
+    bytes ``needed(rows)`` fit ``memory`` (None: no bound), leaving room for other groups;
+    :class:`DoesNotFit` when ``least`` rows do not fit."""
+    while memory is not None and capacity > least and needed(capacity) > memory:
+        capacity = max(least, capacity // 2)
+    nbytes = needed(capacity)
+    if memory is not None and nbytes > memory:
+        raise DoesNotFit(f"{least} rows need {nbytes:,} bytes of KV memory, {memory:,} are free")
+    return capacity, nbytes
 
 
 def default_kv_memory(model) -> int:

@@ -1,8 +1,9 @@
 """A job whose decoder the engine does not step: :class:`WholeGroup` runs it whole through
 :func:`looplab.generation.generate`.
 
-The engine steps the ``step`` decoder one token at a time beside other jobs. The other decoders
-(``depth``, ``wavefront``, ``speculative``, ``recompute``, a plugin's) each own their loop over tokens,
+The engine steps the ``step`` decoder one token at a time beside other jobs, and the ``speculative`` one a
+round at a time (:mod:`looplab.serve.speculative_group`). The other decoders (``depth``, ``wavefront``,
+``recompute``, a plugin's) each own their loop over tokens,
 so a request naming one runs alone: its whole decode is one engine iteration, and its tokens are sent
 together when it ends (a stream gets them in one burst). The other jobs wait for that iteration, as
 they wait for a long prefill; ``--max-token-loops`` bounds both. Its tokens, depths and
@@ -38,6 +39,13 @@ class WholeGroup:
     @property
     def done(self) -> bool:
         return len(self.live) == 0
+
+    @property
+    def held(self) -> int:
+        return len(self.live)
+
+    def abandon(self) -> None:
+        self.live = self.live[:0]
 
     def begin(self) -> None:
         """Nothing to prefill: the job runs whole at its first step."""

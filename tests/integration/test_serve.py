@@ -209,12 +209,13 @@ async def _complete_all(url: str, bodies: list[dict]) -> list[dict]:
     return [r.json()["choices"][0] for r in replies]
 
 
-@pytest.mark.parametrize("batching", ["exact", "cohort", "continuous"])
+@pytest.mark.parametrize("batching", ["exact", "cohort", "continuous", "depth"])
 def test_results_are_those_of_a_solo_run_among_concurrent_requests(lm, batching):
     """Each request of MIX (greedy, or sampled with its seed), run among all of MIX (joining and leaving the
     decode at other steps), gets the tokens, log-probabilities and loops of ``generate`` on its prompt alone:
     exactly under ``exact`` batching; the same tokens and loops, log-probabilities within 1e-6, under
-    ``cohort`` and ``continuous`` (the requests of one cache policy share a decoder, whatever their exits)."""
+    ``cohort`` and ``continuous`` (the requests of one cache policy share a decoder, whatever their exits) and
+    ``depth`` (the per-loop requests' rows each at their own loop in one core call)."""
     most = []
     bodies = [
         {"prompt": p, "max_tokens": n, "temperature": t, "logprobs": 0, "seed": i, **fields}

@@ -14,10 +14,13 @@ import torch
 from looplab.generation import GenerationExit, Sampling, generate
 from looplab.generation.decoder import Decoder
 from looplab.generation.options import DecodeOptions
+from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job, Token
 from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.depth_group import DepthGroup
 from looplab.serve.engine import Engine
 from looplab.serve.sampling import Picking
+from looplab.serve.speculative_group import SpeculativeGroup
 from tests.unit.model_helpers import make_model
 
 PROMPTS = [[1, 5, 4, 2, 6], [1, 3], [1, 6, 6, 4, 5, 2, 6, 3], [1, 6, 2], [1, 4, 4, 4], [1, 5]]
@@ -143,11 +146,12 @@ def _mixed_jobs(rules) -> list[tuple[Job, Sink]]:
 
 def _run(jobs: list[tuple[Job, Sink]], model, batching: str, arrivals=()) -> Engine:
     """The engine's run of ``jobs``, ``arrivals`` submitted after its first steps; its ``groups``: the most
-    groups that ran at once."""
+    groups that ran at once, and their ``kinds``."""
     arriving = iter(arrivals)
 
     def arrive(engine: Engine) -> None:
         engine.groups = max(getattr(engine, "groups", 0), len(engine._groups))
+        engine.kinds = getattr(engine, "kinds", set()) | {type(group) for group in engine._groups}
         jobs = next(arriving, None)
         if jobs:
             engine.submit(jobs)
@@ -320,3 +324,91 @@ def test_a_job_waiting_for_kv_memory_whose_client_leaves_ends_cancelled_and_the_
     for job, sink in jobs[:2]:
         assert [t.token for t in sink.tokens] == generate(model, [job.prompt], 4, DecodeOptions(rule)).tokens[0]
     assert engine.ledger.reserved == 0
+
+
+@pytest.mark.parametrize("rules", [[GenerationExit("fixed", 3)], MIXED_EXITS, CARRYING_EXITS], ids=lambda r: len(r))
+def test_depth_batching_runs_each_row_at_its_own_loop_and_decodes_as_alone(models, rules):
+    """Under ``depth`` batching greedy, sampled and scoring jobs at one exit or at several exits and caps, three
+    arriving mid-decode, share one depth group (each step one loop of every row's token, each at its own
+    loop): each job's tokens and loops are those it gets alone, its log-probabilities within 1e-5. An exit
+    that reads each loop's logits on a model with a coda (the retrofit) cannot run there: its jobs share a
+    continuous group beside it."""
+    model = models
+    shared = _mixed_jobs(rules)
+    engine = _run(shared, model, "depth", arrivals=[[shared[3][0]], [], [shared[4][0], shared[5][0]]])
+    logits_after_coda = any(rule.reads_logits for rule in rules) and len(decodable(model).coda)
+    assert engine.kinds == ({DepthGroup, ContinuousGroup} if logits_after_coda else {DepthGroup})
+    assert engine.stats["joined"] == 3 and engine.groups == len(engine.kinds), dict(engine.stats)
+    alone = _mixed_jobs(rules)
+    _run(alone, model, "exact")
+    for (_, sink), (_, solo) in zip(shared, alone, strict=True):
+        _assert_as_alone(sink, solo)
+
+
+def test_a_depth_groups_rows_get_tokens_at_their_own_exits_pace(model):
+    """A job at 1 loop beside one at 6 in a depth group gets its 6 tokens in 7 steps while the deep one has two
+    (its prompt's and one of 6 loops; a continuous group's step runs both tokens to 6 loops); a job that joins
+    takes the row the shallow one freed; a job cancelled with its token in flight ends ``cancelled``; the others
+    decode as alone."""
+    (shallow, shallow_sink), (deep, deep_sink) = (_job(PROMPTS[0], GenerationExit("fixed", 1)),
+                                                  _job(PROMPTS[2], GenerationExit("fixed", 6), max_new=4))  # fmt: skip
+    group = DepthGroup(model, [shallow, deep], capacity=2, columns=6)
+    group.begin()
+    for _ in range(7):
+        group.step()
+    assert shallow_sink.end == End("length") and len(deep_sink.tokens) == 2 and group.jobs[0] is None
+    newcomer, new_sink = _job(PROMPTS[1], GenerationExit("fixed", 2), max_new=3)
+    assert group.can_take(newcomer) and not group.can_take(_job(PROMPTS[1], GenerationExit("fixed", 7))[0])
+    group.join([newcomer])
+    group.step()
+    group.step()
+    assert group.state.running[1]  # the deep job's second token is in flight
+    deep.cancelled.set()
+    while not group.done:
+        group.step()
+    assert deep_sink.end == End("cancelled") and new_sink.end == End("length") and group.held == 0
+    for job, sink in ((shallow, shallow_sink), (newcomer, new_sink)):
+        _assert_as_alone(sink, _solo(model, job))
+
+
+def _solo(model, job: Job) -> Sink:
+    """What ``job``'s prompt, budget, options and stop give decoded alone (``generate``), as a sink holds it."""
+    out = generate(model, [job.prompt], job.max_new, job.options, finished=job.stops)
+    sink = Sink()
+    for token, depth, logprob in zip(out.tokens[0], out.depths[0], out.logprobs[0], strict=True):
+        sink(Token(token, logprob, depth, []))
+    return sink
+
+
+def test_speculative_jobs_admitted_together_share_rounds_stepped_beside_other_jobs(model):
+    """Speculative jobs (two budgets, one ending at a stop token) admitted together are rows of one group that
+    runs a draft-and-verify round per engine step, beside step-decoder jobs: each gets the tokens and loops of
+    ``generate`` with the speculative decoder on its prompt alone, log-probabilities within 1e-5; a
+    speculative job whose client leaves mid-decode ends ``cancelled`` and the others go on."""
+    options = DecodeOptions(GenerationExit("fixed", 4), decoder="speculative",
+                            decoder_params={"draft_loops": 2, "draft_tokens": 3})  # fmt: skip
+    stop_at = generate(model, [PROMPTS[0]], 9, options).tokens[0][4]
+    stops = [lambda tokens: tokens[-1] == stop_at, None, None, None]
+    speculative = []
+    for prompt, budget, stop in zip([PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[1]], [9, 5, 9, 9], stops):
+        sink = Sink()
+        speculative.append((Job(prompt, budget, options, GREEDY, sink, stops=stop), sink))
+    leaving = speculative[3][0]
+    stepped = _mixed_jobs([GenerationExit("fixed", 3)])[:3]
+    kinds = set()
+
+    def look_and_leave(engine: Engine) -> None:
+        kinds.update(type(group) for group in engine._groups)
+        if engine.stats["steps"] == 2:
+            leaving.cancelled.set()
+
+    engine = Engine(model, max_running=8, on_step=look_and_leave)
+    engine.submit([job for job, _ in speculative + stepped])
+    engine.start()
+    assert all(sink.closed.wait(60) for _, sink in speculative + stepped)
+    engine.close(60)
+    assert kinds == {SpeculativeGroup, ContinuousGroup}
+    assert speculative[3][1].end == End("cancelled") and len(speculative[3][1].tokens) < 9
+    for job, sink in speculative[:3]:
+        _assert_as_alone(sink, _solo(model, job))
+        assert sink.end == End("stop" if job.stops else "length")

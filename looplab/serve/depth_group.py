@@ -1,0 +1,154 @@
+"""Continuous depth batching: jobs whose rows run at different loops of different tokens in one core call.
+
+A :class:`~looplab.serve.continuous.ContinuousGroup` steps a token of every row at once, so its step takes
+as many sequential core calls as its deepest row's token needs, the later ones over the few rows still
+running (each call reads every weight however few rows it runs). A :class:`DepthGroup` is the server's form
+of depth-wise batching (:mod:`looplab.generation.depthwise`): each core call advances every running row by
+one loop of its own token, row a at loop 3 of its 10th token beside row b at loop 1 of its 2nd, and an
+engine step runs core calls until some row's token exits. A row whose token exits is read (the coda, the
+head), its job picks the next token (greedy, sampled with its own generator, or forced when scoring), and
+that token joins the next call at loop 1. So a job's tokens cost the loops its own tokens run, whatever the
+other rows' exits, and newcomers join between two calls, into a free row, prefilled there. (What it gains
+is measured in bench/serve_published.py and bench/serve.py: a prompt still runs, lazily, as deep as its
+row's deepest token, in calls of its own.)
+
+Each row stops by its own job's exit up to its own loop cap, as in a continuous group; each row's new
+tokens go into its own slots from the first new-token slot on (a row a newcomer takes starts there again).
+A row's tokens are the step decoder's for its prompt alone within float rounding (batched matmuls, sums
+over more masked keys; tested), as continuous batching's are.
+
+What it takes (:func:`depth_batchable`): the ``step`` decoder's ``per_loop`` cache (each loop's keys kept,
+so a row reads its own loop's), a model whose passes run as chains of layers (``Capabilities.chains``), and,
+for an exit that reads each loop's logits, no coda (the coda runs at a token's exit only). No prefix caching
+here: a kept prefix is a continuous group's (:mod:`looplab.serve.prefixes`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from looplab.generation.depthwise import DepthwiseDecoder
+from looplab.generation.views import decodable
+from looplab.serve.batch import End, Job, JoinableRows
+from looplab.serve.whole import STEPPED
+from looplab.tasks.base import PAD
+
+__all__ = ["DepthGroup", "depth_batchable"]
+
+
+def depth_batchable(model, job: Job) -> bool:
+    """Whether ``job`` may run in a :class:`DepthGroup` on ``model`` (see the module docstring)."""
+    options, rule = job.options, job.options.exit_rule
+    if options.decoder != STEPPED or not options.policy.per_loop or job.cohort[-1] is not None:  # read-only
+        return False
+    view = decodable(model, gated=rule.needs_gate)
+    return view.capabilities.chains and not (rule.reads_logits and len(view.coda))
+
+
+class DepthGroup(JoinableRows):
+    """Jobs of one cohort whose rows each run at their own loop (see the module docstring).
+
+    The arguments are a :class:`~looplab.serve.continuous.ContinuousGroup`'s: ``capacity`` rows (fewer where
+    they would not fit ``memory``), ``columns`` new-token slots a row, ``width`` prompt slots and loop ``cap``,
+    each at least what the first ``jobs`` need. :attr:`live` are the rows whose token exited, with their
+    next-token ``logits`` and exit ``depths``: picked at the next :meth:`step`.
+    """
+
+    #: a row's new tokens start at the first new-token slot again when a newcomer takes it
+    COLUMNS_PER_BUDGET = 1
+
+    def __init__(
+        self,
+        model,
+        jobs: list[Job],
+        capacity: int,
+        columns: int,
+        width: int = 0,
+        cap: int = 0,
+        memory: int | None = None,
+    ):
+        first = jobs[0]
+        capacity = self.size(model, jobs, capacity, columns, width, cap, memory)
+        view = decodable(model, gated=first.options.exit_rule.needs_gate)
+        rule = first.options.exit_rule
+        self.decoder = DepthwiseDecoder(
+            view, [[PAD]] * capacity, self.columns, first.options, width=self.width, exits=[rule] * capacity,
+            cap=self.cap,
+        )  # fmt: skip
+        self.decoder.slots.real[:] = False  # every row free (a padding prompt, unreal) until a job takes it
+        self.state = self.decoder.in_flight()
+        self.jobs: list[Job | None] = [None] * capacity
+        self.live = torch.zeros(0, dtype=torch.long, device=self.decoder.lengths.device)
+        self.logits = self.depths = None
+        self.first = jobs
+
+    @property
+    def done(self) -> bool:
+        return len(self.live) == 0 and not bool(self.state.running.any())
+
+    @property
+    def held(self) -> int:
+        return sum(job is not None for job in self.jobs)
+
+    def abandon(self) -> None:
+        super().abandon()
+        self.state.running[:] = False
+
+    def begin(self) -> None:
+        """Prefill the first jobs (once the group's bytes are reserved)."""
+        self.join(self.first)
+
+    def columns_left(self) -> int:
+        return self.columns  # a row a newcomer takes starts its new tokens at the first new-token slot
+
+    def join(self, jobs: list[Job]) -> None:
+        """Prefill each of ``jobs``' prompts into a free row (in one forward pass); their first tokens are picked
+        at the next :meth:`step`."""
+        rows = []
+        for job in jobs:
+            row = self.jobs.index(None)
+            self.jobs[row] = job
+            rows.append(row)
+        index = torch.tensor(rows, device=self.live.device)
+        logits, depths = self.decoder.take(
+            self.state, index, [job.prompt for job in jobs], [job.options.exit_rule for job in jobs]
+        )
+        self._ready(index, logits, depths)
+
+    def _ready(self, rows, logits, depths) -> None:
+        """Rows [R] whose next token is to be picked from ``logits`` [R, V], read after ``depths`` [R] loops."""
+        if self.logits is not None and len(self.live):
+            rows, logits, depths = (
+                torch.cat([self.live, rows]),
+                torch.cat([self.logits, logits]),
+                torch.cat([self.depths, depths]),
+            )
+        order = rows.argsort()
+        self.live, self.logits, self.depths = rows[order], logits[order], depths[order]
+
+    def drop_cancelled(self) -> None:
+        """Jobs whose client left stop here, whether their row waits to pick or has a token in flight."""
+        for row in self.state.running.nonzero(as_tuple=True)[0].tolist():
+            if self.jobs[row].cancelled.is_set():
+                self.jobs[row].sink(End("cancelled"))
+                self.state.running[row] = False
+                self.release(row)
+        super().drop_cancelled()
+
+    def step(self) -> None:
+        """Pick the next token of every row whose token exited (sending it, freeing the rows that ended) and
+        start the rest's, then run core calls, one loop of every row's token in flight each, until a token
+        exits (so that a step gives tokens, as a continuous group's does, beside which it runs)."""
+        self.drop_cancelled()
+        if len(self.live):
+            chosen = self.choose()
+            still = self.record(chosen)
+            if still:
+                keep = torch.tensor(still, device=self.live.device)
+                self.decoder.start_tokens(self.state, self.live[keep], chosen[keep])
+            self.live = self.live[:0]
+        while self.state.running.any():
+            exited, logits = self.decoder.advance(self.state)
+            if len(exited):
+                self._ready(exited, logits, self.state.loop[exited])
+                return
