@@ -5,9 +5,13 @@ per token (docs/commands.md, "looplab serve").
     choice.py    a prompt's engine jobs and the OpenAI-shaped choice built from their tokens
     batch.py     a job, and a group of jobs stepped one token at a time by one Decoder
     continuous.py  a group that newcomers join between two steps (continuous batching)
-    depth_group.py a group whose rows each run at their own loop, a loop a step (continuous depth batching)
-    whole.py     a job whose decoder is not stepped (depth, wavefront, speculative, …): run whole, alone
-    engine.py    the thread that admits jobs between steps and steps every running one
+    depth_group.py a group whose rows each run at their own loop (continuous depth batching)
+    speculative_group.py  speculative jobs stepped a draft-and-verify round at a time
+    whole.py     a job whose decoder is not stepped (depth, wavefront, recompute, a plugin's): run whole, alone
+    scheduler.py job states, admission and the KV memory ledger: what the runner does each step
+    runner.py    the model, every group's decoder and caches, the kept prefixes: does what it is told
+    messages.py  the plain messages between the two
+    engine.py    the thread that runs the scheduler and the runner in turn, and the queue's front door
     ledger.py    the KV memory ledger: one limit on every running group's caches
     prefixes.py  prefix caching: kept prompt blocks' keys and values
     metrics.py   GET /metrics (Prometheus) and a completion's usage.loops

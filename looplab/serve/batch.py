@@ -20,10 +20,10 @@ from torch import Tensor
 from looplab.generation.decoder import Decoder, StepParams
 from looplab.generation.options import DecodeOptions
 from looplab.generation.views import decodable
-from looplab.serve.ledger import DoesNotFit, group_bytes, sized_rows
+from looplab.serve.ledger import group_bytes, sized_rows
 from looplab.serve.sampling import Picking, pick_rows
 
-__all__ = ["Job", "Group", "JoinableRows", "LiveRows", "Token", "End", "Failed"]
+__all__ = ["Job", "Group", "JoinableRows", "LiveRows", "Room", "Token", "End", "Failed", "joinable_room", "solo_bytes"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ class Job:
         picking: how a token is picked; ``forced``: the tokens to feed instead (scoring a text).
         stops: called with the new ids after each token; True ends the job (``stop``).
         top: how many likeliest tokens each :class:`Token` lists (0: none).
-        sink: called from the engine's thread with each :class:`Token`, then one :class:`End` or :class:`Failed`.
+        sink: called from the engine's thread with each :class:`Token`, then one :class:`End` or :class:`Failed`
+            (the scheduler delivers what the runner's groups :meth:`send`).
+        outbox: what the job's group sent since the runner last collected it.
     """
 
     prompt: list[int]
@@ -76,6 +78,12 @@ class Job:
     tokens: list[int] = field(default_factory=list)
     closed: bool = False  # its End or Failed was sent
     cancelled: threading.Event = field(default_factory=threading.Event)
+    outbox: list[Token | End | Failed] = field(default_factory=list)
+
+    def send(self, event: Token | End | Failed) -> None:
+        """Put ``event`` in the outbox (a group's only way to answer: the scheduler delivers it to the sink)."""
+        self.outbox.append(event)
+        self.closed = self.closed or isinstance(event, End | Failed)
 
     @cached_property
     def cohort(self) -> tuple:
@@ -159,7 +167,7 @@ class LiveRows:
             return
         for row in live:
             if self.jobs[row].cancelled.is_set():
-                self.jobs[row].sink(End("cancelled"))
+                self.jobs[row].send(End("cancelled"))
                 self.release(row)
         index = torch.tensor(keep, dtype=torch.long, device=self.live.device)
         self.live, self.logits, self.depths = self.live[index], self.logits[index], self.depths[index]
@@ -175,12 +183,12 @@ class LiveRows:
         for i, row in enumerate(self.live.tolist()):
             job = self.jobs[row]
             job.tokens.append(int(chosen[i]))
-            job.sink(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
+            job.send(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
             reason = job.ended()
             if reason is None:
                 still.append(i)
             else:
-                job.sink(End(reason))
+                job.send(End(reason))
                 self.release(row)
         return still
 
@@ -188,26 +196,48 @@ class LiveRows:
         """A row whose job ended (a group that never reuses rows keeps it as it is)."""
 
 
+@dataclass(frozen=True)
+class Room:
+    """What a joinable group holds: ``rows``, prompt ``width``, new-token ``columns`` a row, loop ``cap``, and
+    the KV bytes that takes."""
+
+    rows: int
+    width: int
+    columns: int
+    cap: int
+    nbytes: int
+
+
+def joinable_room(model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int, memory=None) -> Room:
+    """The room of a joinable group for ``jobs`` (one cohort): at least what they need, ``capacity`` rows, fewer
+    where they would not fit in ``memory`` bytes (:func:`~looplab.serve.ledger.sized_rows`: DoesNotFit when
+    the jobs' own rows do not)."""
+    width = max(width, *(len(job.prompt) for job in jobs))
+    columns = max(columns, *(job.max_new for job in jobs))
+    cap = max(cap, *(job.options.exit_rule.loops for job in jobs))
+
+    def needed(rows: int) -> int:
+        return group_bytes(model, jobs, rows, width, columns, cap)
+
+    rows, nbytes = sized_rows(needed, capacity, len(jobs), memory)
+    return Room(rows, width, columns, cap, nbytes)
+
+
 class JoinableRows(LiveRows):
     """A group that jobs of its cohort join between steps, into rows freed by jobs that ended: what a continuous
     and a depth group share. :meth:`size` sets its room (prompt ``width``, new-token ``columns``, loop
-    ``cap``) and its rows; a subclass says how many columns a newcomer has left (:meth:`columns_left`)."""
+    ``cap``, :class:`Room`) and its rows; a subclass says how many columns a newcomer has left
+    (:meth:`columns_left`)."""
 
     jobs: list[Job | None]
 
-    def size(self, model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int, memory) -> int:
-        """Room for at least what ``jobs`` (one cohort) need, and ``capacity`` rows, fewer where they would not fit
-        in ``memory`` bytes (:func:`~looplab.serve.ledger.sized_rows`); the rows it takes (its bytes: ``nbytes``)."""
+    def size(self, model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int) -> int:
+        """Room for at least what ``jobs`` (one cohort) need, and ``capacity`` rows (:func:`joinable_room`); the
+        rows it takes (its bytes: ``nbytes``)."""
         self.cohort = jobs[0].cohort
-        self.width = max(width, *(len(job.prompt) for job in jobs))
-        self.columns = max(columns, *(job.max_new for job in jobs))
-        self.cap = max(cap, *(job.options.exit_rule.loops for job in jobs))
-
-        def needed(rows: int) -> int:
-            return group_bytes(model, jobs, rows, self.width, self.columns, self.cap)
-
-        rows, self.nbytes = sized_rows(needed, capacity, len(jobs), memory)
-        return rows
+        room = joinable_room(model, jobs, capacity, columns, width, cap)
+        self.width, self.columns, self.cap, self.nbytes = room.width, room.columns, room.cap, room.nbytes
+        return room.rows
 
     def columns_left(self) -> int:
         """The new-token slots a job joining now may fill."""
@@ -229,19 +259,21 @@ class JoinableRows(LiveRows):
         self.jobs[row] = None
 
 
-class Group(LiveRows):
-    """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts): sized on construction
-    (:class:`~looplab.serve.ledger.DoesNotFit` when its KV bytes, :attr:`nbytes`, exceed ``memory``),
-    prefilled by :meth:`begin`; each :meth:`step` emits one token per live job."""
+def solo_bytes(model, jobs: list[Job]) -> int:
+    """KV bytes a :class:`Group` of ``jobs`` holds."""
+    budget = max(len(job.forced) if job.forced is not None else job.max_new for job in jobs)
+    width, cap = max(len(job.prompt) for job in jobs), max(job.options.exit_rule.loops for job in jobs)
+    return group_bytes(model, jobs, len(jobs), width, budget, cap)
 
-    def __init__(self, model, jobs: list[Job], memory: int | None = None):
+
+class Group(LiveRows):
+    """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts), prefilled by :meth:`begin`;
+    each :meth:`step` emits one token per live job. Its KV bytes: :func:`solo_bytes`."""
+
+    def __init__(self, model, jobs: list[Job]):
         first = jobs[0]
         self.jobs = jobs
         self.budget = max(len(job.forced) if job.forced is not None else job.max_new for job in jobs)
-        width, cap = max(len(job.prompt) for job in jobs), max(job.options.exit_rule.loops for job in jobs)
-        self.nbytes = group_bytes(model, jobs, len(jobs), width, self.budget, cap)
-        if memory is not None and self.nbytes > memory:
-            raise DoesNotFit(f"{len(jobs)} jobs need {self.nbytes:,} bytes of KV memory, {memory:,} are free")
         options = first.options
         model = decodable(model, gated=options.exit_rule.needs_gate)  # the gate exit reads a gated view
         rules = [job.options.exit_rule for job in jobs]

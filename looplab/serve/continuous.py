@@ -43,13 +43,11 @@ class ContinuousGroup(JoinableRows):
     Args:
         model: the engine's model, as the decoder reads it.
         jobs: the first jobs (one :attr:`~looplab.serve.batch.Job.cohort`).
-        capacity: the rows to preallocate (the engine's sizing: ``Engine._continuous_group``), fewer where
-            they would not fit in ``memory`` at ``columns`` new-token slots.
+        capacity: the rows to preallocate (the scheduler's sizing: :mod:`looplab.serve.scheduler`).
         columns: the new-token slots after the prompts (at least the first jobs' largest budget).
         width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
         cap: the loops a row may run (at least the first jobs' largest cap): room for later, deeper exits.
-        memory: the KV bytes the group may take (None: no bound; :class:`~looplab.serve.ledger.DoesNotFit` when
-            its first jobs' rows would take more); its :attr:`nbytes` are what it takes. Nothing runs until
+        prefixes: the runner's prefix store. Its :attr:`nbytes` are what it takes. Nothing runs until
             :meth:`begin`.
     """
 
@@ -65,11 +63,10 @@ class ContinuousGroup(JoinableRows):
         columns: int,
         width: int = 0,
         cap: int = 0,
-        memory: int | None = None,
         prefixes: PrefixStore | None = None,
     ):
         options = jobs[0].options
-        capacity = self.size(model, jobs, capacity, columns, width, cap, memory)
+        capacity = self.size(model, jobs, capacity, columns, width, cap)
         loops = self.cap
         model = decodable(model, gated=options.exit_rule.needs_gate)
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)

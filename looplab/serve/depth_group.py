@@ -48,9 +48,9 @@ def depth_batchable(model, job: Job) -> bool:
 class DepthGroup(JoinableRows):
     """Jobs of one cohort whose rows each run at their own loop (see the module docstring).
 
-    The arguments are a :class:`~looplab.serve.continuous.ContinuousGroup`'s: ``capacity`` rows (fewer where
-    they would not fit ``memory``), ``columns`` new-token slots a row, ``width`` prompt slots and loop ``cap``,
-    each at least what the first ``jobs`` need. :attr:`live` are the rows whose token exited, with their
+    The arguments are a :class:`~looplab.serve.continuous.ContinuousGroup`'s: ``capacity`` rows, ``columns``
+    new-token slots a row, ``width`` prompt slots and loop ``cap``, each at least what the first ``jobs``
+    need. :attr:`live` are the rows whose token exited, with their
     next-token ``logits`` and exit ``depths``: picked at the next :meth:`step`.
     """
 
@@ -65,10 +65,9 @@ class DepthGroup(JoinableRows):
         columns: int,
         width: int = 0,
         cap: int = 0,
-        memory: int | None = None,
     ):
         first = jobs[0]
-        capacity = self.size(model, jobs, capacity, columns, width, cap, memory)
+        capacity = self.size(model, jobs, capacity, columns, width, cap)
         view = decodable(model, gated=first.options.exit_rule.needs_gate)
         rule = first.options.exit_rule
         self.decoder = DepthwiseDecoder(
@@ -130,7 +129,7 @@ class DepthGroup(JoinableRows):
         """Jobs whose client left stop here, whether their row waits to pick or has a token in flight."""
         for row in self.state.running.nonzero(as_tuple=True)[0].tolist():
             if self.jobs[row].cancelled.is_set():
-                self.jobs[row].sink(End("cancelled"))
+                self.jobs[row].send(End("cancelled"))
                 self.state.running[row] = False
                 self.release(row)
         super().drop_cancelled()

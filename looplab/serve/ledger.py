@@ -5,8 +5,9 @@ A group's caches are allocated for its rows and slots when it is made (rows a la
 the ledger reserves a group's bytes whole at its making and frees them when its last job ends: a running
 job never runs out of memory, and a job that does not fit now waits in the queue, at its place, until
 running groups end. A job that could not fit even alone is refused when it is submitted
-(:class:`~looplab.serve.engine.NeverFits`: HTTP 400 naming the limit). Sizes are
-:func:`~looplab.generation.budget.generation_bytes`' upper bounds.
+(:class:`~looplab.serve.scheduler.NeverFits`: HTTP 400 naming the limit). Sizes are
+:func:`~looplab.generation.budget.generation_bytes`' upper bounds. The ledger is the scheduler's: it reserves
+a group when it plans it, and counts the kept prefixes' bytes as the runner reports them.
 """
 
 from __future__ import annotations
@@ -55,23 +56,28 @@ def default_kv_memory(model) -> int:
 
 
 class KVLedger:
-    """The bytes reserved by running groups, against ``limit``."""
+    """The bytes reserved by running groups (by the scheduler's group ids) and held by kept prefixes (as the
+    runner last reported them), against ``limit``."""
 
     def __init__(self, limit: int):
-        self.limit, self.reserved = limit, 0
+        self.limit = limit
+        self.groups: dict[int, int] = {}
+        self.prefixes = 0
+
+    @property
+    def reserved(self) -> int:
+        return sum(self.groups.values()) + self.prefixes
 
     @property
     def free(self) -> int:
         return self.limit - self.reserved
 
-    def reserve(self, group, nbytes: int) -> None:
-        """Hold ``nbytes`` for ``group`` (its :meth:`release` gives them back)."""
-        group.reserved = nbytes
-        self.reserved += nbytes
+    def reserve(self, group: int, nbytes: int) -> None:
+        """Hold ``nbytes`` for group ``group`` (:meth:`release` gives them back)."""
+        self.groups[group] = nbytes
 
-    def release(self, group) -> None:
-        self.reserved -= group.reserved
-        group.reserved = 0
+    def release(self, group: int) -> None:
+        self.groups.pop(group, None)
 
     def describe(self) -> str:
         return f"{self.limit / GIB:,.3g} GiB"

@@ -17,9 +17,11 @@ were computed in another batch, so a row's later results match its own prefill t
 as continuous batching's do. Other policies (``shared``, ``last_m``: their one store holds the latest loop's keys) and
 families whose layer calls keep convolution inputs are not cached.
 
-The store holds its blocks in the engine's KV memory (:class:`~looplab.serve.ledger.KVLedger`), the least
-recently used given back first when a group needs the room, and counts the prompt tokens it was asked for
-and those it served (the hit rate).
+The store is the runner's and holds its blocks in the engine's KV memory: the scheduler's ledger
+(:class:`~looplab.serve.ledger.KVLedger`) counts their bytes, which the runner reports each step, and gives
+the store its ``room`` each step (what the groups leave free, at most ``limit``; 0 when a new group needs
+it all). The least recently used blocks go first; the store counts the prompt tokens it was asked for and
+those it served (the hit rate).
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ class Hit:
 
 
 class PrefixStore:
-    """Kept blocks within ``limit`` bytes, their bytes held in ``ledger``, least recently used first out."""
+    """Kept blocks within ``limit`` bytes and the ``room`` the scheduler gives it, least recently used first
+    out."""
 
-    def __init__(self, ledger, limit: int, block: int = BLOCK):
-        self.ledger, self.limit, self.block = ledger, limit, block
+    def __init__(self, limit: int, block: int = BLOCK):
+        self.limit, self.block = limit, block
+        self.room = limit
         self.blocks: OrderedDict[tuple, tuple[dict, int]] = OrderedDict()
         self.nbytes = 0
         self.asked = self.served = 0  # prompt tokens that could have been served, and were
@@ -81,7 +85,7 @@ class PrefixStore:
 
     def keep(self, cohort, cap: int, prompt: list[int], decoder, row: int) -> None:
         """Keep the whole blocks of ``prompt``, just prefilled in ``row`` of ``decoder`` to cap ``cap``, that are
-        not kept yet, while they fit the store's limit and the ledger's free bytes."""
+        not kept yet, while they fit the store's limit and its room."""
         for b in range(1, self.whole_blocks(prompt) + 1):
             key = (cohort, cap, tuple(prompt[: b * self.block]))
             if key in self.blocks:
@@ -89,22 +93,22 @@ class PrefixStore:
                 continue
             state = decoder.cache.slot_state(row, (b - 1) * self.block, b * self.block, cap)
             nbytes = sum(t.numel() * t.element_size() for pair in state.values() for t in pair)
-            while self.blocks and (self.nbytes + nbytes > self.limit or self.ledger.free < nbytes):
+            while self.blocks and self.nbytes + nbytes > min(self.limit, self.room):
                 self.drop_oldest()
-            if self.nbytes + nbytes > self.limit or self.ledger.free < nbytes:
+            if self.nbytes + nbytes > min(self.limit, self.room):
                 return
             self.blocks[key] = (state, nbytes)
             self.nbytes += nbytes
-            self.ledger.reserved += nbytes
 
     def drop_oldest(self) -> None:
         """Give back the least recently used block's bytes."""
         _, (_, nbytes) = self.blocks.popitem(last=False)
         self.nbytes -= nbytes
-        self.ledger.reserved -= nbytes
 
-    def clear(self) -> None:
-        while self.blocks:
+    def make_room(self, room: int) -> None:
+        """Hold at most ``room`` bytes from now on, the least recently used blocks given back first."""
+        self.room = room
+        while self.blocks and self.nbytes > min(self.limit, room):
             self.drop_oldest()
 
 

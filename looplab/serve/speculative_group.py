@@ -16,26 +16,30 @@ from __future__ import annotations
 from looplab.generation.speculative import SpeculativeDecoder, SpeculativeGeneration
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job, Token
-from looplab.serve.ledger import DoesNotFit, group_bytes
+from looplab.serve.ledger import group_bytes
 
-__all__ = ["SpeculativeGroup", "SPECULATIVE"]
+__all__ = ["SpeculativeGroup", "SPECULATIVE", "speculative_bytes"]
 
 #: the decoder whose rounds the engine steps
 SPECULATIVE = "speculative"
 
 
-class SpeculativeGroup:
-    """Speculative jobs of one cohort, a round a step (see the module docstring). Its KV bytes, :attr:`nbytes`,
-    hold every row's prompt and n slots per new token (:class:`~looplab.serve.ledger.DoesNotFit` when more
-    than ``memory``)."""
+def speculative_bytes(model, jobs: list[Job]) -> int:
+    """KV bytes a group of ``jobs`` holds: every row's prompt and n slots per new token."""
+    options = jobs[0].options
+    budget, width = max(job.max_new for job in jobs), max(len(job.prompt) for job in jobs)
+    return group_bytes(
+        model, jobs, len(jobs), width, budget * options.decoder_params.draft_tokens, options.exit_rule.loops
+    )
 
-    def __init__(self, model, jobs: list[Job], memory: int | None = None):
+
+class SpeculativeGroup:
+    """Speculative jobs of one cohort, a round a step (see the module docstring); its KV bytes:
+    :func:`speculative_bytes`."""
+
+    def __init__(self, model, jobs: list[Job]):
         options = jobs[0].options
         params, budget = options.decoder_params, max(job.max_new for job in jobs)
-        width, loops = max(len(job.prompt) for job in jobs), options.exit_rule.loops
-        self.nbytes = group_bytes(model, jobs, len(jobs), width, budget * params.draft_tokens, loops)
-        if memory is not None and self.nbytes > memory:
-            raise DoesNotFit(f"{len(jobs)} jobs need {self.nbytes:,} bytes of KV memory, {memory:,} are free")
         view = decodable(model)
         prompts = [job.prompt for job in jobs]
         self.decoder = SpeculativeDecoder(view, prompts, budget, options, params.draft_loops, params.draft_tokens)
@@ -65,7 +69,7 @@ class SpeculativeGroup:
         """One round of the live jobs (those whose client left end ``cancelled`` first); send what it kept."""
         for row in self.live:
             if self.jobs[row].cancelled.is_set():
-                self.jobs[row].sink(End("cancelled"))
+                self.jobs[row].send(End("cancelled"))
         self.live = [row for row in self.live if not self.jobs[row].cancelled.is_set()]
         if self.live:
             self.live = self._send(self.decoder.round(self.out, self.live))
@@ -79,13 +83,13 @@ class SpeculativeGroup:
             reason = None
             for index in range(len(job.tokens), len(tokens)):
                 job.tokens.append(tokens[index])
-                job.sink(Token(tokens[index], self.out.logprobs[row][index], self.out.depths[row][index], []))
+                job.send(Token(tokens[index], self.out.logprobs[row][index], self.out.depths[row][index], []))
                 reason = job.ended()
                 if reason is not None:
                     break
             if reason is None and row not in going:  # the decoder's own end: its budget for every row
                 reason = "length"
             if reason is not None:
-                job.sink(End(reason))
+                job.send(End(reason))
                 going.discard(row)
         return sorted(going)

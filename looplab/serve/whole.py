@@ -16,7 +16,6 @@ import torch
 
 from looplab.generation.decode import generate
 from looplab.serve.batch import End, Job, Token
-from looplab.serve.ledger import DoesNotFit, job_bytes
 
 __all__ = ["WholeGroup", "STEPPED"]
 
@@ -26,14 +25,10 @@ STEPPED = "step"
 
 class WholeGroup:
     """One job decoded whole at its first :meth:`step` (see the module docstring); ``live`` [1] until then.
-    Its KV bytes, :attr:`nbytes`, are the job's alone (:class:`~looplab.serve.ledger.DoesNotFit` when more than
-    ``memory``)."""
+    Its KV bytes are the job's alone (:func:`~looplab.serve.ledger.job_bytes`)."""
 
-    def __init__(self, model, job: Job, memory: int | None = None):
+    def __init__(self, model, job: Job):
         self.model, self.jobs = model, [job]
-        self.nbytes = job_bytes(model, job)
-        if memory is not None and self.nbytes > memory:
-            raise DoesNotFit(f"the job needs {self.nbytes:,} bytes of KV memory, {memory:,} are free")
         self.live = torch.zeros(1, dtype=torch.long)
 
     @property
@@ -59,12 +54,12 @@ class WholeGroup:
         (job,) = self.jobs
         self.live = self.live[:0]
         if job.cancelled.is_set():
-            job.sink(End("cancelled"))
+            job.send(End("cancelled"))
             return
         forced = None if job.forced is None else [job.forced]
         budget = job.max_new if job.forced is None else len(job.forced)
         out = generate(self.model, [job.prompt], budget, job.options, finished=job.stops, forced=forced)
         for token, depth, logprob in zip(out.tokens[0], out.depths[0], out.logprobs[0], strict=True):
             job.tokens.append(token)
-            job.sink(Token(token, logprob, depth, []))
-        job.sink(End(job.ended() or "length"))
+            job.send(Token(token, logprob, depth, []))
+        job.send(End(job.ended() or "length"))

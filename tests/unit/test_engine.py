@@ -43,6 +43,14 @@ class Sink:
             self.closed.set()
 
 
+def _deliver(*jobs: Job) -> None:
+    """Hand what each job's group sent to its sink, as the engine's scheduler does (a group driven here alone)."""
+    for job in jobs:
+        for event in job.outbox:
+            job.sink(event)
+        job.outbox.clear()
+
+
 def _job(prompt, rule, max_new=6, picking=GREEDY) -> tuple[Job, Sink]:
     sink = Sink()
     return Job(prompt, max_new, DecodeOptions(rule), picking, sink), sink
@@ -98,6 +106,7 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
     group = ContinuousGroup(model, [short, long_job], capacity=2, columns=8)
     group.begin()
     group.step()  # the short job's one token: its row is free
+    _deliver(short, long_job)
     assert short_sink.end == End("length") and group.jobs[0] is None
     newcomer, new_sink = _job(PROMPTS[1], rule, max_new=3)
     assert group.can_take(newcomer)
@@ -106,6 +115,7 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
     long_job.cancelled.set()
     while not group.done:
         group.step()
+    _deliver(long_job, newcomer)
     assert long_sink.end == End("cancelled") and new_sink.end == End("length")
     alone = generate(model, [PROMPTS[1]], 3, DecodeOptions(rule))
     assert [t.token for t in new_sink.tokens] == alone.tokens[0]
@@ -150,8 +160,8 @@ def _run(jobs: list[tuple[Job, Sink]], model, batching: str, arrivals=()) -> Eng
     arriving = iter(arrivals)
 
     def arrive(engine: Engine) -> None:
-        engine.groups = max(getattr(engine, "groups", 0), len(engine._groups))
-        engine.kinds = getattr(engine, "kinds", set()) | {type(group) for group in engine._groups}
+        engine.groups = max(getattr(engine, "groups", 0), len(engine.runner.groups))
+        engine.kinds = getattr(engine, "kinds", set()) | {type(group) for group in engine.runner.groups.values()}
         jobs = next(arriving, None)
         if jobs:
             engine.submit(jobs)
@@ -356,6 +366,7 @@ def test_a_depth_groups_rows_get_tokens_at_their_own_exits_pace(model):
     group.begin()
     for _ in range(7):
         group.step()
+    _deliver(shallow, deep)
     assert shallow_sink.end == End("length") and len(deep_sink.tokens) == 2 and group.jobs[0] is None
     newcomer, new_sink = _job(PROMPTS[1], GenerationExit("fixed", 2), max_new=3)
     assert group.can_take(newcomer) and not group.can_take(_job(PROMPTS[1], GenerationExit("fixed", 7))[0])
@@ -366,6 +377,7 @@ def test_a_depth_groups_rows_get_tokens_at_their_own_exits_pace(model):
     deep.cancelled.set()
     while not group.done:
         group.step()
+    _deliver(deep, newcomer)
     assert deep_sink.end == End("cancelled") and new_sink.end == End("length") and group.held == 0
     for job, sink in ((shallow, shallow_sink), (newcomer, new_sink)):
         _assert_as_alone(sink, _solo(model, job))
@@ -398,7 +410,7 @@ def test_speculative_jobs_admitted_together_share_rounds_stepped_beside_other_jo
     kinds = set()
 
     def look_and_leave(engine: Engine) -> None:
-        kinds.update(type(group) for group in engine._groups)
+        kinds.update(type(group) for group in engine.runner.groups.values())
         if engine.stats["steps"] == 2:
             leaving.cancelled.set()
 

@@ -1,0 +1,93 @@
+"""The plain messages between the engine's scheduler (:mod:`looplab.serve.scheduler`) and its runner
+(:mod:`looplab.serve.runner`), one exchange an engine step.
+
+The scheduler's :class:`SchedulerOutput` says which groups the runner makes (:class:`GroupPlan`: their kind,
+first jobs and size), which jobs join which running group (:class:`Join`), and how many bytes kept prefixes
+may hold. The runner's :class:`RunnerOutput` says what each job's group sent it (tokens, then its end), which
+plans it could not make, and what every running group looks like now (:class:`GroupState`: what the
+scheduler's next admissions read), with the bytes the caches and kept prefixes hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looplab.serve.batch import End, Failed, Job, Token
+
+__all__ = ["GROUP_KINDS", "GroupPlan", "GroupState", "Join", "RunnerOutput", "SchedulerOutput"]
+
+#: the groups the runner makes: a continuous group (jobs join it), a depth group (rows at their own loops; jobs
+#: join it), a solo group (``exact`` and ``cohort`` batching: no joins), a speculative group (a round a step)
+#: and a whole job (a decoder the engine does not step)
+GROUP_KINDS = ("continuous", "depth", "solo", "speculative", "whole")
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """A group to make: its scheduler ``id``, ``kind`` (GROUP_KINDS), first ``jobs``, and for a joinable kind
+    its ``rows``, prompt ``width``, new-token ``columns`` and loop ``cap``; ``nbytes`` the KV memory it holds."""
+
+    id: int
+    kind: str
+    jobs: tuple[Job, ...]
+    rows: int = 0
+    width: int = 0
+    columns: int = 0
+    cap: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Join:
+    """``job`` joins running group ``group``, prefilled into a free row of it."""
+
+    group: int
+    job: Job
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's orders: ``plans`` to make and ``joins`` to place (in order), kept prefixes trimmed to
+    ``prefix_room`` bytes first, then one step of every group."""
+
+    plans: tuple[GroupPlan, ...] = ()
+    joins: tuple[Join, ...] = ()
+    prefix_room: int = 0
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A running group as admissions read it: its ``id`` and ``kind``, the jobs' ``cohort`` it takes, its
+    ``free_rows``, prompt ``width``, new-token ``columns_left`` and loop ``cap``, and the jobs it ``holds``."""
+
+    id: int
+    kind: str
+    cohort: tuple
+    free_rows: int
+    width: int
+    columns_left: int
+    cap: int
+    holds: int
+
+    def can_take(self, job: Job) -> bool:
+        """Whether ``job`` may join it now (a joinable kind only: its cohort, a free row, the room)."""
+        return (
+            self.free_rows > 0
+            and job.cohort == self.cohort
+            and job.options.exit_rule.loops <= self.cap
+            and len(job.prompt) <= self.width
+            and job.max_new <= self.columns_left
+        )
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What one step did: each job's ``events`` in order (tokens, then its end), the ``unmade`` plans (their
+    jobs failed: the events say why), the ``groups`` still running, and the bytes their caches
+    (``cache_bytes``) and kept prefixes (``prefix_bytes``) hold."""
+
+    events: tuple[tuple[Job, Token | End | Failed], ...] = ()
+    unmade: tuple[int, ...] = ()
+    groups: tuple[GroupState, ...] = ()
+    cache_bytes: int = 0
+    prefix_bytes: int = 0

@@ -1,0 +1,122 @@
+"""The engine's runner: it owns the model, every group's decoder and KV caches, and the kept prefixes, and
+does what the scheduler's :class:`~looplab.serve.messages.SchedulerOutput` orders — make groups, place
+joining jobs, step every group — answering with a :class:`~looplab.serve.messages.RunnerOutput`.
+
+It decides nothing about admission or memory: the scheduler sized every group it asks for. A group whose
+making or prefill fails (out of memory), a join whose prefill fails, or a step that raises fails the jobs
+concerned with one line (:class:`~looplab.serve.batch.Failed`); the others go on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from looplab.serve.batch import Failed, Group, Job, JoinableRows
+from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.depth_group import DepthGroup
+from looplab.serve.messages import GroupPlan, GroupState, RunnerOutput, SchedulerOutput
+from looplab.serve.prefixes import PrefixStore
+from looplab.serve.speculative_group import SpeculativeGroup
+from looplab.serve.whole import WholeGroup
+
+__all__ = ["Runner"]
+
+
+class Runner:
+    """Makes and steps the groups the scheduler plans (see the module docstring).
+
+    Args:
+        model: the model as the decoders read it.
+        prefix_memory: the most bytes kept prompt blocks may hold (0: no prefix caching).
+    """
+
+    def __init__(self, model, prefix_memory: int = 0):
+        self.model = model
+        #: kept prompt blocks (continuous groups read and keep them)
+        self.prefixes = PrefixStore(prefix_memory) if prefix_memory else None
+        #: the running groups by the scheduler's ids
+        self.groups: dict[int, object] = {}
+        #: the jobs taken and not yet ended, whose outboxes each step collects
+        self.held: list[Job] = []
+
+    def execute(self, order: SchedulerOutput) -> RunnerOutput:
+        """Trim the kept prefixes, make the planned groups, place the joins, step every group; what it did."""
+        torch.set_grad_enabled(False)  # per thread: the engine's only decodes
+        if self.prefixes is not None:
+            self.prefixes.make_room(order.prefix_room)
+        unmade = []
+        for plan in order.plans:
+            self.held.extend(plan.jobs)
+            group = None
+            try:
+                group = self._make(plan)
+                group.begin()
+            except Exception as err:  # out of memory, or the prefill failed: these jobs fail, the rest go on
+                _fail(list(plan.jobs), err)
+                unmade.append(plan.id)
+                continue
+            self.groups[plan.id] = group
+        for join in order.joins:
+            self.held.append(join.job)
+            try:
+                self.groups[join.group].join([join.job])
+            except Exception as err:  # its prefill failed (out of memory): this job fails, the group goes on
+                _fail([join.job], err)
+        for group in self.groups.values():
+            try:
+                group.step()
+            except Exception as err:  # a job the decoder fails on (out of memory) fails alone
+                _fail([job for job in group.jobs if job is not None], err)
+                group.abandon()
+        self.groups = {key: group for key, group in self.groups.items() if not group.done}
+        return RunnerOutput(
+            events=self._collect(),
+            unmade=tuple(unmade),
+            groups=tuple(_state(key, group) for key, group in self.groups.items()),
+            cache_bytes=sum(group.cache_bytes() for group in self.groups.values()),
+            prefix_bytes=0 if self.prefixes is None else self.prefixes.nbytes,
+        )
+
+    def _make(self, plan: GroupPlan):
+        """The group ``plan`` asks for (its decoder and caches allocated)."""
+        jobs, model = list(plan.jobs), self.model
+        if plan.kind == "continuous":
+            return ContinuousGroup(model, jobs, plan.rows, plan.columns, plan.width, plan.cap, self.prefixes)
+        if plan.kind == "depth":
+            return DepthGroup(model, jobs, plan.rows, plan.columns, plan.width, plan.cap)
+        if plan.kind == "speculative":
+            return SpeculativeGroup(model, jobs)
+        if plan.kind == "whole":
+            return WholeGroup(model, jobs[0])
+        return Group(model, jobs)
+
+    def _collect(self) -> tuple:
+        """Every held job's sent events, in order; jobs that ended are let go."""
+        events = []
+        for job in self.held:
+            events.extend((job, event) for event in job.outbox)
+            job.outbox.clear()
+        self.held = [job for job in self.held if not job.closed]
+        return tuple(events)
+
+
+#: each group class by its kind (messages.GROUP_KINDS)
+KINDS = {ContinuousGroup: "continuous", DepthGroup: "depth", Group: "solo", SpeculativeGroup: "speculative",
+         WholeGroup: "whole"}  # fmt: skip
+
+
+def _state(key: int, group) -> GroupState:
+    """What the scheduler reads of a running group: a joinable one's room, any one's jobs held."""
+    kind = KINDS[type(group)]
+    if isinstance(group, JoinableRows):
+        free = sum(job is None for job in group.jobs)
+        return GroupState(key, kind, group.cohort, free, group.width, group.columns_left(), group.cap, group.held)
+    return GroupState(key, kind, (), 0, 0, 0, 0, group.held)
+
+
+def _fail(jobs: list[Job], err: Exception) -> None:
+    """Send the jobs still open one line naming ``err``."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    for job in jobs:
+        if not job.closed:
+            job.send(Failed(first or type(err).__name__))
