@@ -236,6 +236,27 @@ def test_bad_export_is_one_line_and_overwrites_nothing(world, tmp_path, capsys, 
     assert not (tmp_path / "new").exists()
 
 
+def test_an_export_that_fills_the_disk_leaves_no_file_as_if_complete(world, tmp_path, capsys, monkeypatch):
+    """A disk that fills after the weights were written (the tokenizer's save fails with ENOSPC): one line, exit
+    2, and the out folder holds no file (the staged weights removed)."""
+    import errno
+
+    from transformers import PreTrainedTokenizerBase
+
+    run, out = tmp_path / "run", tmp_path / "exported"
+    train(load_config(PRESET, _overrides(world, "ouro", steps=2)), run, progress=False)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", full_disk)
+    capsys.readouterr()
+    assert main(["export", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "No space left on device" in err and "no file was left" in err, err
+    assert not out.exists() or not any(out.rglob("*"))
+
+
 def test_tied_weights_are_written_once_and_stay_tied_after_loading(world, tmp_path):
     run = tmp_path / "run"
     train(load_config(PRESET, _overrides(world, "retrofit", steps=2)), run, progress=False)
