@@ -11,7 +11,8 @@
   token (the weights of every layer a token runs, the looped ones once per loop, the head once, and the keys and
   values attended to) ÷ bandwidth, over the measured time;
 - Ouro: transformers' ``LlamaForCausalLM`` with the same 24 layers, width and heads in the same dtype, its
-  ms per new token beside (one pass of the layers: looplab at 1 loop does the same work);
+  ms per new token beside (one pass of the layers: looplab at 1 loop does the same work), both loaded and
+  timed alternately REPEATS times, the medians compared;
 - int8: the quality cost (max |Δ logit| and greedy agreement over 64 random tokens at the native loops,
   against float32) and its speed against float32;
 - Ouro: tokens/s with its ``gate`` exit at τ 0.5 against every loop (read-only), and recomputing the
@@ -32,6 +33,7 @@ import argparse
 import gc
 import json
 import resource
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -62,6 +64,8 @@ LOOPED_PREFIXES = ("core.", "adapter.", "injection.", "gate.")
 #: tables of which a token reads one row: an untied embedding, Parcae's value embeddings
 ROW_TABLES = ("embed", "value_embeds.")
 GB = 1e9
+#: alternated timings of looplab and Llama per comparison
+REPEATS = 5
 
 
 def write_random_dir(family: str, folder: Path) -> Path:
@@ -196,6 +200,23 @@ def llama_ms_per_token(model, prompt: list[int], new: int) -> float:
     return steps(torch.tensor([prompt]), new) / new * 1000
 
 
+def compare_with_llama(loop, raw: dict, dtype, weights: str, prompts: list[int], new: int, table: list) -> None:
+    """Ouro at 1 loop beside transformers' Llama with the same layers, both loaded: each timed REPEATS times,
+    alternately (a drift in the machine's speed falls on both), their medians compared."""
+    llama = llama_like(raw, dtype)
+    for length in prompts:
+        prompt = list(range(1, length + 1))
+        ours, theirs = [], []
+        for _ in range(REPEATS):
+            ours.append(ms_per_token(loop, prompt, 1, new)[0])
+            theirs.append(llama_ms_per_token(llama, prompt, new))
+        ms = statistics.median(theirs)
+        _row(table, ["ouro (Llama, same layers)", weights, length, 1, f"{ms:,.0f}", f"{1000 / ms:.3f}", "", ""])
+        label = f"ouro {weights} looplab 1 loop / Llama same layers, median ms per token of {REPEATS}, prompt {length}"
+        print_measure(label, statistics.median(ours) / ms)
+    del llama
+
+
 def _row(table: list, row: list) -> None:
     """Add ``row`` to ``table`` and print it now (a long run that dies still leaves what it measured)."""
     table.append(row)
@@ -276,17 +297,10 @@ def main() -> None:
                             )
                             row.append(f"{run.cache_bytes / 5 * 1024 / 2**20:,.0f}")  # prompt + new-token slots
                         _row(memory, row)
+                if family == "ouro" and weights != "int8":
+                    compare_with_llama(loop, raw, dtype, weights, prompts, args.new_tokens, decode)
                 del loop
                 gc.collect()  # the next dtype's weights load into the memory these held
-                if family == "ouro" and weights != "int8":
-                    llama = llama_like(raw, dtype)
-                    for length in prompts:
-                        ms = llama_ms_per_token(llama, list(range(1, length + 1)), args.new_tokens)
-                        _row(decode, [f"{family} (Llama, same layers)", weights, length, 1, f"{ms:,.0f}",
-                                       f"{1000 / ms:.3f}", "", ""])  # fmt: skip
-                        label = f"ouro {weights} looplab 1 loop / Llama same layers, ms per token, prompt {length}"
-                        print_measure(label, speeds[family, weights, length, 1] / ms)
-                    del llama
             for length in prompts:
                 for loops in LOOPS[family]:
                     if ("float32" in args.dtype) and not args.no_int8:
