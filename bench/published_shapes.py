@@ -45,9 +45,10 @@ from looplab.generation import GenerationExit, generate
 from looplab.generation.decoder import Decoder
 from looplab.generation.options import DecodeOptions
 from looplab.generation.views import decodable
+from looplab.lm.dtypes import DTYPES
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.int8 import int8_quality
-from looplab.lm.model_dir import DTYPES, open_model_dir
+from looplab.lm.model_dir import open_model_dir
 
 CONFIGS = Path(__file__).parent.parent / "tests" / "data" / "reference_configs"
 FILES = {

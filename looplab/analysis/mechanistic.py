@@ -4,7 +4,7 @@
 analyses the model a config initialises, untrained (the run's seed decides the
 weights), as the paper's norm × injection ablation does; :func:`analyze_model` is
 the same analysis of any model of the looped-model protocol on given tokens (a
-transformers looped LM on a user's text: ``looplab.text.model_dirs``).
+transformers looped LM on a user's text: ``looplab.text.model_dir_analyses``).
 
 One traced forward (attention on, stored on CPU in float32) of ``samples``
 instances at the longest training length, run for ``loops`` loops, feeds every

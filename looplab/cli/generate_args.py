@@ -9,7 +9,7 @@ from looplab.generation import DECODERS, EXITS, MAX_LOOPS, POLICIES
 
 #: the help of ``--weights`` (generate, serve, eval on a model dir)
 WEIGHTS_HELP = "a model dir's linear layers: float (default, in --dtype) or int8, its quality cost printed"
-#: the help of ``--dtype`` (every command on a model dir; :func:`looplab.lm.model_dir.default_dtype`)
+#: the help of ``--dtype`` (every command on a model dir; :func:`looplab.lm.dtypes.default_dtype`)
 DTYPE_HELP = (
     "a model dir's weights: float32 or bfloat16 (default: bfloat16 on a CPU with native bfloat16 arithmetic "
     "(AVX512-BF16, AMX), else float32)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from looplab.errors import LooplabError
-from looplab.lm.model_dir import default_dtype
+from looplab.lm.dtypes import default_dtype
 
 #: the flags only a model dir takes (argparse dest → how the command line spells it)
 MODEL_FLAGS = {
@@ -127,7 +127,7 @@ def analyze_model_dir(args, kind: str) -> None:
     """``looplab analyze mechanistic|spectral|pca DIR --text FILE``: the analysis on windows of the text."""
     from looplab.analysis.run import format_spectral
     from looplab.analysis.text import format_mechanistic
-    from looplab.text.model_dirs import analyze_text_mechanistic, analyze_text_spectral
+    from looplab.text.model_dir_analyses import analyze_text_mechanistic, analyze_text_spectral
 
     text = _text(args)
     common = {
@@ -138,7 +138,7 @@ def analyze_model_dir(args, kind: str) -> None:
     }
     _quiet_transformers()
     if kind == "pca":
-        from looplab.text.model_dirs import analyze_text_pca
+        from looplab.text.model_dir_analyses import analyze_text_pca
 
         _refuse(args, {"length": "--length"}, "read in --window tokens of --text")
         summary = analyze_text_pca(args.run_dir, text, args.loops, args.sample, args.out, **common)

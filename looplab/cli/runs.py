@@ -85,8 +85,9 @@ def generate_command(args) -> None:
     from looplab.generation.fields import check_fields, decode_options
     from looplab.generation.text import generate_text, unescape
     from looplab.generation.text_lm import open_text_lm
+    from looplab.lm.dtypes import default_dtype
     from looplab.lm.int8 import check_weights
-    from looplab.lm.model_dir import default_dtype, is_model_dir
+    from looplab.lm.model_dir import is_model_dir
     from looplab.plugins import load_plugins
     from looplab.rundir import load_run_config
 

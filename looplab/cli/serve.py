@@ -46,8 +46,8 @@ def serve_command(args) -> None:
         raise LooplabError(f"--prefix-cache must be a number of GiB ≥ 0 (0: off), got {args.prefix_cache}")
     from looplab.cli.models import refuse_model_dir_flags
     from looplab.experiment import check_device
+    from looplab.lm.dtypes import default_dtype
     from looplab.lm.int8 import check_weights
-    from looplab.lm.model_dir import default_dtype
 
     check_weights(args.weights or "float", args.device)  # before the device: int8 is for the CPU alone
     try:

@@ -121,8 +121,9 @@ def open_text_lm(
     ``int8`` (:mod:`looplab.lm.int8`) — and ``tokenizer``, the tokenizer's folder where the dir holds none,
     apply to a model dir). ``announce``, when given, is called with one line
     saying what a model dir's weights will take before they are read."""
+    from looplab.lm.dtypes import DTYPES
     from looplab.lm.int8 import check_weights
-    from looplab.lm.model_dir import DTYPES, is_model_dir, open_model_dir
+    from looplab.lm.model_dir import is_model_dir, open_model_dir
 
     path = Path(path)
     check_weights(weights, device, "weights")

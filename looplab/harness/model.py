@@ -13,7 +13,7 @@ model_args (each checked at load; a bad one is a one-line :class:`~looplab.error
                   over the run's ``[generate.exits.NAME]`` table), checked by the same parser as
                   ``looplab generate``'s flags and a server request's fields (:mod:`looplab.generation.fields`)
     dtype         float32 or bfloat16 (a model dir's weights; default: bfloat16 on a CPU with native bfloat16
-                  arithmetic, else float32 — :func:`looplab.lm.model_dir.default_dtype`)
+                  arithmetic, else float32 — :func:`looplab.lm.dtypes.default_dtype`)
     weights       float (default) or int8: a model dir's linear layers as int8 (:mod:`looplab.lm.int8`; its
                   quality cost is logged)
     tokenizer     a model dir whose tokenizer is kept elsewhere (Parcae's): the folder holding it
@@ -58,8 +58,8 @@ from looplab.generation import DecodeOptions, Sampling, generate
 from looplab.generation.fields import FieldError, decode_options, unknown_fields
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.harness import MODEL_NAME
+from looplab.lm.dtypes import DTYPES, default_dtype
 from looplab.lm.int8 import check_weights
-from looplab.lm.model_dir import DTYPES, default_dtype
 
 __all__ = ["LooplabLM"]
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,15 +41,20 @@ import torch
 from torch import nn
 
 from looplab.errors import LooplabError, one_line
-from looplab.io import read_json_object
 from looplab.lm.config_fields import boolean, check_fields, integer, positive_number, token_ids
+from looplab.lm.dir_files import (
+    CONFIG_FILE,
+    INJECTION_FILE,
+    check_files,
+    load_tokenizer,
+    read_config_json,
+)
+from looplab.lm.dtypes import DTYPES
 from looplab.lm.families import CONFIG_CLASS_NAMES, LOOPED_FAMILIES
 from looplab.memory import GIB, check_fits, device_bytes
 from looplab.token_exits import MAX_LOOPS
 
 __all__ = [
-    "DTYPES",
-    "default_dtype",
     "INJECTIONS",
     "LOOP_CAP",
     "RETROFIT_FILE",
@@ -61,15 +65,9 @@ __all__ = [
     "open_model_dir",
 ]
 
-CONFIG_FILE = "config.json"
 RETROFIT_FILE = "retrofit.json"
-INJECTION_FILE = "injection.safetensors"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 #: the loops any command runs a model dir at: 1..LOOP_CAP (the same cap as ``looplab generate``'s)
 LOOP_CAP = MAX_LOOPS
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-#: the CPU flags of native bfloat16 arithmetic (/proc/cpuinfo): AVX512-BF16, AMX's bfloat16 tiles
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: the W_I choices ``looplab retrofit`` writes (``looplab.model.looped.injection_weight``)
 INJECTIONS = ("mix", "state", "input", "sum")
 #: model_type → (causal LM class, decoder layer class) of the decoders a retrofit takes: each one's
@@ -111,26 +109,6 @@ class RetrofitSplit:
             )
         if self.injection not in INJECTIONS:
             raise LooplabError(f"unknown injection {self.injection!r}; valid choices: {', '.join(INJECTIONS)}")
-
-
-def native_bfloat16() -> bool:
-    """Whether this CPU does bfloat16 arithmetic natively (a flag of :data:`BF16_FLAGS` in /proc/cpuinfo; no
-    such file, as off Linux: no)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        return False
-    return any(flag in flags for flag in BF16_FLAGS)
-
-
-def default_dtype(device: str = "cpu", weights: str = "float") -> str:
-    """A model dir's dtype when a command names none: on a CPU the faster of the two for decoding — bfloat16
-    where the CPU does bfloat16 arithmetic natively (measured 1.04–1.24× float32's tokens/s at Ouro-1.4B's,
-    Nanbeige4.2-3B's and Parcae-770M's shapes on an AMX Xeon: docs/testing.md), float32 elsewhere, where
-    bfloat16 is emulated; float32 on a GPU (the exactness tests' dtype), and under int8 weights (whose
-    quality line is measured against float32)."""
-    native = str(device).startswith("cpu") and weights == "float" and native_bfloat16()
-    return "bfloat16" if native else "float32"
 
 
 def is_model_dir(path: str | Path) -> bool:
@@ -320,84 +298,6 @@ def stay_offline() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def _read_config_json(path: Path) -> dict:
-    file = path / CONFIG_FILE
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise LooplabError(f"{file} is not UTF-8 text (byte {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise LooplabError(f"{file} is not valid JSON (line {err.lineno}: {err.msg})") from None
-    if not isinstance(data, dict):
-        raise LooplabError(f"{file} names no model_type: it is not a transformers model config")
-    if "model_type" not in data and data.get("_class_name") in CONFIG_CLASS_NAMES:  # Parcae's checkpoints
-        data = {**data, "model_type": CONFIG_CLASS_NAMES[data["_class_name"]]}
-    if not isinstance(data.get("model_type"), str):
-        raise LooplabError(f"{file} names no model_type: it is not a transformers model config")
-    return data
-
-
-def _check_files(path: Path, state_dict_ok: bool, tokenizer: Path | None) -> None:
-    """Refuse a dir without weights looplab reads, or without a tokenizer (beside them, or in ``tokenizer``).
-    ``state_dict_ok``: a family looplab builds also reads ``pytorch_model.bin``, by the weights-only loader."""
-    from looplab.lm.weights import PICKLE_FILE
-
-    names = {entry.name for entry in path.iterdir()}
-    if not any(name.endswith(".safetensors") and name != INJECTION_FILE for name in names):
-        if not (state_dict_ok and PICKLE_FILE in names):
-            pickled = sorted(name for name in names if name.endswith((".bin", ".pt", ".pth")))
-            if pickled:
-                raise LooplabError(
-                    f"{path} holds its weights as {pickled[0]} (pickle); looplab reads safetensors "
-                    + (f"(or a weights-only {PICKLE_FILE})" if state_dict_ok else "only")
-                    + ": re-save the model with save_pretrained"
-                )
-            raise LooplabError(
-                f"{path} holds no safetensors weights (model.safetensors, as save_pretrained writes them)"
-            )
-    where = tokenizer or path
-    if not where.is_dir():
-        raise LooplabError(f"the tokenizer folder {where} is not a directory (one holding tokenizer.json)")
-    if not {entry.name for entry in where.iterdir()} & set(TOKENIZER_FILES):
-        hint = (
-            ""
-            if tokenizer
-            else (
-                "; give the folder holding it (--tokenizer DIR; lm-eval: tokenizer=DIR; a fine-tune: "
-                "model.pretrained_tokenizer)"
-            )
-        )
-        raise LooplabError(
-            f"{where} holds no tokenizer ({' / '.join(TOKENIZER_FILES[:2])}, as tokenizer.save_pretrained writes "
-            f"them){hint}"
-        )
-
-
-def _load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-    from transformers.utils import logging
-
-    # AutoTokenizer reads config.json as a bare config (never its auto_map: no remote code runs, and no
-    # prompt asks whether it may), and warns that a model_type it does not know (ouro, huginn_raven: the
-    # families looplab builds) is not that config's, or that Ouro's published rope_scaling field is deprecated;
-    # the tokenizer is unaffected
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception as err:  # transformers raises many kinds here; each is one line for the user
-        for name in ("tokenizer_config.json", "tokenizer.json"):  # a damaged one is named (transformers does not)
-            if (Path(path) / name).is_file():
-                read_json_object(Path(path) / name, "tokenizer file")
-        first = one_line(err)
-        raise LooplabError(f"cannot load the tokenizer of {path}: {first}") from None
-    finally:
-        logging.set_verbosity(verbosity)
-    return tokenizer
-
-
 def meta_model(cls, config) -> nn.Module:
     """The model built on the meta device: its shapes and classes, no memory."""
     with torch.device("meta"):
@@ -491,12 +391,12 @@ def open_model_dir(path: str | Path, tokenizer: str | Path | None = None) -> Mod
         raise LooplabError(
             f"{path} holds both {CONFIG_FILE} (a model dir) and config.toml (a looplab run dir): keep the one it is"
         )
-    raw = _read_config_json(path)
+    raw = read_config_json(path)
     model_type = raw["model_type"]
     if model_type not in LOOPED_FAMILIES and model_type not in RETROFIT_SOURCES:
         raise LooplabError(f"{path} holds model_type {model_type!r}, which looplab does not loop; {supported_models()}")
     family = LOOPED_FAMILIES.get(model_type)
-    _check_files(path, family is not None and family.model is not None, tokenizer)
+    check_files(path, family is not None and family.model is not None, tokenizer)
     stay_offline()
     import transformers
 
@@ -541,7 +441,7 @@ def open_model_dir(path: str | Path, tokenizer: str | Path | None = None) -> Mod
     if kind == "retrofit":
         linears += ("inject",)  # the retrofit's W_I, a layer of the looped model beside the source's
     del meta
-    tokenizer = _load_tokenizer(tokenizer or path)
+    tokenizer = load_tokenizer(tokenizer or path)
     window = max_window(model_type, config)
     return ModelDir(
         path, kind, model_type, config, tokenizer, parameters, layers, split, native, window, heads, width,

@@ -107,7 +107,8 @@ def export_run(run_dir: str | Path, out: str | Path) -> dict:
 def _write(model: nn.Module, source, staging: Path) -> None:
     """The files of ``model`` (a run's adapter, its adapters merged) as a model dir of ``source``'s family, into
     ``staging`` (module docstring)."""
-    from looplab.lm.model_dir import INJECTION_FILE, RETROFIT_FILE
+    from looplab.lm.dir_files import INJECTION_FILE
+    from looplab.lm.model_dir import RETROFIT_FILE
 
     published = model.published
     if hasattr(published, "save_pretrained"):  # a family transformers builds, or a retrofit's source

@@ -193,7 +193,7 @@ def test_analyze_pca_traces_one_windows_loop_states(dirs, tmp_path, family, caps
     ],
 )
 def test_a_model_dirs_default_dtype_is_bfloat16_only_where_the_cpu_has_it(monkeypatch, flags, device, expected):
-    from looplab.lm import model_dir
+    from looplab.lm import dtypes
 
     real = Path.read_text
     monkeypatch.setattr(
@@ -201,16 +201,16 @@ def test_a_model_dirs_default_dtype_is_bfloat16_only_where_the_cpu_has_it(monkey
         "read_text",
         lambda self, *a, **k: f"flags : {flags}\n" if str(self) == "/proc/cpuinfo" else real(self, *a, **k),
     )
-    assert model_dir.default_dtype(device) == expected
-    assert model_dir.default_dtype(device, "int8") == "float32"  # int8's quality is measured against float32
+    assert dtypes.default_dtype(device) == expected
+    assert dtypes.default_dtype(device, "int8") == "float32"  # int8's quality is measured against float32
 
 
 def test_a_command_without_dtype_loads_the_cpus_default(dirs, tmp_path, monkeypatch, capsys):
     """``eval`` without ``--dtype`` reads the weights in :func:`default_dtype`'s choice, and says so."""
-    from looplab.lm import model_dir
+    from looplab.lm import dtypes
 
     for native, name in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(model_dir, "native_bfloat16", lambda native=native: native)
+        monkeypatch.setattr(dtypes, "native_bfloat16", lambda native=native: native)
         out = tmp_path / name
         command = f"eval {dirs['hrm_text']} --text {dirs['text']} --window {WINDOW} --samples 1 --max-loops 1"
         assert main([*command.split(), "--out", str(out)]) == 0

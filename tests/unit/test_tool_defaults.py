@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 from looplab.stability.spectral import power_products  # noqa: E402
 from looplab.text.compute import DEFAULT_FLOPS, budgeted_windows, pass_flops  # noqa: E402
-from looplab.text.model_dirs import analyze_text_spectral, evaluate_text  # noqa: E402
+from looplab.text.model_dir_analyses import analyze_text_spectral  # noqa: E402
+from looplab.text.model_dirs import evaluate_text  # noqa: E402
 from tests.lm_dirs import TEXT, save_own_family  # noqa: E402
 
 
