@@ -105,6 +105,9 @@ class DepthwiseDecoder(Decoder):
         first = prompts[:batch]
         super().__init__(model, first, max_new_tokens, options, finished, forced, width, exits, cap)
         self.stacks = [self.cache.stack(index) for index in range(len(self.model.core))]
+        #: [B] the rows that read every earlier token at its exit depth (``shared``'s reading, kept in the
+        #: per-loop stacks: :meth:`take`), not at their own loop
+        self.reads_cap = torch.zeros(len(self.lengths), dtype=torch.bool, device=self.lengths.device)
         self.prompts = prompts
         self.request = list(range(batch))  # row → the prompt it decodes now
         self.waiting = batch  # the next prompt to take a row
@@ -170,12 +173,21 @@ class DepthwiseDecoder(Decoder):
         logits, depths = self.take(state, rows, prompts)
         return self._pick(out, state, rows, logits, depths)
 
-    def take(self, state: InFlight, rows: Tensor, prompts: list[list[int]], exits=None) -> tuple[Tensor, Tensor]:
+    def take(
+        self, state: InFlight, rows: Tensor, prompts: list[list[int]], exits=None, shared: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Give ``rows`` [R] new prompts (and, where given, exits of their own) and prefill them there, their new
         tokens from the first new-token slot on (the earlier occupants' slots are no longer real, so nothing
-        attends to them): what :meth:`~looplab.generation.decoder.Decoder.admit` returns."""
+        attends to them): what :meth:`~looplab.generation.decoder.Decoder.admit` returns.
+
+        ``shared`` [R]: the rows read as the ``shared`` cache policy reads — every earlier token at the last loop
+        it ran. The per-loop stacks hold that at the row's cap: an exited token lends its entries up to the cap,
+        a token in flight writes its loop's from that loop up, and a prompt that ran to the cap holds its
+        last loop's there, as a shared store would (their prompts run to their caps now, not lazily)."""
         state.slot[rows] = self.width - 1
-        return self.admit(rows, prompts, exits)
+        shared = torch.zeros(len(rows), dtype=torch.bool, device=rows.device) if shared is None else shared
+        self.reads_cap[rows] = shared
+        return self.admit(rows, prompts, exits, full=shared if bool(shared.any()) else None)
 
     def start_tokens(self, state: InFlight, rows: Tensor, tokens: Tensor) -> None:
         """Put each row's latest token [R] in its next slot and run its prelude: the row is at loop 0 of it."""
@@ -235,8 +247,9 @@ class DepthwiseDecoder(Decoder):
             positions = self.slots.positions[rows, slot]
             rope = (self.rope[0][positions][:, None], self.rope[1][positions][:, None])
         lockstep = None
-        # rows come sorted (nonzero, or sorted lists), so every row of the batch is rows 0..B-1 in order
-        if len(rows) == len(self.lengths) and bool((slot == slot[0]).all()):
+        # rows come sorted (nonzero, or sorted lists), so every row of the batch is rows 0..B-1 in order; a row
+        # that reads at its cap is read at another loop than it writes
+        if len(rows) == len(self.lengths) and bool((slot == slot[0]).all()) and not bool(self.reads_cap.any()):
             if loop is None or bool((loop == loop[0]).all()):  # every row at one slot and loop: slices, no gathers
                 lockstep = (int(slot[0]), 0 if loop is None else int(loop[0]))
         writes = None
@@ -245,7 +258,8 @@ class DepthwiseDecoder(Decoder):
             later = torch.arange(1, self.cap + 1, device=rows.device)[None, :] >= loop[:, None]
             which, loops = later.nonzero(as_tuple=True)
             writes = (which, loops, rows[which], slot[which])
-        return DepthCalls(self, site, rows, slot, loop, allowed[:, None], rope, lockstep, writes)
+        read = None if loop is None else torch.where(self.reads_cap[rows], self.exits.caps[rows], loop)
+        return DepthCalls(self, site, rows, slot, loop, allowed[:, None], rope, lockstep, writes, read)
 
 
 @dataclass
@@ -277,7 +291,8 @@ class DepthCalls:
     at core ``loop`` [R] (None outside the core); ``allowed`` [R, 1, S'] and ``rope`` as in
     :class:`looplab.generation.decoder.Calls`. ``lockstep`` (slot, loop) when every row of the batch is at
     one slot and loop (then the caches are read and written by slices); else for the core ``writes``, the
-    (pair → row of x, loop index, batch row, slot) indices of each token's loop and the later ones."""
+    (pair → row of x, loop index, batch row, slot) indices of each token's loop and the later ones, and the
+    loop each row reads, ``read`` [R]: its own, or its cap for a row that reads as ``shared`` does."""
 
     decoder: DepthwiseDecoder
     site: str
@@ -288,6 +303,7 @@ class DepthCalls:
     rope: tuple[Tensor, Tensor] | None
     lockstep: tuple[int, int] | None
     writes: tuple[Tensor, Tensor, Tensor, Tensor] | None
+    read: Tensor | None = None
 
     def layer(self, index: int, layer, x: Tensor) -> Tensor:
         """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
@@ -324,6 +340,5 @@ class DepthCalls:
             which, loops, rows, slots = self.writes
             k_store[loops, rows, :, slots] = k[which, :, 0]
             v_store[loops, rows, :, slots] = v[which, :, 0]
-            own = self.loop - 1
-            keys, values = k_store[own, self.rows, :, :stop], v_store[own, self.rows, :, :stop]
+            keys, values = k_store[self.read - 1, self.rows, :, :stop], v_store[self.read - 1, self.rows, :, :stop]
         return attend(attn, x, q, keys, values, self.allowed)

@@ -208,16 +208,18 @@ class Room:
     nbytes: int
 
 
-def joinable_room(model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int, memory=None) -> Room:
+def joinable_room(
+    model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int, memory=None, cache: str | None = None
+) -> Room:
     """The room of a joinable group for ``jobs`` (one cohort): at least what they need, ``capacity`` rows, fewer
     where they would not fit in ``memory`` bytes (:func:`~looplab.serve.ledger.sized_rows`: DoesNotFit when
-    the jobs' own rows do not)."""
+    the jobs' own rows do not), its caches under the jobs' policy or ``cache``."""
     width = max(width, *(len(job.prompt) for job in jobs))
     columns = max(columns, *(job.max_new for job in jobs))
     cap = max(cap, *(job.options.exit_rule.loops for job in jobs))
 
     def needed(rows: int) -> int:
-        return group_bytes(model, jobs, rows, width, columns, cap)
+        return group_bytes(model, jobs, rows, width, columns, cap, cache)
 
     rows, nbytes = sized_rows(needed, capacity, len(jobs), memory)
     return Room(rows, width, columns, cap, nbytes)
@@ -230,12 +232,19 @@ class JoinableRows(LiveRows):
     (:meth:`columns_left`)."""
 
     jobs: list[Job | None]
+    #: the cache policy of the group's decoder (None: its jobs' own)
+    CACHE: str | None = None
+
+    @staticmethod
+    def cohort_of(job: Job) -> tuple:
+        """What the jobs of one group share (their :attr:`Job.cohort`)."""
+        return job.cohort
 
     def size(self, model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int) -> int:
         """Room for at least what ``jobs`` (one cohort) need, and ``capacity`` rows (:func:`joinable_room`); the
         rows it takes (its bytes: ``nbytes``)."""
-        self.cohort = jobs[0].cohort
-        room = joinable_room(model, jobs, capacity, columns, width, cap)
+        self.cohort = self.cohort_of(jobs[0])
+        room = joinable_room(model, jobs, capacity, columns, width, cap, cache=self.CACHE)
         self.width, self.columns, self.cap, self.nbytes = room.width, room.columns, room.cap, room.nbytes
         return room.rows
 
@@ -247,7 +256,7 @@ class JoinableRows(LiveRows):
         """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
         columns left, a loop cap within the group's."""
         return (
-            job.cohort == self.cohort
+            self.cohort_of(job) == self.cohort
             and job.options.exit_rule.loops <= self.cap
             and any(owner is None for owner in self.jobs)
             and len(job.prompt) <= self.width

@@ -17,10 +17,15 @@ tokens go into its own slots from the first new-token slot on (a row a newcomer 
 A row's tokens are the step decoder's for its prompt alone within float rounding (batched matmuls, sums
 over more masked keys; tested), as continuous batching's are.
 
-What it takes (:func:`depth_batchable`): the ``step`` decoder's ``per_loop`` cache (each loop's keys kept,
-so a row reads its own loop's), a model whose passes run as chains of layers (``Capabilities.chains``), and,
-for an exit that reads each loop's logits, no coda (the coda runs at a token's exit only). No prefix caching
-here: a kept prefix is a continuous group's (:mod:`looplab.serve.prefixes`).
+Rows of both cache policies of POLICIES share a group, in one core call: the decoder's cache is per-loop
+stacks, a ``per_loop`` job's row reads its own loop's keys and values, and a ``shared`` job's row reads every
+earlier token at the last loop it ran, which the stacks hold at the row's cap (an exited token's entries are
+lent up to it; its prompt runs to its cap at once) — what a shared store holds, at the per-loop stacks' memory.
+
+What it takes (:func:`depth_batchable`): the ``step`` decoder, a ``per_loop`` or ``shared`` cache, a model
+whose passes run as chains of layers (``Capabilities.chains``), and, for an exit that reads each loop's
+logits, no coda (the coda runs at a token's exit only). No prefix caching here: a kept prefix is a
+continuous group's (:mod:`looplab.serve.prefixes`).
 """
 
 from __future__ import annotations
@@ -36,10 +41,14 @@ from looplab.tasks.base import PAD
 __all__ = ["DepthGroup", "depth_batchable"]
 
 
+#: the cache policies whose jobs share a depth group (the per-loop stacks hold what either reads)
+POLICIES = ("per_loop", "shared")
+
+
 def depth_batchable(model, job: Job) -> bool:
     """Whether ``job`` may run in a :class:`DepthGroup` on ``model`` (see the module docstring)."""
     options, rule = job.options, job.options.exit_rule
-    if options.decoder != STEPPED or not options.policy.per_loop or job.cohort[-1] is not None:  # read-only
+    if options.decoder != STEPPED or options.cache not in POLICIES or job.cohort[-1] is not None:  # read-only
         return False
     view = decodable(model, gated=rule.needs_gate)
     return view.capabilities.chains and not (rule.reads_logits and len(view.coda))
@@ -56,6 +65,13 @@ class DepthGroup(JoinableRows):
 
     #: a row's new tokens start at the first new-token slot again when a newcomer takes it
     COLUMNS_PER_BUDGET = 1
+    #: the decoder's cache: per-loop stacks, which a ``shared`` job's row reads at its cap
+    CACHE = "per_loop"
+
+    @staticmethod
+    def cohort_of(job: Job) -> tuple:
+        """Jobs of either cache policy of POLICIES share a group: the cohort but for the cache."""
+        return (POLICIES, None, *job.cohort[2:])
 
     def __init__(
         self,
@@ -69,11 +85,10 @@ class DepthGroup(JoinableRows):
         first = jobs[0]
         capacity = self.size(model, jobs, capacity, columns, width, cap)
         view = decodable(model, gated=first.options.exit_rule.needs_gate)
-        rule = first.options.exit_rule
+        rule, options = first.options.exit_rule, first.options.but(cache=self.CACHE)
         self.decoder = DepthwiseDecoder(
-            view, [[PAD]] * capacity, self.columns, first.options, width=self.width, exits=[rule] * capacity,
-            cap=self.cap,
-        )  # fmt: skip
+            view, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[rule] * capacity, cap=self.cap
+        )
         self.decoder.slots.real[:] = False  # every row free (a padding prompt, unreal) until a job takes it
         self.state = self.decoder.in_flight()
         self.jobs: list[Job | None] = [None] * capacity
@@ -102,16 +117,16 @@ class DepthGroup(JoinableRows):
 
     def join(self, jobs: list[Job]) -> None:
         """Prefill each of ``jobs``' prompts into a free row (in one forward pass); their first tokens are picked
-        at the next :meth:`step`."""
+        at the next :meth:`step`. A ``shared`` job's row reads as that policy does (``DepthwiseDecoder.take``)."""
         rows = []
         for job in jobs:
             row = self.jobs.index(None)
             self.jobs[row] = job
             rows.append(row)
         index = torch.tensor(rows, device=self.live.device)
-        logits, depths = self.decoder.take(
-            self.state, index, [job.prompt for job in jobs], [job.options.exit_rule for job in jobs]
-        )
+        shared = torch.tensor([job.options.cache == "shared" for job in jobs], device=index.device)
+        prompts, exits = [job.prompt for job in jobs], [job.options.exit_rule for job in jobs]
+        logits, depths = self.decoder.take(self.state, index, prompts, exits, shared)
         self._ready(index, logits, depths)
 
     def _ready(self, rows, logits, depths) -> None:

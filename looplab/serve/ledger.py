@@ -24,12 +24,13 @@ class DoesNotFit(LooplabError):
     """A group would take more KV memory than is free now (the engine puts its jobs back in the queue)."""
 
 
-def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int) -> int:
+def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int, cache: str | None = None) -> int:
     """Bytes a group of ``rows`` rows for ``jobs`` (one cohort) holds at ``width`` prompt slots, ``columns``
-    new-token slots and loop cap ``cap``."""
+    new-token slots and loop cap ``cap``, under the jobs' cache policy or ``cache`` (with its defaults)."""
     options = jobs[0].options
     view = decodable(model, gated=options.exit_rule.needs_gate)
-    return generation_bytes(view, rows, width, columns, cap, options.cache, options.cache_params)
+    policy, params = (options.cache, options.cache_params) if cache is None else (cache, None)
+    return generation_bytes(view, rows, width, columns, cap, policy, params)
 
 
 def job_bytes(model, job) -> int:

@@ -69,11 +69,12 @@ class GroupState:
     cap: int
     holds: int
 
-    def can_take(self, job: Job) -> bool:
-        """Whether ``job`` may join it now (a joinable kind only: its cohort, a free row, the room)."""
+    def can_take(self, job: Job, cohort: tuple) -> bool:
+        """Whether ``job``, of ``cohort`` (as the group's kind groups jobs), may join it now (a joinable kind
+        only: its cohort, a free row, the room)."""
         return (
             self.free_rows > 0
-            and job.cohort == self.cohort
+            and cohort == self.cohort
             and job.options.exit_rule.loops <= self.cap
             and len(job.prompt) <= self.width
             and job.max_new <= self.columns_left

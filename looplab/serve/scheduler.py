@@ -47,8 +47,8 @@ JOINING = ("continuous", "depth")
 #: a joinable group's sizes (Scheduler._joinable): a lone job's rows, and how many admitted jobs a busy
 #: engine's new group is sized for
 MIN_ROWS, RECENT = 8, 64
-#: the new-token slots a joinable kind is sized for per budget (its group class's)
-COLUMNS_PER_BUDGET = {"continuous": ContinuousGroup.COLUMNS_PER_BUDGET, "depth": DepthGroup.COLUMNS_PER_BUDGET}
+#: the group class of each joinable kind (its new-token slots per budget, cache and cohorts)
+JOINABLE = {"continuous": ContinuousGroup, "depth": DepthGroup}
 
 
 class NeverFits(LooplabError):
@@ -124,7 +124,7 @@ class Scheduler:
                 continue
             else:
                 kind = self._kind(job)
-                key = (index,) if self.batching == "exact" or kind == "whole" else (kind, job.cohort)
+                key = (index,) if self.batching == "exact" or kind == "whole" else (kind, _cohort(kind, job))
                 cohorts.setdefault(key, []).append(job)
         for members in cohorts.values():
             if deferred:
@@ -192,7 +192,8 @@ class Scheduler:
     def _join(self, job: Job, groups: dict[int, GroupState], joins: list[Join]) -> bool:
         """Order ``job`` into a running group of its kind that can take it; whether one could."""
         kind = self._kind(job)
-        group = next((g for g in groups.values() if g.kind == kind and g.can_take(job)), None)
+        cohort = _cohort(kind, job)
+        group = next((g for g in groups.values() if g.kind == kind and g.can_take(job, cohort)), None)
         if group is None:
             return False
         groups[group.id] = replace(group, free_rows=group.free_rows - 1, holds=group.holds + 1)
@@ -250,12 +251,12 @@ class Scheduler:
         join it instead of starting groups of their own (each a forward pass of its own every step; measured:
         bench/serve.py); a lone job on an idle engine gets MIN_ROWS rows and its own room (its caches are
         zeroed and read every step). Rows that do not fit ``free`` are left out."""
-        cohort = members[0].cohort
+        cohort = _cohort(kind, members[0])
         busy = len(members) > 1 or any(g.kind == kind and g.cohort == cohort for g in groups.values())
         rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
         sizes = [*(_size(job) for job in members), *(self._recent if busy else ())]
         width = max(size[0] for size in sizes)
-        columns = COLUMNS_PER_BUDGET[kind] * max(size[1] for size in sizes)
+        columns = JOINABLE[kind].COLUMNS_PER_BUDGET * max(size[1] for size in sizes)
         cap = cohort[-1] or max(size[2] for size in sizes)  # a read-only cohort's one cap
         return self._room(kind, members, rows, columns, width, cap, free)
 
@@ -265,12 +266,17 @@ class Scheduler:
         return self._room(kind, jobs, len(jobs), budget, width, 0, free)
 
     def _room(self, kind: str, jobs: list[Job], rows: int, columns: int, width: int, cap: int, free: int) -> GroupPlan:
-        room = joinable_room(self.model, jobs, rows, columns, width, cap, free)
+        room = joinable_room(self.model, jobs, rows, columns, width, cap, free, JOINABLE[kind].CACHE)
         return self._new(kind, jobs, room.rows, room.width, room.columns, room.cap, room.nbytes)
 
     def _new(self, kind: str, jobs: list[Job], rows=0, width=0, columns=0, cap=0, nbytes=0) -> GroupPlan:
         """A plan with the next id (taken only when the plan is kept)."""
         return GroupPlan(self._next_id + 1, kind, tuple(jobs), rows, width, columns, cap, nbytes)
+
+
+def _cohort(kind: str, job: Job) -> tuple:
+    """What the jobs of one group of ``kind`` share (a joinable kind's class says; the job's cohort else)."""
+    return JOINABLE[kind].cohort_of(job) if kind in JOINABLE else job.cohort
 
 
 def _size(job: Job) -> tuple[int, int, int]:

@@ -355,6 +355,29 @@ def test_depth_batching_runs_each_row_at_its_own_loop_and_decodes_as_alone(model
         _assert_as_alone(sink, solo)
 
 
+def test_per_loop_and_shared_jobs_share_one_depth_group_and_decode_as_alone(models):
+    """Jobs of the ``per_loop`` and ``shared`` caches in turn, at four exits, share one depth group (a shared
+    job's row reads the per-loop stacks at its cap): each job's tokens and loops are those it gets alone with
+    its own cache, its log-probabilities within 1e-5."""
+    model = models
+
+    def jobs() -> list[tuple[Job, Sink]]:
+        made = _mixed_jobs(MIXED_EXITS)
+        for job, _ in made[1::2]:
+            job.options = job.options.but(cache="shared")
+        return made
+
+    shared = jobs()
+    engine = _run(shared, model, "depth", arrivals=[[shared[3][0]], [], [shared[4][0], shared[5][0]]])
+    if not len(decodable(model).coda):  # the retrofit's kl jobs (logits after a coda) run in continuous groups
+        assert engine.kinds == {DepthGroup} and engine.groups == 1, dict(engine.stats)
+    assert DepthGroup in engine.kinds
+    alone = jobs()
+    _run(alone, model, "exact")
+    for (_, sink), (_, solo) in zip(shared, alone, strict=True):
+        _assert_as_alone(sink, solo)
+
+
 def test_a_depth_groups_rows_get_tokens_at_their_own_exits_pace(model):
     """A job at 1 loop beside one at 6 in a depth group gets its 6 tokens in 7 steps while the deep one has two
     (its prompt's and one of 6 loops; a continuous group's step runs both tokens to 6 loops); a job that joins
