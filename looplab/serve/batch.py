@@ -229,7 +229,8 @@ class JoinableRows(LiveRows):
     """A group that jobs of its cohort join between steps, into rows freed by jobs that ended: what a continuous
     and a depth group share. :meth:`size` sets its room (prompt ``width``, new-token ``columns``, loop
     ``cap``, :class:`Room`) and its rows; a subclass says how many columns a newcomer has left
-    (:meth:`columns_left`)."""
+    (:meth:`columns_left`). Whether a job may join is the scheduler's to say, from the group's state
+    (:func:`looplab.serve.runner.group_state`)."""
 
     jobs: list[Job | None]
     #: the cache policy of the group's decoder (None: its jobs' own)
@@ -251,17 +252,6 @@ class JoinableRows(LiveRows):
     def columns_left(self) -> int:
         """The new-token slots a job joining now may fill."""
         raise NotImplementedError
-
-    def can_take(self, job: Job) -> bool:
-        """Whether ``job`` may join now: its cohort, a free row, a prompt within the width, a budget within the
-        columns left, a loop cap within the group's."""
-        return (
-            self.cohort_of(job) == self.cohort
-            and job.options.exit_rule.loops <= self.cap
-            and any(owner is None for owner in self.jobs)
-            and len(job.prompt) <= self.width
-            and job.max_new <= self.columns_left()
-        )
 
     def release(self, row: int) -> None:
         """The row is free for a newcomer."""

@@ -19,7 +19,7 @@ from looplab.serve.prefixes import PrefixStore
 from looplab.serve.speculative_group import SpeculativeGroup
 from looplab.serve.whole import WholeGroup
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "group_state"]
 
 
 class Runner:
@@ -72,7 +72,7 @@ class Runner:
         return RunnerOutput(
             events=self._collect(),
             unmade=tuple(unmade),
-            groups=tuple(_state(key, group) for key, group in self.groups.items()),
+            groups=tuple(group_state(key, group) for key, group in self.groups.items()),
             cache_bytes=sum(group.cache_bytes() for group in self.groups.values()),
             prefix_bytes=0 if self.prefixes is None else self.prefixes.nbytes,
         )
@@ -105,7 +105,7 @@ KINDS = {ContinuousGroup: "continuous", DepthGroup: "depth", Group: "solo", Spec
          WholeGroup: "whole"}  # fmt: skip
 
 
-def _state(key: int, group) -> GroupState:
+def group_state(key: int, group) -> GroupState:
     """What the scheduler reads of a running group: a joinable one's room, any one's jobs held."""
     kind = KINDS[type(group)]
     if isinstance(group, JoinableRows):

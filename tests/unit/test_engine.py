@@ -19,6 +19,7 @@ from looplab.serve.batch import End, Job, Token
 from looplab.serve.continuous import ContinuousGroup
 from looplab.serve.depth_group import DepthGroup
 from looplab.serve.engine import Engine
+from looplab.serve.runner import group_state
 from looplab.serve.sampling import Picking
 from looplab.serve.speculative_group import SpeculativeGroup
 from tests.unit.model_helpers import make_model
@@ -41,6 +42,11 @@ class Sink:
         else:
             self.end = event
             self.closed.set()
+
+
+def _can_take(group, job: Job) -> bool:
+    """Whether the scheduler would let ``job`` join ``group``, from the state the runner reports of it."""
+    return group_state(0, group).can_take(job, group.cohort_of(job))
 
 
 def _deliver(*jobs: Job) -> None:
@@ -109,9 +115,9 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
     _deliver(short, long_job)
     assert short_sink.end == End("length") and group.jobs[0] is None
     newcomer, new_sink = _job(PROMPTS[1], rule, max_new=3)
-    assert group.can_take(newcomer)
+    assert _can_take(group, newcomer)
     group.join([newcomer])
-    assert group.jobs[0] is newcomer and not group.can_take(_job(PROMPTS[3], rule)[0])  # no row left
+    assert group.jobs[0] is newcomer and not _can_take(group, _job(PROMPTS[3], rule)[0])  # no row left
     long_job.cancelled.set()
     while not group.done:
         group.step()
@@ -124,11 +130,11 @@ def test_a_group_frees_a_finished_row_for_a_newcomer_and_a_cancelled_job_ends(mo
 def test_a_job_that_does_not_fit_starts_its_own_group(model):
     rule = GenerationExit("fixed", 2)
     group = ContinuousGroup(model, [_job(PROMPTS[1], rule, max_new=2)[0]], capacity=4, columns=8)
-    assert not group.can_take(_job(PROMPTS[2], rule)[0])  # a prompt wider than the group's
-    assert not group.can_take(_job(PROMPTS[1], GenerationExit("fixed", 3))[0])  # another cohort
-    assert not group.can_take(_job(PROMPTS[1], rule, max_new=9)[0])  # a budget past the columns
+    assert not _can_take(group, _job(PROMPTS[2], rule)[0])  # a prompt wider than the group's
+    assert not _can_take(group, _job(PROMPTS[1], GenerationExit("fixed", 3))[0])  # another cohort
+    assert not _can_take(group, _job(PROMPTS[1], rule, max_new=9)[0])  # a budget past the columns
     sampled = Picking(Sampling(temperature=1.0, seed=3))
-    assert group.can_take(_job(PROMPTS[1], rule, picking=sampled)[0])  # sampled rows share the group
+    assert _can_take(group, _job(PROMPTS[1], rule, picking=sampled)[0])  # sampled rows share the group
 
 
 #: each job's picking: greedy, sampled at temperature 1 (OpenAI's default), top-k, nucleus, and a scoring job
@@ -392,7 +398,7 @@ def test_a_depth_groups_rows_get_tokens_at_their_own_exits_pace(model):
     _deliver(shallow, deep)
     assert shallow_sink.end == End("length") and len(deep_sink.tokens) == 2 and group.jobs[0] is None
     newcomer, new_sink = _job(PROMPTS[1], GenerationExit("fixed", 2), max_new=3)
-    assert group.can_take(newcomer) and not group.can_take(_job(PROMPTS[1], GenerationExit("fixed", 7))[0])
+    assert _can_take(group, newcomer) and not _can_take(group, _job(PROMPTS[1], GenerationExit("fixed", 7))[0])
     group.join([newcomer])
     group.step()
     group.step()
