@@ -211,10 +211,11 @@ def compare_with_llama(loop, raw: dict, dtype, weights: str, prompts: list[int],
         for _ in range(REPEATS):
             ours.append(ms_per_token(loop, prompt, 1, new)[0])
             theirs.append(llama_ms_per_token(llama, prompt, new))
-        ms = statistics.median(theirs)
+        mine, ms = statistics.median(ours), statistics.median(theirs)
+        _row(table, ["ouro (looplab, alternated)", weights, length, 1, f"{mine:,.0f}", f"{1000 / mine:.3f}", "", ""])
         _row(table, ["ouro (Llama, same layers)", weights, length, 1, f"{ms:,.0f}", f"{1000 / ms:.3f}", "", ""])
         label = f"ouro {weights} looplab 1 loop / Llama same layers, median ms per token of {REPEATS}, prompt {length}"
-        print_measure(label, statistics.median(ours) / ms)
+        print_measure(label, mine / ms)
     del llama
 
 

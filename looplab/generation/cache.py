@@ -240,8 +240,9 @@ def attend(attn, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, allowed: Te
         groups = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     if q.dtype in (torch.bfloat16, torch.float16):
-        # the same dot products: a half-precision product with a transposed slice of the cache leaves
-        # oneDNN's fast path on a CPU (measured: 6× slower at 512 keys, bf16), one with the slice as it is does not
+        # the same dot products in either order, on any device; this one because a half-precision product with
+        # a transposed slice of the cache leaves oneDNN's fast path on a CPU (measured: 6× slower at 512 keys
+        # and one query, bf16), and one with the slice as it is does not
         scores = (keys @ q.transpose(-1, -2)).transpose(-1, -2)
     else:
         scores = q @ keys.transpose(-1, -2)

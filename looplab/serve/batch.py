@@ -243,10 +243,10 @@ class JoinableRows(LiveRows):
 
     def size(self, model, jobs: list[Job], capacity: int, columns: int, width: int, cap: int) -> int:
         """Room for at least what ``jobs`` (one cohort) need, and ``capacity`` rows (:func:`joinable_room`); the
-        rows it takes (its bytes: ``nbytes``)."""
+        rows it takes."""
         self.cohort = self.cohort_of(jobs[0])
         room = joinable_room(model, jobs, capacity, columns, width, cap, cache=self.CACHE)
-        self.width, self.columns, self.cap, self.nbytes = room.width, room.columns, room.cap, room.nbytes
+        self.width, self.columns, self.cap = room.width, room.columns, room.cap
         return room.rows
 
     def columns_left(self) -> int:

@@ -47,8 +47,7 @@ class ContinuousGroup(JoinableRows):
         columns: the new-token slots after the prompts (at least the first jobs' largest budget).
         width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
         cap: the loops a row may run (at least the first jobs' largest cap): room for later, deeper exits.
-        prefixes: the runner's prefix store. Its :attr:`nbytes` are what it takes. Nothing runs until
-            :meth:`begin`.
+        prefixes: the runner's prefix store. Nothing runs until :meth:`begin`.
     """
 
     #: new-token slots a group is sized for per budget: every row writes the same column, so a job that joins
@@ -93,10 +92,18 @@ class ContinuousGroup(JoinableRows):
     def join(self, jobs: list[Job]) -> None:
         """Prefill each of ``jobs``' prompts into a free row, after the kept prefix it begins with; their first
         tokens are picked at the next :meth:`step`. A job whose prompt begins with an earlier one's first block
-        waits for that one's blocks to be kept (:meth:`_leaders`)."""
-        for batch in self._leaders(jobs):
-            if batch:
-                self._admit(batch)
+        waits for that one's blocks to be kept (:meth:`_leaders`). Where a prefill fails (the runner fails its
+        jobs), the rows of the jobs not yet live are free again."""
+        try:
+            for batch in self._leaders(jobs):
+                if batch:
+                    self._admit(batch)
+        except Exception:
+            live = set(self.live.tolist())
+            for row, owner in enumerate(self.jobs):
+                if owner is not None and any(owner is job for job in jobs) and row not in live:
+                    self.release(row)
+            raise
 
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill ``jobs`` into free rows, those after a kept prefix of one length in one forward pass."""

@@ -57,9 +57,9 @@ def depth_batchable(model, job: Job) -> bool:
 class DepthGroup(JoinableRows):
     """Jobs of one cohort whose rows each run at their own loop (see the module docstring).
 
-    The arguments are a :class:`~looplab.serve.continuous.ContinuousGroup`'s: ``capacity`` rows, ``columns``
-    new-token slots a row, ``width`` prompt slots and loop ``cap``, each at least what the first ``jobs``
-    need. :attr:`live` are the rows whose token exited, with their
+    The arguments are a :class:`~looplab.serve.continuous.ContinuousGroup`'s but for its prefix store:
+    ``capacity`` rows, ``columns`` new-token slots a row, ``width`` prompt slots and loop ``cap``, each at least
+    what the first ``jobs`` need. :attr:`live` are the rows whose token exited, with their
     next-token ``logits`` and exit ``depths``: picked at the next :meth:`step`.
     """
 
@@ -126,7 +126,12 @@ class DepthGroup(JoinableRows):
         index = torch.tensor(rows, device=self.live.device)
         shared = torch.tensor([job.options.cache == "shared" for job in jobs], device=index.device)
         prompts, exits = [job.prompt for job in jobs], [job.options.exit_rule for job in jobs]
-        logits, depths = self.decoder.take(self.state, index, prompts, exits, shared)
+        try:
+            logits, depths = self.decoder.take(self.state, index, prompts, exits, shared)
+        except Exception:  # their prefill failed (the runner fails the jobs): the rows are free again
+            for row in rows:
+                self.release(row)
+            raise
         self._ready(index, logits, depths)
 
     def _ready(self, rows, logits, depths) -> None:

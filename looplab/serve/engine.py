@@ -162,7 +162,7 @@ class Engine:
     def cancel_all(self) -> None:
         """End every queued and running job at its next step, as if its client had left (``cancelled``)."""
         with self._cond:
-            for job in [*self.scheduler.waiting, *self.runner.held]:
+            for job in [*self.scheduler.waiting, *self.scheduler.placed.values()]:
                 job.cancelled.set()
             self._cond.notify()
 

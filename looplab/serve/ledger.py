@@ -58,16 +58,18 @@ def default_kv_memory(model) -> int:
 
 class KVLedger:
     """The bytes reserved by running groups (by the scheduler's group ids) and held by kept prefixes (as the
-    runner last reported them), against ``limit``."""
+    runner last reported them), against ``limit``. Its totals are plain numbers, read from other threads
+    (``/metrics``) while the engine's thread changes them."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.groups: dict[int, int] = {}
+        self.held_by_groups = 0
         self.prefixes = 0
 
     @property
     def reserved(self) -> int:
-        return sum(self.groups.values()) + self.prefixes
+        return self.held_by_groups + self.prefixes
 
     @property
     def free(self) -> int:
@@ -76,9 +78,10 @@ class KVLedger:
     def reserve(self, group: int, nbytes: int) -> None:
         """Hold ``nbytes`` for group ``group`` (:meth:`release` gives them back)."""
         self.groups[group] = nbytes
+        self.held_by_groups += nbytes
 
     def release(self, group: int) -> None:
-        self.groups.pop(group, None)
+        self.held_by_groups -= self.groups.pop(group, 0)
 
     def describe(self) -> str:
         return f"{self.limit / GIB:,.3g} GiB"

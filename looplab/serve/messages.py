@@ -3,8 +3,8 @@
 
 The scheduler's :class:`SchedulerOutput` says which groups the runner makes (:class:`GroupPlan`: their kind,
 first jobs and size), which jobs join which running group (:class:`Join`), and how many bytes kept prefixes
-may hold. The runner's :class:`RunnerOutput` says what each job's group sent it (tokens, then its end), which
-plans it could not make, and what every running group looks like now (:class:`GroupState`: what the
+may hold. The runner's :class:`RunnerOutput` says what each job's group sent it (tokens, then its end) and
+what every running group looks like now (:class:`GroupState`: what the
 scheduler's next admissions read), with the bytes the caches and kept prefixes hold.
 """
 
@@ -83,12 +83,11 @@ class GroupState:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """What one step did: each job's ``events`` in order (tokens, then its end), the ``unmade`` plans (their
-    jobs failed: the events say why), the ``groups`` still running, and the bytes their caches
+    """What one step did: each job's ``events`` in order (tokens, then its end; a plan that could not be made
+    fails its jobs, and is not among the ``groups`` still running), and the bytes their caches
     (``cache_bytes``) and kept prefixes (``prefix_bytes``) hold."""
 
     events: tuple[tuple[Job, Token | End | Failed], ...] = ()
-    unmade: tuple[int, ...] = ()
     groups: tuple[GroupState, ...] = ()
     cache_bytes: int = 0
     prefix_bytes: int = 0

@@ -44,7 +44,6 @@ class Runner:
         torch.set_grad_enabled(False)  # per thread: the engine's only decodes
         if self.prefixes is not None:
             self.prefixes.make_room(order.prefix_room)
-        unmade = []
         for plan in order.plans:
             self.held.extend(plan.jobs)
             group = None
@@ -53,7 +52,6 @@ class Runner:
                 group.begin()
             except Exception as err:  # out of memory, or the prefill failed: these jobs fail, the rest go on
                 _fail(list(plan.jobs), err)
-                unmade.append(plan.id)
                 continue
             self.groups[plan.id] = group
         for join in order.joins:
@@ -71,7 +69,6 @@ class Runner:
         self.groups = {key: group for key, group in self.groups.items() if not group.done}
         return RunnerOutput(
             events=self._collect(),
-            unmade=tuple(unmade),
             groups=tuple(group_state(key, group) for key, group in self.groups.items()),
             cache_bytes=sum(group.cache_bytes() for group in self.groups.values()),
             prefix_bytes=0 if self.prefixes is None else self.prefixes.nbytes,

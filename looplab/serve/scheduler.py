@@ -3,8 +3,9 @@ runner (:mod:`looplab.serve.runner`) what to do each step through plain messages
 (:mod:`looplab.serve.messages`).
 
 A job is ``waiting`` (queued, or put back when the KV memory cannot hold it now: ``deferred``), ``running``
-(placed in a group) or ``finished`` (its end delivered). Each step :meth:`Scheduler.schedule` admits waiting
-jobs, oldest first, while fewer than ``max_running`` run:
+(placed in a group: :attr:`Scheduler.placed`) or ``finished`` (its end delivered). ``admitted`` counts a job
+when it is placed; one whose group or prefill then fails is counted ``failed`` too. Each step
+:meth:`Scheduler.schedule` admits waiting jobs, oldest first, while fewer than ``max_running`` run:
 
 - under ``continuous`` (and ``depth``) batching a job joins a running group of its kind and cohort that has
   room (:meth:`~looplab.serve.messages.GroupState.can_take`), or starts one with the jobs of its cohort
@@ -13,8 +14,8 @@ jobs, oldest first, while fewer than ``max_running`` run:
   (:func:`~looplab.serve.depth_group.depth_batchable`) goes to a depth group, any other to a continuous one;
 - under ``exact`` every job gets a solo group of its own, under ``cohort`` the jobs admitted together that
   share a cohort do;
-- the ``speculative`` decoder's jobs admitted together share a speculative group; another decoder than ``step``
-  runs whole.
+- the ``speculative`` decoder's jobs admitted together at one depth K share a speculative group (under
+  ``exact`` each has its own); another decoder than ``step`` runs whole, alone, at its place in the queue.
 
 A new group is sized here (rows, prompt width, new-token columns, loop cap: :meth:`Scheduler._joinable`) and
 reserved in the ledger before the runner makes it; when the free memory cannot hold it, a leaner one is tried,
@@ -26,6 +27,7 @@ made, and keeps the running groups' states for the next admissions.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -83,14 +85,19 @@ class Scheduler:
         #: (cohort, exit) → whether a depth group can run such jobs (worked out once per pair)
         self._depth_ok: dict[tuple, bool] = {}
         self._next_id = 0
+        #: the jobs placed in groups and not yet ended, by id (what :meth:`Engine.cancel_all` reaches)
+        self.placed: dict[int, Job] = {}
+        #: whether this step's plans take the kept prefixes' room
+        self.evicting = False
 
     @property
     def running(self) -> int:
         return sum(group.holds for group in self.groups.values())
 
     def check_fits(self, job: Job) -> None:
-        """:class:`NeverFits` for a job whose KV cache alone exceeds the KV memory."""
-        needed = job_bytes(self.model, job)
+        """:class:`NeverFits` for a job whose leanest group (the last of :meth:`_sizes`: the job alone, in the
+        group its kind gives it) exceeds the KV memory: it would wait for ever."""
+        needed = self._sizes([job], {})[-1](math.inf).nbytes  # sized with no bound, then held to the limit
         if needed > self.ledger.limit:
             rule = job.options.exit_rule
             raise NeverFits(
@@ -110,45 +117,46 @@ class Scheduler:
         running group or in a new one; those that do not fit now go back to the front of the queue."""
         admitted = [self.waiting.popleft() for _ in range(min(self.max_running - self.running, len(self.waiting)))]
         groups = dict(self.groups)  # their free rows taken as jobs join
+        self.evicting = False
         plans: list[GroupPlan] = []
         joins: list[Join] = []
         cohorts: dict[tuple, list[Job]] = {}
         deferred: list[Job] = []
-        evict = False  # the kept prefixes give their room back
         for index, job in enumerate(admitted):
+            kind = self._kind(job)
             if job.cancelled.is_set():
                 self.deliver(job, End("cancelled"))
             elif deferred:
                 deferred.append(job)
-            elif job.options.decoder == STEPPED and self.batching in JOINING and self._join(job, groups, joins):
+            elif kind in JOINABLE and self._join(job, kind, groups, joins):
                 continue
+            elif kind == "whole":  # alone, at its place in the queue
+                plan = self._plan([job], groups)
+                if plan is None:
+                    deferred.append(job)
+                else:
+                    plans.append(plan)
             else:
-                kind = self._kind(job)
-                key = (index,) if self.batching == "exact" or kind == "whole" else (kind, _cohort(kind, job))
+                key = (index,) if self.batching == "exact" else (kind, _cohort(kind, job))
                 cohorts.setdefault(key, []).append(job)
         for members in cohorts.values():
-            if deferred:
-                deferred.extend(members)
-                continue
-            plan, evicting = self._plan(members, groups, evict)
-            evict = evict or evicting
-            if plan is None:
-                deferred.extend(members)
-                continue
-            plans.append(plan)
-            deferred.extend(members[len(plan.jobs) :])
+            plan = None if deferred else self._plan(members, groups)
+            if plan is not None:
+                plans.append(plan)
+            deferred.extend(members[0 if plan is None else len(plan.jobs) :])
         if deferred:
             self.stats["deferred"] += len(deferred)
             self.waiting.extendleft(reversed(deferred))
-        if evict:
-            self.ledger.prefixes = 0
-        room = 0 if evict else min(self.prefix_memory, self.ledger.limit - sum(self.ledger.groups.values()))
+        for job in [*(job for plan in plans for job in plan.jobs), *(join.job for join in joins)]:
+            self.placed[id(job)] = job
+        room = 0 if self.evicting else min(self.prefix_memory, self.ledger.limit - self.ledger.held_by_groups)
         return SchedulerOutput(tuple(plans), tuple(joins), room)
 
     def update(self, result: RunnerOutput) -> None:
         """Deliver the runner's events, release what ended, and keep the running groups' states."""
         for job, event in result.events:
             self.deliver(job, event)
+        self.placed = {key: job for key, job in self.placed.items() if not job.closed}
         self.groups = {group.id: group for group in result.groups}
         for key in [key for key in self.ledger.groups if key not in self.groups]:
             self.ledger.release(key)
@@ -189,9 +197,8 @@ class Scheduler:
                 return "depth"
         return "continuous"
 
-    def _join(self, job: Job, groups: dict[int, GroupState], joins: list[Join]) -> bool:
-        """Order ``job`` into a running group of its kind that can take it; whether one could."""
-        kind = self._kind(job)
+    def _join(self, job: Job, kind: str, groups: dict[int, GroupState], joins: list[Join]) -> bool:
+        """Order ``job`` into a running group of its ``kind`` that can take it; whether one could."""
         cohort = _cohort(kind, job)
         group = next((g for g in groups.values() if g.kind == kind and g.can_take(job, cohort)), None)
         if group is None:
@@ -202,22 +209,25 @@ class Scheduler:
         self.stats["joined"] += 1
         return True
 
-    def _plan(self, members: list[Job], groups, evict: bool) -> tuple[GroupPlan | None, bool]:
-        """A new group for (the first of) ``members`` that fits the free KV memory, reserved, and whether the
-        kept prefixes must give their room back for it (tried only when nothing fits beside them)."""
-        free, kept = self.ledger.free, 0 if evict else self.ledger.prefixes
-        for room, evicting in ((free, False), (free + kept, True)) if kept else ((free, False),):
+    def _plan(self, members: list[Job], groups) -> GroupPlan | None:
+        """A new group for (the first of) ``members`` that fits the free KV memory, reserved; the kept prefixes
+        give their room back for it when nothing fits beside them (``self.evicting``: the runner trims them to
+        nothing this step, and the ledger counts them gone at once)."""
+        free = self.ledger.free
+        for room, evicting in ((free, False), (free + self.ledger.prefixes, True))[: 2 if self.ledger.prefixes else 1]:
             for size in self._sizes(members, groups):
                 try:
                     plan = size(room)
                 except DoesNotFit:
                     continue
+                if evicting:
+                    self.evicting, self.ledger.prefixes = True, 0
                 self._next_id = plan.id
                 self.ledger.reserve(plan.id, plan.nbytes)
                 self.stats["admitted"] += len(plan.jobs)
                 self._recent.extend(_size(job) for job in plan.jobs)
-                return plan, evicting
-        return None, False
+                return plan
+        return None
 
     def _sizes(self, members: list[Job], groups) -> list[Callable[[int], GroupPlan]]:
         """How a new group for ``members`` may be sized within a free byte count, the roomiest first; each raises
@@ -275,8 +285,11 @@ class Scheduler:
 
 
 def _cohort(kind: str, job: Job) -> tuple:
-    """What the jobs of one group of ``kind`` share (a joinable kind's class says; the job's cohort else)."""
-    return JOINABLE[kind].cohort_of(job) if kind in JOINABLE else job.cohort
+    """What the jobs of one group of ``kind`` share: a joinable kind's class says; a speculative group's rows
+    share the exit's loops K too (they verify at one depth); the job's cohort else."""
+    if kind in JOINABLE:
+        return JOINABLE[kind].cohort_of(job)
+    return (*job.cohort, job.options.exit_rule.loops) if kind == "speculative" else job.cohort
 
 
 def _size(job: Job) -> tuple[int, int, int]:

@@ -3,7 +3,8 @@ of its jobs per engine step, beside the other groups' steps.
 
 The ``speculative`` decoder (:mod:`looplab.generation.speculative`) drafts n tokens at k loops and verifies
 them at the exit's K loops in one batched pass, keeping the drafts K agrees with. Its jobs — greedy, at a
-fixed exit, under ``per_loop`` — that arrive together and share a cohort (the same K, k and n) are rows of
+fixed exit, under ``per_loop`` — that arrive together and share a cohort and the exit's K (the same K, k and
+n) are rows of
 one :class:`~looplab.generation.speculative.SpeculativeDecoder`: its prefill commits each row's first token
 at :meth:`SpeculativeGroup.begin`, and each :meth:`SpeculativeGroup.step` is one round, whose kept tokens are
 sent at once. A job ends at its own budget or stop string (the round's tokens past it are not sent), or when

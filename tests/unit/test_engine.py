@@ -453,3 +453,50 @@ def test_speculative_jobs_admitted_together_share_rounds_stepped_beside_other_jo
     for job, sink in speculative[:3]:
         _assert_as_alone(sink, _solo(model, job))
         assert sink.end == End("stop" if job.stops else "length")
+
+
+@pytest.mark.parametrize(
+    ("batching", "changes"),
+    [
+        ("depth", {"cache": "shared"}),  # a depth group keeps per-loop stacks for it
+        ("continuous", {"decoder": "speculative", "decoder_params": {"draft_loops": 1, "draft_tokens": 4}}),
+    ],
+    ids=["shared-in-depth", "speculative"],
+)
+def test_a_job_whose_group_never_fits_is_refused_at_once_not_queued_for_ever(model, batching, changes):
+    """A job whose own cache fits the KV memory but whose group (the one its kind gives it, alone) does not is
+    refused when it is submitted, naming the limit; one more byte of room takes it and it runs."""
+    from looplab.serve.engine import NeverFits
+    from looplab.serve.ledger import job_bytes
+    from looplab.serve.scheduler import Scheduler
+
+    job, sink = _job(PROMPTS[2], GenerationExit("fixed", 3), max_new=5)
+    job.options = job.options.but(**changes)
+    alone = job_bytes(model, job)
+    group = Scheduler(decodable(model), 8, batching, 10**9, 0)._sizes([job], {})[-1](10**9).nbytes
+    assert group > alone  # what the job's own cache would suggest is not what its group holds
+    engine = Engine(model, batching=batching, kv_memory=group - 1)
+    with pytest.raises(NeverFits, match="KV memory"):
+        engine.submit([job])
+    engine = Engine(model, batching=batching, kv_memory=group).start()
+    engine.submit([job])
+    assert sink.closed.wait(60) and sink.end == End("length") and len(sink.tokens) == 5
+    engine.close(60)
+
+
+def test_speculative_jobs_of_two_depths_admitted_together_each_verify_at_their_own(model):
+    """Speculative jobs at 4 and at 6 loops submitted together run in groups of their own depth: each gets the
+    tokens and loops it gets alone."""
+    jobs = []
+    for loops in (4, 6, 4):
+        options = DecodeOptions(GenerationExit("fixed", loops), decoder="speculative",
+                                decoder_params={"draft_loops": 2, "draft_tokens": 3})  # fmt: skip
+        sink = Sink()
+        jobs.append((Job(PROMPTS[len(jobs)], 6, options, GREEDY, sink), sink))
+    engine = Engine(model, max_running=8).start()
+    engine.submit([job for job, _ in jobs])
+    assert all(sink.closed.wait(60) for _, sink in jobs)
+    engine.close(60)
+    for job, sink in jobs:
+        assert {t.depth for t in sink.tokens} == {job.options.exit_rule.loops}
+        _assert_as_alone(sink, _solo(model, job))
