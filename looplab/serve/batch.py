@@ -269,6 +269,13 @@ class Group(LiveRows):
     """Jobs decoded by one Decoder (one job each, unless the engine batches cohorts), prefilled by :meth:`begin`;
     each :meth:`step` emits one token per live job. Its KV bytes: :func:`solo_bytes`."""
 
+    KIND = "solo"
+
+    @classmethod
+    def from_plan(cls, model, plan, prefixes=None) -> Group:
+        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for."""
+        return cls(model, list(plan.jobs))
+
     def __init__(self, model, jobs: list[Job]):
         first = jobs[0]
         self.jobs = jobs

@@ -53,6 +53,13 @@ class ContinuousGroup(JoinableRows):
     #: new-token slots a group is sized for per budget: every row writes the same column, so a job that joins
     #: later needs its budget after the column the group stands at
     COLUMNS_PER_BUDGET = 2
+    KIND = "continuous"
+
+    @classmethod
+    def from_plan(cls, model, plan, prefixes=None) -> ContinuousGroup:
+        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for, reading and
+        keeping prefixes in ``prefixes``."""
+        return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap, prefixes)
 
     def __init__(
         self,

@@ -67,6 +67,12 @@ class DepthGroup(JoinableRows):
     COLUMNS_PER_BUDGET = 1
     #: the decoder's cache: per-loop stacks, which a ``shared`` job's row reads at its cap
     CACHE = "per_loop"
+    KIND = "depth"
+
+    @classmethod
+    def from_plan(cls, model, plan, prefixes=None) -> DepthGroup:
+        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for (no prefixes)."""
+        return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap)
 
     @staticmethod
     def cohort_of(job: Job) -> tuple:

@@ -14,18 +14,14 @@ from dataclasses import dataclass
 
 from looplab.serve.batch import End, Failed, Job, Token
 
-__all__ = ["GROUP_KINDS", "GroupPlan", "GroupState", "Join", "RunnerOutput", "SchedulerOutput"]
-
-#: the groups the runner makes: a continuous group (jobs join it), a depth group (rows at their own loops; jobs
-#: join it), a solo group (``exact`` and ``cohort`` batching: no joins), a speculative group (a round a step)
-#: and a whole job (a decoder the engine does not step)
-GROUP_KINDS = ("continuous", "depth", "solo", "speculative", "whole")
+__all__ = ["GroupPlan", "GroupState", "Join", "RunnerOutput", "SchedulerOutput"]
 
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A group to make: its scheduler ``id``, ``kind`` (GROUP_KINDS), first ``jobs``, and for a joinable kind
-    its ``rows``, prompt ``width``, new-token ``columns`` and loop ``cap``; ``nbytes`` the KV memory it holds."""
+    """A group to make: its scheduler ``id``, ``kind`` (a key of :data:`looplab.serve.runner.GROUPS`), first
+    ``jobs``, and for a joinable kind its ``rows``, prompt ``width``, new-token ``columns`` and loop ``cap``;
+    ``nbytes`` the KV memory it holds."""
 
     id: int
     kind: str

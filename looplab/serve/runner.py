@@ -19,7 +19,12 @@ from looplab.serve.prefixes import PrefixStore
 from looplab.serve.speculative_group import SpeculativeGroup
 from looplab.serve.whole import WholeGroup
 
-__all__ = ["Runner", "group_state"]
+__all__ = ["Runner", "GROUPS", "group_state"]
+
+#: every group the runner makes, by its kind (a plan's ``kind``): a continuous group (jobs join it), a depth
+#: group (rows at their own loops; jobs join it), a solo group (``exact`` and ``cohort`` batching: no joins), a
+#: speculative group (a round a step) and a whole job (a decoder the engine does not step)
+GROUPS = {cls.KIND: cls for cls in (ContinuousGroup, DepthGroup, Group, SpeculativeGroup, WholeGroup)}
 
 
 class Runner:
@@ -76,16 +81,7 @@ class Runner:
 
     def _make(self, plan: GroupPlan):
         """The group ``plan`` asks for (its decoder and caches allocated)."""
-        jobs, model = list(plan.jobs), self.model
-        if plan.kind == "continuous":
-            return ContinuousGroup(model, jobs, plan.rows, plan.columns, plan.width, plan.cap, self.prefixes)
-        if plan.kind == "depth":
-            return DepthGroup(model, jobs, plan.rows, plan.columns, plan.width, plan.cap)
-        if plan.kind == "speculative":
-            return SpeculativeGroup(model, jobs)
-        if plan.kind == "whole":
-            return WholeGroup(model, jobs[0])
-        return Group(model, jobs)
+        return GROUPS[plan.kind].from_plan(self.model, plan, self.prefixes)
 
     def _collect(self) -> tuple:
         """Every held job's sent events, in order; jobs that ended are let go."""
@@ -97,14 +93,9 @@ class Runner:
         return tuple(events)
 
 
-#: each group class by its kind (messages.GROUP_KINDS)
-KINDS = {ContinuousGroup: "continuous", DepthGroup: "depth", Group: "solo", SpeculativeGroup: "speculative",
-         WholeGroup: "whole"}  # fmt: skip
-
-
 def group_state(key: int, group) -> GroupState:
     """What the scheduler reads of a running group: a joinable one's room, any one's jobs held."""
-    kind = KINDS[type(group)]
+    kind = group.KIND
     if isinstance(group, JoinableRows):
         free = sum(job is None for job in group.jobs)
         return GroupState(key, kind, group.cohort, free, group.width, group.columns_left(), group.cap, group.held)

@@ -50,7 +50,7 @@ JOINING = ("continuous", "depth")
 #: engine's new group is sized for
 MIN_ROWS, RECENT = 8, 64
 #: the group class of each joinable kind (its new-token slots per budget, cache and cohorts)
-JOINABLE = {"continuous": ContinuousGroup, "depth": DepthGroup}
+JOINABLE = {cls.KIND: cls for cls in (ContinuousGroup, DepthGroup)}
 
 
 class NeverFits(LooplabError):
@@ -181,7 +181,7 @@ class Scheduler:
         job.sink(event)
 
     def _kind(self, job: Job) -> str:
-        """The kind of group ``job`` goes to (messages.GROUP_KINDS)."""
+        """The kind of group ``job`` goes to (a key of :data:`looplab.serve.runner.GROUPS`)."""
         decoder = job.options.decoder
         if decoder == SPECULATIVE:
             return "speculative"

@@ -38,6 +38,13 @@ class SpeculativeGroup:
     """Speculative jobs of one cohort, a round a step (see the module docstring); its KV bytes:
     :func:`speculative_bytes`."""
 
+    KIND = "speculative"
+
+    @classmethod
+    def from_plan(cls, model, plan, prefixes=None) -> SpeculativeGroup:
+        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for."""
+        return cls(model, list(plan.jobs))
+
     def __init__(self, model, jobs: list[Job]):
         options = jobs[0].options
         params, budget = options.decoder_params, max(job.max_new for job in jobs)

@@ -27,6 +27,13 @@ class WholeGroup:
     """One job decoded whole at its first :meth:`step` (see the module docstring); ``live`` [1] until then.
     Its KV bytes are the job's alone (:func:`~looplab.serve.ledger.job_bytes`)."""
 
+    KIND = "whole"
+
+    @classmethod
+    def from_plan(cls, model, plan, prefixes=None) -> WholeGroup:
+        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for: its one job."""
+        return cls(model, plan.jobs[0])
+
     def __init__(self, model, job: Job):
         self.model, self.jobs = model, [job]
         self.live = torch.zeros(1, dtype=torch.long)
