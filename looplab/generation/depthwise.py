@@ -39,8 +39,9 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.generation.cache import attend, rotated_projection
-from looplab.generation.decoder import Decoder, coda_pass, core_pass, logits_of, prelude_pass
+from looplab.generation.decoder import Decoder
 from looplab.generation.decoders import DecodingMethod, register_decoder
+from looplab.generation.passes import coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.generation.views import described
 from looplab.params import at_least, param
@@ -289,7 +290,7 @@ class InFlight:
 class DepthCalls:
     """The layer calls of one depth-wise pass: one new token per row of ``rows`` [R] in its own ``slot`` [R],
     at core ``loop`` [R] (None outside the core); ``allowed`` [R, 1, S'] and ``rope`` as in
-    :class:`looplab.generation.decoder.Calls`. ``lockstep`` (slot, loop) when every row of the batch is at
+    :class:`looplab.generation.passes.Calls`. ``lockstep`` (slot, loop) when every row of the batch is at
     one slot and loop (then the caches are read and written by slices); else for the core ``writes``, the
     (pair → row of x, loop index, batch row, slot) indices of each token's loop and the later ones, and the
     loop each row reads, ``read`` [R]: its own, or its cap for a row that reads as ``shared`` does."""

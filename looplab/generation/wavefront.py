@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.generation.decoder import core_pass, logits_of, prelude_pass
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.depthwise import DepthwiseDecoder, check_depthwise
+from looplab.generation.passes import core_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, ended
 from looplab.params import at_least, param
 from looplab.token_exits import Carried

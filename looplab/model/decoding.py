@@ -58,7 +58,7 @@ class Capabilities:
 
 
 class DecodingView(Protocol):
-    """What the cached decoder reads of a model (shapes in :mod:`looplab.generation.decoder`)."""
+    """What the cached decoder reads of a model (shapes in :mod:`looplab.generation.passes`)."""
 
     capabilities: ClassVar[Capabilities]
     cfg: Any  # a looplab ModelConfig, or a family's DecodingShape
