@@ -18,16 +18,13 @@ pass) overrides them; the defaults are what the looplab models and the retrofits
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from looplab.generation.cache import LayerCache, RingLayerCache, Slots, SlotStore, cached_attention
 from looplab.model.layer import Layer
-
-if TYPE_CHECKING:
-    from looplab.generation.decoder import Decoder
 
 __all__ = ["Calls", "prelude_pass", "core_pass", "coda_pass", "logits_of"]
 
@@ -44,7 +41,7 @@ class Calls:
     which rows' keys and values are written (the others run, but their cache entries stay as they were).
     """
 
-    decoder: Decoder
+    decoder: Any  # the Decoder (looplab.generation.decoder, which imports this module) whose slots and cache it reads
     site: str
     loop: int
     rows: Tensor | slice
