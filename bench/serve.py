@@ -17,10 +17,14 @@ core call) the kl and mixed cells.
 Per cell: new tokens per second of wall time, p50 and p99 request latency (sent → whole response), the
 tokens/s ratio to the one-at-a-time run, and how many answers equal the same request's answer one at a
 time (token ids; a sampled request's seed fixes its draws). Then what a sampled token costs alone against a
-greedy one (one client, fixed 4). The load is bounded: ``--requests`` per cell, and a cell stops sending after
-``--time-limit`` seconds (the table says how many were answered).
+greedy one (one client, fixed 4). The ``memory`` part sends 32 greedy fixed-4 requests at once to a server
+whose ``--kv-memory`` is half of what their paged blocks take alone, summed: how many are answered, how many
+equal the same request sent alone, and the preemptions and deferrals ``/metrics`` counts. The load is
+bounded: ``--requests`` per cell, and a cell stops sending after ``--time-limit`` seconds (the table says
+how many were answered).
 
     python bench/serve.py [--run-dir RUN] [--steps 150] [--requests 48] [--max-tokens 32] [--modes continuous depth]
+                          [--parts load prefix memory]
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ SAMPLED_COST = 1.2
 #: 16 of each request's own), and the goal of the time to first token without the prefix cache over with it
 PREFIX_REQUESTS, PREFIX_TOKENS, PREFIX_TAIL, PREFIX_GOAL = 16, 480, 17, 4.0
 CLIENTS = (1, 8, 32)
+#: the memory cell's concurrent requests
+MEMORY_CLIENTS = 32
 
 
 def prompts(run_dir: str, count: int) -> list[list[int]]:
@@ -217,6 +223,45 @@ def prefix_cell(run_dir: str, warm_up: list[int]) -> dict[str, float]:
     return ttft
 
 
+def memory_cell(run_dir: str, windows: list[list[int]], max_tokens: int) -> list[str]:
+    """MEMORY_CLIENTS greedy fixed-4 requests sent at once to a server whose ``--kv-memory`` is half of what
+    their blocks take alone, summed (the ledger's reckoning: ``paged_job_bytes``), after the same requests one at
+    a time there: a table row (the limit, answered, equal to alone, preempted, deferred, tokens/s of each)."""
+    from looplab.generation import GenerationExit, Sampling
+    from looplab.generation.options import DecodeOptions
+    from looplab.generation.text_lm import open_text_lm
+    from looplab.serve.batch import Job
+    from looplab.serve.ledger import paged_job_bytes
+    from looplab.serve.sampling import Picking
+
+    bodies = [
+        {"prompt": p, "max_tokens": max(1, max_tokens // 2 + (i * 7) % max_tokens), **cell_fields(CELLS[0], i)}
+        for i, p in enumerate(windows[:MEMORY_CLIENTS])
+    ]
+    model, options = open_text_lm(run_dir).model, DecodeOptions(GenerationExit("fixed", FIXED["loops"]))
+    jobs = [Job(body["prompt"], body["max_tokens"], options, Picking(Sampling()), print) for body in bodies]
+    needed = sum(paged_job_bytes(model, job) for job in jobs)
+    server, url = start_server(run_dir, "continuous", MEMORY_CLIENTS, "--kv-memory", f"{needed / 2 / 2**30:.12f}")
+    try:
+        alone_s, _, alone_tokens, alone = asyncio.run(load(url, bodies, 1, 600))
+        together_s, _, tokens, together = asyncio.run(load(url, bodies, MEMORY_CLIENTS, 600))
+        scrape = httpx.get(f"{url}/metrics").text
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    counts = {
+        line.split('event="')[1].split('"')[0]: float(line.split()[-1])
+        for line in scrape.splitlines()
+        if line.startswith("looplab_jobs_total{")
+    }
+    same = sum(together[i]["token_ids"] == alone[i]["token_ids"] for i in together if i in alone)
+    return [
+        f"{needed / 2 / 2**20:.2f} of {needed / 2**20:.2f}", f"{len(together)}/{len(bodies)}", f"{same}/{len(bodies)}",
+        f"{counts.get('preempted', 0):.0f}", f"{counts.get('deferred', 0):.0f}",
+        f"{alone_tokens / alone_s:.0f}", f"{tokens / together_s:.0f}",
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", help="a trained byte-level LM run (default: train the preset here)")
@@ -225,7 +270,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="mean new tokens per request")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds a cell may send requests for")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--parts", nargs="+", default=["load", "prefix"], choices=["load", "prefix"])
+    parts = ["load", "prefix", "memory"]
+    parser.add_argument("--parts", nargs="+", default=parts, choices=parts)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="batching modes")
     args = parser.parse_args()
     setup(args.threads, 0)
@@ -239,6 +285,7 @@ def main() -> None:
         windows = prompts(run_dir, args.requests)
         rows = load_cells(run_dir, windows, args) if "load" in args.parts else []
         ttft = prefix_cell(run_dir, windows[0]) if "prefix" in args.parts else {}
+        memory = memory_cell(run_dir, windows, args.max_tokens) if "memory" in args.parts else None
     if rows:
         header = ["batching", "requests", "clients", "answered", "tok/s", "p50 ms", "p99 ms", "vs 1-at-a-time"]
         print_table([*header, "= alone"], rows)
@@ -253,6 +300,12 @@ def main() -> None:
             cost = rates["greedy, fixed 4"] / rates["sampled T 1, fixed 4"]
             label = "serve continuous, one client: a sampled token's cost vs a greedy one's"
             print_verdict(label, cost, SAMPLED_COST, at_most=True)
+    if memory:
+        header = ["KV MiB (half of all)", "answered", "= alone", "preempted", "deferred", "tok/s 1", "tok/s 32"]
+        print_table(header, [memory])
+        answered, equal = (int(cell.split("/")[0]) for cell in memory[1:3])
+        label = f"serve, {MEMORY_CLIENTS} requests under half the KV memory they need: answered and equal to alone"
+        print_verdict(label, min(answered, equal) / MEMORY_CLIENTS, 1.0)
     if ttft:
         label = f"serve, {PREFIX_REQUESTS} requests sharing a {PREFIX_TOKENS}-token prefix: time to first token"
         print_verdict(label + " without / with the prefix cache", ttft["without"] / ttft["with"], PREFIX_GOAL)

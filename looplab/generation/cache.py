@@ -13,10 +13,13 @@ convolution (Inkling-2's) keeps, beside its keys and values, the convolution's
 inputs per slot (:class:`SlotStore`), under the same policy: the cache entries of
 a call are what any part of it reads of earlier tokens.
 
-A cache is preallocated for the batch's longest sequence: ``slots`` positions per
+A cache is laid out for the batch's longest sequence: ``slots`` positions per
 row, slot s holding the row's token s (prompts right-padded to the longest, then
 the generated tokens, one slot per step for every row). Padding slots are never
 attended; a row's RoPE or learned positions are its own token count, not slots.
+Each layer call's store is preallocated for them, or, once :meth:`KVCache.page`
+is called, holds its keys and values in a shared pool's blocks taken as the
+rows write their slots (:mod:`looplab.generation.paged`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from looplab.generation.paged import BlockPool, PagedLayerCache
 from looplab.generation.policies import POLICIES, cache_params
 from looplab.generation.stores import LayerCache, RingLayerCache, SlotStore
 from looplab.model.attention import SelfAttention, apply_rope
@@ -57,6 +61,11 @@ class KVCache:
     core call ``index`` at every loop are one tensor each, ``stacks[index]`` = (k, v) [K, B, H, S, Dh],
     and each loop's :class:`LayerCache` is a view of its slice: a lend is then one write per call
     instead of one per later loop, and depth-wise batching indexes the loop like any other dimension.
+
+    A paged cache (:meth:`page`) keeps the calls it is told of in a :class:`~looplab.generation.paged.BlockPool`
+    instead, a table each, and ``held`` [B, ⌈S/b⌉] bool says which slot blocks of each row have blocks taken
+    in every table (:meth:`reserve`, :meth:`release`); other calls (another shape, another policy's store,
+    a convolution's) stay dense.
     """
 
     policy: str
@@ -68,8 +77,11 @@ class KVCache:
     device: torch.device
     params: Any = None
     loops: int = 0
-    layers: dict[tuple, LayerCache | RingLayerCache | SlotStore] = field(default_factory=dict)
+    layers: dict[tuple, LayerCache | RingLayerCache | SlotStore | PagedLayerCache] = field(default_factory=dict)
     stacks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    pool: BlockPool | None = None
+    tables: dict[tuple, Tensor] = field(default_factory=dict)
+    held: Tensor | None = None
 
     def __post_init__(self) -> None:
         self.params = cache_params(self.policy, self.params)
@@ -87,7 +99,11 @@ class KVCache:
         if key not in self.layers:
             heads, head_dim = heads or self.heads, head_dim or self.head_dim
             shape = (self.batch, heads, self.slots.positions.shape[1], head_dim)
-            if site == "core" and self.entry.per_loop and self.loops:
+            if key in self.tables and (heads, head_dim) != (self.pool.heads, self.pool.head_dim):
+                self.pool.give(self.tables.pop(key)[self.held])  # a call of its own shape stays dense
+            if key in self.tables:
+                self.layers[key] = PagedLayerCache(self.pool, self.tables[key])
+            elif site == "core" and self.entry.per_loop and self.loops and self.pool is None:
                 k, v = self.stack(index, heads, head_dim)
                 self.layers[key] = LayerCache(k[loop - 1], v[loop - 1])
             elif site == "core":
@@ -97,7 +113,10 @@ class KVCache:
         return self.layers[key]
 
     def stack(self, index: int, heads: int | None = None, head_dim: int | None = None) -> tuple[Tensor, Tensor]:
-        """``per_loop`` with ``loops``: core call ``index``'s keys and values of every loop, [K, B, H, S, Dh] each."""
+        """``per_loop`` with ``loops``: core call ``index``'s keys and values of every loop, [K, B, H, S, Dh] each
+        (a dense cache's)."""
+        if self.pool is not None:
+            raise ValueError("a paged cache keeps no per-loop stacks")
         if index not in self.stacks:
             heads, head_dim = heads or self.heads, head_dim or self.head_dim
             shape = (self.loops, self.batch, heads, self.slots.positions.shape[1], head_dim)
@@ -113,6 +132,58 @@ class KVCache:
             shape = (self.batch, self.slots.positions.shape[1], channels)
             self.layers[key] = SlotStore(torch.zeros(shape, dtype=dtype or self.dtype, device=self.device))
         return self.layers[key]
+
+    def page(self, pool: BlockPool, prelude: int, core: int, coda: int) -> None:
+        """Keep the keys and values of ``prelude`` prelude, ``core`` core (at every loop, under a per-loop
+        policy) and ``coda`` coda layer calls in ``pool``'s blocks (the core's only under ``per_loop`` and
+        ``shared``, whose stores are plain keys and values; with none of these the cache stays dense);
+        nothing written yet."""
+        loops = range(1, self.loops + 1) if self.entry.per_loop else [0]
+        keys = [("prelude", 0, i) for i in range(prelude)] + [("coda", 0, i) for i in range(coda)]
+        if self.entry.name in ("per_loop", "shared"):
+            keys += [("core", t, i) for t in loops for i in range(core)]
+        if not keys:  # nothing to page (another policy's core, no prelude or coda): the cache stays dense
+            return
+        self.pool = pool
+        blocks = -(-self.slots.positions.shape[1] // pool.slots)
+        self.tables = {key: torch.zeros(self.batch, blocks, dtype=torch.long, device=self.device) for key in keys}
+        self.held = torch.zeros(self.batch, blocks, dtype=torch.bool, device=self.device)
+
+    def blocks_needed(self, rows: Tensor, chunk: slice) -> int:
+        """Pool blocks :meth:`reserve` would take for slots ``chunk`` of ``rows`` [R] (0 unpaged)."""
+        if self.pool is None:
+            return 0
+        size = self.pool.slots
+        span = slice(chunk.start // size, -(-chunk.stop // size))
+        return int((~self.held[rows, span]).sum()) * len(self.tables)
+
+    def reserve(self, rows: Tensor, chunk: slice) -> None:
+        """Take blocks in every table for the slot blocks of ``chunk`` that ``rows`` [R] hold none for yet, before
+        anything is written there (nothing taken unpaged); :class:`~looplab.generation.paged.PoolFull`, with
+        nothing taken, when the pool has too few free."""
+        if self.pool is None:
+            return
+        size = self.pool.slots
+        first = chunk.start // size
+        missing = ~self.held[rows, first : -(-chunk.stop // size)]
+        if not missing.any():
+            return
+        pairs = missing.nonzero(as_tuple=True)
+        where = (rows[pairs[0]], pairs[1] + first)
+        ids = self.pool.take(len(where[0]) * len(self.tables)).view(len(self.tables), -1)
+        for table, taken in zip(self.tables.values(), ids):
+            table[where] = taken
+        self.held[where] = True
+
+    def release(self, rows: Tensor) -> None:
+        """Give the pool back every block ``rows`` [R] hold (their slots read as unwritten after)."""
+        if self.pool is None:
+            return
+        held = self.held[rows]
+        for table in self.tables.values():
+            self.pool.give(table[rows][held])
+            table[rows] = 0
+        self.held[rows] = False
 
     def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int) -> None:
         """A per-loop policy: rows that stopped at ``exit_loop`` lend its entries — of every call site of the
@@ -130,7 +201,9 @@ class KVCache:
         for index, source in sources:
             for loop in range(exit_loop + 1, last_loop + 1):
                 key = ("core", loop, index)
-                if key not in self.layers:
+                if key in self.tables:
+                    self.layer("core", loop, index)
+                elif key not in self.layers:
                     self.layers[key] = source.empty_like()
                 self.layers[key].copy_slots(source, rows, chunk)
 
@@ -141,33 +214,54 @@ class KVCache:
         state = {}
         for index, (k, v) in self.stacks.items():
             state["core", index] = (k[:loops, row, :, start:stop].clone(), v[:loops, row, :, start:stop].clone())
+        rows, chunk = torch.tensor([row], device=self.device), slice(start, stop)
         for key, entry in self.layers.items():
-            if key[0] != "core":  # the core's are views of the stacks
-                state[key] = (entry.k[row, :, start:stop].clone(), entry.v[row, :, start:stop].clone())
+            if key[0] != "core":  # a dense cache's core calls are views of the stacks
+                state[key] = tuple(t[0].clone() for t in entry.entries(rows, chunk))
+        if self.pool is not None:  # a paged cache's core calls, every loop's stacked as the stacks are
+            for index in sorted({key[2] for key in self.tables if key[0] == "core"}):
+                loop_entries = [self.layer("core", t, index).entries(rows, chunk) for t in range(1, loops + 1)]
+                state["core", index] = tuple(torch.stack([pair[i][0] for pair in loop_entries]) for i in (0, 1))
         return state
 
     def fill_slots(self, rows: Tensor, start: int, state: dict) -> None:
         """Put ``state`` (a :meth:`slot_state`, or several of consecutive slots joined) into ``rows``' slots from
         ``start`` on."""
+        if self.pool is not None:
+            stop = start + next(iter(state.values()))[0].shape[-2]
+            self.reserve(rows, slice(start, stop))
         for key, (k, v) in state.items():
             stop = start + k.shape[-2]
-            if key[0] == "core":
+            if key[0] == "core" and self.pool is not None:
+                for t in range(len(k)):
+                    store = self.layer("core", t + 1, key[1])
+                    store.write(
+                        rows,
+                        slice(start, stop),
+                        k[t].expand(len(rows), -1, -1, -1),
+                        v[t].expand(len(rows), -1, -1, -1),
+                        0,
+                    )
+            elif key[0] == "core":
                 k_store, v_store = self.stack(key[1])
                 k_store[: len(k), rows, :, start:stop] = k[:, None]
                 v_store[: len(v), rows, :, start:stop] = v[:, None]
             else:
-                entry = self.layer(*key)
-                entry.k[rows, :, start:stop], entry.v[rows, :, start:stop] = k[None], v[None]
+                expand = (len(rows), -1, -1, -1)
+                self.layer(*key).write(rows, slice(start, stop), k[None].expand(expand), v[None].expand(expand), 0)
 
     def slots_only(self) -> bool:
         """Whether every layer call's cache entry holds keys and values alone (what :meth:`slot_state` copies)."""
-        return self.entry.per_loop and all(isinstance(entry, LayerCache) for entry in self.layers.values())
+        plain = (LayerCache, PagedLayerCache)
+        return self.entry.per_loop and all(isinstance(entry, plain) for entry in self.layers.values())
 
     def nbytes(self) -> int:
         """Bytes held by the keys and values (and convolution inputs)."""
         stacked = sum(2 * k.numel() * k.element_size() for k, _ in self.stacks.values())
         views = [key for key in self.layers if key[0] == "core" and isinstance(key[2], int) and key[2] in self.stacks]
-        return stacked + sum(entry.nbytes() for key, entry in self.layers.items() if key not in views)
+        dense = sum(entry.nbytes() for key, entry in self.layers.items() if key not in views and key not in self.tables)
+        paged = 0 if self.pool is None else int(self.held.sum()) * len(self.tables) * self.pool.block_bytes
+        return stacked + dense + paged
 
 
 def visible(slots: Slots, rows: Tensor | slice, chunk: slice, window: int) -> Tensor:
@@ -216,8 +310,8 @@ def cached_attention(
     """
     q, k, v = rotated_projection(attn, x, rope)
     if keep is not None:
-        written = keep[:, None, None, None]
-        k, v = torch.where(written, k, cache.k[rows, :, chunk]), torch.where(written, v, cache.v[rows, :, chunk])
+        written, (k_held, v_held) = keep[:, None, None, None], cache.entries(rows, chunk)
+        k, v = torch.where(written, k, k_held), torch.where(written, v, v_held)
     cache.write(rows, chunk, k, v, loop)
     keys, values = cache.read(rows, chunk, loop)
     return attend(attn, x, q, keys, values, allowed)

@@ -66,9 +66,13 @@ class Decoder:
 
     ``exits`` (one per prompt), where given, lets each row stop by an exit of its own up to a cap of its own
     (:class:`~looplab.generation.row_exits.RowExits`), and ``cap`` makes room for deeper rows admitted later
-    (:meth:`admit`): the server's shared batches."""
+    (:meth:`admit`): the server's shared batches. With a ``pool`` its keys and values are paged there
+    (:meth:`KVCache.page <looplab.generation.cache.KVCache.page>`): each forward pass first takes the blocks its
+    slots need (:meth:`KVCache.reserve <looplab.generation.cache.KVCache.reserve>`)."""
 
-    def __init__(self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, exits=None, cap=0):
+    def __init__(
+        self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, exits=None, cap=0, pool=None
+    ):
         exit_rule, policy = options.exit_rule, options.cache
         self.model, self.exit, self.sampling, self.finished = model, exit_rule, options.sampling, finished
         # rows of a shared batch may each stop by an exit of their own, up to a cap of their own (``exits``, one
@@ -100,6 +104,8 @@ class Decoder:
         self.cache = KVCache(
             policy, batch, kv_heads, head_dim, self.slots, dtype, device, options.cache_params, self.cap
         )
+        if pool is not None:
+            self.cache.page(pool, len(model.prelude), len(model.core), len(model.coda))
         self.rope = None
         if cfg.positional == "rope":
             length = self.width + max_new_tokens
@@ -207,6 +213,7 @@ class Decoder:
         its token exits. Returns next-token logits [R, V] and exit depths [R].
         """
         model, window = self.model, self.model.cfg.attention_window
+        self.cache.reserve(rows, chunk)  # a paged cache's blocks for these slots, before anything runs
         count = len(rows)
         # rows are 0..B−1 in order: index the cache by slices, not gathers (a server's batch holds its rows in the
         # order they joined, which may be another order of all of them)

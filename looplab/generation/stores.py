@@ -41,6 +41,10 @@ class LayerCache:
         (the new tokens in ``chunk`` have just been written)."""
         return self.k[rows, :, : chunk.stop], self.v[rows, :, : chunk.stop]
 
+    def entries(self, rows: Tensor | slice, chunk: slice) -> tuple[Tensor, Tensor]:
+        """The keys and values [R, H, m, Dh] slots ``chunk`` of ``rows`` hold now."""
+        return self.k[rows, :, chunk], self.v[rows, :, chunk]
+
     def copy_slots(self, source: LayerCache, rows: Tensor, chunk: slice) -> None:
         """Take ``source``'s entries of slots ``chunk`` of ``rows`` (a ``per_loop`` lend)."""
         self.k[rows, :, chunk] = source.k[rows, :, chunk]

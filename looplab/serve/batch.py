@@ -19,11 +19,15 @@ from torch import Tensor
 
 from looplab.generation.decoder import Decoder, StepParams
 from looplab.generation.options import DecodeOptions
+from looplab.generation.sampling import Sampling
 from looplab.generation.views import decodable
 from looplab.serve.ledger import group_bytes, sized_rows
 from looplab.serve.sampling import Picking, pick_rows
 
 __all__ = ["Job", "Group", "JoinableRows", "LiveRows", "Room", "Token", "End", "Failed", "joinable_room", "solo_bytes"]
+
+#: how a replaying row is picked (its token is then replaced by the one it replays: nothing is drawn)
+REPLAYING = Picking(Sampling())
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class Job:
         sink: called from the engine's thread with each :class:`Token`, then one :class:`End` or :class:`Failed`
             (the scheduler delivers what the runner's groups :meth:`send`).
         outbox: what the job's group sent since the runner last collected it.
+        admitted: the scheduler's count of admissions when it was last placed (the latest is preempted first).
+        replay: tokens it already sent, fed again without being sent after a preemption
+            (:mod:`looplab.serve.pager`), the next first.
     """
 
     prompt: list[int]
@@ -79,6 +86,8 @@ class Job:
     closed: bool = False  # its End or Failed was sent
     cancelled: threading.Event = field(default_factory=threading.Event)
     outbox: list[Token | End | Failed] = field(default_factory=list)
+    admitted: int = 0
+    replay: list[int] = field(default_factory=list)
 
     def send(self, event: Token | End | Failed) -> None:
         """Put ``event`` in the outbox (a group's only way to answer: the scheduler delivers it to the sink)."""
@@ -151,11 +160,15 @@ class LiveRows:
         return [list(zip(ids[i].tolist(), values[i].tolist())) for i in range(len(ids))]
 
     def choose(self) -> Tensor:
-        """[R] each live row's next token: its job's forced token, or one picked by its job's picking."""
+        """[R] each live row's next token: its job's forced token or the next it replays (its generator drawing
+        nothing), or one picked by its job's picking."""
         jobs = [self.jobs[row] for row in self.live.tolist()]
-        chosen = pick_rows(self.logits, [job.picking for job in jobs], [job.generator for job in jobs])
+        pickings = [REPLAYING if job.replay else job.picking for job in jobs]
+        chosen = pick_rows(self.logits, pickings, [None if job.replay else job.generator for job in jobs])
         for i, job in enumerate(jobs):
-            if job.forced is not None:
+            if job.replay:
+                chosen[i] = job.replay[0]
+            elif job.forced is not None:
                 chosen[i] = job.forced[len(job.tokens)]
         return chosen
 
@@ -183,6 +196,10 @@ class LiveRows:
         for i, row in enumerate(self.live.tolist()):
             job = self.jobs[row]
             job.tokens.append(int(chosen[i]))
+            if job.replay:  # sent before its preemption
+                job.replay.pop(0)
+                still.append(i)
+                continue
             job.send(Token(int(chosen[i]), picked[i], int(self.depths[i]), tops[i][: job.top] if tops else []))
             reason = job.ended()
             if reason is None:
@@ -254,8 +271,20 @@ class JoinableRows(LiveRows):
         raise NotImplementedError
 
     def release(self, row: int) -> None:
-        """The row is free for a newcomer."""
+        """The row is free for a newcomer, its paged blocks given back."""
         self.jobs[row] = None
+        self.decoder.cache.release(torch.tensor([row], device=self.decoder.lengths.device))
+
+    def preempt(self, job: Job) -> None:
+        """Free ``job``'s row and blocks (:mod:`looplab.serve.pager`): it leaves the live rows, and its tokens
+        so far are what it replays when it is admitted again."""
+        row = next(row for row, owner in enumerate(self.jobs) if owner is job)
+        self.release(row)
+        keep = self.live != row
+        self.live = self.live[keep]
+        if self.logits is not None and len(self.logits) == len(keep):
+            self.logits, self.depths = self.logits[keep], self.depths[keep]
+        job.replay, job.tokens = job.tokens + job.replay, []
 
 
 def solo_bytes(model, jobs: list[Job]) -> int:
@@ -272,7 +301,7 @@ class Group(LiveRows):
     KIND = "solo"
 
     @classmethod
-    def from_plan(cls, model, plan, prefixes=None) -> Group:
+    def from_plan(cls, model, plan, prefixes=None, pager=None) -> Group:
         """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for."""
         return cls(model, list(plan.jobs))
 

@@ -31,6 +31,7 @@ from torch import Tensor
 from looplab.generation.decoder import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import Job, JoinableRows
+from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
 
@@ -47,7 +48,9 @@ class ContinuousGroup(JoinableRows):
         columns: the new-token slots after the prompts (at least the first jobs' largest budget).
         width: the prompt slots (at least the first jobs' longest prompt): room for later, longer prompts.
         cap: the loops a row may run (at least the first jobs' largest cap): room for later, deeper exits.
-        prefixes: the runner's prefix store. Nothing runs until :meth:`begin`.
+        prefixes: the runner's prefix store.
+        pager: the runner's paged KV pool (:class:`~looplab.serve.pager.Pager`), or None for caches of the
+            group's own. Nothing runs until :meth:`begin`.
     """
 
     #: new-token slots a group is sized for per budget: every row writes the same column, so a job that joins
@@ -56,10 +59,10 @@ class ContinuousGroup(JoinableRows):
     KIND = "continuous"
 
     @classmethod
-    def from_plan(cls, model, plan, prefixes=None) -> ContinuousGroup:
+    def from_plan(cls, model, plan, prefixes=None, pager=None) -> ContinuousGroup:
         """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for, reading and
-        keeping prefixes in ``prefixes``."""
-        return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap, prefixes)
+        keeping prefixes in ``prefixes``, its keys and values paged in ``pager``'s pool."""
+        return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap, prefixes, pager)
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class ContinuousGroup(JoinableRows):
         width: int = 0,
         cap: int = 0,
         prefixes: PrefixStore | None = None,
+        pager: Pager | None = None,
     ):
         options = jobs[0].options
         capacity = self.size(model, jobs, capacity, columns, width, cap)
@@ -77,10 +81,17 @@ class ContinuousGroup(JoinableRows):
         model = decodable(model, gated=options.exit_rule.needs_gate)
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
         self.prefixes = prefixes if prefixes is not None and options.policy.per_loop and not self.cohort[-1] else None
+        self.pager = pager
+        pool = None
+        if pager is not None:
+            cfg = model.cfg
+            head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
+            kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)
+            pool = pager.pool_for(kv_heads, head_dim, model.head.weight.dtype, model.head.weight.device)
         # every row free at first (a padding prompt, unreal), then the first jobs join as later ones do
         self.decoder = Decoder(
             model, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[options.exit_rule] * capacity,
-            cap=loops,
+            cap=loops, pool=pool,
         )  # fmt: skip
         self.decoder.slots.real[:] = False
         self.jobs: list[Job | None] = [None] * capacity
@@ -99,8 +110,11 @@ class ContinuousGroup(JoinableRows):
     def join(self, jobs: list[Job]) -> None:
         """Prefill each of ``jobs``' prompts into a free row, after the kept prefix it begins with; their first
         tokens are picked at the next :meth:`step`. A job whose prompt begins with an earlier one's first block
-        waits for that one's blocks to be kept (:meth:`_leaders`). Where a prefill fails (the runner fails its
-        jobs), the rows of the jobs not yet live are free again."""
+        waits for that one's blocks to be kept (:meth:`_leaders`). Jobs whose prompts' blocks the pool cannot
+        give now, and every one after them, go back to the queue (the pager's ``preempted``, with no token
+        sent). Where a prefill fails (the runner fails its jobs), the rows of the jobs not yet live are free
+        again."""
+        jobs = self._granted(jobs)
         try:
             for batch in self._leaders(jobs):
                 if batch:
@@ -111,6 +125,22 @@ class ContinuousGroup(JoinableRows):
                 if owner is not None and any(owner is job for job in jobs) and row not in live:
                     self.release(row)
             raise
+
+    def _granted(self, jobs: list[Job]) -> list[Job]:
+        """The first of ``jobs`` whose prompt slots (to the widest of them, as a shared prefill writes them) the
+        pager can give blocks for; the rest go back to the queue."""
+        if self.pager is None:
+            return jobs
+        calls = len(self.decoder.cache.tables)
+        per_block = self.pager.pool.slots
+        for count in range(len(jobs), 0, -1):
+            width = self.width if self.decoder.lazy_prompt else max(len(job.prompt) for job in jobs[:count])
+            if self.pager.grant(count * -(-width // per_block) * calls):
+                break
+        else:
+            count = 0
+        self.pager.preempted.extend(jobs[count:])
+        return jobs[:count]
 
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill ``jobs`` into free rows, those after a kept prefix of one length in one forward pass."""
@@ -186,6 +216,18 @@ class ContinuousGroup(JoinableRows):
             self.live = self.live[:0]
             return
         keep = torch.tensor(still, device=self.live.device)
-        self.live, chosen = self.live[keep], chosen[keep]
+        self.live, self.logits, self.depths, chosen = (
+            self.live[keep],
+            self.logits[keep],
+            self.depths[keep],
+            chosen[keep],
+        )
+        if self.pager is not None:  # the blocks of this step's slot, the latest admitted jobs preempted for them
+            going = self.live
+            self.pager.ensure(lambda: decoder.cache.blocks_needed(self.live, slice(slot, slot + 1)))
+            if len(self.live) < len(going):
+                chosen = chosen[torch.isin(going, self.live)]
+            if self.done:
+                return
         made = torch.tensor([len(self.jobs[row].tokens) for row in self.live.tolist()], device=self.live.device)
         self.logits, self.depths = decoder.step(self.live, chosen, slot, decoder.lengths[self.live] + made - 1)

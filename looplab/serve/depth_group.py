@@ -70,7 +70,7 @@ class DepthGroup(JoinableRows):
     KIND = "depth"
 
     @classmethod
-    def from_plan(cls, model, plan, prefixes=None) -> DepthGroup:
+    def from_plan(cls, model, plan, prefixes=None, pager=None) -> DepthGroup:
         """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for (no prefixes)."""
         return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap)
 

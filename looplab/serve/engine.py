@@ -120,6 +120,11 @@ class Engine:
         return self.scheduler.ledger
 
     @property
+    def pool(self):
+        """The paged KV pool as the latest step left it (:class:`~looplab.serve.messages.PoolState`)."""
+        return self.scheduler.pool
+
+    @property
     def prefixes(self):
         """The kept prompt blocks (None without prefix caching)."""
         return self.runner.prefixes

@@ -1,23 +1,40 @@
 """The engine's KV memory ledger: one limit (``looplab serve --kv-memory``) on the bytes the running groups'
 keys and values may take together.
 
-A group's caches are allocated for its rows and slots when it is made (rows a later job joins included), so
-the ledger reserves a group's bytes whole at its making and frees them when its last job ends: a running
-job never runs out of memory, and a job that does not fit now waits in the queue, at its place, until
-running groups end. A job that could not fit even alone is refused when it is submitted
+Continuous groups keep theirs in the runner's paged pool (:mod:`looplab.serve.pager`), which grows within
+what the other groups leave free and whose bytes the runner reports each step. Any other group's caches are
+allocated for its rows and slots when it is made (rows a later job joins included), so the ledger reserves
+its bytes whole at its making and frees them when its last job ends. A job that does not fit now waits in
+the queue, at its place, until running groups end (or, paged, is preempted and recomputed later). A job
+that could not fit even alone is refused when it is submitted
 (:class:`~looplab.serve.scheduler.NeverFits`: HTTP 400 naming the limit). Sizes are
-:func:`~looplab.generation.budget.generation_bytes`' upper bounds. The ledger is the scheduler's: it reserves
-a group when it plans it, and counts the kept prefixes' bytes as the runner reports them.
+:func:`~looplab.generation.budget.generation_bytes`' upper bounds, or :func:`paged_bytes`' blocks. The ledger
+is the scheduler's: it reserves a group when it plans it, and counts the pool's and the kept prefixes' bytes
+as the runner reports them.
 """
 
 from __future__ import annotations
 
+import torch
+
 from looplab.errors import LooplabError
 from looplab.generation.budget import generation_bytes
+from looplab.generation.paged import BLOCK_SLOTS
 from looplab.generation.views import decodable
 from looplab.memory import GIB, device_bytes
 
-__all__ = ["DoesNotFit", "KVLedger", "default_kv_memory", "group_bytes", "job_bytes", "sized_rows"]
+__all__ = [
+    "DoesNotFit",
+    "KVLedger",
+    "block_bytes",
+    "default_kv_memory",
+    "group_bytes",
+    "job_bytes",
+    "kv_shape",
+    "paged_bytes",
+    "paged_job_bytes",
+    "sized_rows",
+]
 
 
 class DoesNotFit(LooplabError):
@@ -31,6 +48,39 @@ def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int, cach
     view = decodable(model, gated=options.exit_rule.needs_gate)
     policy, params = (options.cache, options.cache_params) if cache is None else (cache, None)
     return generation_bytes(view, rows, width, columns, cap, policy, params)
+
+
+def kv_shape(model) -> tuple[int, int, torch.dtype]:
+    """(key/value heads, head dim, dtype) of ``model``'s layer calls, as a decoder caches them."""
+    cfg = model.cfg
+    return (
+        getattr(cfg, "kv_heads", cfg.n_heads),
+        getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads),
+        model.head.weight.dtype,
+    )
+
+
+def paged_bytes(model, options, slots: int, cap: int) -> int:
+    """Bytes of the pool blocks a job decoded with ``options`` holds with ``slots`` slots written at loop cap
+    ``cap``: a block of :data:`~looplab.generation.paged.BLOCK_SLOTS` slots for each layer call its cache
+    pages."""
+    view = decodable(model, gated=options.exit_rule.needs_gate)
+    loops = cap if options.policy.per_loop else 1
+    calls = len(view.prelude) + len(view.coda) + loops * len(view.core)
+    return -(-slots // BLOCK_SLOTS) * calls * block_bytes(view)
+
+
+def block_bytes(model) -> int:
+    """Bytes of one pool block (one layer call's keys and values of BLOCK_SLOTS slots)."""
+    heads, head_dim, dtype = kv_shape(model)
+    return 2 * heads * BLOCK_SLOTS * head_dim * dtype.itemsize
+
+
+def paged_job_bytes(model, job) -> int:
+    """Bytes a pool must hold to decode ``job`` alone: its prompt's and new tokens' blocks at its loop cap, and
+    the pool's null block."""
+    slots = len(job.prompt) + job.max_new
+    return paged_bytes(model, job.options, slots, job.options.exit_rule.loops) + block_bytes(model)
 
 
 def job_bytes(model, job) -> int:
@@ -57,19 +107,20 @@ def default_kv_memory(model) -> int:
 
 
 class KVLedger:
-    """The bytes reserved by running groups (by the scheduler's group ids) and held by kept prefixes (as the
-    runner last reported them), against ``limit``. Its totals are plain numbers, read from other threads
-    (``/metrics``) while the engine's thread changes them."""
+    """The bytes reserved by running unpaged groups (by the scheduler's group ids), and held by the paged pool
+    and kept prefixes (as the runner last reported them), against ``limit``. Its totals are plain numbers,
+    read from other threads (``/metrics``) while the engine's thread changes them."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.groups: dict[int, int] = {}
         self.held_by_groups = 0
         self.prefixes = 0
+        self.pool = 0
 
     @property
     def reserved(self) -> int:
-        return self.held_by_groups + self.prefixes
+        return self.held_by_groups + self.pool + self.prefixes
 
     @property
     def free(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from looplab.serve.batch import End, Failed, Job, Token
 
-__all__ = ["GroupPlan", "GroupState", "Join", "RunnerOutput", "SchedulerOutput"]
+__all__ = ["GroupPlan", "GroupState", "Join", "PoolState", "RunnerOutput", "SchedulerOutput"]
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,13 @@ class Join:
 @dataclass(frozen=True)
 class SchedulerOutput:
     """One step's orders: ``plans`` to make and ``joins`` to place (in order), kept prefixes trimmed to
-    ``prefix_room`` bytes first, then one step of every group."""
+    ``prefix_room`` bytes first, then one step of every group; the paged KV pool may grow to ``pool_room``
+    bytes."""
 
     plans: tuple[GroupPlan, ...] = ()
     joins: tuple[Join, ...] = ()
     prefix_room: int = 0
+    pool_room: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,27 @@ class GroupState:
 
 
 @dataclass(frozen=True)
+class PoolState:
+    """The paged KV pool after a step: the bytes it holds, a block's bytes, and its blocks used and free."""
+
+    nbytes: int = 0
+    block_bytes: int = 0
+    used: int = 0
+    free: int = 0
+
+
+@dataclass(frozen=True)
 class RunnerOutput:
     """What one step did: each job's ``events`` in order (tokens, then its end; a plan that could not be made
-    fails its jobs, and is not among the ``groups`` still running), and the bytes their caches
-    (``cache_bytes``) and kept prefixes (``prefix_bytes``) hold."""
+    fails its jobs, and is not among the ``groups`` still running), the bytes their caches
+    (``cache_bytes``) and kept prefixes (``prefix_bytes``) hold, the jobs sent back to the queue
+    (``requeued``: preempted, or not admitted for want of blocks), the preemptions this step, and the paged
+    ``pool``."""
 
     events: tuple[tuple[Job, Token | End | Failed], ...] = ()
     groups: tuple[GroupState, ...] = ()
     cache_bytes: int = 0
     prefix_bytes: int = 0
+    requeued: tuple[Job, ...] = ()
+    preempted: int = 0
+    pool: PoolState = PoolState()

@@ -6,14 +6,17 @@ histogram and ``cache_bytes``); :class:`EngineCollector` reads them at each scra
 never waits on a scrape. Each app has its own registry: several apps in one process (the tests, Ray
 replicas) count apart.
 
-    looplab_jobs_total{event}        jobs submitted, admitted, joined (a running batch), finished, cancelled, failed
+    looplab_jobs_total{event}        jobs submitted, admitted, joined (a running batch), deferred, preempted,
+                                     finished, cancelled, failed
     looplab_tokens_total{kind}       new tokens generated; prompt tokens scored (echo with logprobs); prompt tokens
     looplab_token_loops              histogram of the loops each generated token ran (_sum / _count: the mean)
     looplab_engine_steps_total       the engine's iterations
     looplab_jobs_waiting / _running  jobs queued and decoding now
     looplab_kv_cache_bytes           bytes the running batches' KV caches hold
-    looplab_kv_memory_bytes{state}   the KV memory ledger: its limit, what running groups and kept prefixes
-                                     reserve, and what is free (jobs_total{event="deferred"}: jobs put back to wait)
+    looplab_kv_memory_bytes{state}   the KV memory ledger: its limit, what running groups, the paged pool and
+                                     kept prefixes reserve, the pool's share, and what is free
+                                     (jobs_total{event="deferred"}: jobs put back to wait)
+    looplab_kv_blocks{state}         the paged pool's blocks in use and free
     looplab_prefix_tokens_total{result}  prompt tokens in whole blocks looked up in the prefix cache, and served
     looplab_prefix_cache_bytes       bytes the kept prompt blocks hold
 """
@@ -30,7 +33,7 @@ __all__ = ["EngineCollector", "registry_for", "loops_usage", "LOOP_BUCKETS"]
 
 #: the loops histogram's upper bounds (every loop count up to 4, then about √2 apart up to the largest cap)
 LOOP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096)
-JOB_EVENTS = ("submitted", "admitted", "joined", "deferred", "finished", "cancelled", "failed")
+JOB_EVENTS = ("submitted", "admitted", "joined", "deferred", "preempted", "finished", "cancelled", "failed")
 #: a ``looplab_tokens_total`` kind → the engine's stats key
 TOKEN_KINDS = {"generated": "tokens", "scored": "scored_tokens", "prompt": "prompt_tokens"}
 
@@ -62,9 +65,15 @@ class EngineCollector:
         yield GaugeMetricFamily("looplab_kv_cache_bytes", "Bytes the running KV caches hold", value=engine.cache_bytes)
         ledger = engine.ledger
         memory = GaugeMetricFamily("looplab_kv_memory_bytes", "The KV memory ledger", labels=["state"])
-        for state, value in (("limit", ledger.limit), ("reserved", ledger.reserved), ("free", ledger.free)):
+        states = (("limit", ledger.limit), ("reserved", ledger.reserved), ("pool", ledger.pool), ("free", ledger.free))
+        for state, value in states:
             memory.add_metric([state], value)
         yield memory
+        pool = engine.pool
+        blocks = GaugeMetricFamily("looplab_kv_blocks", "The paged KV pool's blocks", labels=["state"])
+        blocks.add_metric(["used"], pool.used)
+        blocks.add_metric(["free"], pool.free)
+        yield blocks
         store = engine.prefixes
         prefix = CounterMetricFamily(
             "looplab_prefix_tokens", "Prompt tokens in whole blocks: looked up, served", labels=["result"]

@@ -2,7 +2,11 @@
 does what the scheduler's :class:`~looplab.serve.messages.SchedulerOutput` orders — make groups, place
 joining jobs, step every group — answering with a :class:`~looplab.serve.messages.RunnerOutput`.
 
-It decides nothing about admission or memory: the scheduler sized every group it asks for. A group whose
+It owns the paged KV pool that continuous groups keep their keys and values in (:mod:`looplab.serve.pager`),
+grown within the bytes the scheduler gives it; a job whose prompt's blocks cannot be had goes back, and a
+step that needs blocks the pool cannot give preempts the latest admitted jobs, which go back too
+(``RunnerOutput.requeued``). Otherwise it decides nothing about admission or memory: the scheduler sized
+every other group it asks for. A group whose
 making or prefill fails (out of memory), a join whose prefill fails, or a step that raises fails the jobs
 concerned with one line (:class:`~looplab.serve.batch.Failed`); the others go on.
 """
@@ -14,7 +18,8 @@ import torch
 from looplab.serve.batch import Failed, Group, Job, JoinableRows
 from looplab.serve.continuous import ContinuousGroup
 from looplab.serve.depth_group import DepthGroup
-from looplab.serve.messages import GroupPlan, GroupState, RunnerOutput, SchedulerOutput
+from looplab.serve.messages import GroupPlan, GroupState, PoolState, RunnerOutput, SchedulerOutput
+from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.serve.speculative_group import SpeculativeGroup
 from looplab.serve.whole import WholeGroup
@@ -43,12 +48,16 @@ class Runner:
         self.groups: dict[int, object] = {}
         #: the jobs taken and not yet ended, whose outboxes each step collects
         self.held: list[Job] = []
+        #: the paged KV pool of the continuous groups
+        self.pager = Pager(self.prefixes)
 
     def execute(self, order: SchedulerOutput) -> RunnerOutput:
         """Trim the kept prefixes, make the planned groups, place the joins, step every group; what it did."""
         torch.set_grad_enabled(False)  # per thread: the engine's only decodes
         if self.prefixes is not None:
             self.prefixes.make_room(order.prefix_room)
+        pager, preempted = self.pager, self.pager.count
+        pager.room, pager.preempted = order.pool_room, []
         for plan in order.plans:
             self.held.extend(plan.jobs)
             group = None
@@ -59,6 +68,8 @@ class Runner:
                 _fail(list(plan.jobs), err)
                 continue
             self.groups[plan.id] = group
+            if isinstance(group, ContinuousGroup):
+                pager.groups.append(group)
         for join in order.joins:
             self.held.append(join.job)
             try:
@@ -72,16 +83,26 @@ class Runner:
                 _fail([job for job in group.jobs if job is not None], err)
                 group.abandon()
         self.groups = {key: group for key, group in self.groups.items() if not group.done}
+        pager.groups = [group for group in pager.groups if not group.done]
+        if not pager.groups:  # no paged group runs: the pool's memory goes back to the ledger
+            pager.pool = None
+        events = self._collect()
+        requeued = [job for job in pager.preempted if not job.closed]
+        self.held = [job for job in self.held if all(job is not back for back in requeued)]
+        pool = pager.pool
         return RunnerOutput(
-            events=self._collect(),
+            events=events,
             groups=tuple(group_state(key, group) for key, group in self.groups.items()),
             cache_bytes=sum(group.cache_bytes() for group in self.groups.values()),
             prefix_bytes=0 if self.prefixes is None else self.prefixes.nbytes,
+            requeued=tuple(requeued),
+            preempted=pager.count - preempted,
+            pool=PoolState() if pool is None else PoolState(pool.nbytes, pool.block_bytes, pool.used, pool.free),
         )
 
     def _make(self, plan: GroupPlan):
         """The group ``plan`` asks for (its decoder and caches allocated)."""
-        return GROUPS[plan.kind].from_plan(self.model, plan, self.prefixes)
+        return GROUPS[plan.kind].from_plan(self.model, plan, self.prefixes, self.pager)
 
     def _collect(self) -> tuple:
         """Every held job's sent events, in order; jobs that ended are let go."""

@@ -3,7 +3,9 @@ runner (:mod:`looplab.serve.runner`) what to do each step through plain messages
 (:mod:`looplab.serve.messages`).
 
 A job is ``waiting`` (queued, or put back when the KV memory cannot hold it now: ``deferred``), ``running``
-(placed in a group: :attr:`Scheduler.placed`) or ``finished`` (its end delivered). ``admitted`` counts a job
+(placed in a group: :attr:`Scheduler.placed`), ``preempted`` (sent back by the runner when the paged pool
+ran out: back at the front of the queue, recomputed when admitted again: :mod:`looplab.serve.pager`) or
+``finished`` (its end delivered). ``admitted`` counts a job
 when it is placed; one whose group or prefill then fails is counted ``failed`` too. Each step
 :meth:`Scheduler.schedule` admits waiting jobs, oldest first, while fewer than ``max_running`` run:
 
@@ -17,7 +19,9 @@ when it is placed; one whose group or prefill then fails is counted ``failed`` t
 - the ``speculative`` decoder's jobs admitted together at one depth K share a speculative group (under
   ``exact`` each has its own); another decoder than ``step`` runs whole, alone, at its place in the queue.
 
-A new group is sized here (rows, prompt width, new-token columns, loop cap: :meth:`Scheduler._joinable`) and
+A new group is sized here (rows, prompt width, new-token columns, loop cap: :meth:`Scheduler._joinable`). A
+continuous group's keys and values are paged (they cost nothing until written), so a continuous job is
+admitted while its prompt's blocks fit what the pool has free or may grow into; any other new group is
 reserved in the ledger before the runner makes it; when the free memory cannot hold it, a leaner one is tried,
 then the kept prefixes' room is given back, and otherwise the job, and every one after it, goes back to the
 front of the queue in order. :meth:`Scheduler.update` reads the runner's answer: it delivers each job's
@@ -36,8 +40,8 @@ from looplab.errors import LooplabError
 from looplab.serve.batch import End, Failed, Job, Token, joinable_room, solo_bytes
 from looplab.serve.continuous import ContinuousGroup
 from looplab.serve.depth_group import DepthGroup, depth_batchable
-from looplab.serve.ledger import DoesNotFit, KVLedger, job_bytes
-from looplab.serve.messages import GroupPlan, GroupState, Join, RunnerOutput, SchedulerOutput
+from looplab.serve.ledger import DoesNotFit, KVLedger, job_bytes, paged_bytes, paged_job_bytes
+from looplab.serve.messages import GroupPlan, GroupState, Join, PoolState, RunnerOutput, SchedulerOutput
 from looplab.serve.speculative_group import SPECULATIVE, speculative_bytes
 from looplab.serve.whole import STEPPED
 
@@ -51,6 +55,8 @@ JOINING = ("continuous", "depth")
 MIN_ROWS, RECENT = 8, 64
 #: the group class of each joinable kind (its new-token slots per budget, cache and cohorts)
 JOINABLE = {cls.KIND: cls for cls in (ContinuousGroup, DepthGroup)}
+#: the kind whose keys and values the runner pages
+PAGED = ContinuousGroup.KIND
 
 
 class NeverFits(LooplabError):
@@ -89,6 +95,9 @@ class Scheduler:
         self.placed: dict[int, Job] = {}
         #: whether this step's plans take the kept prefixes' room
         self.evicting = False
+        #: the paged pool as the runner last reported it
+        self.pool = PoolState()
+        self._admissions = 0
 
     @property
     def running(self) -> int:
@@ -97,7 +106,10 @@ class Scheduler:
     def check_fits(self, job: Job) -> None:
         """:class:`NeverFits` for a job whose leanest group (the last of :meth:`_sizes`: the job alone, in the
         group its kind gives it) exceeds the KV memory: it would wait for ever."""
-        needed = self._sizes([job], {})[-1](math.inf).nbytes  # sized with no bound, then held to the limit
+        if self._kind(job) == PAGED:
+            needed = paged_job_bytes(self.model, job)
+        else:  # sized with no bound, then held to the limit
+            needed = self._sizes([job], {})[-1](math.inf).nbytes
         if needed > self.ledger.limit:
             rule = job.options.exit_rule
             raise NeverFits(
@@ -122,15 +134,20 @@ class Scheduler:
         joins: list[Join] = []
         cohorts: dict[tuple, list[Job]] = {}
         deferred: list[Job] = []
+        paged = self._paged_room()
         for index, job in enumerate(admitted):
             kind = self._kind(job)
+            need = self._prompt_bytes(job) if kind == PAGED else 0
             if job.cancelled.is_set():
                 self.deliver(job, End("cancelled"))
-            elif deferred:
-                deferred.append(job)
-            elif kind in JOINABLE and self._join(job, kind, groups, joins):
                 continue
-            elif kind == "whole":  # alone, at its place in the queue
+            if deferred or need > paged:  # a paged job waits while its prompt's blocks cannot be had
+                deferred.append(job)
+                continue
+            paged -= need
+            if kind in JOINABLE and self._join(job, kind, groups, joins):
+                continue
+            if kind == "whole":  # alone, at its place in the queue
                 plan = self._plan([job], groups)
                 if plan is None:
                     deferred.append(job)
@@ -139,28 +156,41 @@ class Scheduler:
             else:
                 key = (index,) if self.batching == "exact" else (kind, _cohort(kind, job))
                 cohorts.setdefault(key, []).append(job)
+        blocked = False  # a cohort's group did not fit: the later ones wait behind it
         for members in cohorts.values():
-            plan = None if deferred else self._plan(members, groups)
+            plan = None if blocked else self._plan(members, groups)
+            blocked = plan is None
             if plan is not None:
                 plans.append(plan)
             deferred.extend(members[0 if plan is None else len(plan.jobs) :])
         if deferred:
+            place = {id(job): index for index, job in enumerate(admitted)}
+            deferred.sort(key=lambda job: place[id(job)])  # back in the queue in their order
             self.stats["deferred"] += len(deferred)
             self.waiting.extendleft(reversed(deferred))
         for job in [*(job for plan in plans for job in plan.jobs), *(join.job for join in joins)]:
             self.placed[id(job)] = job
-        room = 0 if self.evicting else min(self.prefix_memory, self.ledger.limit - self.ledger.held_by_groups)
-        return SchedulerOutput(tuple(plans), tuple(joins), room)
+            self._admissions += 1
+            job.admitted = self._admissions
+        unpaged = self.ledger.limit - self.ledger.held_by_groups
+        room = 0 if self.evicting else min(self.prefix_memory, unpaged - self.ledger.pool)
+        return SchedulerOutput(tuple(plans), tuple(joins), room, unpaged)
 
     def update(self, result: RunnerOutput) -> None:
-        """Deliver the runner's events, release what ended, and keep the running groups' states."""
+        """Deliver the runner's events, put the jobs it sent back at the front of the queue (the earliest
+        admitted first), release what ended, and keep the running groups' and the pool's states."""
         for job, event in result.events:
             self.deliver(job, event)
-        self.placed = {key: job for key, job in self.placed.items() if not job.closed}
+        back = sorted(result.requeued, key=lambda job: job.admitted)
+        self.waiting.extendleft(reversed(back))
+        self.stats["preempted"] += result.preempted
+        self.stats["deferred"] += len(back) - result.preempted
+        sent_back = {id(job) for job in back}
+        self.placed = {key: job for key, job in self.placed.items() if not job.closed and key not in sent_back}
         self.groups = {group.id: group for group in result.groups}
         for key in [key for key in self.ledger.groups if key not in self.groups]:
             self.ledger.release(key)
-        self.ledger.prefixes = result.prefix_bytes
+        self.ledger.prefixes, self.ledger.pool, self.pool = result.prefix_bytes, result.pool.nbytes, result.pool
         self.cache_bytes = result.cache_bytes
         self.stats["steps"] += 1
 
@@ -179,6 +209,15 @@ class Scheduler:
             job.closed = True
             self.stats["failed"] += 1
         job.sink(event)
+
+    def _paged_room(self) -> int:
+        """Bytes of blocks the pool can give now: its free blocks, and what it may grow into."""
+        grows = self.ledger.limit - self.ledger.held_by_groups - self.ledger.pool  # kept prefixes give way
+        return self.pool.free * self.pool.block_bytes + max(0, grows)
+
+    def _prompt_bytes(self, job: Job) -> int:
+        """Bytes of the pool blocks ``job``'s prompt takes when it is admitted."""
+        return paged_bytes(self.model, job.options, len(job.prompt), job.options.exit_rule.loops)
 
     def _kind(self, job: Job) -> str:
         """The kind of group ``job`` goes to (a key of :data:`looplab.serve.runner.GROUPS`)."""
@@ -276,8 +315,11 @@ class Scheduler:
         return self._room(kind, jobs, len(jobs), budget, width, 0, free)
 
     def _room(self, kind: str, jobs: list[Job], rows: int, columns: int, width: int, cap: int, free: int) -> GroupPlan:
-        room = joinable_room(self.model, jobs, rows, columns, width, cap, free, JOINABLE[kind].CACHE)
-        return self._new(kind, jobs, room.rows, room.width, room.columns, room.cap, room.nbytes)
+        """A joinable group's plan: its rows within ``free`` bytes, a paged one's unbounded and reserving none
+        (the pool pays for what its rows write)."""
+        paged = kind == PAGED
+        room = joinable_room(self.model, jobs, rows, columns, width, cap, None if paged else free, JOINABLE[kind].CACHE)
+        return self._new(kind, jobs, room.rows, room.width, room.columns, room.cap, 0 if paged else room.nbytes)
 
     def _new(self, kind: str, jobs: list[Job], rows=0, width=0, columns=0, cap=0, nbytes=0) -> GroupPlan:
         """A plan with the next id (taken only when the plan is kept)."""

@@ -41,7 +41,7 @@ class SpeculativeGroup:
     KIND = "speculative"
 
     @classmethod
-    def from_plan(cls, model, plan, prefixes=None) -> SpeculativeGroup:
+    def from_plan(cls, model, plan, prefixes=None, pager=None) -> SpeculativeGroup:
         """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for."""
         return cls(model, list(plan.jobs))
 

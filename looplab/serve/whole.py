@@ -30,7 +30,7 @@ class WholeGroup:
     KIND = "whole"
 
     @classmethod
-    def from_plan(cls, model, plan, prefixes=None) -> WholeGroup:
+    def from_plan(cls, model, plan, prefixes=None, pager=None) -> WholeGroup:
         """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for: its one job."""
         return cls(model, plan.jobs[0])
 

@@ -348,19 +348,21 @@ def test_a_request_larger_than_the_queue_is_a_400_not_a_503_forever(lm):
 
 
 def _kv_bytes(lm, prompt: str, max_tokens: int, loops: int) -> int:
-    """The KV bytes one greedy request holds alone (the engine's ledger's reckoning)."""
+    """The KV bytes one greedy request's paged blocks hold alone, with the pool's null block (the engine's
+    ledger's reckoning)."""
     from looplab.serve.batch import Job
-    from looplab.serve.ledger import job_bytes
+    from looplab.serve.ledger import paged_job_bytes
     from looplab.serve.sampling import Picking
 
     options = decode_options({"exit": "fixed", "loops": loops}, lm, Sampling())
-    return job_bytes(lm.model, Job(lm.encode(prompt), max_tokens, options, Picking(Sampling()), print))
+    return paged_job_bytes(lm.model, Job(lm.encode(prompt), max_tokens, options, Picking(Sampling()), print))
 
 
 def test_under_a_kv_memory_half_of_what_the_load_needs_every_request_waits_its_turn_and_decodes_as_alone(lm):
     """32 concurrent requests under ``kv_memory`` half of what they hold together: every one is answered (those
-    that do not fit wait in the queue: ``deferred``), each equal to the same request alone, and the KV memory
-    reserved never exceeds the limit."""
+    whose blocks the pool cannot give wait in the queue, ``deferred``, or are preempted and recomputed), each
+    equal to the same request alone, the preemptions counted in ``/metrics``, and the KV memory reserved never
+    exceeds the limit."""
     prompts = [("In the beginning " * (1 + i % 3))[: 8 + i] for i in range(32)]
     bodies = [{"prompt": p, "max_tokens": 10, "temperature": 0, "loops": 3} for p in prompts]
     limit = sum(_kv_bytes(lm, p, 10, 3) for p in prompts) // 2
@@ -368,7 +370,9 @@ def test_under_a_kv_memory_half_of_what_the_load_needs_every_request_waits_its_t
     with serving(lm, kv_memory=limit, on_step=lambda engine: reserved.append(engine.ledger.reserved)) as (url, eng):
         together = asyncio.run(_complete_all(url, bodies))
         stats = dict(eng.stats)
-    assert stats["deferred"] > 0 and stats["finished"] == 32, stats
+        scrape = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    assert stats["deferred"] + stats["preempted"] > 0 and stats["finished"] == 32, stats
+    assert f'looplab_jobs_total{{event="preempted"}} {float(stats["preempted"])}' in scrape
     assert max(reserved) <= limit
     for prompt, choice in zip(prompts, together):
         ref = reference(lm, prompt, 10, loops=3)
@@ -376,12 +380,17 @@ def test_under_a_kv_memory_half_of_what_the_load_needs_every_request_waits_its_t
 
 
 def test_a_request_that_could_never_fit_the_kv_memory_is_a_400_naming_the_limit(lm):
-    limit = _kv_bytes(lm, "In the beginning", 8, 4)  # one such request fits; four times the tokens never do
+    limit = _kv_bytes(lm, "In the beginning", 8, 4)  # one such request fits; twice its slots never do
+    at_four = {"exit": "fixed", "loops": 4}
     with serving(lm, kv_memory=limit) as (url, _):
         with pytest.raises(openai.BadRequestError) as refused:
-            client(url).completions.create(model="lm", prompt="In the beginning", max_tokens=40, temperature=0)
+            client(url).completions.create(
+                model="lm", prompt="In the beginning", max_tokens=40, temperature=0, extra_body=at_four
+            )
         assert "needs" in str(refused.value) and "MiB of KV memory, more than the server holds" in str(refused.value)
-        out = client(url).completions.create(model="lm", prompt="In the beginning", max_tokens=8, temperature=0)
+        out = client(url).completions.create(
+            model="lm", prompt="In the beginning", max_tokens=8, temperature=0, extra_body=at_four
+        )
         assert out.usage.completion_tokens == 8  # the server goes on
 
 

@@ -1,0 +1,139 @@
+"""Paged keys and values: one pool of fixed-size blocks that every cache drawing on it shares, each layer call
+of each row addressing its slots through a block table (as vLLM pages its KV cache).
+
+A :class:`BlockPool` holds k and v [N, H, b, Dh]: N blocks of ``b`` slots of one layer call, in the model's
+shape and dtype. Block 0 is never handed out: a table entry no block was taken for points there (zeros,
+never written), so a read of a row's slots before its first real one gathers zeros that its mask hides, as
+the unwritten slots of a dense cache are.
+
+A :class:`PagedLayerCache` is one layer call's store (the contract of :mod:`looplab.generation.stores`)
+whose ``table`` [B, ⌈S/b⌉] long maps each row's slot block to a pool block. The
+:class:`~looplab.generation.cache.KVCache` that owns the tables takes blocks for every layer call of a row
+at once (:meth:`~looplab.generation.cache.KVCache.reserve`), before a forward pass writes there, and gives
+them back when the row is released: a row holds blocks only for the slots it has written, not for the
+longest sequence its batch may reach. A read gathers the row's blocks into one [R, H, S', Dh] tensor (a
+copy a dense cache's read does not make); the values read are the dense cache's, so attention over them
+computes the same floats.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from looplab.errors import LooplabError
+
+__all__ = ["BlockPool", "PagedLayerCache", "PoolFull", "BLOCK_SLOTS"]
+
+#: slots a block holds (the prefix store's block too: a kept prefix is whole blocks)
+BLOCK_SLOTS = 16
+
+
+class PoolFull(LooplabError):
+    """The pool has fewer free blocks than were asked for (the engine preempts a job, or waits)."""
+
+
+class BlockPool:
+    """``blocks`` blocks of ``slots`` slots of keys and values of ``heads`` × ``head_dim`` in ``dtype``; block 0
+    is the null block. The pool grows (:meth:`grow`) up to what its owner's memory allows; blocks are taken
+    and given back by id."""
+
+    def __init__(
+        self, heads: int, head_dim: int, dtype: torch.dtype, device, blocks: int = 1, slots: int = BLOCK_SLOTS
+    ):
+        self.slots, self.heads, self.head_dim = slots, heads, head_dim
+        shape = (max(1, blocks), heads, slots, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.free_ids = list(range(self.capacity - 1, 0, -1))  # taken from the end: lowest ids first
+
+    @property
+    def capacity(self) -> int:
+        """Blocks the pool holds, the null block included."""
+        return self.k.shape[0]
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block's keys and values."""
+        return 2 * self.heads * self.slots * self.head_dim * self.k.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.block_bytes
+
+    @property
+    def free(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def used(self) -> int:
+        return self.capacity - 1 - self.free
+
+    def grow(self, capacity: int) -> None:
+        """Hold ``capacity`` blocks (more than now): the new ones free, the old ones where they were."""
+        old = self.capacity
+        if capacity <= old:
+            return
+        extra = (capacity - old, *self.k.shape[1:])
+        self.k = torch.cat([self.k, self.k.new_zeros(extra)])
+        self.v = torch.cat([self.v, self.v.new_zeros(extra)])
+        self.free_ids = list(range(capacity - 1, old - 1, -1)) + self.free_ids
+
+    def take(self, count: int) -> Tensor:
+        """[count] long: ids of free blocks, now taken; :class:`PoolFull` when fewer are free."""
+        if count > len(self.free_ids):
+            raise PoolFull(f"{count} KV blocks asked for, {len(self.free_ids)} free of {self.capacity - 1}")
+        taken = self.free_ids[len(self.free_ids) - count :]
+        del self.free_ids[len(self.free_ids) - count :]
+        return torch.tensor(taken[::-1], dtype=torch.long, device=self.k.device)
+
+    def give(self, ids: Tensor) -> None:
+        """Give back the blocks ``ids`` (their contents stay until another taker writes them)."""
+        self.free_ids.extend(ids.tolist())
+
+
+class PagedLayerCache:
+    """One layer call's keys and values in ``pool``'s blocks, row b's slot block j at block ``table[b, j]``
+    (0: none taken; the owning cache takes blocks before anything is written there)."""
+
+    def __init__(self, pool: BlockPool, table: Tensor):
+        self.pool, self.table = pool, table
+
+    def _where(self, rows: Tensor | slice, chunk: slice) -> tuple[Tensor, Tensor]:
+        """The blocks [R, m] and offsets [m] of slots ``chunk`` of ``rows``."""
+        slots = torch.arange(chunk.start, chunk.stop, device=self.table.device)
+        return self.table[rows][:, slots // self.pool.slots], slots % self.pool.slots
+
+    def entries(self, rows: Tensor | slice, chunk: slice) -> tuple[Tensor, Tensor]:
+        """The keys and values [R, H, m, Dh] slots ``chunk`` of ``rows`` hold now."""
+        blocks, offsets = self._where(rows, chunk)
+        return self.pool.k[blocks, :, offsets].transpose(1, 2), self.pool.v[blocks, :, offsets].transpose(1, 2)
+
+    def write(self, rows: Tensor | slice, chunk: slice, k: Tensor, v: Tensor, loop: int) -> None:
+        """Store the new tokens' k, v [R, H, m, Dh] in slots ``chunk`` of ``rows``."""
+        blocks, offsets = self._where(rows, chunk)
+        self.pool.k[blocks, :, offsets] = k.transpose(1, 2)
+        self.pool.v[blocks, :, offsets] = v.transpose(1, 2)
+
+    def read(self, rows: Tensor | slice, chunk: slice, loop: int) -> tuple[Tensor, Tensor]:
+        """Keys and values [R, H, chunk.stop, Dh] of slots 0..chunk.stop − 1 of ``rows``, gathered from their
+        blocks."""
+        size = self.pool.slots
+        blocks = self.table[rows][:, : -(-chunk.stop // size)]
+        count, width = blocks.shape
+
+        def gathered(store: Tensor) -> Tensor:
+            # [R, n, H, b, Dh] → [R, H, n·b, Dh], cut to the slots read
+            gathered = store[blocks].transpose(1, 2).reshape(count, self.pool.heads, width * size, self.pool.head_dim)
+            return gathered[:, :, : chunk.stop]
+
+        return gathered(self.pool.k), gathered(self.pool.v)
+
+    def copy_slots(self, source: PagedLayerCache, rows: Tensor, chunk: slice) -> None:
+        """Take ``source``'s entries of slots ``chunk`` of ``rows`` (a ``per_loop`` lend)."""
+        k, v = source.entries(rows, chunk)
+        self.write(rows, chunk, k, v, 0)
+
+    def nbytes(self) -> int:
+        """Bytes of the blocks this call's rows hold."""
+        return int((self.table > 0).sum()) * self.pool.block_bytes

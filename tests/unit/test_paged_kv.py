@@ -1,0 +1,166 @@
+"""The paged KV pool: a decoder whose keys and values live in a shared pool's blocks computes what the dense
+cache computes, bit for bit; the engine's continuous groups draw on one pool and, when it runs out, preempt
+the latest admitted job, which is recomputed later with its answer unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from looplab.generation import GenerationExit
+from looplab.generation.decoder import Decoder
+from looplab.generation.options import DecodeOptions
+from looplab.generation.paged import BlockPool, PoolFull
+from looplab.generation.views import decodable
+from looplab.serve.batch import End, Job
+from looplab.serve.engine import Engine, NeverFits
+from looplab.serve.ledger import kv_shape, paged_bytes, paged_job_bytes
+from looplab.serve.metrics import registry_for
+from tests.unit.model_helpers import make_model
+from tests.unit.test_engine import PICKINGS, PROMPTS, Sink, _assert_as_alone, _job, _mixed_jobs, _run
+
+EXITS = [
+    GenerationExit("fixed", 3),
+    GenerationExit("convergence", 6, {"eps": 0.2}),
+    GenerationExit("kl", 5, {"eps": 0.05}),
+]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(causal=True, core_layers=2, max_len=96).eval()
+
+
+@pytest.fixture(scope="module", params=["looplab", "retrofit"])
+def models(request, model):
+    """A byte-model-sized looplab model, and a retrofitted Llama (grouped keys and values, a coda)."""
+    if request.param == "looplab":
+        return model
+    pytest.importorskip("transformers")
+    from tests.unit.model_helpers import tiny_llama_retrofit
+
+    return tiny_llama_retrofit().eval()
+
+
+@pytest.mark.parametrize("cache", ["per_loop", "shared"])
+@pytest.mark.parametrize("rule", EXITS, ids=lambda rule: rule.name)
+def test_a_paged_decoder_computes_the_dense_decoders_floats(models, rule, cache):
+    """Tokens, loops and log-probabilities equal to the dense cache's exactly (blocks of 4 slots: prompts and
+    generations span several); every block a row holds is given back when the rows are released."""
+    view = decodable(models)
+    options = DecodeOptions(rule, cache=cache)
+    prompts = [*PROMPTS, [1, 4, 4, 4] * 5]
+    dense = Decoder(view, prompts, 12, options).run()
+    heads, head_dim, dtype = kv_shape(view)
+    pool = BlockPool(heads, head_dim, dtype, "cpu", blocks=4000, slots=4)
+    decoder = Decoder(view, prompts, 12, options, pool=pool)
+    paged = decoder.run()
+    assert paged.tokens == dense.tokens and paged.depths == dense.depths and paged.logprobs == dense.logprobs
+    assert pool.used > 0 and decoder.cache.nbytes() == pool.used * pool.block_bytes
+    decoder.cache.release(torch.arange(len(prompts)))
+    assert pool.used == 0 and decoder.cache.nbytes() == 0
+
+
+def test_a_pool_gives_what_it_has_grows_and_refuses_what_it_lacks():
+    pool = BlockPool(2, 4, torch.float32, "cpu", blocks=3, slots=2)
+    assert (pool.capacity, pool.free, pool.block_bytes) == (3, 2, 2 * 2 * 2 * 4 * 4)
+    taken = pool.take(2)
+    assert sorted(taken.tolist()) == [1, 2] and pool.free == 0  # block 0 is never handed out
+    with pytest.raises(PoolFull, match="1 KV blocks asked for, 0 free of 2"):
+        pool.take(1)
+    pool.k[taken] = 7.0
+    pool.grow(6)
+    assert pool.free == 3 and bool((pool.k[taken] == 7.0).all())  # grown, the blocks in use kept
+    pool.give(taken)
+    assert pool.used == 0 and pool.free == 5
+
+
+def _tight_jobs(model, count=6, max_new=40):
+    """``count`` jobs of mixed pickings and exits, and a KV memory that holds every prompt but only half of
+    the blocks their generations reach (so the pool runs out mid-decode)."""
+    jobs = []
+    for index in range(count):
+        prompt, picking = PROMPTS[index % len(PROMPTS)], PICKINGS[index % 5]  # no scoring job: budgets alike
+        sink = Sink()
+        jobs.append((Job(prompt, max_new, DecodeOptions(EXITS[index % 3]), picking, sink), sink))
+    widest = max(len(job.prompt) for job, _ in jobs)
+    whole = sum(paged_bytes(model, job.options, widest + max_new, 6) for job, _ in jobs)
+    return jobs, whole // 2
+
+
+def test_a_pool_that_runs_out_preempts_the_latest_job_which_is_recomputed_as_alone(model):
+    """Greedy and seeded sampled jobs at three exits, in a KV memory of half what they reach: jobs are
+    preempted (counted), every one is answered, and each one's tokens and loops are those it gets alone, its
+    log-probabilities within 1e-5 (a sampled job draws nothing while it replays); the pool is empty after."""
+    jobs, memory = _tight_jobs(model)
+    engine = Engine(model, max_running=8, kv_memory=memory, prefix_memory=0).start()
+    engine.submit([job for job, _ in jobs])
+    assert all(sink.closed.wait(120) for _, sink in jobs)
+    engine.close(60)
+    assert engine.stats["preempted"] > 0, dict(engine.stats)
+    alone, _ = _tight_jobs(model)
+    _run(alone, model, "exact")
+    for (_, sink), (_, solo) in zip(jobs, alone, strict=True):
+        _assert_as_alone(sink, solo)
+        assert sink.end == End("length")
+    assert engine.ledger.pool == 0 and engine.pool.used == 0
+    text = _metrics(engine)
+    assert f'looplab_jobs_total{{event="preempted"}} {float(engine.stats["preempted"])}' in text
+    assert 'looplab_kv_blocks{state="used"} 0.0' in text
+
+
+def _metrics(engine: Engine) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry_for(engine)).decode()
+
+
+def test_a_job_whose_client_leaves_while_it_is_preempted_ends_cancelled_and_frees_its_blocks(model):
+    """The first preempted job's client leaves while it waits to be recomputed: it ends ``cancelled`` with the
+    tokens it had, its blocks already back in the pool; the others are answered as alone."""
+    jobs, memory = _tight_jobs(model)
+    left: list[Job] = []
+
+    def leave(engine: Engine) -> None:
+        if engine.stats["preempted"] and not left:
+            left.append(next(job for job in engine.scheduler.waiting if job.replay))
+            left[0].cancelled.set()
+
+    engine = Engine(model, max_running=8, kv_memory=memory, prefix_memory=0, on_step=leave).start()
+    engine.submit([job for job, _ in jobs])
+    assert all(sink.closed.wait(120) for _, sink in jobs)
+    engine.close(60)
+    assert left and engine.stats["cancelled"] == 1
+    alone, _ = _tight_jobs(model)
+    _run(alone, model, "exact")
+    for (job, sink), (_, solo) in zip(jobs, alone, strict=True):
+        if job is left[0]:
+            assert sink.end == End("cancelled") and 0 < len(sink.tokens) < job.max_new
+            assert [t.token for t in sink.tokens] == [t.token for t in solo.tokens[: len(sink.tokens)]]
+            continue
+        _assert_as_alone(sink, solo)
+        assert sink.end == End("length")
+    assert engine.pool.used == 0
+
+
+def test_a_continuous_job_larger_than_the_pool_can_ever_hold_is_refused_naming_the_limit(model):
+    """A job whose blocks alone (and the pool's null block) exceed the KV memory is refused at submit; with
+    exactly that much it runs."""
+    job, sink = _job(PROMPTS[2], GenerationExit("fixed", 3), max_new=30)
+    needed = paged_job_bytes(model, job)
+    with pytest.raises(NeverFits, match="KV memory"):
+        Engine(model, kv_memory=needed - 1).submit([job])
+    engine = Engine(model, kv_memory=needed, prefix_memory=0).start()
+    engine.submit([job])
+    assert sink.closed.wait(60) and sink.end == End("length") and len(sink.tokens) == 30
+    engine.close(60)
+
+
+def test_mixed_jobs_in_a_roomy_pool_are_never_preempted_and_decode_as_alone(model):
+    """With room for all, nothing is preempted, and the pool-paged engine gives what the exact engine gives."""
+    shared, alone = _mixed_jobs(EXITS), _mixed_jobs(EXITS)
+    engine = _run(shared, model, "continuous")
+    _run(alone, model, "exact")
+    assert engine.stats["preempted"] == 0
+    for (_, sink), (_, solo) in zip(shared, alone, strict=True):
+        _assert_as_alone(sink, solo)
