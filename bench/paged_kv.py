@@ -33,9 +33,9 @@ from timing import machine_line, print_measure, print_table
 
 from looplab.config import ModelConfig
 from looplab.generation import GenerationExit
-from looplab.generation.decoder import Decoder
 from looplab.generation.options import DecodeOptions
 from looplab.generation.paged import BlockPool
+from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.lm.dtypes import DTYPES
 from looplab.lm.model_dir import open_model_dir

@@ -42,8 +42,8 @@ import torch
 from timing import machine_line, print_measure, print_table
 
 from looplab.generation import GenerationExit, generate
-from looplab.generation.decoder import Decoder
 from looplab.generation.options import DecodeOptions
+from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.lm.dtypes import DTYPES
 from looplab.lm.families import LOOPED_FAMILIES

@@ -111,8 +111,8 @@ def check_exact_claim(result: Generation, model, prompts, options, forced=None) 
     own = type(entry).__module__.startswith("looplab.generation.")
     if not entry.exact or own or forced is not None or options.sampling.temperature != 0:
         return
-    from looplab.generation.decoder import Decoder
     from looplab.generation.options import DecodeOptions
+    from looplab.generation.step import Decoder
 
     step = Decoder(model, prompts, 1, DecodeOptions(options.exit_rule, "per_loop"))
     logprobs = step.prefill(torch.arange(len(prompts), device=step.lengths.device))[0].double().log_softmax(-1)

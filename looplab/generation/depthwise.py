@@ -1,6 +1,6 @@
 """Depth-wise batching: rows at different loops of different tokens share one core call.
 
-The step-synchronous decoder (:mod:`looplab.generation.decoder`) runs a decode step's loops until
+The step-synchronous decoder (:mod:`looplab.generation.step`) runs a decode step's loops until
 its deepest token exits, so a step costs as many sequential core calls as its deepest token's
 loops, however few rows are still running. Here every row runs its own tokens at its own pace:
 each core call advances every running row by one loop — row a at loop 3 of its 10th token beside
@@ -39,10 +39,10 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.generation.cache import attend, rotated_projection
-from looplab.generation.decoder import Decoder
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.passes import coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, choose, ended
+from looplab.generation.step import Decoder
 from looplab.generation.views import described
 from looplab.params import at_least, param
 from looplab.token_exits import Carried
@@ -179,7 +179,7 @@ class DepthwiseDecoder(Decoder):
     ) -> tuple[Tensor, Tensor]:
         """Give ``rows`` [R] new prompts (and, where given, exits of their own) and prefill them there, their new
         tokens from the first new-token slot on (the earlier occupants' slots are no longer real, so nothing
-        attends to them): what :meth:`~looplab.generation.decoder.Decoder.admit` returns.
+        attends to them): what :meth:`~looplab.generation.step.Decoder.admit` returns.
 
         ``shared`` [R]: the rows read as the ``shared`` cache policy reads — every earlier token at the last loop
         it ran. The per-loop stacks hold that at the row's cap: an exited token lends its entries up to the cap,

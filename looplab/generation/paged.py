@@ -48,6 +48,8 @@ class BlockPool:
         #: [1, H, 1] the head index a gather of whole blocks pairs with each block (PagedLayerCache.read)
         self.head_index = torch.arange(heads, device=self.k.device)[None, :, None]
         self.free_ids = list(range(self.capacity - 1, 0, -1))  # taken from the end: lowest ids first
+        #: the gathers' buffers, by store (:meth:`gather`)
+        self.buffers: dict[str, Tensor] = {}
 
     @property
     def capacity(self) -> int:
@@ -89,6 +91,18 @@ class BlockPool:
         del self.free_ids[len(self.free_ids) - count :]
         return torch.tensor(taken[::-1], dtype=torch.long, device=self.k.device)
 
+    def gather(self, store: str, pieces: Tensor) -> Tensor:
+        """[P, b·Dh] the (block, head) ``pieces`` [P] of ``store`` (``k`` or ``v``) seen as [N·H, b·Dh], copied into
+        a buffer the pool keeps for the next gather of that store (a fresh tensor of a long context's keys each
+        layer call is allocated and faulted in anew: measured 5× the copy itself at the Ouro-1.4B shape). What it
+        returns is overwritten by the next gather: a layer call attends with it before the next one reads."""
+        source = getattr(self, store)
+        width = self.slots * self.head_dim
+        buffer = self.buffers.get(store)
+        if buffer is None or len(buffer) < len(pieces):
+            buffer = self.buffers[store] = source.new_empty(len(pieces), width)
+        return torch.index_select(source.view(-1, width), 0, pieces, out=buffer[: len(pieces)])
+
     def give(self, ids: Tensor) -> None:
         """Give back the blocks ``ids`` (their contents stay until another taker writes them)."""
         self.free_ids.extend(ids.tolist())
@@ -129,14 +143,11 @@ class PagedLayerCache:
         blocks = self.table[rows, : -(-chunk.stop // pool.slots)]  # [R, n]
         count, width = blocks.shape
         # the pool's (block, head) pieces of b slots in the order [R, H, n]: one index_select of the pool seen as
-        # [N·H, b·Dh] (measured: the fastest gather of the ones tried, bench/paged_kv.py)
+        # [N·H, b·Dh] (measured: the fastest of the gathers tried)
         pieces = (blocks[:, None, :] * pool.heads + pool.head_index).view(-1)
         shape = (count, pool.heads, width * pool.slots, pool.head_dim)
-
-        def gathered(store: Tensor) -> Tensor:
-            return store.view(-1, pool.slots * pool.head_dim).index_select(0, pieces).view(shape)[:, :, : chunk.stop]
-
-        return gathered(pool.k), gathered(pool.v)
+        keys, values = (pool.gather(store, pieces).view(shape)[:, :, : chunk.stop] for store in ("k", "v"))
+        return keys, values
 
     def copy_slots(self, source: PagedLayerCache, rows: Tensor, chunk: slice) -> None:
         """Take ``source``'s entries of slots ``chunk`` of ``rows`` (a ``per_loop`` lend)."""

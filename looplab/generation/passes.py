@@ -41,7 +41,7 @@ class Calls:
     which rows' keys and values are written (the others run, but their cache entries stay as they were).
     """
 
-    decoder: Any  # the Decoder (looplab.generation.decoder, which imports this module) whose slots and cache it reads
+    decoder: Any  # the Decoder (looplab.generation.step, which imports this module) whose slots and cache it reads
     site: str
     loop: int
     rows: Tensor | slice

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from looplab.generation.byte_text import decode, encode
-from looplab.generation.decode import generate
+from looplab.generation.entry import generate
 from looplab.generation.options import DecodeOptions
 from looplab.generation.text import cut_at_stop
 from looplab.tasks.reasoning import ANSWER_END

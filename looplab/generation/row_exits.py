@@ -1,5 +1,5 @@
 """Each row of a decode batch stopping by an exit of its own, up to a loop cap of its own: how the server
-runs requests of different exits and caps as rows of one :class:`~looplab.generation.decoder.Decoder`.
+runs requests of different exits and caps as rows of one :class:`~looplab.generation.step.Decoder`.
 
 A decode step's loop runs to the deepest cap any row holds; at loop t each running row's token is tested by
 its own row's exit (rows grouped by exit, each exit's test on its rows only, so an exit sees what it would

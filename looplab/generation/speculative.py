@@ -30,10 +30,10 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 from looplab.generation.cache import visible
-from looplab.generation.decoder import Decoder
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.passes import Calls, coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, ended
+from looplab.generation.step import Decoder
 from looplab.generation.views import described
 from looplab.params import Domain, at_least, param
 

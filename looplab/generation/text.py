@@ -17,10 +17,10 @@ from pathlib import Path
 
 from looplab.errors import LooplabError
 from looplab.generation.byte_text import no_head_message
-from looplab.generation.decode import Generation, generate
-from looplab.generation.exits import GenerationExit
+from looplab.generation.entry import Generation, generate
 from looplab.generation.options import DecodeOptions
 from looplab.generation.text_lm import TextLM, open_text_lm
+from looplab.token_exits import GenerationExit
 
 
 @dataclass

@@ -24,8 +24,8 @@ from typing import Any
 from torch import nn
 
 from looplab.errors import LooplabError
-from looplab.generation.exits import MAX_LOOPS, GenerationExit, token_exit_params
 from looplab.lm.families import family_of
+from looplab.token_exits import MAX_LOOPS, GenerationExit, token_exit_params
 
 __all__ = ["TextLM", "open_text_lm"]
 

@@ -38,7 +38,7 @@ index ℓ ∈ 0..n−1 for L-stack layer ℓ (called L_cycles times per loop, so
 last L pass of each loop) and n + ℓ for H-stack layer ℓ.
 
 Decoding. :class:`HrmTextDecoding` puts the adapter in the shape the cached decoder reads
-(:mod:`looplab.generation.decoder`): it runs transformers' own layer modules in the order ``step`` does and
+(:mod:`looplab.generation.step`): it runs transformers' own layer modules in the order ``step`` does and
 gives every decoder-layer call of a loop its own cache entry, so ``per_loop`` holds what the model computes when
 it reruns the whole sequence (as transformers' own generate does: HRM-Text's ``cycle_offset`` gives each (pass,
 layer) its own cache slot). One loop is one H cycle: L_cycles passes of the L stack, then the H stack, on the

@@ -347,7 +347,7 @@ class HuginnLoop(NativeLoop):
 
 
 class HuginnDecoding(nn.Module):
-    """A :class:`HuginnLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`): the
+    """A :class:`HuginnLoop` in the shape the cached decoder reads (:mod:`looplab.generation.step`): the
     prelude and coda once per token, one cache entry per (recurrence, core block) under ``per_loop``;
     ``shared`` is Huginn's own cache (one entry per core block, each token's last recurrence)."""
 

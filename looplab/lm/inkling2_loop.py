@@ -38,7 +38,7 @@ the hidden state x (the block states ride along in the layer's context); the blo
 layer appends is the x the layer received, after any hook.
 
 Decoding. :class:`Inkling2LoopDecoding` puts the adapter in the shape the cached decoder reads
-(:mod:`looplab.generation.decoder`): it runs transformers' own layer modules in the order ``step`` does and
+(:mod:`looplab.generation.step`): it runs transformers' own layer modules in the order ``step`` does and
 gives every decoder-layer call of a loop its own cache entry, so ``per_loop`` holds what the model computes when
 it reruns the whole sequence (as transformers' own generate does: Inkling-2's ``cache_offset`` gives each (pass,
 layer) its own cache slot). One loop is one pass of layers s..e−1 with message gates (the state packs the block

@@ -214,7 +214,7 @@ class NanbeigeLoop(EmbeddingStartLoop):
 
 
 class NanbeigeDecoding(EmbeddingStartView):
-    """A :class:`NanbeigeLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`): a chain
+    """A :class:`NanbeigeLoop` in the shape the cached decoder reads (:mod:`looplab.generation.step`): a chain
     of Llama layers closed by the loop's norm (or the norm once, before the head), no injection."""
 
     capabilities = Capabilities(rope=True)

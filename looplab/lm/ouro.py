@@ -20,7 +20,7 @@ exit gate: g_t = early_exit_gate(h_t) (a Linear(d, 1) with bias), λ_t = σ(g_t)
 
 and a token's exit is the first loop whose cumulative p reaches the threshold τ (``early_exit_threshold``,
 1.0 in the published configs: in practice the last loop). :meth:`OuroLoop.exit_distribution` gives p
-over the loops; the generation exit ``gate`` (:mod:`looplab.generation.exits`) decides with it per token.
+over the loops; the generation exit ``gate`` (:mod:`looplab.token_exits`) decides with it per token.
 
 :class:`OuroDecoding` is the model as the cached decoder reads it (one cache entry per loop and layer,
 as Ouro's own cache: slot t·L + i). :class:`GatedOuroDecoding` carries two channels behind h, the
@@ -242,7 +242,7 @@ class OuroLoop(EmbeddingStartLoop):
 
 
 class OuroDecoding(EmbeddingStartView):
-    """An :class:`OuroLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`): a chain of
+    """An :class:`OuroLoop` in the shape the cached decoder reads (:mod:`looplab.generation.step`): a chain of
     pre-norm layers (the sandwich norms inside them) closed by the loop's norm, no injection, no final norm."""
 
     #: own RoPE tables; a learned exit gate (:meth:`with_gate` is the view that carries its decision)

@@ -222,7 +222,7 @@ TOKEN_STORE = ("prelude", 0, "token_ids")
 
 
 class ParcaeDecoding(nn.Module):
-    """A :class:`ParcaeLoop` in the shape the cached decoder reads (:mod:`looplab.generation.decoder`).
+    """A :class:`ParcaeLoop` in the shape the cached decoder reads (:mod:`looplab.generation.step`).
 
     The value embeddings read each token's id inside attention, and the decoder hands a view its tokens at
     ``embedding`` alone: so ``embedding`` passes the ids through, the prelude pass embeds them and keeps them

@@ -1,4 +1,4 @@
-"""The decoding-view contract: what the cached decoder (:mod:`looplab.generation.decoder`) reads of a model,
+"""The decoding-view contract: what the cached decoder (:mod:`looplab.generation.step`) reads of a model,
 and the capabilities a view declares instead of being probed for them.
 
 A looplab model is its own view; a retrofit and each native looped LM have a view class of their own

@@ -19,12 +19,12 @@ per token (docs/commands.md, "looplab serve").
     app.py       the FastAPI routes; server.py: uvicorn with a draining SIGTERM
     replicas.py  N replicas behind Ray Serve
 
-Each request is decoded by :class:`~looplab.generation.decoder.Decoder`, the decoder of
+Each request is decoded by :class:`~looplab.generation.step.Decoder`, the decoder of
 :func:`looplab.generation.generate`, stepped from outside (:mod:`looplab.serve.batch`), so a greedy
 request's tokens and loops, and a seeded sampled request's, are those of ``generate`` on its prompt alone,
 whatever runs beside it
 (under ``--batching exact`` its log-probabilities too, bit for bit: :mod:`looplab.serve.engine` says why);
-a request naming another decoder runs through ``generate`` itself (:mod:`looplab.serve.whole`).
+a request naming another decoder runs through ``generate`` itself (:mod:`looplab.serve.whole_group`).
 """
 
 from looplab.serve.app import create_app, model_id

@@ -33,13 +33,13 @@ from starlette.requests import ClientDisconnect
 
 from looplab.generation.cache import POLICIES
 from looplab.generation.decoders import DECODERS
-from looplab.generation.exits import EXITS
 from looplab.generation.text_lm import TextLM, open_text_lm
 from looplab.serve.batch import Token
 from looplab.serve.choice import Choice
 from looplab.serve.engine import Busy, Closed, Engine, NeverFits
 from looplab.serve.metrics import loops_usage, registry_for
 from looplab.serve.request import BadRequest, parse_completion, parse_detokenize, parse_tokenize
+from looplab.token_exits import EXITS
 
 __all__ = ["create_app", "model_id", "MAX_BODY_BYTES", "MAX_TOKEN_LOOPS"]
 

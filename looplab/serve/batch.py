@@ -1,8 +1,8 @@
 """What the engine decodes: a :class:`Job` (one prompt's completion, or the scoring of a prompt) and a
-:class:`Group` of jobs decoded together by one :class:`~looplab.generation.decoder.Decoder`.
+:class:`Group` of jobs decoded together by one :class:`~looplab.generation.step.Decoder`.
 
 A group is a Decoder stepped one token at a time from outside: :meth:`Group.step` is one iteration of
-:meth:`Decoder.run <looplab.generation.decoder.Decoder.run>` (pick each live row's token, drop the rows that
+:meth:`Decoder.run <looplab.generation.step.Decoder.run>` (pick each live row's token, drop the rows that
 ended, run the next token of the rest through ``Decoder.step``, the call ``run`` makes), so a group of one
 job computes exactly what :func:`looplab.generation.generate` computes for its prompt alone, float for float.
 """
@@ -17,9 +17,9 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from looplab.generation.decoder import Decoder, StepParams
 from looplab.generation.options import DecodeOptions
 from looplab.generation.sampling import Sampling
+from looplab.generation.step import Decoder, StepParams
 from looplab.generation.views import decodable
 from looplab.serve.ledger import group_bytes, sized_rows
 from looplab.serve.sampling import Picking, pick_rows
@@ -62,7 +62,7 @@ class Job:
     Attributes:
         prompt: token ids (non-empty); ``max_new``: its budget of new tokens (≥ 1).
         options: its exit, cache, decoder (``step`` is stepped beside other jobs; another runs the job whole:
-            :mod:`looplab.serve.whole`) and sampling (``picking``'s), each with its parameters.
+            :mod:`looplab.serve.whole_group`) and sampling (``picking``'s), each with its parameters.
         picking: how a token is picked; ``forced``: the tokens to feed instead (scoring a text).
         stops: called with the new ids after each token; True ends the job (``stop``).
         top: how many likeliest tokens each :class:`Token` lists (0: none).

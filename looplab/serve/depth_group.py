@@ -1,6 +1,6 @@
 """Continuous depth batching: jobs whose rows run at different loops of different tokens in one core call.
 
-A :class:`~looplab.serve.continuous.ContinuousGroup` steps a token of every row at once, so its step takes
+A :class:`~looplab.serve.continuous_group.ContinuousGroup` steps a token of every row at once, so its step takes
 as many sequential core calls as its deepest row's token needs, the later ones over the few rows still
 running (each call reads every weight however few rows it runs). A :class:`DepthGroup` is the server's form
 of depth-wise batching (:mod:`looplab.generation.depthwise`): each core call advances every running row by
@@ -35,7 +35,7 @@ import torch
 from looplab.generation.depthwise import DepthwiseDecoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job, JoinableRows
-from looplab.serve.whole import STEPPED
+from looplab.serve.whole_group import STEPPED
 from looplab.tasks.base import PAD
 
 __all__ = ["DepthGroup", "depth_batchable"]
@@ -57,7 +57,7 @@ def depth_batchable(model, job: Job) -> bool:
 class DepthGroup(JoinableRows):
     """Jobs of one cohort whose rows each run at their own loop (see the module docstring).
 
-    The arguments are a :class:`~looplab.serve.continuous.ContinuousGroup`'s but for its prefix store:
+    The arguments are a :class:`~looplab.serve.continuous_group.ContinuousGroup`'s but for its prefix store:
     ``capacity`` rows, ``columns`` new-token slots a row, ``width`` prompt slots and loop ``cap``, each at least
     what the first ``jobs`` need. :attr:`live` are the rows whose token exited, with their
     next-token ``logits`` and exit ``depths``: picked at the next :meth:`step`.

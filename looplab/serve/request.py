@@ -5,7 +5,7 @@ OpenAI's fields (``model``, ``prompt``, ``max_tokens``, ``temperature``, ``top_p
 ``stream``, ``logprobs``, ``echo``, ``n``, ``user``) plus ``top_k`` and looplab's decode fields, read by
 the parser ``looplab generate`` and lm-eval use too (:mod:`looplab.generation.fields`): ``loops``,
 ``exit``, ``cache``, ``decoder`` (``step``, the default, runs beside other requests; any other runs a
-request whole, alone: :mod:`looplab.serve.whole`) and every parameter the chosen exit, cache and decoder
+request whole, alone: :mod:`looplab.serve.whole_group`) and every parameter the chosen exit, cache and decoder
 declare (``eps``, ``threshold``, ``keep_loops``, a plugin's), each a
 field of its own.
 As in OpenAI's API, ``temperature`` defaults to 1 and ``max_tokens`` to 16. A request
@@ -28,7 +28,7 @@ from looplab.generation.sampling import Sampling
 from looplab.generation.text_lm import TextLM
 from looplab.generation.views import decodable
 from looplab.serve.sampling import Picking
-from looplab.serve.whole import STEPPED
+from looplab.serve.whole_group import STEPPED
 
 __all__ = ["BadRequest", "Completion", "parse_completion", "parse_tokenize", "parse_detokenize", "FIELDS"]
 

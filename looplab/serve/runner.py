@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 
 from looplab.serve.batch import Failed, Group, Job, JoinableRows
-from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.continuous_group import ContinuousGroup
 from looplab.serve.depth_group import DepthGroup
 from looplab.serve.messages import GroupPlan, GroupState, PoolState, RunnerOutput, SchedulerOutput
 from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.serve.speculative_group import SpeculativeGroup
-from looplab.serve.whole import WholeGroup
+from looplab.serve.whole_group import WholeGroup
 
 __all__ = ["Runner", "GROUPS", "group_state"]
 

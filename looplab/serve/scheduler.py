@@ -38,12 +38,12 @@ from dataclasses import replace
 
 from looplab.errors import LooplabError
 from looplab.serve.batch import End, Failed, Job, Token, joinable_room, solo_bytes
-from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.continuous_group import ContinuousGroup
 from looplab.serve.depth_group import DepthGroup, depth_batchable
 from looplab.serve.ledger import DoesNotFit, KVLedger, job_bytes, paged_bytes, paged_job_bytes
 from looplab.serve.messages import GroupPlan, GroupState, Join, PoolState, RunnerOutput, SchedulerOutput
 from looplab.serve.speculative_group import SPECULATIVE, speculative_bytes
-from looplab.serve.whole import STEPPED
+from looplab.serve.whole_group import STEPPED
 
 __all__ = ["Scheduler", "NeverFits", "BATCHING"]
 

@@ -22,8 +22,8 @@ pytest.importorskip("transformers")
 
 from looplab.cli import main  # noqa: E402
 from looplab.generation import GenerationExit  # noqa: E402
-from looplab.generation.decoder import Decoder  # noqa: E402
 from looplab.generation.options import DecodeOptions
+from looplab.generation.step import Decoder  # noqa: E402
 from looplab.generation.text import generate_text  # noqa: E402
 from looplab.generation.text_lm import open_text_lm  # noqa: E402
 from looplab.generation.views import decodable  # noqa: E402

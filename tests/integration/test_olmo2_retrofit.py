@@ -11,9 +11,9 @@ pytest.importorskip("transformers")
 
 from looplab.cli import main  # noqa: E402
 from looplab.generation import generate  # noqa: E402
-from looplab.generation.exits import GenerationExit  # noqa: E402
 from looplab.generation.options import DecodeOptions
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
+from looplab.token_exits import GenerationExit  # noqa: E402
 from tests.lm_dirs import LLAMA, tiny_tokenizer  # noqa: E402
 from tests.unit.test_native_looped import _randomise  # noqa: E402
 

@@ -18,10 +18,10 @@ pytest.importorskip("transformers")
 
 from looplab.cli import main  # noqa: E402
 from looplab.generation import generate  # noqa: E402
-from looplab.generation.exits import GenerationExit  # noqa: E402
 from looplab.generation.options import DecodeOptions
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from looplab.text.model_dirs import text_windows  # noqa: E402
+from looplab.token_exits import GenerationExit  # noqa: E402
 from tests.lm_dirs import TEXT, save_own_family  # noqa: E402
 
 FAMILIES = ("ouro", "huginn", "nanbeige", "parcae")

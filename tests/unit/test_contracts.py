@@ -21,8 +21,6 @@ from looplab.errors import LooplabError
 from looplab.eval.grid import LengthOutcome
 from looplab.exits import EXITS, exit_params
 from looplab.experiment import Experiment
-from looplab.generation.exits import EXITS as TOKEN_EXITS
-from looplab.generation.exits import GenerationExit, check_token_exits, token_exit_params
 from looplab.model import LoopedTransformer
 from looplab.model.norms import Residual
 from looplab.model.protocol import LoopProbe
@@ -31,6 +29,8 @@ from looplab.model.trace import trace
 from looplab.params import domain_of
 from looplab.regularisers import REGULARISERS
 from looplab.tasks import IGNORE, PAD, TASKS, make_task
+from looplab.token_exits import EXITS as TOKEN_EXITS
+from looplab.token_exits import GenerationExit, check_token_exits, token_exit_params
 from tests.plugin_entries import installed, names
 
 TASK = make_task("binary_addition")

@@ -21,8 +21,8 @@ import torch
 from looplab.errors import LooplabError
 from looplab.generation import DecodeOptions, GenerationExit, Sampling, generate, score
 from looplab.generation.budget import generation_bytes
-from looplab.generation.decoder import Decoder
 from looplab.generation.policies import NO_CACHE
+from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from tests.plugin_entries import REGISTRIES, installed, names
 from tests.unit.test_speculative import NEW, PROMPTS, STRUCTURES, _causal

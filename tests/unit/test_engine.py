@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from looplab.generation import GenerationExit, Sampling, generate
-from looplab.generation.decoder import Decoder
 from looplab.generation.options import DecodeOptions
+from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job, Token
-from looplab.serve.continuous import ContinuousGroup
+from looplab.serve.continuous_group import ContinuousGroup
 from looplab.serve.depth_group import DepthGroup
 from looplab.serve.engine import Engine
 from looplab.serve.runner import group_state

@@ -60,7 +60,7 @@ def test_cached_logits_match_recomputation_in_float64(positional, window):
         model, PROMPTS[:2], 5, DecodeOptions(GenerationExit("fixed", 4), "none", Sampling(temperature=1.5, seed=3))
     )
     assert result.tokens == replay.tokens
-    from looplab.generation.decoder import Decoder
+    from looplab.generation.step import Decoder
 
     decoder = Decoder(model, [PROMPTS[0]], 1, DecodeOptions(GenerationExit("fixed", 4)))
     rows = torch.arange(1)
@@ -104,7 +104,7 @@ def test_exit_depths_equal_a_reference_loop():
 def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
     """The prompt's keys and values at every loop up to the cap are what a fixed-cap prefill writes,
     even when the exit stops every prompt's last token at loop 1."""
-    from looplab.generation.decoder import Decoder
+    from looplab.generation.step import Decoder
 
     model = causal_model()
     caches = []
@@ -125,7 +125,7 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     """per_loop with an adaptive exit runs the prompt only as deep as its tokens need and deepens it on
     demand: the same tokens, depths and log-probabilities as a prompt run to the cap first, with fewer
     loops run when no token goes to the cap."""
-    from looplab.generation import decoder as decoder_module
+    from looplab.generation import step as decoder_module
 
     model = causal_model(placement="pre", injection="add", prelude_layers=1)
     rule = GenerationExit("halting", 12, halts=linear_halts(7, every=2))  # first tokens stop at 2, later ones at 12
@@ -155,7 +155,7 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
 def test_masked_and_gathered_loops_give_each_prompt_alone(structure, monkeypatch):
     """A decode step's loop that some rows no longer need runs every row with their cache writes masked
     (MASK_AT 0) or the running rows alone (MASK_AT ∞): both give what each prompt gives alone."""
-    from looplab.generation import decoder as decoder_module
+    from looplab.generation import step as decoder_module
 
     model = causal_model(prelude_layers=1, **structure)
     weight = torch.randn(16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -229,7 +229,7 @@ def test_last_m_reads_the_kept_loops_of_earlier_tokens():
     """At fixed depth T with m kept loops, a new token at loop t reads earlier tokens at loop
     max(t, T − m + 1): the same as recomputing with those tokens' keys and values, checked here
     against an explicit per_loop cache whose early loops are overwritten with loop T − m + 1."""
-    from looplab.generation.decoder import Decoder
+    from looplab.generation.step import Decoder
 
     model = causal_model(placement="pre", injection="add")
     keep, loops = 2, 5

@@ -16,10 +16,10 @@ pytest.importorskip("transformers")
 
 from looplab.errors import LooplabError  # noqa: E402
 from looplab.generation import generate  # noqa: E402
-from looplab.generation.exits import GenerationExit  # noqa: E402
 from looplab.generation.options import DecodeOptions  # noqa: E402
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from looplab.lm.nanbeige import OFF_FEATURES, NanbeigeConfig, NanbeigeForCausalLM, NanbeigeLoop  # noqa: E402
+from looplab.token_exits import GenerationExit  # noqa: E402
 from tests.lm_dirs import PUBLISHED, published_config, save_own_family  # noqa: E402
 from tests.unit.test_ouro_huginn import NEW, PROMPTS, _alone  # noqa: E402
 

@@ -15,12 +15,12 @@ pytest.importorskip("transformers")
 
 from looplab.errors import LooplabError  # noqa: E402
 from looplab.generation import generate  # noqa: E402
-from looplab.generation.exits import GenerationExit  # noqa: E402
 from looplab.generation.options import DecodeOptions
 from looplab.lm.families import LOOPED_FAMILIES  # noqa: E402
 from looplab.lm.huginn import HuginnConfig, HuginnLoop, RavenForCausalLM  # noqa: E402
 from looplab.lm.model_dir import open_model_dir  # noqa: E402
 from looplab.lm.ouro import OuroConfig, OuroForCausalLM  # noqa: E402
+from looplab.token_exits import GenerationExit  # noqa: E402
 from tests.lm_dirs import save_own_family  # noqa: E402
 
 PROMPTS = [[3, 5, 7, 9, 11, 2, 4], [6, 8], [10, 12, 14, 1]]

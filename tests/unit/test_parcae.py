@@ -15,10 +15,10 @@ import torch
 
 from looplab.errors import LooplabError
 from looplab.generation import generate
-from looplab.generation.exits import GenerationExit
 from looplab.generation.options import DecodeOptions
 from looplab.lm.families import LOOPED_FAMILIES
 from looplab.lm.parcae import FAMILY, ParcaeConfig, ParcaeDecoding, ParcaeForCausalLM, ParcaeLoop
+from looplab.token_exits import GenerationExit
 from tests.lm_dirs import PUBLISHED
 
 PROMPTS = [[3, 5, 7, 9, 11, 2, 4], [6, 8], [10, 12, 14, 1]]

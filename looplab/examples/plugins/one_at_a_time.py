@@ -4,9 +4,9 @@ decoder is compared with; greedy tokens equal ``step``'s (``--decoder one_at_a_t
 
 from dataclasses import dataclass
 
-from looplab.generation.decoder import Decoder
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.sampling import Generation
+from looplab.generation.step import Decoder
 from looplab.params import param
 
 

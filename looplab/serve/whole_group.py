@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from looplab.generation.decode import generate
+from looplab.generation.entry import generate
 from looplab.serve.batch import End, Job, Token
 
 __all__ = ["WholeGroup", "STEPPED"]

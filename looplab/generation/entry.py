@@ -3,9 +3,9 @@
 :func:`generate` takes a batch of prompts of different lengths (token ids) and a
 :class:`~looplab.generation.options.DecodeOptions`, checks them (:mod:`looplab.generation.checks`), and
 hands them to the chosen decoder (:mod:`looplab.generation.decoders`). The default, ``step``
-(:mod:`looplab.generation.decoder`), runs the prompts through the model once (the prefill, every prompt
+(:mod:`looplab.generation.step`), runs the prompts through the model once (the prefill, every prompt
 token to the exit's cap), then one token per row per step: each step runs the new token's loops until the
-exit rule (:mod:`looplab.generation.exits`) stops it, reads the next-token distribution from that state,
+exit rule (:mod:`looplab.token_exits`) stops it, reads the next-token distribution from that state,
 and picks the next token (greedy, or sampled with a temperature and top-k from a seeded generator). The
 cache policy (:mod:`looplab.generation.policies`) decides which earlier keys and values a token reads;
 ``none`` recomputes the whole sequence at every step instead (the ``recompute`` decoder: the reference the
@@ -20,15 +20,15 @@ import torch
 from looplab.errors import LooplabError
 from looplab.generation import depthwise, recompute, speculative, wavefront  # noqa: F401 (they register)
 from looplab.generation.checks import check_decoded, check_exact_claim, check_generation
-from looplab.generation.decoder import Decoder
-from looplab.generation.exits import GenerationExit
 from looplab.generation.options import DecodeOptions
 from looplab.generation.sampling import Generation, Sampling
+from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.lm.native import NativeLoop
 from looplab.lm.retrofit import RetrofittedLoop
 from looplab.model import LoopedTransformer
 from looplab.plugins import run_entry
+from looplab.token_exits import GenerationExit
 
 __all__ = ["Generation", "Sampling", "generate", "score", "GREEDY", "FIXED_EXIT", "Decoder"]
 

@@ -1,5 +1,5 @@
 """Continuous batching: jobs that share a cache policy and a decoder run as rows of one
-:class:`~looplab.generation.decoder.Decoder`, and a newcomer joins the running batch between two steps.
+:class:`~looplab.generation.step.Decoder`, and a newcomer joins the running batch between two steps.
 Each row stops by its own job's exit, up to its own loop cap (the loop runs to the largest cap the group
 holds, a row leaving it when its token exits), and its token is picked by its own job (greedy, or its
 temperature, top-k, top-p and seeded generator, or its forced token when scoring): greedy, sampled and
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looplab.generation.decoder import Decoder
+from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import Job, JoinableRows
 from looplab.serve.pager import Pager

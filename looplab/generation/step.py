@@ -1,6 +1,7 @@
-"""The cached decoder behind :func:`looplab.generation.decode.generate`: a prefill, then one token per row
-per step, each token's loops run until its exit, reading and extending the KV cache through the passes of
-:mod:`looplab.generation.passes` (what it reads of a model: that module's docstring).
+"""The ``step`` decoder, the cached decoder behind :func:`looplab.generation.entry.generate` that the others
+build on: a prefill, then one token per row per step, each token's loops run until its exit, reading and
+extending the KV cache through the passes of :mod:`looplab.generation.passes` (what it reads of a model: that
+module's docstring).
 """
 
 from __future__ import annotations
