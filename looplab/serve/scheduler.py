@@ -5,9 +5,9 @@ runner (:mod:`looplab.serve.runner`) what to do each step through plain messages
 A job is ``waiting`` (queued, or put back when the KV memory cannot hold it now: ``deferred``), ``running``
 (placed in a group: :attr:`Scheduler.placed`), ``preempted`` (sent back by the runner when the paged pool
 ran out: back at the front of the queue, recomputed when admitted again: :mod:`looplab.serve.pager`) or
-``finished`` (its end delivered). ``admitted`` counts a job
-when it is placed; one whose group or prefill then fails is counted ``failed`` too. Each step
-:meth:`Scheduler.schedule` admits waiting jobs, oldest first, while fewer than ``max_running`` run:
+``finished`` (its end delivered). ``admitted`` counts a job when it is placed; one whose group or prefill
+then fails is counted ``failed`` too. Each step :meth:`Scheduler.schedule` admits waiting jobs, oldest first,
+while fewer than ``max_running`` run:
 
 - under ``continuous`` (and ``depth``) batching a job joins a running group of its kind and cohort that has
   room (:meth:`~looplab.serve.messages.GroupState.can_take`), or starts one with the jobs of its cohort
