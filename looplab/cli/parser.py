@@ -328,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
         "could never fit gets 400 (default: half of the device's memory beside the weights)",
     )
     serve.add_argument(
+        "--dense-kv",
+        action="store_true",
+        help="continuous batches keep dense KV caches of their own, reserved whole when made, instead of the "
+        "paged pool (faster steps at long contexts; nothing is preempted)",
+    )
+    serve.add_argument(
         "--prefix-cache",
         type=float,
         metavar="GIB",

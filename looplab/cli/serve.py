@@ -63,6 +63,8 @@ def serve_command(args) -> None:
         options["kv_memory"] = round(args.kv_memory * 2**30)
     if args.prefix_cache is not None:
         options["prefix_memory"] = round(args.prefix_cache * 2**30)
+    if args.dense_kv:
+        options["paged"] = False
     if args.replicas > 1 or args.ray_address:
         from looplab.serve.replicas import serve_replicas
 

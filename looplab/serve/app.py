@@ -73,6 +73,7 @@ def create_app(
     kv_memory: int | None = None,
     prefix_memory: int | None = None,
     tokenizer: str | None = None,
+    paged: bool = True,
 ) -> FastAPI:
     """The app serving the model at ``path`` (opened by its lifespan, so a Ray replica opens its own; a model
     dir's tokenizer from ``tokenizer`` where it holds none), or an already opened ``lm``; the engine's options
@@ -84,7 +85,9 @@ def create_app(
         text_lm = lm
         if text_lm is None:
             text_lm = await asyncio.to_thread(open_text_lm, path, dtype, device, tokenizer=tokenizer)
-        engine = Engine(text_lm.model, max_running, max_queue, batching, on_step, kv_memory, prefix_memory).start()
+        engine = Engine(
+            text_lm.model, max_running, max_queue, batching, on_step, kv_memory, prefix_memory, paged
+        ).start()
         app.state.lm, app.state.engine, app.state.model_id = text_lm, engine, model_id(text_lm)
         app.state.replica, app.state.created = f"{socket.gethostname()}:{os.getpid()}", int(time.time())
         app.state.max_token_loops = max_token_loops

@@ -5,15 +5,17 @@ holds, a row leaving it when its token exits), and its token is picked by its ow
 temperature, top-k, top-p and seeded generator, or its forced token when scoring): greedy, sampled and
 scoring jobs at any exit share every forward pass.
 
-A :class:`ContinuousGroup` preallocates ``capacity`` rows and, after the prompts' ``width`` slots,
-``columns`` slots for new tokens. Every step writes each live row's new token into the same slot column (the
-decoder's ``forward`` takes one slice for every row), each at the row's own position. A job that joins takes
-a free row: its prompt is written into the row's first slots and prefilled there, and its new tokens go
-into the columns from the current one on; the columns
-before it were another job's and are no longer real in that row, so nothing attends to them. With an
-adaptive exit each row's prompt runs only as deep as its tokens need (the decoder's lazy prompt, one per
-row, a newcomer's taking its row's place). A job joins when a row is free, its prompt fits ``width`` and its
-budget fits the columns left; otherwise the engine starts a new group. A row whose job ends is free at once.
+A :class:`ContinuousGroup` preallocates ``capacity`` rows and, after the prompts' ``width`` slots, ``columns``
+slots for new tokens. Every step writes each live row's new token into the same slot column (the decoder's
+``forward`` takes one slice for every row), each at the row's own position. A job that joins takes a free row:
+its prompt is written into the row's first slots and prefilled there, and its new tokens go into the columns
+from the current one on; the columns before it were another job's and are no longer real in that row, so
+nothing attends to them. With an adaptive exit each row's prompt runs only as deep as its tokens need (the
+decoder's lazy prompt, one per row, a newcomer's taking its row's place). A job joins when a row is free, its
+prompt fits ``width`` and its budget fits the columns left; otherwise the engine starts a new group. A row
+whose job ends is free at once. Given the runner's pager, the rows' keys and values are paged in its pool
+(:mod:`looplab.serve.pager`): a row holds blocks for the slots it has written, and a step that needs blocks
+the pool cannot give preempts the latest admitted job, of this group or another.
 
 What is shared is every matmul of a step, across the rows; a row's result then differs from the same prompt
 decoded alone in its last float bits (batched matmuls, softmaxes over more masked keys), so greedy tokens
@@ -31,6 +33,7 @@ from torch import Tensor
 from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import Job, JoinableRows
+from looplab.serve.ledger import kv_shape
 from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
@@ -82,12 +85,7 @@ class ContinuousGroup(JoinableRows):
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
         self.prefixes = prefixes if prefixes is not None and options.policy.per_loop and not self.cohort[-1] else None
         self.pager = pager
-        pool = None
-        if pager is not None:
-            cfg = model.cfg
-            head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
-            kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)
-            pool = pager.pool_for(kv_heads, head_dim, model.head.weight.dtype, model.head.weight.device)
+        pool = None if pager is None else pager.pool_for(*kv_shape(model), model.head.weight.device)
         # every row free at first (a padding prompt, unreal), then the first jobs join as later ones do
         self.decoder = Decoder(
             model, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[options.exit_rule] * capacity,

@@ -69,6 +69,10 @@ class Engine:
             default: half of what the device holds beside the weights).
         prefix_memory: the most of ``kv_memory`` kept prompt blocks may hold (:mod:`looplab.serve.prefixes`;
             default a quarter of it; 0: no prefix caching).
+        paged: whether continuous groups keep their keys and values in the runner's paged pool (preempting
+            the latest job when it runs out: :mod:`looplab.serve.pager`), or in dense caches of their own,
+            reserved whole when they are made (a step reads every row of a full group as a view: faster at
+            long contexts, bench/paged_kv.py; nothing is preempted).
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Engine:
         on_step: Callable[[Engine], None] | None = None,
         kv_memory: int | None = None,
         prefix_memory: int | None = None,
+        paged: bool = True,
     ):
         if batching not in BATCHING:
             raise LooplabError(f"unknown batching {batching!r}; valid choices: {', '.join(BATCHING)}")
@@ -94,8 +99,8 @@ class Engine:
             raise LooplabError(f"the prefix cache's memory must be ≥ 0 bytes, got {prefix_memory}")
         prefix_memory = kv_memory // 4 if prefix_memory is None else prefix_memory
         prefix_memory = prefix_memory if batching in JOINING else 0  # ``exact`` keeps every row's own
-        self.scheduler = Scheduler(self.model, max_running, batching, kv_memory, prefix_memory)
-        self.runner = Runner(self.model, prefix_memory)
+        self.scheduler = Scheduler(self.model, max_running, batching, kv_memory, prefix_memory, paged)
+        self.runner = Runner(self.model, prefix_memory, paged)
         self.max_running, self.max_queue, self.batching, self.on_step = max_running, max_queue, batching, on_step
         self._cond = threading.Condition()
         self._accepting, self._closing = True, False

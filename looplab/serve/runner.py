@@ -38,9 +38,10 @@ class Runner:
     Args:
         model: the model as the decoders read it.
         prefix_memory: the most bytes kept prompt blocks may hold (0: no prefix caching).
+        paged: whether continuous groups keep their keys and values in the paged pool (else their own).
     """
 
-    def __init__(self, model, prefix_memory: int = 0):
+    def __init__(self, model, prefix_memory: int = 0, paged: bool = True):
         self.model = model
         #: kept prompt blocks (continuous groups read and keep them)
         self.prefixes = PrefixStore(prefix_memory) if prefix_memory else None
@@ -50,6 +51,7 @@ class Runner:
         self.held: list[Job] = []
         #: the paged KV pool of the continuous groups
         self.pager = Pager(self.prefixes)
+        self.paged = paged
 
     def execute(self, order: SchedulerOutput) -> RunnerOutput:
         """Trim the kept prefixes, make the planned groups, place the joins, step every group; what it did."""
@@ -68,7 +70,7 @@ class Runner:
                 _fail(list(plan.jobs), err)
                 continue
             self.groups[plan.id] = group
-            if isinstance(group, ContinuousGroup):
+            if isinstance(group, ContinuousGroup) and group.pager is not None:
                 pager.groups.append(group)
         for join in order.joins:
             self.held.append(join.job)
@@ -102,7 +104,7 @@ class Runner:
 
     def _make(self, plan: GroupPlan):
         """The group ``plan`` asks for (its decoder and caches allocated)."""
-        return GROUPS[plan.kind].from_plan(self.model, plan, self.prefixes, self.pager)
+        return GROUPS[plan.kind].from_plan(self.model, plan, self.prefixes, self.pager if self.paged else None)
 
     def _collect(self) -> tuple:
         """Every held job's sent events, in order; jobs that ended are let go."""

@@ -71,9 +71,10 @@ class Scheduler:
         max_running: jobs decoded at once; ``batching``: BATCHING.
         kv_memory: the bytes the groups' caches and kept prefixes may take together.
         prefix_memory: the most of it kept prefixes may hold.
+        paged: whether the runner pages continuous groups' keys and values (else they are reserved whole).
     """
 
-    def __init__(self, model, max_running: int, batching: str, kv_memory: int, prefix_memory: int):
+    def __init__(self, model, max_running: int, batching: str, kv_memory: int, prefix_memory: int, paged: bool = True):
         self.model, self.max_running, self.batching = model, max_running, batching
         self.ledger = KVLedger(kv_memory)
         self.prefix_memory = prefix_memory
@@ -95,8 +96,9 @@ class Scheduler:
         self.placed: dict[int, Job] = {}
         #: whether this step's plans take the kept prefixes' room
         self.evicting = False
-        #: the paged pool as the runner last reported it
+        #: the paged pool as the runner last reported it, and the kind of group whose caches it holds
         self.pool = PoolState()
+        self.paged = PAGED if paged else None
         self._admissions = 0
 
     @property
@@ -106,7 +108,7 @@ class Scheduler:
     def check_fits(self, job: Job) -> None:
         """:class:`NeverFits` for a job whose leanest group (the last of :meth:`_sizes`: the job alone, in the
         group its kind gives it) exceeds the KV memory: it would wait for ever."""
-        if self._kind(job) == PAGED:
+        if self._kind(job) == self.paged:
             needed = paged_job_bytes(self.model, job)
         else:  # sized with no bound, then held to the limit
             needed = self._sizes([job], {})[-1](math.inf).nbytes
@@ -137,7 +139,7 @@ class Scheduler:
         paged = self._paged_room()
         for index, job in enumerate(admitted):
             kind = self._kind(job)
-            need = self._prompt_bytes(job) if kind == PAGED else 0
+            need = self._prompt_bytes(job) if kind == self.paged else 0
             if job.cancelled.is_set():
                 self.deliver(job, End("cancelled"))
                 continue
@@ -317,7 +319,7 @@ class Scheduler:
     def _room(self, kind: str, jobs: list[Job], rows: int, columns: int, width: int, cap: int, free: int) -> GroupPlan:
         """A joinable group's plan: its rows within ``free`` bytes, a paged one's unbounded and reserving none
         (the pool pays for what its rows write)."""
-        paged = kind == PAGED
+        paged = kind == self.paged
         room = joinable_room(self.model, jobs, rows, columns, width, cap, None if paged else free, JOINABLE[kind].CACHE)
         return self._new(kind, jobs, room.rows, room.width, room.columns, room.cap, 0 if paged else room.nbytes)
 

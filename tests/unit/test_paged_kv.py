@@ -165,3 +165,24 @@ def test_mixed_jobs_in_a_roomy_pool_are_never_preempted_and_decode_as_alone(mode
     assert engine.stats["preempted"] == 0
     for (_, sink), (_, solo) in zip(shared, alone, strict=True):
         _assert_as_alone(sink, solo)
+
+
+def test_a_dense_engine_reserves_its_groups_whole_and_never_preempts(model):
+    """``paged=False`` (``looplab serve --dense-kv``): the same jobs under the same memory wait for room instead
+    (deferred, never preempted), the continuous groups' bytes held by the ledger, none by a pool; each job
+    decodes as alone."""
+    jobs, memory = _tight_jobs(model)
+    held = []
+    engine = Engine(
+        model, max_running=8, kv_memory=memory * 4, prefix_memory=0, paged=False,
+        on_step=lambda engine: held.append((engine.ledger.held_by_groups, engine.ledger.pool)),
+    ).start()  # fmt: skip
+    engine.submit([job for job, _ in jobs])
+    assert all(sink.closed.wait(120) for _, sink in jobs)
+    engine.close(60)
+    assert engine.stats["preempted"] == 0 and engine.stats["finished"] == len(jobs)
+    assert max(by_groups for by_groups, _ in held) > 0 and all(pool == 0 for _, pool in held)
+    alone, _ = _tight_jobs(model)
+    _run(alone, model, "exact")
+    for (_, sink), (_, solo) in zip(jobs, alone, strict=True):
+        _assert_as_alone(sink, solo)
