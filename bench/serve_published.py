@@ -15,7 +15,7 @@ equal the same request's answer one at a time. Goals (Ouro): ``--clients`` 8 ≥
 under that load the gate exit's tokens/s ≥ 0.8 × (4 / its mean depth) × fixed 4's.
 
     python bench/serve_published.py [--family ouro huginn] [--batching continuous depth] [--requests 8]
-                                    [--clients 8] [--max-tokens 8]
+                                    [--clients 8] [--max-tokens 8] [--dense-kv]
 
 About 4 minutes a batching mode for Ouro on 2 cores, 20 GiB of memory and 10 minutes more for Huginn.
 """
@@ -45,11 +45,13 @@ GATE = {"exit": "gate", "loops": 4, "threshold": 0.5}
 GOAL_CLIENTS, GOAL_GATE = 3.0, 0.8
 
 
-def start_server(model_dir: Path, max_running: int, threads: int, batching: str) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model_dir: Path, max_running: int, threads: int, batching: str, *flags: str
+) -> tuple[subprocess.Popen, str]:
     """``looplab serve`` on a free loopback port; its stderr lines up to the address are echoed."""
     command = [sys.executable, "-m", "looplab", "serve", str(model_dir), "--port", "0",
                "--max-running", str(max_running), "--max-queue", "64", "--batching", batching,
-               "--dtype", "float32"]  # fmt: skip
+               "--dtype", "float32", *flags]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     while True:
@@ -70,6 +72,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=16, help="prompt length in tokens")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dense-kv", action="store_true", help="serve with dense KV caches, not the paged pool")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds a cell may send requests for")
     args = parser.parse_args()
     print(machine_line())
@@ -80,7 +83,8 @@ def main() -> None:
             model_dir = write_random_dir(family, Path(scratch) / family)
             print(f"{family}: wrote its published shape in {time.perf_counter() - began:.0f} s", flush=True)
             for batching in args.batching:
-                server, url = start_server(model_dir, args.clients, args.threads, batching)
+                flags = ("--dense-kv",) if args.dense_kv else ()
+                server, url = start_server(model_dir, args.clients, args.threads, batching, *flags)
                 try:
                     for cell, fields in cells_of(family).items():
                         rows += run_cell(url, args, family, batching, cell, fields, rates, depths)
