@@ -1,12 +1,13 @@
-"""The engine's runner: it owns the model, every group's decoder and KV caches, and the kept prefixes, and
-does what the scheduler's :class:`~looplab.serve.messages.SchedulerOutput` orders — make groups, place
-joining jobs, step every group — answering with a :class:`~looplab.serve.messages.RunnerOutput`.
+"""The engine's runner: it owns the model, every group's decoder and KV caches, and the kept prefixes, and does
+what the scheduler's :class:`~looplab.serve.messages.SchedulerOutput` orders — make groups, place joining
+jobs, step every group — answering with a :class:`~looplab.serve.messages.RunnerOutput`.
 
-It owns the paged KV pool that continuous groups keep their keys and values in (:mod:`looplab.serve.pager`),
-grown within the bytes the scheduler gives it; a job whose prompt's blocks cannot be had goes back, and a
-step that needs blocks the pool cannot give preempts the latest admitted jobs, which go back too
-(``RunnerOutput.requeued``). Otherwise it decides nothing about admission or memory: the scheduler sized
-every other group it asks for. A group whose
+The jobs joining one group in a step are prefilled together (a prefill of each alone would read every weight
+once a job: at the Ouro-1.4B shape in float32, about a quarter second a loop). It owns the paged KV pool that
+continuous groups keep their keys and values in (:mod:`looplab.serve.pager`), grown within the bytes the
+scheduler gives it; a job whose prompt's blocks cannot be had goes back, and a step that needs blocks the pool
+cannot give preempts the latest admitted jobs, which go back too (``RunnerOutput.requeued``). Otherwise it
+decides nothing about admission or memory: the scheduler sized every other group it asks for. A group whose
 making or prefill fails (out of memory), a join whose prefill fails, or a step that raises fails the jobs
 concerned with one line (:class:`~looplab.serve.batch.Failed`); the others go on.
 """
@@ -72,12 +73,15 @@ class Runner:
             self.groups[plan.id] = group
             if isinstance(group, ContinuousGroup) and group.pager is not None:
                 pager.groups.append(group)
-        for join in order.joins:
-            self.held.append(join.job)
+        joining: dict[int, list[Job]] = {}
+        for join in order.joins:  # a group's newcomers of one step prefill together: one pass over the weights
+            joining.setdefault(join.group, []).append(join.job)
+        for key, jobs in joining.items():
+            self.held.extend(jobs)
             try:
-                self.groups[join.group].join([join.job])
-            except Exception as err:  # its prefill failed (out of memory): this job fails, the group goes on
-                _fail([join.job], err)
+                self.groups[key].join(jobs)
+            except Exception as err:  # their prefill failed (out of memory): these jobs fail, the group goes on
+                _fail(jobs, err)
         for group in self.groups.values():
             try:
                 group.step()
