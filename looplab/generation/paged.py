@@ -63,14 +63,17 @@ class BlockPool:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the pool holds, its free blocks and the null block included."""
         return self.capacity * self.block_bytes
 
     @property
     def free(self) -> int:
+        """Blocks free to take."""
         return len(self.free_ids)
 
     @property
     def used(self) -> int:
+        """Blocks taken."""
         return self.capacity - 1 - self.free
 
     def grow(self, capacity: int) -> None:
@@ -104,7 +107,7 @@ class BlockPool:
         return torch.index_select(source.view(-1, width), 0, pieces, out=buffer[: len(pieces)])
 
     def give(self, ids: Tensor) -> None:
-        """Give back the blocks ``ids`` (their contents stay until another taker writes them)."""
+        """Give back the blocks ``ids`` [n] (their contents stay until another taker writes them)."""
         self.free_ids.extend(ids.tolist())
 
 

@@ -4,15 +4,16 @@ per token (docs/commands.md, "looplab serve").
     request.py   the checked body of POST /v1/completions (HTTP 400, one line naming the field)
     choice.py    a prompt's engine jobs and the OpenAI-shaped choice built from their tokens
     batch.py     a job, and a group of jobs stepped one token at a time by one Decoder
-    continuous.py  a group that newcomers join between two steps (continuous batching)
+    continuous_group.py  a group that newcomers join between two steps (continuous batching)
     depth_group.py a group whose rows each run at their own loop (continuous depth batching)
     speculative_group.py  speculative jobs stepped a draft-and-verify round at a time
-    whole.py     a job whose decoder is not stepped (depth, wavefront, recompute, a plugin's): run whole, alone
+    whole_group.py  a job whose decoder is not stepped (depth, wavefront, recompute, a plugin's): run whole, alone
     scheduler.py job states, admission and the KV memory ledger: what the runner does each step
     runner.py    the model, every group's decoder and caches, the kept prefixes: does what it is told
     messages.py  the plain messages between the two
     engine.py    the thread that runs the scheduler and the runner in turn, and the queue's front door
     ledger.py    the KV memory ledger: one limit on every running group's caches
+    pager.py     the paged KV pool of the continuous groups, and preemption by recompute
     prefixes.py  prefix caching: kept prompt blocks' keys and values
     metrics.py   GET /metrics (Prometheus) and a completion's usage.loops
     sampling.py  looplab's picking plus top_p, per row of a shared batch

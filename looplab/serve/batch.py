@@ -278,13 +278,24 @@ class JoinableRows(LiveRows):
     def preempt(self, job: Job) -> None:
         """Free ``job``'s row and blocks (:mod:`looplab.serve.pager`): it leaves the live rows, and its tokens
         so far are what it replays when it is admitted again."""
-        row = next(row for row, owner in enumerate(self.jobs) if owner is job)
+        self.leave(next(row for row, owner in enumerate(self.jobs) if owner is job))
+        job.replay, job.tokens = job.tokens + job.replay, []
+
+    def leave(self, row: int) -> None:
+        """Free ``row`` (its blocks given back) and take it out of the live rows, with its logits and depths
+        where they are the live rows' (between steps, or a step's own once its live rows are cut)."""
         self.release(row)
         keep = self.live != row
         self.live = self.live[keep]
         if self.logits is not None and len(self.logits) == len(keep):
             self.logits, self.depths = self.logits[keep], self.depths[keep]
-        job.replay, job.tokens = job.tokens + job.replay, []
+
+    def abandon(self) -> None:
+        """Hold no job from now on (the engine failed them all): every row is free, its blocks given back."""
+        for row, job in enumerate(self.jobs):
+            if job is not None:
+                self.release(row)
+        super().abandon()
 
 
 def solo_bytes(model, jobs: list[Job]) -> int:

@@ -110,18 +110,16 @@ class ContinuousGroup(JoinableRows):
         tokens are picked at the next :meth:`step`. A job whose prompt begins with an earlier one's first block
         waits for that one's blocks to be kept (:meth:`_leaders`). Jobs whose prompts' blocks the pool cannot
         give now, and every one after them, go back to the queue (the pager's ``preempted``, with no token
-        sent). Where a prefill fails (the runner fails its jobs), the rows of the jobs not yet live are free
-        again."""
+        sent). Where a prefill fails (the runner fails these jobs), all their rows are free again."""
         jobs = self._granted(jobs)
         try:
             for batch in self._leaders(jobs):
                 if batch:
                     self._admit(batch)
-        except Exception:
-            live = set(self.live.tolist())
+        except Exception:  # every row of these jobs is free again, those already prefilled too (the runner fails them)
             for row, owner in enumerate(self.jobs):
-                if owner is not None and any(owner is job for job in jobs) and row not in live:
-                    self.release(row)
+                if owner is not None and any(owner is job for job in jobs):
+                    self.leave(row)
             raise
 
     def _granted(self, jobs: list[Job]) -> list[Job]:

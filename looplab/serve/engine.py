@@ -192,6 +192,8 @@ class Engine:
                 if self._closing and not self.scheduler.waiting and not self.runner.groups:
                     return
                 order = self.scheduler.schedule()
-            self.scheduler.update(self.runner.execute(order))
+            result = self.runner.execute(order)
+            with self._cond:  # it puts jobs back in the queue, which submit and cancel_all read
+                self.scheduler.update(result)
             if self.on_step is not None:
                 self.on_step(self)

@@ -57,7 +57,11 @@ class Pager:
         if blocks > pool.free + self.growable():
             return False
         # at least double, so that a pool grown step by step copies its blocks O(log) times
-        pool.grow(min(pool.capacity + self.growable(), max(2 * pool.capacity, pool.capacity + blocks - pool.free)))
+        wanted = min(pool.capacity + self.growable(), max(2 * pool.capacity, pool.capacity + blocks - pool.free))
+        try:
+            pool.grow(wanted)
+        except RuntimeError:  # the device cannot hold the grown pool beside the old one now: as if no room
+            return False
         if self.prefixes is not None:
             self.prefixes.make_room(min(self.prefixes.room, self.room - pool.nbytes))
         return True

@@ -68,7 +68,9 @@ class Runner:
                 group = self._make(plan)
                 group.begin()
             except Exception as err:  # out of memory, or the prefill failed: these jobs fail, the rest go on
-                _fail(list(plan.jobs), err)
+                if group is not None:
+                    group.abandon()  # its rows' blocks go back to the pool
+                _fail(_kept(plan.jobs, pager), err)
                 continue
             self.groups[plan.id] = group
             if isinstance(group, ContinuousGroup) and group.pager is not None:
@@ -81,7 +83,7 @@ class Runner:
             try:
                 self.groups[key].join(jobs)
             except Exception as err:  # their prefill failed (out of memory): these jobs fail, the group goes on
-                _fail(jobs, err)
+                _fail(_kept(jobs, pager), err)
         for group in self.groups.values():
             try:
                 group.step()
@@ -127,6 +129,11 @@ def group_state(key: int, group) -> GroupState:
         free = sum(job is None for job in group.jobs)
         return GroupState(key, kind, group.cohort, free, group.width, group.columns_left(), group.cap, group.held)
     return GroupState(key, kind, (), 0, 0, 0, 0, group.held)
+
+
+def _kept(jobs, pager: Pager) -> list[Job]:
+    """Those of ``jobs`` the pager did not send back to the queue (those go back, not fail)."""
+    return [job for job in jobs if all(job is not back for back in pager.preempted)]
 
 
 def _fail(jobs: list[Job], err: Exception) -> None:

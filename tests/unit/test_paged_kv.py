@@ -26,6 +26,13 @@ EXITS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _decoding():
+    """No autograd, as generate and the engine decode (a paged read gathers into a buffer the pool keeps)."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture(scope="module")
 def model():
     return make_model(causal=True, core_layers=2, max_len=96).eval()
@@ -54,8 +61,7 @@ def test_a_paged_decoder_computes_the_dense_decoders_floats(models, rule, cache)
     heads, head_dim, dtype = kv_shape(view)
     pool = BlockPool(heads, head_dim, dtype, "cpu", blocks=4000, slots=4)
     decoder = Decoder(view, prompts, 12, options, pool=pool)
-    with torch.no_grad():  # as generate and the engine decode (a paged read gathers into a kept buffer)
-        paged = decoder.run()
+    paged = decoder.run()
     assert paged.tokens == dense.tokens and paged.depths == dense.depths and paged.logprobs == dense.logprobs
     assert pool.used > 0 and decoder.cache.nbytes() == pool.used * pool.block_bytes
     decoder.cache.release(torch.arange(len(prompts)))
@@ -186,3 +192,51 @@ def test_a_dense_engine_reserves_its_groups_whole_and_never_preempts(model):
     _run(alone, model, "exact")
     for (_, sink), (_, solo) in zip(jobs, alone, strict=True):
         _assert_as_alone(sink, solo)
+
+
+def _paged_group(model, jobs):
+    """A continuous group of ``jobs`` paged in a pager's pool with room for them, its first jobs prefilled."""
+    from looplab.serve.continuous_group import ContinuousGroup
+    from looplab.serve.pager import Pager
+
+    pager = Pager()
+    pager.room = 10**9
+    group = ContinuousGroup(model, jobs, capacity=4, columns=8, pager=pager)
+    pager.groups.append(group)
+    return group, pager
+
+
+def test_an_abandoned_group_gives_its_blocks_back(model):
+    """A group the engine fails (a step raised) frees every row it held, and the pool every block."""
+    group, pager = _paged_group(model, [_job(p, EXITS[0], max_new=4)[0] for p in PROMPTS[:3]])
+    group.begin()
+    group.step()
+    assert pager.pool.used > 0 and group.held == 3
+    group.abandon()
+    assert pager.pool.used == 0 and group.done and all(job is None for job in group.jobs)
+
+
+def test_a_join_whose_second_prefill_fails_frees_the_rows_of_the_first_too(model, monkeypatch):
+    """Jobs prefilled in two batches (a kept prefix's followers after its leaders): when the second batch's
+    prefill raises, the first batch's rows, already live, are freed as well (the runner fails every one of
+    the jobs), so none of them is stepped after it has failed; the pool keeps only the running job's blocks."""
+    running, _ = _job(PROMPTS[0], EXITS[0], max_new=4)
+    group, pager = _paged_group(model, [running])
+    group.begin()
+    held = pager.pool.used
+    first, second = _job(PROMPTS[1], EXITS[0], max_new=4)[0], _job(PROMPTS[2], EXITS[0], max_new=4)[0]
+    monkeypatch.setattr(group, "_leaders", lambda jobs: ([jobs[0]], [jobs[1]]))
+    admit = group.decoder.admit
+    calls = []
+
+    def failing_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return admit(*args, **kwargs)
+
+    monkeypatch.setattr(group.decoder, "admit", failing_second)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        group.join([first, second])
+    assert group.held == 1 and [job for job in group.jobs if job is not None] == [running]
+    assert pager.pool.used == held
