@@ -33,6 +33,7 @@ from timing import machine_line, print_measure, print_table
 
 from looplab.config import ModelConfig
 from looplab.generation import GenerationExit
+from looplab.generation.cache import kv_shape
 from looplab.generation.options import DecodeOptions
 from looplab.generation.paged import BlockPool
 from looplab.generation.step import Decoder
@@ -40,7 +41,6 @@ from looplab.generation.views import decodable
 from looplab.lm.dtypes import DTYPES
 from looplab.lm.model_dir import open_model_dir
 from looplab.model.looped import LoopedTransformer
-from looplab.serve.ledger import kv_shape
 
 #: alternated timings of the dense and the paged cache per cell
 REPEATS = 3

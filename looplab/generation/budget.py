@@ -18,6 +18,7 @@ from __future__ import annotations
 from numbers import Integral
 
 from looplab.errors import LooplabError
+from looplab.generation.cache import kv_shape
 from looplab.generation.policies import NO_CACHE, POLICIES, cache_params
 from looplab.memory import GIB, device_bytes
 from looplab.plugins import run_entry
@@ -33,7 +34,7 @@ def generation_bytes(model, batch: int, width: int, new: int, loops: int, cache:
     cfg = model.cfg
     elem = model.head.weight.element_size()
     heads, d, vocab = cfg.n_heads, cfg.d_model, model.head.out_features
-    head_dim, kv_heads = getattr(cfg, "head_dim", d // heads), getattr(cfg, "kv_heads", heads)
+    kv_heads, head_dim, _ = kv_shape(model)
     slots = width + new
     if cache == NO_CACHE:  # the whole sequence, every layer call's scores, states and every position's logits
         return elem * batch * slots * (3 * heads * slots + 16 * d + vocab) + 3 * batch * slots * slots

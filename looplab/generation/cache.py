@@ -37,6 +37,17 @@ from looplab.generation.stores import LayerCache, RingLayerCache, SlotStore
 from looplab.model.attention import SelfAttention, apply_rope
 
 
+def kv_shape(model) -> tuple[int, int, torch.dtype]:
+    """(key/value heads, head dim, dtype) of the keys and values ``model``'s layer calls cache (a retrofit's
+    grouped keys and values have fewer heads than its queries)."""
+    cfg = model.cfg
+    return (
+        getattr(cfg, "kv_heads", cfg.n_heads),
+        getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads),
+        model.head.weight.dtype,
+    )
+
+
 @dataclass
 class Slots:
     """Where each row's tokens sit: ``positions`` [B, S] long (the token's index in its own row),

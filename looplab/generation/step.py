@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from looplab.generation.cache import KVCache, Slots, visible
+from looplab.generation.cache import KVCache, Slots, kv_shape, visible
 from looplab.generation.decoders import DecodingMethod, register_decoder
 from looplab.generation.passes import Calls, coda_pass, core_pass, logits_of, prelude_pass
 from looplab.generation.row_exits import RowExits
@@ -88,7 +88,8 @@ class Decoder:
         self.forced = forced
         self.max_new = max_new_tokens
         cfg = model.cfg
-        device, dtype = model.head.weight.device, model.head.weight.dtype
+        device = model.head.weight.device
+        kv_heads, head_dim, dtype = kv_shape(model)
         self.lengths = torch.tensor([len(p) for p in prompts], device=device)
         self.exits = RowExits(exits, device)
         self.width = max(int(self.lengths.max()), width)  # more when later prompts will take over rows
@@ -100,8 +101,6 @@ class Decoder:
         positions = torch.arange(slots, device=device).expand(batch, slots).clone()
         real = positions < self.lengths[:, None]
         self.slots = Slots(positions, real)
-        head_dim = getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads)
-        kv_heads = getattr(cfg, "kv_heads", cfg.n_heads)  # a retrofit's grouped keys and values
         self.cache = KVCache(
             policy, batch, kv_heads, head_dim, self.slots, dtype, device, options.cache_params, self.cap
         )
@@ -152,11 +151,15 @@ class Decoder:
         """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt, but for
         the ``full`` [R] rows): their next-token logits [R, V] and the depths [R] their last tokens exited at.
         ``start``: the slots before it already hold these rows' keys and values (a cached prefix)."""
-        # a lazy prompt stands at the whole width (later rows take its place); otherwise the prompt slots past
-        # these rows' longest prompt are padding, not run (a row admitted into a wide batch costs its own length)
-        width = self.width if self.lazy_prompt else int(self.lengths[rows].max())
+        width = self.prefill_width(int(self.lengths[rows].max()))
         tokens, query = self.tokens[rows, start:width], self.lengths[rows] - 1 - start
         return self.forward(tokens, rows, slice(start, width), query, prefill=True, full=full)
+
+    def prefill_width(self, longest: int) -> int:
+        """The prompt slots a prefill of rows whose longest prompt is ``longest`` tokens runs (and writes)."""
+        # a lazy prompt stands at the whole width (later rows take its place); otherwise the prompt slots past
+        # these rows' longest prompt are padding, not run (a row admitted into a wide batch costs its own length)
+        return self.width if self.lazy_prompt else longest
 
     def admit(
         self, rows: Tensor, prompts: list[list[int]], exits=None, start: int = 0, full: Tensor | None = None

@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from looplab.generation.cache import kv_shape
 from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import Job, JoinableRows
-from looplab.serve.ledger import kv_shape
 from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
@@ -127,11 +127,10 @@ class ContinuousGroup(JoinableRows):
         pager can give blocks for; the rest go back to the queue."""
         if self.pager is None:
             return jobs
-        calls = len(self.decoder.cache.tables)
-        per_block = self.pager.pool.slots
+        free = torch.tensor([row for row, job in enumerate(self.jobs) if job is None], device=self.live.device)
         for count in range(len(jobs), 0, -1):
-            width = self.width if self.decoder.lazy_prompt else max(len(job.prompt) for job in jobs[:count])
-            if self.pager.grant(count * -(-width // per_block) * calls):
+            width = self.decoder.prefill_width(max(len(job.prompt) for job in jobs[:count]))
+            if self.pager.grant(self.decoder.cache.blocks_needed(free[:count], slice(0, width))):
                 break
         else:
             count = 0
@@ -212,13 +211,9 @@ class ContinuousGroup(JoinableRows):
             self.live = self.live[:0]
             return
         keep = torch.tensor(still, device=self.live.device)
-        self.live, self.logits, self.depths, chosen = (
-            self.live[keep],
-            self.logits[keep],
-            self.depths[keep],
-            chosen[keep],
-        )
+        self.live, chosen = self.live[keep], chosen[keep]
         if self.pager is not None:  # the blocks of this step's slot, the latest admitted jobs preempted for them
+            self.logits, self.depths = self.logits[keep], self.depths[keep]  # the live rows', as preempt reads them
             going = self.live
             self.pager.ensure(lambda: decoder.cache.blocks_needed(self.live, slice(slot, slot + 1)))
             if len(self.live) < len(going):

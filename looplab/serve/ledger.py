@@ -15,10 +15,9 @@ as the runner reports them.
 
 from __future__ import annotations
 
-import torch
-
 from looplab.errors import LooplabError
 from looplab.generation.budget import generation_bytes
+from looplab.generation.cache import kv_shape
 from looplab.generation.paged import BLOCK_SLOTS
 from looplab.generation.views import decodable
 from looplab.memory import GIB, device_bytes
@@ -30,7 +29,6 @@ __all__ = [
     "default_kv_memory",
     "group_bytes",
     "job_bytes",
-    "kv_shape",
     "paged_bytes",
     "paged_job_bytes",
     "sized_rows",
@@ -48,16 +46,6 @@ def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int, cach
     view = decodable(model, gated=options.exit_rule.needs_gate)
     policy, params = (options.cache, options.cache_params) if cache is None else (cache, None)
     return generation_bytes(view, rows, width, columns, cap, policy, params)
-
-
-def kv_shape(model) -> tuple[int, int, torch.dtype]:
-    """(key/value heads, head dim, dtype) of ``model``'s layer calls, as a decoder caches them."""
-    cfg = model.cfg
-    return (
-        getattr(cfg, "kv_heads", cfg.n_heads),
-        getattr(cfg, "head_dim", cfg.d_model // cfg.n_heads),
-        model.head.weight.dtype,
-    )
 
 
 def paged_bytes(model, options, slots: int, cap: int) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from looplab.generation.entry import generate
-from looplab.serve.batch import End, Job, Token
+from looplab.serve.batch import End, Job, LiveRows, Token
 
 __all__ = ["WholeGroup", "STEPPED"]
 
@@ -23,7 +23,7 @@ __all__ = ["WholeGroup", "STEPPED"]
 STEPPED = "step"
 
 
-class WholeGroup:
+class WholeGroup(LiveRows):
     """One job decoded whole at its first :meth:`step` (see the module docstring); ``live`` [1] until then.
     Its KV bytes are the job's alone (:func:`~looplab.serve.ledger.job_bytes`)."""
 
@@ -37,17 +37,6 @@ class WholeGroup:
     def __init__(self, model, job: Job):
         self.model, self.jobs = model, [job]
         self.live = torch.zeros(1, dtype=torch.long)
-
-    @property
-    def done(self) -> bool:
-        return len(self.live) == 0
-
-    @property
-    def held(self) -> int:
-        return len(self.live)
-
-    def abandon(self) -> None:
-        self.live = self.live[:0]
 
     def begin(self) -> None:
         """Nothing to prefill: the job runs whole at its first step."""

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from looplab.generation import GenerationExit
+from looplab.generation.cache import kv_shape
 from looplab.generation.options import DecodeOptions
 from looplab.generation.paged import BlockPool, PoolFull
 from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job
 from looplab.serve.engine import Engine, NeverFits
-from looplab.serve.ledger import kv_shape, paged_bytes, paged_job_bytes
+from looplab.serve.ledger import paged_bytes, paged_job_bytes
 from looplab.serve.metrics import registry_for
 from tests.unit.model_helpers import make_model
 from tests.unit.test_engine import PICKINGS, PROMPTS, Sink, _assert_as_alone, _job, _mixed_jobs, _run
