@@ -75,8 +75,11 @@ class KVCache:
 
     A paged cache (:meth:`page`) keeps the calls it is told of in a :class:`~looplab.generation.paged.BlockPool`
     instead, a table each, and ``held`` [B, ⌈S/b⌉] bool says which slot blocks of each row have blocks taken
-    in every table (:meth:`reserve`, :meth:`release`); other calls (another shape, another policy's store,
-    a convolution's) stay dense.
+    (:meth:`reserve`, :meth:`release`); other calls (another shape, another policy's store, a convolution's)
+    stay dense. Under ``per_loop`` a row takes blocks in the core tables of its own loop cap only
+    (``row_loops`` [B], :meth:`assign`), and a ``loop_shared`` row [B] bool (a request for a ``shared`` cache
+    in a batch of per-loop ones) takes loop 1's alone, every later loop's table pointing at them: one store
+    across loops, which each loop overwrites, as a shared cache is.
     """
 
     policy: str
@@ -93,6 +96,11 @@ class KVCache:
     pool: BlockPool | None = None
     tables: dict[tuple, Tensor] = field(default_factory=dict)
     held: Tensor | None = None
+    row_loops: Tensor | None = None
+    loop_shared: Tensor | None = None
+    #: the tables by the loop whose rows take blocks in them: 1 (the prelude's, the coda's, the core's at loop 1
+    #: or, under a policy with one store across loops, its only one), t ≥ 2 (a per-loop core's at loop t)
+    loop_tables: dict[int, list[tuple]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.params = cache_params(self.policy, self.params)
@@ -111,7 +119,7 @@ class KVCache:
             heads, head_dim = heads or self.heads, head_dim or self.head_dim
             shape = (self.batch, heads, self.slots.positions.shape[1], head_dim)
             if key in self.tables and (heads, head_dim) != (self.pool.heads, self.pool.head_dim):
-                self.pool.give(self.tables.pop(key)[self.held])  # a call of its own shape stays dense
+                self._unpage(key)  # a call of its own shape stays dense
             if key in self.tables:
                 self.layers[key] = PagedLayerCache(self.pool, self.tables[key])
             elif site == "core" and self.entry.per_loop and self.loops and self.pool is None:
@@ -159,31 +167,90 @@ class KVCache:
         blocks = -(-self.slots.positions.shape[1] // pool.slots)
         self.tables = {key: torch.zeros(self.batch, blocks, dtype=torch.long, device=self.device) for key in keys}
         self.held = torch.zeros(self.batch, blocks, dtype=torch.bool, device=self.device)
+        self.row_loops = torch.full((self.batch,), max(1, self.loops), dtype=torch.long, device=self.device)
+        self.loop_shared = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        for key in keys:
+            self.loop_tables.setdefault(max(1, key[1]) if key[0] == "core" else 1, []).append(key)
+
+    def assign(self, rows: Tensor, loops: Tensor, shared: Tensor | None = None) -> None:
+        """Rows ``rows`` [R], holding no blocks, take blocks in the per-loop core tables of loops 1..``loops`` [R]
+        only (the deepest each runs), or, where ``shared`` [R] bool, in loop 1's alone (one store across loops:
+        a request for a ``shared`` cache; a per-loop cache's paged rows only). Nothing to do unpaged."""
+        if self.pool is None:
+            return
+        self.row_loops[rows] = loops
+        if shared is not None:
+            if bool(shared.any()) and not self.entry.per_loop:
+                raise ValueError("rows share one store across loops only in a per-loop cache")
+            self.loop_shared[rows] = shared
+
+    def _owns(self, loop: int, loops: Tensor, shared: Tensor) -> Tensor:
+        """[R] bool: whether rows of ``loops`` [R] and ``shared`` [R] take blocks of their own in loop ``loop``'s
+        tables (:attr:`loop_tables`)."""
+        if loop == 1:
+            return torch.ones_like(shared)
+        return (loops >= loop) & ~shared
+
+    def tables_taken(self, loops: Tensor, shared: Tensor) -> Tensor:
+        """[R] long: the tables a row of ``loops`` [R] and ``shared`` [R] takes a block in, for each slot block."""
+        counts = torch.zeros_like(loops)
+        for loop, keys in self.loop_tables.items():
+            counts += len(keys) * self._owns(loop, loops, shared)
+        return counts
+
+    def blocks_for(self, lengths: list[int], loops: list[int], shared: list[bool]) -> int:
+        """Pool blocks the prompts of ``lengths`` tokens of rows yet to be placed take (0 unpaged), each row's
+        of its loop cap and its sharing: what :meth:`reserve` takes for them once assigned (:meth:`assign`)."""
+        if self.pool is None or not lengths:
+            return 0
+        device = self.device
+        blocks = -(-torch.tensor(lengths, device=device) // self.pool.slots)
+        taken = self.tables_taken(torch.tensor(loops, device=device), torch.tensor(shared, device=device))
+        return int((blocks * taken).sum())
+
+    def _missing(self, rows: Tensor, chunk: slice) -> tuple[Tensor, int]:
+        """[R, n] bool: the slot blocks first..first + n − 1 that hold a real slot of ``chunk`` (a token, not
+        padding, :class:`Slots`) of ``rows`` [R] and no block yet; and ``first``."""
+        size = self.pool.slots
+        first, last = chunk.start // size, -(-chunk.stop // size)
+        real = self.slots.real[rows, chunk]
+        ahead, behind = chunk.start - first * size, last * size - chunk.stop
+        real = torch.nn.functional.pad(real, (ahead, behind)).view(len(rows), last - first, size).any(-1)
+        return real & ~self.held[rows, first:last], first
 
     def blocks_needed(self, rows: Tensor, chunk: slice) -> int:
         """Pool blocks :meth:`reserve` would take for slots ``chunk`` of ``rows`` [R] (0 unpaged)."""
         if self.pool is None:
             return 0
-        size = self.pool.slots
-        span = slice(chunk.start // size, -(-chunk.stop // size))
-        return int((~self.held[rows, span]).sum()) * len(self.tables)
+        missing, _ = self._missing(rows, chunk)
+        return int((missing.sum(1) * self.tables_taken(self.row_loops[rows], self.loop_shared[rows])).sum())
 
     def reserve(self, rows: Tensor, chunk: slice) -> None:
-        """Take blocks in every table for the slot blocks of ``chunk`` that ``rows`` [R] hold none for yet, before
-        anything is written there (nothing taken unpaged); :class:`~looplab.generation.paged.PoolFull`, with
-        nothing taken, when the pool has too few free."""
+        """Take blocks for the slot blocks of ``chunk`` that hold real slots of ``rows`` [R] and no blocks yet, in
+        every table each row takes blocks in, before anything is written there (nothing taken unpaged; padding
+        is written to the pool's sink); :class:`~looplab.generation.paged.PoolFull`, with nothing taken, when
+        the pool has too few free."""
         if self.pool is None:
             return
-        size = self.pool.slots
-        first = chunk.start // size
-        missing = ~self.held[rows, first : -(-chunk.stop // size)]
+        missing, first = self._missing(rows, chunk)
         if not missing.any():
             return
         pairs = missing.nonzero(as_tuple=True)
         where = (rows[pairs[0]], pairs[1] + first)
-        ids = self.pool.take(len(where[0]) * len(self.tables)).view(len(self.tables), -1)
-        for table, taken in zip(self.tables.values(), ids):
-            table[where] = taken
+        loops, shared = self.row_loops[where[0]], self.loop_shared[where[0]]
+        ids = self.pool.take(int(self.tables_taken(loops, shared).sum()))
+        start = 0
+        for loop, keys in self.loop_tables.items():
+            owns = self._owns(loop, loops, shared)
+            mine = (where[0][owns], where[1][owns])
+            count = len(mine[0]) * len(keys)
+            for key, taken in zip(keys, ids[start : start + count].view(len(keys), -1)):
+                self.tables[key][mine] = taken
+            start += count
+            if loop > 1 and bool(shared.any()):  # a shared row's later loops write and read loop 1's blocks
+                same = (where[0][shared], where[1][shared])
+                for key in keys:
+                    self.tables[key][same] = self.tables["core", 1, key[2]][same]
         self.held[where] = True
 
     def release(self, rows: Tensor) -> None:
@@ -191,16 +258,33 @@ class KVCache:
         if self.pool is None:
             return
         held = self.held[rows]
-        for table in self.tables.values():
-            self.pool.give(table[rows][held])
-            table[rows] = 0
+        loops, shared = self.row_loops[rows], self.loop_shared[rows]
+        for loop, keys in self.loop_tables.items():
+            owned = held & self._owns(loop, loops, shared)[:, None]
+            for key in keys:
+                self.pool.give(self.tables[key][rows][owned])
+                self.tables[key][rows] = 0
         self.held[rows] = False
+
+    def _unpage(self, key: tuple) -> None:
+        """Keep call ``key``'s keys and values dense instead (a call of another shape than the pool's): the blocks
+        its table holds go back."""
+        if key[0] == "core" and bool(self.loop_shared.any()):
+            raise ValueError("a per-loop core call kept dense cannot be shared across loops by some rows")
+        loop = max(1, key[1]) if key[0] == "core" else 1
+        owned = self.held & self._owns(loop, self.row_loops, self.loop_shared)[:, None]
+        self.pool.give(self.tables.pop(key)[owned])
+        self.loop_tables[loop].remove(key)
 
     def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int) -> None:
         """A per-loop policy: rows that stopped at ``exit_loop`` lend its entries — of every call site of the
         loop, keys, values and convolution inputs alike — to the loops up to ``last_loop``."""
         if not self.entry.per_loop:
             return
+        if self.loop_shared is not None:  # a row sharing one store across loops has nothing to lend
+            rows = rows[~self.loop_shared[rows]]
+            if not len(rows):
+                return
         for k, v in self.stacks.values():  # the exit loop's slice, broadcast over the later ones
             k[exit_loop:last_loop, rows, :, chunk] = k[exit_loop - 1, rows, :, chunk]
             v[exit_loop:last_loop, rows, :, chunk] = v[exit_loop - 1, rows, :, chunk]
@@ -271,7 +355,10 @@ class KVCache:
         stacked = sum(2 * k.numel() * k.element_size() for k, _ in self.stacks.values())
         views = [key for key in self.layers if key[0] == "core" and isinstance(key[2], int) and key[2] in self.stacks]
         dense = sum(entry.nbytes() for key, entry in self.layers.items() if key not in views and key not in self.tables)
-        paged = 0 if self.pool is None else int(self.held.sum()) * len(self.tables) * self.pool.block_bytes
+        if self.pool is None:
+            return stacked + dense
+        taken = self.held.sum(1) * self.tables_taken(self.row_loops, self.loop_shared)
+        paged = int(taken.sum()) * self.pool.block_bytes
         return stacked + dense + paged
 
 

@@ -2,9 +2,11 @@
 of each row addressing its slots through a block table (as vLLM pages its KV cache).
 
 A :class:`BlockPool` holds k and v [N, H, b, Dh]: N blocks of ``b`` slots of one layer call, in the model's
-shape and dtype. Block 0 is never handed out: a table entry no block was taken for points there (zeros,
-never written), so a read of a row's slots before its first real one gathers zeros that its mask hides, as
-the unwritten slots of a dense cache are.
+shape and dtype. Blocks 0 and 1 are never handed out. A table entry no block was taken for points at block 0
+(zeros, never written): a read of slots a row holds no block for gathers zeros that its mask hides, as the
+unwritten slots of a dense cache are. A write there goes to block 1 instead, never read: a row takes blocks
+only for its real slots, and a forward pass over several rows' prompts also runs (and writes) the padding
+after the shorter ones.
 
 A :class:`PagedLayerCache` is one layer call's store (the contract of :mod:`looplab.generation.stores`)
 whose ``table`` [B, ⌈S/b⌉] long maps each row's slot block to a pool block. The
@@ -23,10 +25,14 @@ from torch import Tensor
 
 from looplab.errors import LooplabError
 
-__all__ = ["BlockPool", "PagedLayerCache", "PoolFull", "BLOCK_SLOTS"]
+__all__ = ["BlockPool", "PagedLayerCache", "PoolFull", "BLOCK_SLOTS", "RESERVED_BLOCKS"]
 
 #: slots a block holds (the prefix store's block too: a kept prefix is whole blocks)
 BLOCK_SLOTS = 16
+#: the blocks a pool never hands out: the null block 0 (what unheld slots read) and the sink 1 (where writes
+#: to unheld slots go)
+NULL, SINK = 0, 1
+RESERVED_BLOCKS = 2
 
 
 class PoolFull(LooplabError):
@@ -34,26 +40,32 @@ class PoolFull(LooplabError):
 
 
 class BlockPool:
-    """``blocks`` blocks of ``slots`` slots of keys and values of ``heads`` × ``head_dim`` in ``dtype``; block 0
-    is the null block. The pool grows (:meth:`grow`) up to what its owner's memory allows; blocks are taken
-    and given back by id."""
+    """``blocks`` blocks of ``slots`` slots of keys and values of ``heads`` × ``head_dim`` in ``dtype``; blocks 0
+    and 1 are the null block and the sink. The pool grows (:meth:`grow`) up to what its owner's memory allows;
+    blocks are taken and given back by id."""
 
     def __init__(
-        self, heads: int, head_dim: int, dtype: torch.dtype, device, blocks: int = 1, slots: int = BLOCK_SLOTS
+        self,
+        heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device,
+        blocks: int = RESERVED_BLOCKS,
+        slots: int = BLOCK_SLOTS,
     ):
         self.slots, self.heads, self.head_dim = slots, heads, head_dim
-        shape = (max(1, blocks), heads, slots, head_dim)
+        shape = (max(RESERVED_BLOCKS, blocks), heads, slots, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         #: [1, H, 1] the head index a gather of whole blocks pairs with each block (PagedLayerCache.read)
         self.head_index = torch.arange(heads, device=self.k.device)[None, :, None]
-        self.free_ids = list(range(self.capacity - 1, 0, -1))  # taken from the end: lowest ids first
+        self.free_ids = list(range(self.capacity - 1, RESERVED_BLOCKS - 1, -1))  # taken from the end: lowest first
         #: the gathers' buffers, by store (:meth:`gather`)
         self.buffers: dict[str, Tensor] = {}
 
     @property
     def capacity(self) -> int:
-        """Blocks the pool holds, the null block included."""
+        """Blocks the pool holds, the null block and the sink included."""
         return self.k.shape[0]
 
     @property
@@ -63,7 +75,7 @@ class BlockPool:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the pool holds, its free blocks and the null block included."""
+        """Bytes the pool holds, its free blocks, the null block and the sink included."""
         return self.capacity * self.block_bytes
 
     @property
@@ -74,7 +86,7 @@ class BlockPool:
     @property
     def used(self) -> int:
         """Blocks taken."""
-        return self.capacity - 1 - self.free
+        return self.capacity - RESERVED_BLOCKS - self.free
 
     def grow(self, capacity: int) -> None:
         """Hold ``capacity`` blocks (more than now): the new ones free, the old ones where they were."""
@@ -89,7 +101,9 @@ class BlockPool:
     def take(self, count: int) -> Tensor:
         """[count] long: ids of free blocks, now taken; :class:`PoolFull` when fewer are free."""
         if count > len(self.free_ids):
-            raise PoolFull(f"{count} KV blocks asked for, {len(self.free_ids)} free of {self.capacity - 1}")
+            raise PoolFull(
+                f"{count} KV blocks asked for, {len(self.free_ids)} free of {self.capacity - RESERVED_BLOCKS}"
+            )
         taken = self.free_ids[len(self.free_ids) - count :]
         del self.free_ids[len(self.free_ids) - count :]
         return torch.tensor(taken[::-1], dtype=torch.long, device=self.k.device)
@@ -113,7 +127,8 @@ class BlockPool:
 
 class PagedLayerCache:
     """One layer call's keys and values in ``pool``'s blocks, row b's slot block j at block ``table[b, j]``
-    (0: none taken; the owning cache takes blocks before anything is written there)."""
+    (0: none taken, read as zeros, written to the sink; the owning cache takes blocks for a row's real slots
+    before anything is written there)."""
 
     def __init__(self, pool: BlockPool, table: Tensor):
         self.pool, self.table = pool, table
@@ -132,10 +147,12 @@ class PagedLayerCache:
         """Store the new tokens' k, v [R, H, m, Dh] in slots ``chunk`` of ``rows``."""
         if chunk.stop - chunk.start == 1:  # a decode step's one slot: one block a row, one offset
             blocks, offset = self.table[rows, chunk.start // self.pool.slots], chunk.start % self.pool.slots
+            blocks = blocks.masked_fill(blocks == NULL, SINK)
             self.pool.k[blocks, :, offset] = k[:, :, 0]
             self.pool.v[blocks, :, offset] = v[:, :, 0]
             return
         blocks, offsets = self._where(rows, chunk)
+        blocks = blocks.masked_fill(blocks == NULL, SINK)
         self.pool.k[blocks, :, offsets] = k.transpose(1, 2)
         self.pool.v[blocks, :, offsets] = v.transpose(1, 2)
 
@@ -158,5 +175,5 @@ class PagedLayerCache:
         self.write(rows, chunk, k, v, 0)
 
     def nbytes(self) -> int:
-        """Bytes of the blocks this call's rows hold."""
+        """Bytes of the blocks this call's rows hold (a block two calls share counted in each)."""
         return int((self.table > 0).sum()) * self.pool.block_bytes

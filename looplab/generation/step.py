@@ -106,6 +106,7 @@ class Decoder:
         )
         if pool is not None:
             self.cache.page(pool, len(model.prelude), len(model.core), len(model.coda))
+            self.cache.assign(torch.arange(batch, device=device), self.exits.caps)
         self.rope = None
         if cfg.positional == "rope":
             length = self.width + max_new_tokens
@@ -165,13 +166,20 @@ class Decoder:
         self, rows: Tensor, prompts: list[list[int]], exits=None, start: int = 0, full: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Give each of ``rows`` [R] a new prompt (at most the prompt width) and, where given, an exit of its own
-        (its loops within the decoder's cap): its tokens, length and slots replace the row's, and it is
-        prefilled there while the other rows keep their place and their lazy prompts — from slot ``start`` on,
-        the keys and values before it put in place (``cache.fill_slots``); ``full`` as :meth:`prefill` takes
-        it. Returns what :meth:`prefill` returns for them."""
+        (its loops within the decoder's cap) — :meth:`place` — and prefill it there (:meth:`enter`). Returns
+        what :meth:`prefill` returns for them."""
+        self.place(rows, prompts, exits)
+        return self.enter(rows, start, full)
+
+    def place(self, rows: Tensor, prompts: list[list[int]], exits=None, shared: Tensor | None = None) -> None:
+        """Put a new prompt in each of ``rows`` [R] (its tokens, length and slots replace the row's) and, where
+        given, an exit of its own; ``shared`` [R] bool: rows whose paged per-loop cache keeps one store across
+        loops (:meth:`KVCache.assign <looplab.generation.cache.KVCache.assign>`; their prompts then run to
+        their caps at once). Nothing runs: a cached prefix may be put in place next (``cache.fill_slots``)."""
         device = self.lengths.device
         if exits is not None:
             self.exits.set(rows.tolist(), exits)
+        self.cache.assign(rows, self.exits.caps[rows], shared)
         self.tokens[rows] = PAD
         for row, prompt in zip(rows.tolist(), prompts):
             self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
@@ -179,6 +187,15 @@ class Decoder:
         slots = torch.arange(self.slots.positions.shape[1], device=device)
         self.slots.positions[rows] = slots
         self.slots.real[rows] = slots[None, :] < self.lengths[rows][:, None]  # an earlier occupant's tokens go
+
+    def enter(self, rows: Tensor, start: int = 0, full: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Prefill the prompts :meth:`place` put in ``rows`` [R] while the other rows keep their place and their
+        lazy prompts — from slot ``start`` on, the keys and values before it in place; ``full`` as
+        :meth:`prefill` takes it (a row sharing one store across loops is always full). Returns what
+        :meth:`prefill` returns for them."""
+        shared = self.cache.loop_shared
+        if self.lazy_prompt and shared is not None and bool(shared[rows].any()):
+            full = shared[rows] if full is None else full | shared[rows]
         earlier = self.prompt
         logits, depths = self.prefill(rows, start, full)
         if self.prompt is not None:  # the other rows' lazy prompts stand (free rows' at the cap); these rows' are new

@@ -15,7 +15,10 @@ decoder's lazy prompt, one per row, a newcomer's taking its row's place). A job 
 prompt fits ``width`` and its budget fits the columns left; otherwise the engine starts a new group. A row
 whose job ends is free at once. Given the runner's pager, the rows' keys and values are paged in its pool
 (:mod:`looplab.serve.pager`): a row holds blocks for the slots it has written, and a step that needs blocks
-the pool cannot give preempts the latest admitted job, of this group or another.
+the pool cannot give preempts the latest admitted job, of this group or another. A paged group takes the jobs
+of the ``per_loop`` and the ``shared`` cache together (:func:`pooled_cohort`): its decoder's cache is per-loop,
+and a shared job's row keeps one store across loops (:meth:`KVCache.assign
+<looplab.generation.cache.KVCache.assign>`), so its tokens are those of its own shared cache.
 
 What is shared is every matmul of a step, across the rows; a row's result then differs from the same prompt
 decoded alone in its last float bits (batched matmuls, softmaxes over more masked keys), so greedy tokens
@@ -38,7 +41,32 @@ from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
 
-__all__ = ["ContinuousGroup"]
+__all__ = ["ContinuousGroup", "pooled_cohort"]
+
+#: the cache policies whose jobs share a paged continuous group, where the model allows (:func:`pooled_cohort`)
+POLICIES = ("per_loop", "shared")
+
+
+def pooled_cohort(model, job: Job) -> tuple:
+    """The cohort of ``job`` in a paged continuous group. Jobs of either cache policy of POLICIES share one
+    where the model's passes are chains of layers (every core call's keys and values are then pool blocks,
+    which a ``shared`` job's row keeps one of across loops: :meth:`KVCache.assign
+    <looplab.generation.cache.KVCache.assign>`), but for the read-only exit's; the job's own cohort else."""
+    if job.options.cache not in POLICIES or job.cohort[-1] is not None:
+        return job.cohort
+    if not decodable(model, gated=job.options.exit_rule.needs_gate).capabilities.chains:
+        return job.cohort
+    return (POLICIES, None, *job.cohort[2:])
+
+
+def _shared(job: Job) -> bool:
+    """Whether ``job`` asks for one store across loops (a ``shared`` cache)."""
+    return job.options.cache == "shared"
+
+
+def _loops(job: Job) -> int:
+    """The deepest loop ``job``'s tokens run."""
+    return job.options.exit_rule.loops
 
 
 class ContinuousGroup(JoinableRows):
@@ -80,6 +108,10 @@ class ContinuousGroup(JoinableRows):
     ):
         options = jobs[0].options
         capacity = self.size(model, jobs, capacity, columns, width, cap)
+        if pager is not None:
+            self.cohort = pooled_cohort(model, jobs[0])
+            if self.cohort[0] == POLICIES:  # the decoder's cache is per-loop; a shared job's row keeps one store
+                options = options.but(cache="per_loop")
         loops = self.cap
         model = decodable(model, gated=options.exit_rule.needs_gate)
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
@@ -123,14 +155,14 @@ class ContinuousGroup(JoinableRows):
             raise
 
     def _granted(self, jobs: list[Job]) -> list[Job]:
-        """The first of ``jobs`` whose prompt slots (to the widest of them, as a shared prefill writes them) the
-        pager can give blocks for; the rest go back to the queue."""
+        """The first of ``jobs`` whose prompts' blocks (each its own prompt's, at its own loop cap) the pager can
+        give; the rest go back to the queue."""
         if self.pager is None:
             return jobs
-        free = torch.tensor([row for row, job in enumerate(self.jobs) if job is None], device=self.live.device)
+        cache = self.decoder.cache
         for count in range(len(jobs), 0, -1):
-            width = self.decoder.prefill_width(max(len(job.prompt) for job in jobs[:count]))
-            if self.pager.grant(self.decoder.cache.blocks_needed(free[:count], slice(0, width))):
+            lengths, loops = [len(job.prompt) for job in jobs[:count]], [_loops(job) for job in jobs[:count]]
+            if self.pager.grant(cache.blocks_for(lengths, loops, [_shared(job) for job in jobs[:count]])):
                 break
         else:
             count = 0
@@ -140,11 +172,16 @@ class ContinuousGroup(JoinableRows):
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill ``jobs`` into free rows, those after a kept prefix of one length in one forward pass."""
         decoder, device = self.decoder, self.decoder.lengths.device
-        starts: dict[int, list[int]] = {}
+        rows = []
         for job in jobs:
-            row = self.jobs.index(None)
-            self.jobs[row] = job
-            hit = self.prefixes and self.prefixes.find(self.cohort, job.options.exit_rule.loops, job.prompt)
+            rows.append(self.jobs.index(None))
+            self.jobs[rows[-1]] = job
+        shared = torch.tensor([_shared(job) for job in jobs], device=device)
+        exits = [job.options.exit_rule for job in jobs]
+        decoder.place(torch.tensor(rows, device=device), [job.prompt for job in jobs], exits, shared)
+        starts: dict[int, list[int]] = {}
+        for row, job in zip(rows, jobs):
+            hit = self._keeps(job) and self.prefixes.find(self.cohort, job.options.exit_rule.loops, job.prompt)
             if hit:
                 decoder.cache.fill_slots(torch.tensor([row], device=device), 0, hit.state)
             starts.setdefault(hit.tokens if hit else 0, []).append(row)
@@ -154,16 +191,15 @@ class ContinuousGroup(JoinableRows):
             full = self._full(members)
             if start and full is not None:
                 full = torch.ones_like(full)  # a row after a kept prefix: its prompt is not deepened later
-            logits, depths = decoder.admit(
-                index, [job.prompt for job in members], [job.options.exit_rule for job in members], start, full
-            )
+            logits, depths = decoder.enter(index, start, full)
             if self.logits is not None:
                 logits, depths = torch.cat([self.logits, logits]), torch.cat([self.depths, depths])
             live = torch.cat([self.live, index])
             order = live.argsort()  # rows in order: a full batch's caches are then read by slices
             self.live, self.logits, self.depths = live[order], logits[order], depths[order]
             if full is not None:  # the rows whose prompts ran to their caps: a lazy prompt's later loops are unrun
-                self._keep([row for row, ran in zip(rows, full.tolist()) if ran or not decoder.lazy_prompt])
+                ran = [row for row, whole in zip(rows, full.tolist()) if whole or not decoder.lazy_prompt]
+                self._keep([row for row in ran if self._keeps(self.jobs[row])])
 
     def _leaders(self, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
         """``jobs`` in two batches prefilled one after the other: a job whose first block is kept, or is an
@@ -185,8 +221,16 @@ class ContinuousGroup(JoinableRows):
         tokens need: it reads kept blocks, but keeps none). None without a store."""
         if self.prefixes is None:
             return None
-        full = [self.prefixes.whole_blocks(job.prompt) > 0 and not job.options.exit_rule.adaptive for job in jobs]
+        full = [
+            self._keeps(job) and self.prefixes.whole_blocks(job.prompt) > 0 and not job.options.exit_rule.adaptive
+            for job in jobs
+        ]
         return torch.tensor(full, device=self.live.device)
+
+    def _keeps(self, job: Job) -> bool:
+        """Whether ``job`` reads and keeps prefixes: a group with a store, and the job's own cache per-loop (a
+        shared job's rows hold one loop's keys and values)."""
+        return self.prefixes is not None and job.options.policy.per_loop
 
     def _keep(self, rows: list[int]) -> None:
         """Keep the whole blocks of the prompts just prefilled in ``rows`` to their caps."""
@@ -215,10 +259,15 @@ class ContinuousGroup(JoinableRows):
         if self.pager is not None:  # the blocks of this step's slot, the latest admitted jobs preempted for them
             self.logits, self.depths = self.logits[keep], self.depths[keep]  # the live rows', as preempt reads them
             going = self.live
+            decoder.start(self.live, slot, self._positions())  # a real slot now: the pool's blocks are for real ones
             self.pager.ensure(lambda: decoder.cache.blocks_needed(self.live, slice(slot, slot + 1)))
             if len(self.live) < len(going):
                 chosen = chosen[torch.isin(going, self.live)]
             if self.done:
                 return
+        self.logits, self.depths = decoder.step(self.live, chosen, slot, self._positions())
+
+    def _positions(self) -> Tensor:
+        """[R] the position in its row of each live row's new token (its prompt's length plus the tokens before)."""
         made = torch.tensor([len(self.jobs[row].tokens) for row in self.live.tolist()], device=self.live.device)
-        self.logits, self.depths = decoder.step(self.live, chosen, slot, decoder.lengths[self.live] + made - 1)
+        return self.decoder.lengths[self.live] + made - 1

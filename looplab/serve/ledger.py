@@ -18,7 +18,7 @@ from __future__ import annotations
 from looplab.errors import LooplabError
 from looplab.generation.budget import generation_bytes
 from looplab.generation.cache import kv_shape
-from looplab.generation.paged import BLOCK_SLOTS
+from looplab.generation.paged import BLOCK_SLOTS, RESERVED_BLOCKS
 from looplab.generation.views import decodable
 from looplab.memory import GIB, device_bytes
 
@@ -49,9 +49,10 @@ def group_bytes(model, jobs, rows: int, width: int, columns: int, cap: int, cach
 
 
 def paged_bytes(model, options, slots: int, cap: int) -> int:
-    """Bytes of the pool blocks a job decoded with ``options`` holds with ``slots`` slots written at loop cap
-    ``cap``: a block of :data:`~looplab.generation.paged.BLOCK_SLOTS` slots for each layer call its cache
-    pages."""
+    """Bytes of the pool blocks a job decoded with ``options`` holds with ``slots`` slots written (from a block's
+    start) at loop cap ``cap``: a block of :data:`~looplab.generation.paged.BLOCK_SLOTS` slots for each layer
+    call its cache pages — the prelude's, the coda's and the core's at each loop to ``cap`` (one store across
+    loops but per-loop), as :meth:`KVCache.reserve <looplab.generation.cache.KVCache.reserve>` takes them."""
     view = decodable(model, gated=options.exit_rule.needs_gate)
     loops = cap if options.policy.per_loop else 1
     calls = len(view.prelude) + len(view.coda) + loops * len(view.core)
@@ -65,10 +66,13 @@ def block_bytes(model) -> int:
 
 
 def paged_job_bytes(model, job) -> int:
-    """Bytes a pool must hold to decode ``job`` alone: its prompt's and new tokens' blocks at its loop cap, and
-    the pool's null block."""
-    slots = len(job.prompt) + job.max_new
-    return paged_bytes(model, job.options, slots, job.options.exit_rule.loops) + block_bytes(model)
+    """Bytes a pool must hold to decode ``job`` alone, wherever its group puts its new tokens: its prompt's
+    blocks, those of its new tokens from any slot of a block on (a group writes every row's new token in one
+    column), at its loop cap, and the pool's null block and sink."""
+    rule = job.options.exit_rule
+    prompt = paged_bytes(model, job.options, len(job.prompt), rule.loops)
+    new = paged_bytes(model, job.options, job.max_new + BLOCK_SLOTS - 1, rule.loops)
+    return prompt + new + RESERVED_BLOCKS * block_bytes(model)
 
 
 def job_bytes(model, job) -> int:

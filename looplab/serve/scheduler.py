@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from looplab.errors import LooplabError
 from looplab.serve.batch import End, Failed, Job, Token, joinable_room, solo_bytes
-from looplab.serve.continuous_group import ContinuousGroup
+from looplab.serve.continuous_group import ContinuousGroup, pooled_cohort
 from looplab.serve.depth_group import DepthGroup, depth_batchable
 from looplab.serve.ledger import DoesNotFit, KVLedger, job_bytes, paged_bytes, paged_job_bytes
 from looplab.serve.messages import GroupPlan, GroupState, Join, PoolState, RunnerOutput, SchedulerOutput
@@ -91,6 +91,8 @@ class Scheduler:
         self._recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT)
         #: (cohort, exit) → whether a depth group can run such jobs (worked out once per pair)
         self._depth_ok: dict[tuple, bool] = {}
+        #: (cohort, exit) → a job's cohort in a paged continuous group
+        self._pooled: dict[tuple, tuple] = {}
         self._next_id = 0
         #: the jobs placed in groups and not yet ended, by id (what :meth:`Engine.cancel_all` reaches)
         self.placed: dict[int, Job] = {}
@@ -156,7 +158,7 @@ class Scheduler:
                 else:
                     plans.append(plan)
             else:
-                key = (index,) if self.batching == "exact" else (kind, _cohort(kind, job))
+                key = (index,) if self.batching == "exact" else (kind, self._cohort(kind, job))
                 cohorts.setdefault(key, []).append(job)
         blocked = False  # a cohort's group did not fit: the later ones wait behind it
         for members in cohorts.values():
@@ -238,9 +240,23 @@ class Scheduler:
                 return "depth"
         return "continuous"
 
+    def _cohort(self, kind: str, job: Job) -> tuple:
+        """What the jobs of one group of ``kind`` share: a paged continuous group's say
+        (:func:`~looplab.serve.continuous_group.pooled_cohort`: worked out once per cohort and exit), another
+        joinable kind's class says; a speculative group's rows share the exit's loops K too (they verify at one
+        depth); the job's cohort else."""
+        if kind == self.paged:
+            key = (job.cohort, job.options.exit_rule)
+            if key not in self._pooled:
+                self._pooled[key] = pooled_cohort(self.model, job)
+            return self._pooled[key]
+        if kind in JOINABLE:
+            return JOINABLE[kind].cohort_of(job)
+        return (*job.cohort, job.options.exit_rule.loops) if kind == "speculative" else job.cohort
+
     def _join(self, job: Job, kind: str, groups: dict[int, GroupState], joins: list[Join]) -> bool:
         """Order ``job`` into a running group of its ``kind`` that can take it; whether one could."""
-        cohort = _cohort(kind, job)
+        cohort = self._cohort(kind, job)
         group = next((g for g in groups.values() if g.kind == kind and g.can_take(job, cohort)), None)
         if group is None:
             return False
@@ -302,7 +318,7 @@ class Scheduler:
         join it instead of starting groups of their own (each a forward pass of its own every step; measured:
         bench/serve.py); a lone job on an idle engine gets MIN_ROWS rows and its own room (its caches are
         zeroed and read every step). Rows that do not fit ``free`` are left out."""
-        cohort = _cohort(kind, members[0])
+        cohort = self._cohort(kind, members[0])
         busy = len(members) > 1 or any(g.kind == kind and g.cohort == cohort for g in groups.values())
         rows = self.max_running if busy else min(self.max_running, MIN_ROWS)
         sizes = [*(_size(job) for job in members), *(self._recent if busy else ())]
@@ -326,14 +342,6 @@ class Scheduler:
     def _new(self, kind: str, jobs: list[Job], rows=0, width=0, columns=0, cap=0, nbytes=0) -> GroupPlan:
         """A plan with the next id (taken only when the plan is kept)."""
         return GroupPlan(self._next_id + 1, kind, tuple(jobs), rows, width, columns, cap, nbytes)
-
-
-def _cohort(kind: str, job: Job) -> tuple:
-    """What the jobs of one group of ``kind`` share: a joinable kind's class says; a speculative group's rows
-    share the exit's loops K too (they verify at one depth); the job's cohort else."""
-    if kind in JOINABLE:
-        return JOINABLE[kind].cohort_of(job)
-    return (*job.cohort, job.options.exit_rule.loops) if kind == "speculative" else job.cohort
 
 
 def _size(job: Job) -> tuple[int, int, int]:

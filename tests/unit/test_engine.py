@@ -318,20 +318,25 @@ def test_a_full_batch_stepped_in_another_row_order_reads_each_rows_own_cache(mod
     torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-12)
 
 
-def test_a_job_waiting_for_kv_memory_whose_client_leaves_ends_cancelled_and_the_rest_go_on(model):
-    """Under a KV memory that holds one job at a time the others wait (deferred); one cancelled while it waits
-    ends ``cancelled`` without running, the others decode as alone, and every reserved byte is given back."""
-    from looplab.serve.ledger import job_bytes
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_a_job_waiting_for_kv_memory_whose_client_leaves_ends_cancelled_and_the_rest_go_on(model, paged):
+    """Under a KV memory that holds one job at a time the others wait (deferred): a dense group's reserved
+    whole, or, paged, a prompt whose blocks the pool cannot give beside another's. One cancelled while it
+    waits ends ``cancelled`` without running, the others decode as alone, and every reserved byte is given
+    back."""
+    from looplab.serve.ledger import job_bytes, paged_job_bytes
 
     rule = GenerationExit("fixed", 2)
-    jobs = [_job(p, rule, max_new=4) for p in PROMPTS[:3]]
-    limit = max(job_bytes(model, job) for job, _ in jobs)
+    # paged, a prompt of 3 blocks: two take more than the pool one job may need alone (5 blocks a layer call)
+    prompts = [prompt * 8 for prompt in PROMPTS[:3]] if paged else PROMPTS[:3]
+    jobs = [_job(p[:40], rule, max_new=4) for p in prompts]
+    limit = max((paged_job_bytes if paged else job_bytes)(model, job) for job, _ in jobs)
 
     def leave(engine: Engine) -> None:
         if engine.stats["deferred"]:
             jobs[2][0].cancelled.set()  # its client leaves while it waits
 
-    engine = Engine(model, max_running=8, kv_memory=limit, prefix_memory=0, on_step=leave)
+    engine = Engine(model, max_running=8, kv_memory=limit, prefix_memory=0, on_step=leave, paged=paged)
     engine.submit([job for job, _ in jobs])
     engine.start()
     assert all(sink.closed.wait(60) for _, sink in jobs)
@@ -339,7 +344,7 @@ def test_a_job_waiting_for_kv_memory_whose_client_leaves_ends_cancelled_and_the_
     assert engine.stats["deferred"] > 0 and jobs[2][1].end == End("cancelled") and not jobs[2][1].tokens
     for job, sink in jobs[:2]:
         assert [t.token for t in sink.tokens] == generate(model, [job.prompt], 4, DecodeOptions(rule)).tokens[0]
-    assert engine.ledger.reserved == 0
+    assert engine.ledger.reserved == 0 and engine.pool.used == 0
 
 
 @pytest.mark.parametrize("rules", [[GenerationExit("fixed", 3)], MIXED_EXITS, CARRYING_EXITS], ids=lambda r: len(r))

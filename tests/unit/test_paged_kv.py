@@ -14,11 +14,21 @@ from looplab.generation.paged import BlockPool, PoolFull
 from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job
+from looplab.serve.continuous_group import ContinuousGroup
 from looplab.serve.engine import Engine, NeverFits
 from looplab.serve.ledger import paged_bytes, paged_job_bytes
 from looplab.serve.metrics import registry_for
 from tests.unit.model_helpers import make_model
-from tests.unit.test_engine import PICKINGS, PROMPTS, Sink, _assert_as_alone, _job, _mixed_jobs, _run
+from tests.unit.test_engine import (
+    MIXED_EXITS,
+    PICKINGS,
+    PROMPTS,
+    Sink,
+    _assert_as_alone,
+    _job,
+    _mixed_jobs,
+    _run,
+)
 
 EXITS = [
     GenerationExit("fixed", 3),
@@ -70,14 +80,14 @@ def test_a_paged_decoder_computes_the_dense_decoders_floats(models, rule, cache)
 
 
 def test_a_pool_gives_what_it_has_grows_and_refuses_what_it_lacks():
-    pool = BlockPool(2, 4, torch.float32, "cpu", blocks=3, slots=2)
-    assert (pool.capacity, pool.free, pool.block_bytes) == (3, 2, 2 * 2 * 2 * 4 * 4)
+    pool = BlockPool(2, 4, torch.float32, "cpu", blocks=4, slots=2)
+    assert (pool.capacity, pool.free, pool.block_bytes) == (4, 2, 2 * 2 * 2 * 4 * 4)
     taken = pool.take(2)
-    assert sorted(taken.tolist()) == [1, 2] and pool.free == 0  # block 0 is never handed out
+    assert sorted(taken.tolist()) == [2, 3] and pool.free == 0  # the null block and the sink are never handed out
     with pytest.raises(PoolFull, match="1 KV blocks asked for, 0 free of 2"):
         pool.take(1)
     pool.k[taken] = 7.0
-    pool.grow(6)
+    pool.grow(7)
     assert pool.free == 3 and bool((pool.k[taken] == 7.0).all())  # grown, the blocks in use kept
     pool.give(taken)
     assert pool.used == 0 and pool.free == 5
@@ -174,6 +184,55 @@ def test_mixed_jobs_in_a_roomy_pool_are_never_preempted_and_decode_as_alone(mode
         _assert_as_alone(sink, solo)
 
 
+def _both_caches() -> list[tuple[Job, Sink]]:
+    """The mixed jobs of :data:`MIXED_EXITS`, every other one asking for a ``shared`` cache."""
+    made = _mixed_jobs(MIXED_EXITS)
+    for job, _ in made[1::2]:
+        job.options = job.options.but(cache="shared")
+    return made
+
+
+def test_per_loop_and_shared_jobs_share_one_paged_continuous_group_and_decode_as_alone(models):
+    """Jobs of the ``per_loop`` and ``shared`` caches in turn, at four exits and caps, greedy, sampled and
+    scoring, some arriving mid-decode, run as rows of one paged continuous group (a shared job's row keeps one
+    store across loops: its later loops' tables point at loop 1's blocks); each job's tokens and loops are
+    those it gets alone with its own cache, its log-probabilities within 1e-5; every block goes back."""
+    jobs = _both_caches()
+    engine = _run(jobs, models, "continuous", arrivals=[[jobs[3][0]], [], [jobs[4][0], jobs[5][0]]])
+    assert engine.kinds == {ContinuousGroup} and engine.groups == 1, dict(engine.stats)
+    alone = _both_caches()
+    _run(alone, models, "exact")
+    for (_, sink), (_, solo) in zip(jobs, alone, strict=True):
+        _assert_as_alone(sink, solo)
+    assert engine.pool.used == 0
+
+
+def test_a_row_takes_blocks_for_its_own_prompt_at_its_own_cap_as_the_scheduler_prices_it(model):
+    """Jobs of short and long prompts, caps 3 and 6, per_loop and shared, join a group of a wider prompt and a
+    deeper cap together: the pool gives exactly the blocks the scheduler prices for their prompts (none for
+    the padding after the shorter ones, none for loops past a row's cap, one store across loops for a shared
+    row); the null block stays zeros; leaving, they give every one back."""
+    running, _ = _job([1, 2, 3, 4, 5, 6, 5] * 4, EXITS[1], max_new=4)  # 28 tokens, cap 6
+    group, pager = _paged_group(model, [running])
+    group.begin()
+    held = pager.pool.used
+    joining = [
+        _job(PROMPTS[1], EXITS[0], max_new=4)[0],
+        _job([1, 5, 4, 2] * 5, EXITS[0], max_new=4)[0],
+        _job(PROMPTS[2], EXITS[1], max_new=4)[0],
+    ]
+    joining[2].options = joining[2].options.but(cache="shared")
+    priced = sum(paged_bytes(model, job.options, len(job.prompt), job.options.exit_rule.loops) for job in joining)
+    group.join(joining)
+    assert (pager.pool.used - held) * pager.pool.block_bytes == priced
+    assert group.decoder.cache.nbytes() == pager.pool.used * pager.pool.block_bytes
+    assert not pager.pool.k[0].any() and not pager.pool.v[0].any()
+    for row, job in enumerate(group.jobs):
+        if job is not None and job is not running:
+            group.leave(row)
+    assert pager.pool.used == held
+
+
 def test_a_dense_engine_reserves_its_groups_whole_and_never_preempts(model):
     """``paged=False`` (``looplab serve --dense-kv``): the same jobs under the same memory wait for room instead
     (deferred, never preempted), the continuous groups' bytes held by the ledger, none by a pool; each job
@@ -225,18 +284,18 @@ def test_a_join_whose_second_prefill_fails_frees_the_rows_of_the_first_too(model
     group, pager = _paged_group(model, [running])
     group.begin()
     held = pager.pool.used
-    first, second = _job(PROMPTS[1], EXITS[0], max_new=4)[0], _job(PROMPTS[2], EXITS[0], max_new=4)[0]
+    first, second = _job(PROMPTS[1], EXITS[0], max_new=4)[0], _job(PROMPTS[3], EXITS[0], max_new=4)[0]
     monkeypatch.setattr(group, "_leaders", lambda jobs: ([jobs[0]], [jobs[1]]))
-    admit = group.decoder.admit
+    enter = group.decoder.enter
     calls = []
 
     def failing_second(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("out of memory")
-        return admit(*args, **kwargs)
+        return enter(*args, **kwargs)
 
-    monkeypatch.setattr(group.decoder, "admit", failing_second)
+    monkeypatch.setattr(group.decoder, "enter", failing_second)
     with pytest.raises(RuntimeError, match="out of memory"):
         group.join([first, second])
     assert group.held == 1 and [job for job in group.jobs if job is not None] == [running]
