@@ -5,7 +5,8 @@ runner (:mod:`looplab.serve.runner`) what to do each step through plain messages
 A job is ``waiting`` (queued, or put back when the KV memory cannot hold it now: ``deferred``), ``running``
 (placed in a group: :attr:`Scheduler.placed`), ``preempted`` (sent back by the runner when the paged pool
 ran out: back at the front of the queue, recomputed when admitted again: :mod:`looplab.serve.pager`) or
-``finished`` (its end delivered). ``admitted`` counts a job when it is placed; one whose group or prefill
+``finished`` (its end delivered). ``admitted`` counts a job when it is first placed (not again when it is
+placed after a preemption, or after the runner sent it back for want of blocks); one whose group or prefill
 then fails is counted ``failed`` too. Each step :meth:`Scheduler.schedule` admits waiting jobs, oldest first,
 while fewer than ``max_running`` run:
 
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from looplab.errors import LooplabError
+from looplab.generation.paged import BLOCK_SLOTS
 from looplab.serve.batch import End, Failed, Job, Token, joinable_room, solo_bytes
 from looplab.serve.continuous_group import ContinuousGroup, pooled_cohort
 from looplab.serve.depth_group import DepthGroup, depth_batchable
@@ -174,6 +176,7 @@ class Scheduler:
             self.waiting.extendleft(reversed(deferred))
         for job in [*(job for plan in plans for job in plan.jobs), *(join.job for join in joins)]:
             self.placed[id(job)] = job
+            self.stats["admitted"] += job.admitted == 0
             self._admissions += 1
             job.admitted = self._admissions
         unpaged = self.ledger.limit - self.ledger.held_by_groups
@@ -220,8 +223,14 @@ class Scheduler:
         return self.pool.free * self.pool.block_bytes + max(0, grows)
 
     def _prompt_bytes(self, job: Job) -> int:
-        """Bytes of the pool blocks ``job``'s prompt takes when it is admitted."""
-        return paged_bytes(self.model, job.options, len(job.prompt), job.options.exit_rule.loops)
+        """Bytes of the pool blocks ``job``'s prompt takes when it is admitted, and, for a preempted job, those of
+        the tokens it replays after it (from any slot of a block on): admitted when the pool cannot give them
+        too, it would be preempted again before it got back to where it was."""
+        options, loops = job.options, job.options.exit_rule.loops
+        prompt = paged_bytes(self.model, options, len(job.prompt), loops)
+        if not job.replay:
+            return prompt
+        return prompt + paged_bytes(self.model, options, len(job.replay) + BLOCK_SLOTS - 1, loops)
 
     def _kind(self, job: Job) -> str:
         """The kind of group ``job`` goes to (a key of :data:`looplab.serve.runner.GROUPS`)."""
@@ -262,7 +271,6 @@ class Scheduler:
             return False
         groups[group.id] = replace(group, free_rows=group.free_rows - 1, holds=group.holds + 1)
         joins.append(Join(group.id, job))
-        self.stats["admitted"] += 1
         self.stats["joined"] += 1
         return True
 
@@ -281,7 +289,6 @@ class Scheduler:
                     self.evicting, self.ledger.prefixes = True, 0
                 self._next_id = plan.id
                 self.ledger.reserve(plan.id, plan.nbytes)
-                self.stats["admitted"] += len(plan.jobs)
                 self._recent.extend(_size(job) for job in plan.jobs)
                 return plan
         return None
