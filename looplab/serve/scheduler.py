@@ -22,12 +22,14 @@ while fewer than ``max_running`` run:
 
 A new group is sized here (rows, prompt width, new-token columns, loop cap: :meth:`Scheduler._joinable`). A
 continuous group's keys and values are paged (they cost nothing until written), so a continuous job is
-admitted while its prompt's blocks fit what the pool has free or may grow into; any other new group is
-reserved in the ledger before the runner makes it; when the free memory cannot hold it, a leaner one is tried,
-then the kept prefixes' room is given back, and otherwise the job, and every one after it, goes back to the
-front of the queue in order. :meth:`Scheduler.update` reads the runner's answer: it delivers each job's
-events to its sink (counting tokens, loops and ends), releases the bytes of groups that ended or were never
-made, and keeps the running groups' states for the next admissions.
+admitted while its prompt's blocks (and a preempted job's replayed tokens') fit what the pool has free or may
+grow into, priced as the group takes them (:meth:`KVCache.reserve
+<looplab.generation.cache.KVCache.reserve>`); any other new group is reserved in the ledger before the runner
+makes it; when the free memory cannot hold it, a leaner one is tried, then the kept prefixes' room is given
+back, and otherwise the job, and every one after it, goes back to the front of the queue in order.
+:meth:`Scheduler.update` reads the runner's answer: it delivers each job's events to its sink (counting
+tokens, loops and ends), releases the bytes of groups that ended or were never made, and keeps the running
+groups' states for the next admissions.
 """
 
 from __future__ import annotations
