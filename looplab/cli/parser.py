@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("continuous", "exact", "cohort", "depth"),
         default="continuous",
         help="continuous (default): a request (greedy, sampled or scoring, at any exit) joins the running batch "
-        "of the requests that share its cache policy (per_loop and shared share one) at the next step; depth: "
+        "of the requests that share its cache policy (per_loop and shared share one, paged) at the next step; depth: "
         "continuous, and each core call runs "
         "one loop of every per_loop or shared request's token that it can batch, each at its own loop (a request's "
         "tokens cost its own loops); "

@@ -101,6 +101,8 @@ class KVCache:
     #: the tables by the loop whose rows take blocks in them: 1 (the prelude's, the coda's, the core's at loop 1
     #: or, under a policy with one store across loops, its only one), t ≥ 2 (a per-loop core's at loop t)
     loop_tables: dict[int, list[tuple]] = field(default_factory=dict)
+    #: a core call of a paged cache is kept dense (its shape is not the pool's: :meth:`_unpage`)
+    dense_core: bool = False
 
     def __post_init__(self) -> None:
         self.params = cache_params(self.policy, self.params)
@@ -178,11 +180,17 @@ class KVCache:
         a request for a ``shared`` cache; a per-loop cache's paged rows only). Nothing to do unpaged."""
         if self.pool is None:
             return
+        if bool(self.held[rows].any()):
+            raise ValueError("a row is assigned its tables only while it holds no blocks")
+        if shared is not None and bool(shared.any()) and not self.shares_loops():
+            raise ValueError("rows share one store across loops only where every per-loop core call is paged")
         self.row_loops[rows] = loops
-        if shared is not None:
-            if bool(shared.any()) and not self.entry.per_loop:
-                raise ValueError("rows share one store across loops only in a per-loop cache")
-            self.loop_shared[rows] = shared
+        self.loop_shared[rows] = False if shared is None else shared
+
+    def shares_loops(self) -> bool:
+        """Whether rows may keep one store across loops (:meth:`assign`): paged under a per-loop policy, no core
+        call kept dense (of another shape than the pool's)."""
+        return self.pool is not None and self.entry.per_loop and not self.dense_core
 
     def _owns(self, loop: int, loops: Tensor, shared: Tensor) -> Tensor:
         """[R] bool: whether rows of ``loops`` [R] and ``shared`` [R] take blocks of their own in loop ``loop``'s
@@ -214,6 +222,7 @@ class KVCache:
         size = self.pool.slots
         first, last = chunk.start // size, -(-chunk.stop // size)
         real = self.slots.real[rows, chunk]
+        # the chunk's slots padded out to whole blocks (as unreal), so that each block's slots are one row of a view
         ahead, behind = chunk.start - first * size, last * size - chunk.stop
         real = torch.nn.functional.pad(real, (ahead, behind)).view(len(rows), last - first, size).any(-1)
         return real & ~self.held[rows, first:last], first
@@ -247,11 +256,15 @@ class KVCache:
             for key, taken in zip(keys, ids[start : start + count].view(len(keys), -1)):
                 self.tables[key][mine] = taken
             start += count
-            if loop > 1 and bool(shared.any()):  # a shared row's later loops write and read loop 1's blocks
-                same = (where[0][shared], where[1][shared])
-                for key in keys:
-                    self.tables[key][same] = self.tables["core", 1, key[2]][same]
+            if loop > 1 and bool(shared.any()):
+                self._alias(keys, (where[0][shared], where[1][shared]))
         self.held[where] = True
+
+    def _alias(self, keys: list[tuple], where: tuple[Tensor, Tensor]) -> None:
+        """Point the (row, slot block) entries ``where`` of the later loops' core tables ``keys`` at loop 1's
+        blocks: a row keeping one store across loops writes and reads them at every loop."""
+        for key in keys:
+            self.tables[key][where] = self.tables["core", 1, key[2]][where]
 
     def release(self, rows: Tensor) -> None:
         """Give the pool back every block ``rows`` [R] hold (their slots read as unwritten after)."""
@@ -271,10 +284,13 @@ class KVCache:
         its table holds go back."""
         if key[0] == "core" and bool(self.loop_shared.any()):
             raise ValueError("a per-loop core call kept dense cannot be shared across loops by some rows")
+        self.dense_core = self.dense_core or key[0] == "core"
         loop = max(1, key[1]) if key[0] == "core" else 1
         owned = self.held & self._owns(loop, self.row_loops, self.loop_shared)[:, None]
         self.pool.give(self.tables.pop(key)[owned])
         self.loop_tables[loop].remove(key)
+        if not self.loop_tables[loop]:
+            del self.loop_tables[loop]
 
     def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int) -> None:
         """A per-loop policy: rows that stopped at ``exit_loop`` lend its entries — of every call site of the

@@ -44,24 +44,19 @@ from looplab.tasks.base import PAD
 __all__ = ["ContinuousGroup", "pooled_cohort"]
 
 #: the cache policies whose jobs share a paged continuous group, where the model allows (:func:`pooled_cohort`)
-POLICIES = ("per_loop", "shared")
+POOLED_POLICIES = ("per_loop", "shared")
 
 
 def pooled_cohort(model, job: Job) -> tuple:
-    """The cohort of ``job`` in a paged continuous group. Jobs of either cache policy of POLICIES share one
+    """The cohort of ``job`` in a paged continuous group. Jobs of either cache policy of POOLED_POLICIES share one
     where the model's passes are chains of layers (every core call's keys and values are then pool blocks,
     which a ``shared`` job's row keeps one of across loops: :meth:`KVCache.assign
     <looplab.generation.cache.KVCache.assign>`), but for the read-only exit's; the job's own cohort else."""
-    if job.options.cache not in POLICIES or job.cohort[-1] is not None:
+    if job.options.cache not in POOLED_POLICIES or job.cohort[-1] is not None:
         return job.cohort
     if not decodable(model, gated=job.options.exit_rule.needs_gate).capabilities.chains:
         return job.cohort
-    return (POLICIES, None, *job.cohort[2:])
-
-
-def _shared(job: Job) -> bool:
-    """Whether ``job`` asks for one store across loops (a ``shared`` cache)."""
-    return job.options.cache == "shared"
+    return (POOLED_POLICIES, None, *job.cohort[2:])
 
 
 def _loops(job: Job) -> int:
@@ -110,8 +105,10 @@ class ContinuousGroup(JoinableRows):
         capacity = self.size(model, jobs, capacity, columns, width, cap)
         if pager is not None:
             self.cohort = pooled_cohort(model, jobs[0])
-            if self.cohort[0] == POLICIES:  # the decoder's cache is per-loop; a shared job's row keeps one store
-                options = options.but(cache="per_loop")
+        #: per_loop and shared jobs together: the decoder's cache is per-loop, a shared job's row keeps one store
+        self.pooled = self.cohort[0] == POOLED_POLICIES
+        if self.pooled:
+            options = options.but(cache="per_loop")
         loops = self.cap
         model = decodable(model, gated=options.exit_rule.needs_gate)
         # prefix caching under a per-loop cache, each row's keys and values its own loops' (not read-only's)
@@ -162,7 +159,7 @@ class ContinuousGroup(JoinableRows):
         cache = self.decoder.cache
         for count in range(len(jobs), 0, -1):
             lengths, loops = [len(job.prompt) for job in jobs[:count]], [_loops(job) for job in jobs[:count]]
-            if self.pager.grant(cache.blocks_for(lengths, loops, [_shared(job) for job in jobs[:count]])):
+            if self.pager.grant(cache.blocks_for(lengths, loops, [self._one_store(job) for job in jobs[:count]])):
                 break
         else:
             count = 0
@@ -176,7 +173,7 @@ class ContinuousGroup(JoinableRows):
         for job in jobs:
             rows.append(self.jobs.index(None))
             self.jobs[rows[-1]] = job
-        shared = torch.tensor([_shared(job) for job in jobs], device=device)
+        shared = torch.tensor([self._one_store(job) for job in jobs], device=device)
         exits = [job.options.exit_rule for job in jobs]
         decoder.place(torch.tensor(rows, device=device), [job.prompt for job in jobs], exits, shared)
         starts: dict[int, list[int]] = {}
@@ -208,6 +205,9 @@ class ContinuousGroup(JoinableRows):
             return jobs, []
         leaders, followers, heads = [], [], set()
         for job in jobs:
+            if not self._keeps(job):  # it reads no kept prefix, and keeps none for a later one
+                leaders.append(job)
+                continue
             head = tuple(job.prompt[: self.prefixes.block]) if self.prefixes.whole_blocks(job.prompt) else None
             known = head is not None and (head in heads or self.prefixes.has_first(self.cohort, job, head))
             (followers if known else leaders).append(job)
@@ -226,6 +226,10 @@ class ContinuousGroup(JoinableRows):
             for job in jobs
         ]
         return torch.tensor(full, device=self.live.device)
+
+    def _one_store(self, job: Job) -> bool:
+        """Whether ``job``'s row keeps one store across loops: a ``shared`` job in a group of both policies."""
+        return self.pooled and job.options.cache == "shared"
 
     def _keeps(self, job: Job) -> bool:
         """Whether ``job`` reads and keeps prefixes: a group with a store, and the job's own cache per-loop (a
@@ -256,16 +260,18 @@ class ContinuousGroup(JoinableRows):
             return
         keep = torch.tensor(still, device=self.live.device)
         self.live, chosen = self.live[keep], chosen[keep]
+        positions = self._positions()
         if self.pager is not None:  # the blocks of this step's slot, the latest admitted jobs preempted for them
             self.logits, self.depths = self.logits[keep], self.depths[keep]  # the live rows', as preempt reads them
             going = self.live
-            decoder.start(self.live, slot, self._positions())  # a real slot now: the pool's blocks are for real ones
+            decoder.start(self.live, slot, positions)  # a real slot now: the pool's blocks are for real ones
             self.pager.ensure(lambda: decoder.cache.blocks_needed(self.live, slice(slot, slot + 1)))
             if len(self.live) < len(going):
-                chosen = chosen[torch.isin(going, self.live)]
+                kept = torch.isin(going, self.live)
+                chosen, positions = chosen[kept], positions[kept]
             if self.done:
                 return
-        self.logits, self.depths = decoder.step(self.live, chosen, slot, self._positions())
+        self.logits, self.depths = decoder.step(self.live, chosen, slot, positions)
 
     def _positions(self) -> Tensor:
         """[R] the position in its row of each live row's new token (its prompt's length plus the tokens before)."""

@@ -52,7 +52,8 @@ def paged_bytes(model, options, slots: int, cap: int) -> int:
     """Bytes of the pool blocks a job decoded with ``options`` holds with ``slots`` slots written (from a block's
     start) at loop cap ``cap``: a block of :data:`~looplab.generation.paged.BLOCK_SLOTS` slots for each layer
     call its cache pages — the prelude's, the coda's and the core's at each loop to ``cap`` (one store across
-    loops but per-loop), as :meth:`KVCache.reserve <looplab.generation.cache.KVCache.reserve>` takes them."""
+    loops but per-loop), as :meth:`KVCache.reserve <looplab.generation.cache.KVCache.reserve>` takes them
+    (under ``last_m``, whose core rings stay dense, one core store stands for them)."""
     view = decodable(model, gated=options.exit_rule.needs_gate)
     loops = cap if options.policy.per_loop else 1
     calls = len(view.prelude) + len(view.coda) + loops * len(view.core)

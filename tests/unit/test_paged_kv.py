@@ -207,6 +207,24 @@ def test_per_loop_and_shared_jobs_share_one_paged_continuous_group_and_decode_as
     assert engine.pool.used == 0
 
 
+def test_shared_jobs_outside_a_group_of_both_policies_keep_their_own_shared_cache(model):
+    """Shared jobs at the read-only exit (which runs every row to one cap: they keep a group of their own,
+    under the shared policy) run paged beside a per_loop job, each equal to alone."""
+
+    def jobs() -> list[tuple[Job, Sink]]:
+        made = [_job(prompt, GenerationExit("convergence", 5, {"eps": 0.2})) for prompt in PROMPTS[:3]]
+        for job, _ in made[1:]:
+            job.options = job.options.but(cache="shared", decoder_params={"read_only_exit": True})
+        return made
+
+    paged, alone = jobs(), jobs()
+    engine = _run(paged, model, "continuous")
+    _run(alone, model, "exact")
+    assert engine.groups == 2 and engine.stats["failed"] == 0, dict(engine.stats)
+    for (_, sink), (_, solo) in zip(paged, alone, strict=True):
+        _assert_as_alone(sink, solo)
+
+
 def test_a_row_takes_blocks_for_its_own_prompt_at_its_own_cap_as_the_scheduler_prices_it(model):
     """Jobs of short and long prompts, caps 3 and 6, per_loop and shared, join a group of a wider prompt and a
     deeper cap together: the pool gives exactly the blocks the scheduler prices for their prompts (none for

@@ -349,3 +349,33 @@ def test_a_config_looplab_cannot_run_is_refused_naming_the_field(fields, message
 def test_an_unknown_state_init_of_the_adapter_is_refused():
     with pytest.raises(LooplabError, match="unknown Parcae state_init 'noise'; valid choices: zero, random"):
         ParcaeLoop(build(TINY), state_init="noise")
+
+
+#: a core narrower than the prelude and coda (4 heads of 8 dims against 8 of 8; no value embedding in it)
+NARROW_CORE = dict(TINY, n_embd=64, num_attention_heads=8, num_key_value_heads=8, recurrent_embedding_dimension=32,
+                   recurrent_num_attention_heads=4, n_layers_in_recurrent_block=1, injection_type="linear")  # fmt: skip
+
+
+@pytest.mark.parametrize("cache", ["per_loop", "shared"])
+@pytest.mark.parametrize("layout", ["tiny", "mixed", "narrow core"])
+def test_a_paged_decoder_gives_the_dense_decoders_floats(loops, layout, cache):
+    """Keys and values paged in a pool of the model's shape — the narrow core's calls, of another shape, kept
+    dense beside it — give the dense cache's tokens, loops and log-probabilities exactly; every block goes
+    back when the rows are released."""
+    if layout == "narrow core":
+        loops = {layout: ParcaeLoop(build(NARROW_CORE, seed=2))}
+    from looplab.generation.cache import kv_shape
+    from looplab.generation.paged import BlockPool
+    from looplab.generation.step import Decoder
+    from looplab.generation.views import decodable
+
+    view = decodable(loops[layout])
+    options = DecodeOptions(GenerationExit("fixed", 3), cache)
+    with torch.no_grad():
+        dense = Decoder(view, PROMPTS, NEW, options).run()
+        pool = BlockPool(*kv_shape(view), "cpu", blocks=2000, slots=4)
+        decoder = Decoder(view, PROMPTS, NEW, options, pool=pool)
+        paged = decoder.run()
+    assert (paged.tokens, paged.depths, paged.logprobs) == (dense.tokens, dense.depths, dense.logprobs)
+    decoder.cache.release(torch.arange(len(PROMPTS)))
+    assert pool.used == 0
