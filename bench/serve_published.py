@@ -10,9 +10,11 @@ ids, at the family's fixed depth (Ouro 4 loops, its native count; Huginn ``--hug
 server of its own: ``continuous`` (a step runs every row's token to its exit, so the deepest row sets the
 step's loops) and ``depth`` (a step is one loop of every row's token, each at its own loop).
 
-Per cell: new tokens per second of wall time, p50 latency, the ratio to one at a time, and how many answers
-equal the same request's answer one at a time. Goals (Ouro): ``--clients`` 8 ≥ 3× one client's tokens/s;
-under that load the gate exit's tokens/s ≥ 0.8 × (4 / its mean depth) × fixed 4's.
+Per cell: new tokens per second of wall time, p50 latency, the ratio to one at a time, how many answers
+equal the same request's answer one at a time, and the engine steps it took and the requests that joined a
+running batch (``/metrics``: how the arrivals were batched, which moves the tokens/s from run to run).
+Goals (Ouro): ``--clients`` 8 ≥ 3× one client's tokens/s; under that load the gate exit's tokens/s ≥ 0.8 ×
+(4 / its mean depth) × fixed 4's.
 
     python bench/serve_published.py [--family ouro huginn] [--batching continuous depth] [--requests 8]
                                     [--clients 8] [--max-tokens 8] [--dense-kv]
@@ -33,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from published_shapes import write_random_dir
 from serve import load
 from timing import machine_line, print_table, print_verdict
@@ -92,7 +95,7 @@ def main() -> None:
                     server.send_signal(signal.SIGTERM)
                     server.wait(120)
     header = ["family", "batching", "exit", "clients", "answered", "tok/s", "p50 s", "mean loops", "vs 1 client",
-              "= alone"]  # fmt: skip
+              "= alone", "steps", "joined"]  # fmt: skip
     print_table(header, rows)
     if "ouro" not in args.family:
         return
@@ -106,6 +109,18 @@ def main() -> None:
         label = f"serve ouro-1.4b, {batching}, {args.clients} clients: gate 0.5 vs fixed 4 tokens/s"
         label += ", over 4 / mean depth"
         print_verdict(label, share, GOAL_GATE)
+
+
+def engine_counts(url: str) -> dict[str, float]:
+    """The server's engine steps and job counts (``joined``: jobs that joined a running batch, each prefilled
+    there with the others joining that step) from ``/metrics``."""
+    counts = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("looplab_jobs_total{"):
+            counts[line.split('event="')[1].split('"')[0]] = float(line.split()[-1])
+        elif line.startswith("looplab_engine_steps_total "):
+            counts["steps"] = float(line.split()[-1])
+    return counts
 
 
 def cells_of(family: str) -> dict[str, dict]:
@@ -123,7 +138,9 @@ def run_cell(url: str, args, family: str, batching: str, cell: str, fields: dict
     ]  # fmt: skip
     rows, alone = [], None
     for clients in (1, args.clients):
+        before = engine_counts(url)
         seconds, latencies, tokens, answers = asyncio.run(load(url, bodies, clients, args.time_limit))
+        counts = {key: value - before.get(key, 0) for key, value in engine_counts(url).items()}
         key = (family, batching, cell, clients)
         rates[key] = tokens / seconds
         depths[key] = statistics.mean(answer["usage"]["loops"]["mean"] for answer in answers.values())
@@ -133,7 +150,8 @@ def run_cell(url: str, args, family: str, batching: str, cell: str, fields: dict
         ratio = rates[key] / rates[family, batching, cell, 1]
         rows.append([family, batching, cell, clients, f"{len(latencies)}/{len(bodies)}", f"{rates[key]:.2f}",
                      f"{statistics.median(latencies):.1f}", f"{depths[key]:.2f}", f"{ratio:.2f}x",
-                     f"{same}/{len(tokens_of)}"])  # fmt: skip
+                     f"{same}/{len(tokens_of)}", f"{counts.get('steps', 0):.0f}",
+                     f"{counts.get('joined', 0):.0f}"])  # fmt: skip
         print("row: " + " | ".join(map(str, rows[-1])), flush=True)
     return rows
 
