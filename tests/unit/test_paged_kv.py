@@ -93,30 +93,32 @@ def test_a_pool_gives_what_it_has_grows_and_refuses_what_it_lacks():
     assert pool.used == 0 and pool.free == 5
 
 
-def _tight_jobs(model, count=6, max_new=40):
-    """``count`` jobs of mixed pickings and exits, and a KV memory that holds every prompt but only half of
-    the blocks their generations reach (so the pool runs out mid-decode)."""
+def _tight_jobs(model, count=6, max_new=40, caches=("per_loop",)):
+    """``count`` jobs of mixed pickings and exits (and ``caches`` in turn), and a KV memory that holds every
+    prompt but only half of the blocks their generations reach (so the pool runs out mid-decode)."""
     jobs = []
     for index in range(count):
         prompt, picking = PROMPTS[index % len(PROMPTS)], PICKINGS[index % 5]  # no scoring job: budgets alike
-        sink = Sink()
-        jobs.append((Job(prompt, max_new, DecodeOptions(EXITS[index % 3]), picking, sink), sink))
+        sink, options = Sink(), DecodeOptions(EXITS[index % 3], cache=caches[index % len(caches)])
+        jobs.append((Job(prompt, max_new, options, picking, sink), sink))
     widest = max(len(job.prompt) for job, _ in jobs)
     whole = sum(paged_bytes(model, job.options, widest + max_new, 6) for job, _ in jobs)
     return jobs, whole // 2
 
 
-def test_a_pool_that_runs_out_preempts_the_latest_job_which_is_recomputed_as_alone(model):
-    """Greedy and seeded sampled jobs at three exits, in a KV memory of half what they reach: jobs are
-    preempted (counted), every one is answered, and each one's tokens and loops are those it gets alone, its
-    log-probabilities within 1e-5 (a sampled job draws nothing while it replays); the pool is empty after."""
-    jobs, memory = _tight_jobs(model)
+@pytest.mark.parametrize("caches", [("per_loop",), ("per_loop", "shared")], ids=len)
+def test_a_pool_that_runs_out_preempts_the_latest_job_which_is_recomputed_as_alone(model, caches):
+    """Greedy and seeded sampled jobs at three exits (of the per_loop cache, or of both policies in one
+    group), in a KV memory of half what they reach: jobs are preempted (counted), every one is answered, and
+    each one's tokens and loops are those it gets alone, its log-probabilities within 1e-5 (a sampled job
+    draws nothing while it replays); the pool is empty after."""
+    jobs, memory = _tight_jobs(model, caches=caches)
     engine = Engine(model, max_running=8, kv_memory=memory, prefix_memory=0).start()
     engine.submit([job for job, _ in jobs])
     assert all(sink.closed.wait(120) for _, sink in jobs)
     engine.close(60)
     assert engine.stats["preempted"] > 0, dict(engine.stats)
-    alone, _ = _tight_jobs(model)
+    alone, _ = _tight_jobs(model, caches=caches)
     _run(alone, model, "exact")
     for (_, sink), (_, solo) in zip(jobs, alone, strict=True):
         _assert_as_alone(sink, solo)
@@ -249,6 +251,44 @@ def test_a_row_takes_blocks_for_its_own_prompt_at_its_own_cap_as_the_scheduler_p
         if job is not None and job is not running:
             group.leave(row)
     assert pager.pool.used == held
+
+
+def test_blocks_taken_and_given_back_in_any_order_balance(model):
+    """Rows placed at random caps, some keeping one store across loops, taking blocks for random chunks of their
+    real slots and released in random order: after every operation the pool's used blocks are what the cache
+    says it holds, no block is in two places a row owns, and at the end every block is back, once."""
+    view = decodable(model)
+    heads, head_dim, dtype = kv_shape(view)
+    pool = BlockPool(heads, head_dim, dtype, "cpu", blocks=3000, slots=4)
+    decoder = Decoder(view, [[1]] * 6, 24, DecodeOptions(GenerationExit("fixed", 4)), width=12, cap=4, pool=pool)
+    cache, draw = decoder.cache, torch.Generator().manual_seed(0)
+    holding: set[int] = set()
+
+    def rand(high: int) -> int:
+        return int(torch.randint(high, (1,), generator=draw))
+
+    for _ in range(200):
+        row = torch.tensor([rand(6)])
+        if int(row) in holding and rand(3) == 0:
+            cache.release(row)
+            holding.discard(int(row))
+        elif int(row) not in holding:
+            length = 1 + rand(12)
+            decoder.place(row, [[1] * length], [GenerationExit("fixed", 1 + rand(4))], torch.tensor([rand(2) == 1]))
+            cache.reserve(row, slice(0, 12))
+            holding.add(int(row))
+        else:
+            slot = 12 + rand(24)
+            decoder.start(row, slot, torch.tensor([slot]))
+            cache.reserve(row, slice(slot, slot + 1))
+        assert cache.nbytes() == pool.used * pool.block_bytes
+        owned = []
+        for loop, keys in cache.loop_tables.items():
+            mine = cache.held & cache._owns(loop, cache.row_loops, cache.loop_shared)[:, None]
+            owned += [int(i) for key in keys for i in cache.tables[key][mine]]
+        assert len(owned) == len(set(owned)) == pool.used and min(owned, default=2) >= 2
+    cache.release(torch.arange(6))
+    assert pool.used == 0 and len(set(pool.free_ids)) == pool.free == pool.capacity - 2
 
 
 def test_a_dense_engine_reserves_its_groups_whole_and_never_preempts(model):
