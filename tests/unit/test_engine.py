@@ -78,6 +78,28 @@ def models(request):
     return tiny_llama_retrofit().eval()
 
 
+def test_an_idle_engine_takes_a_burst_of_jobs_in_its_first_step(model):
+    """Jobs sent 10 ms apart to an idle engine whose steps cost enough that waiting for them pays (a latest step
+    of 100 s: it waits up to its gather limit, here 0.5 s, for each next one) are admitted together in its
+    first step, prefilled in one group, none joining it later; each decodes as alone."""
+    import time
+
+    rule = GenerationExit("fixed", 3)
+    jobs = [_job(prompt, rule) for prompt in PROMPTS[:4]]
+    firsts = []
+    engine = Engine(model, max_running=8, on_step=lambda engine: firsts.append(engine.stats["admitted"]))
+    engine.step_seconds, engine.gather_max = 100.0, 0.5
+    engine.start()
+    for job, _ in jobs:
+        engine.submit([job])
+        time.sleep(0.01)
+    assert all(sink.closed.wait(60) for _, sink in jobs)
+    engine.close(60)
+    assert firsts[0] == 4 and engine.stats["joined"] == 0, (firsts, dict(engine.stats))
+    for job, sink in jobs:
+        assert [t.token for t in sink.tokens] == generate(model, [job.prompt], 6, DecodeOptions(rule)).tokens[0]
+
+
 @pytest.mark.parametrize("rule", [GenerationExit("fixed", 3), GenerationExit("convergence", 6, {"eps": 0.2})])
 def test_jobs_arriving_mid_decode_join_the_running_batch_and_decode_as_alone(models, rule):
     model = models
