@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--dense-kv",
         action="store_true",
-        help="continuous batches keep dense KV caches of their own, reserved whole when made, instead of the "
+        help="continuous and depth batches keep dense KV caches of their own, reserved whole when made, instead of the "
         "paged pool (faster steps at long contexts; nothing is preempted)",
     )
     serve.add_argument(

@@ -103,6 +103,9 @@ class KVCache:
     loop_tables: dict[int, list[tuple]] = field(default_factory=dict)
     #: a core call of a paged cache is kept dense (its shape is not the pool's: :meth:`_unpage`)
     dense_core: bool = False
+    #: a paged per-loop cache's core tables of call ``index`` at every loop, [K, B, ⌈S/b⌉] (each loop's table a
+    #: view of its slice: depth-wise batching indexes the loop like any other dimension)
+    core_tables: dict[int, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.params = cache_params(self.policy, self.params)
@@ -168,6 +171,11 @@ class KVCache:
         self.pool = pool
         blocks = -(-self.slots.positions.shape[1] // pool.slots)
         self.tables = {key: torch.zeros(self.batch, blocks, dtype=torch.long, device=self.device) for key in keys}
+        if self.entry.per_loop and ("core", 1, 0) in self.tables:  # each core call's loops: views of one tensor
+            for index in range(core):
+                stack = torch.zeros(len(loops), self.batch, blocks, dtype=torch.long, device=self.device)
+                self.core_tables[index] = stack
+                self.tables.update({("core", t, index): stack[t - 1] for t in loops})
         self.held = torch.zeros(self.batch, blocks, dtype=torch.bool, device=self.device)
         self.row_loops = torch.full((self.batch,), max(1, self.loops), dtype=torch.long, device=self.device)
         self.loop_shared = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
@@ -242,10 +250,30 @@ class KVCache:
         if self.pool is None:
             return
         missing, first = self._missing(rows, chunk)
-        if not missing.any():
+        if missing.any():
+            pairs = missing.nonzero(as_tuple=True)
+            self._take((rows[pairs[0]], pairs[1] + first))
+
+    def blocks_needed_at(self, rows: Tensor, slots: Tensor) -> int:
+        """Pool blocks :meth:`reserve_at` would take for one slot of each of ``rows`` [R], ``slots`` [R]."""
+        if self.pool is None:
+            return 0
+        missing = ~self.held[rows, slots // self.pool.slots]
+        return int(self.tables_taken(self.row_loops[rows[missing]], self.loop_shared[rows[missing]]).sum())
+
+    def reserve_at(self, rows: Tensor, slots: Tensor) -> None:
+        """:meth:`reserve` for one (real) slot of each of ``rows`` [R], ``slots`` [R] (each row's token in its own
+        slot: depth-wise batching)."""
+        if self.pool is None:
             return
-        pairs = missing.nonzero(as_tuple=True)
-        where = (rows[pairs[0]], pairs[1] + first)
+        blocks = slots // self.pool.slots
+        missing = ~self.held[rows, blocks]
+        if missing.any():
+            self._take((rows[missing], blocks[missing]))
+
+    def _take(self, where: tuple[Tensor, Tensor]) -> None:
+        """Take blocks for the (row, slot block) pairs ``where`` [P] in every table each row takes blocks in (a row
+        keeping one store across loops: its later loops' tables point at loop 1's)."""
         loops, shared = self.row_loops[where[0]], self.loop_shared[where[0]]
         ids = self.pool.take(int(self.tables_taken(loops, shared).sum()))
         start = 0

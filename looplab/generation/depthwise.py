@@ -99,13 +99,14 @@ class DepthwiseDecoder(Decoder):
 
     def __init__(
         self, model, prompts, max_new_tokens, options, finished=None, forced=None, max_batch=0, width=0, exits=None,
-        cap=0,
+        cap=0, pool=None,
     ):  # fmt: skip
         batch = min(max_batch or len(prompts), len(prompts))
         width = max(width, *map(len, prompts))  # every prompt fits the rows' prompt slots, whichever row it takes
         first = prompts[:batch]
-        super().__init__(model, first, max_new_tokens, options, finished, forced, width, exits, cap)
-        self.stacks = [self.cache.stack(index) for index in range(len(self.model.core))]
+        super().__init__(model, first, max_new_tokens, options, finished, forced, width, exits, cap, pool)
+        # the core's keys and values of every loop: dense stacks, or, paged, the tables of the pool's blocks
+        self.stacks = [] if pool is not None else [self.cache.stack(index) for index in range(len(self.model.core))]
         #: [B] the rows that read every earlier token at its exit depth (``shared``'s reading, kept in the
         #: per-loop stacks: :meth:`take`), not at their own loop
         self.reads_cap = torch.zeros(len(self.lengths), dtype=torch.bool, device=self.lengths.device)
@@ -188,13 +189,16 @@ class DepthwiseDecoder(Decoder):
         state.slot[rows] = self.width - 1
         shared = torch.zeros(len(rows), dtype=torch.bool, device=rows.device) if shared is None else shared
         self.reads_cap[rows] = shared
-        return self.admit(rows, prompts, exits, full=shared if bool(shared.any()) else None)
+        # paged, such a row keeps one store across loops (what it writes at every later loop lands there too)
+        self.place(rows, prompts, exits, shared if self.cache.shares_loops() else None)
+        return self.enter(rows, full=shared if bool(shared.any()) else None)
 
     def start_tokens(self, state: InFlight, rows: Tensor, tokens: Tensor) -> None:
         """Put each row's latest token [R] in its next slot and run its prelude: the row is at loop 0 of it."""
         state.slot[rows] += 1
         slot = state.slot[rows]
         self.start(rows, slot, self.lengths[rows] + slot - self.width)
+        self.cache.reserve_at(rows, slot)  # a paged cache's blocks for the new slots, before anything runs
         x = self.model.embedding(tokens[:, None])
         if self.model.positions is not None:
             x = x + self.model.positions.weight[self.slots.positions[rows, slot]][:, None]
@@ -249,8 +253,10 @@ class DepthwiseDecoder(Decoder):
             rope = (self.rope[0][positions][:, None], self.rope[1][positions][:, None])
         lockstep = None
         # rows come sorted (nonzero, or sorted lists), so every row of the batch is rows 0..B-1 in order; a row
-        # that reads at its cap is read at another loop than it writes
-        if len(rows) == len(self.lengths) and bool((slot == slot[0]).all()) and not bool(self.reads_cap.any()):
+        # that reads at its cap is read at another loop than it writes; paged blocks are indexed in any case
+        paged = self.cache.pool is not None
+        same = len(rows) == len(self.lengths) and bool((slot == slot[0]).all()) and not bool(self.reads_cap.any())
+        if same and not paged:
             if loop is None or bool((loop == loop[0]).all()):  # every row at one slot and loop: slices, no gathers
                 lockstep = (int(slot[0]), 0 if loop is None else int(loop[0]))
         writes = None
@@ -308,16 +314,38 @@ class DepthCalls:
 
     def layer(self, index: int, layer, x: Tensor) -> Tensor:
         """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
-        if self.loop is None:
-            entry = self.decoder.cache.layer(self.site, 0, index)
-            keys = (entry.k, entry.v)
-        else:
-            keys = self.decoder.stacks[index]
+        cache = self.decoder.cache
+        if cache.pool is not None:
+            store = cache.layer(self.site, 0, index) if self.loop is None else cache.core_tables[index]
 
-        def attend(y: Tensor) -> Tensor:
-            return self.attention(layer.attn, y, *keys)
+            def attend(y: Tensor) -> Tensor:
+                return self.paged_attention(layer.attn, y, store)
+
+        else:
+            if self.loop is None:
+                entry = cache.layer(self.site, 0, index)
+                keys = (entry.k, entry.v)
+            else:
+                keys = self.decoder.stacks[index]
+
+            def attend(y: Tensor) -> Tensor:
+                return self.attention(layer.attn, y, *keys)
 
         return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
+
+    def paged_attention(self, attn, x: Tensor, store) -> Tensor:
+        """:meth:`attention` over the pool's blocks: ``store`` a prelude or coda call's
+        :class:`~looplab.generation.paged.PagedLayerCache`, or a core call's tables of every loop [K, B, n]."""
+        q, k, v = rotated_projection(attn, x, self.rope)
+        stop, pool = self.allowed.shape[-1], self.decoder.cache.pool
+        if self.loop is None:
+            store.write_at(self.rows, self.slot, k, v)
+            keys, values = pool.read(store.table[self.rows], stop)
+        else:
+            which, loops, rows, slots = self.writes
+            pool.put(store[loops, rows, slots // pool.slots], slots % pool.slots, k[which, :, 0], v[which, :, 0])
+            keys, values = pool.read(store[self.read - 1, self.rows], stop)
+        return attend(attn, x, q, keys, values, self.allowed)
 
     def attention(self, attn, x: Tensor, k_store: Tensor, v_store: Tensor) -> Tensor:
         """Attention of x [R, 1, d] over its row's slots, after writing its keys and values: into

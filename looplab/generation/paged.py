@@ -120,6 +120,24 @@ class BlockPool:
             buffer = self.buffers[store] = source.new_empty(len(pieces), width)
         return torch.index_select(source.view(-1, width), 0, pieces, out=buffer[: len(pieces)])
 
+    def put(self, blocks: Tensor, offsets: Tensor | int, k: Tensor, v: Tensor) -> None:
+        """Write k, v [P, H, Dh] at slot ``offsets`` ([P], or one for all) of ``blocks`` [P] (a table entry no block
+        was taken for: the sink)."""
+        blocks = blocks.masked_fill(blocks == NULL, SINK)
+        self.k[blocks, :, offsets] = k
+        self.v[blocks, :, offsets] = v
+
+    def read(self, blocks: Tensor, stop: int) -> tuple[Tensor, Tensor]:
+        """Keys and values [R, H, stop, Dh] of slots 0..stop − 1 of rows whose slot blocks are ``blocks`` [R, n]
+        (n ≥ ⌈stop/b⌉), gathered in one copy laid out as a dense cache's (rows, heads, slots)."""
+        blocks = blocks[:, : -(-stop // self.slots)]
+        count, width = blocks.shape
+        # the pool's (block, head) pieces of b slots in the order [R, H, n]: one index_select of the pool seen as
+        # [N·H, b·Dh] (measured: the fastest of the gathers tried)
+        pieces = (blocks[:, None, :] * self.heads + self.head_index).view(-1)
+        shape = (count, self.heads, width * self.slots, self.head_dim)
+        return tuple(self.gather(store, pieces).view(shape)[:, :, :stop] for store in ("k", "v"))
+
     def give(self, ids: Tensor) -> None:
         """Give back the blocks ``ids`` [n] (their contents stay until another taker writes them)."""
         self.free_ids.extend(ids.tolist())
@@ -147,27 +165,22 @@ class PagedLayerCache:
         """Store the new tokens' k, v [R, H, m, Dh] in slots ``chunk`` of ``rows``."""
         if chunk.stop - chunk.start == 1:  # a decode step's one slot: one block a row, one offset
             blocks, offset = self.table[rows, chunk.start // self.pool.slots], chunk.start % self.pool.slots
-            blocks = blocks.masked_fill(blocks == NULL, SINK)
-            self.pool.k[blocks, :, offset] = k[:, :, 0]
-            self.pool.v[blocks, :, offset] = v[:, :, 0]
+            self.pool.put(blocks, offset, k[:, :, 0], v[:, :, 0])
             return
         blocks, offsets = self._where(rows, chunk)
         blocks = blocks.masked_fill(blocks == NULL, SINK)
         self.pool.k[blocks, :, offsets] = k.transpose(1, 2)
         self.pool.v[blocks, :, offsets] = v.transpose(1, 2)
 
+    def write_at(self, rows: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store one new token's k, v [R, H, 1, Dh] of each of ``rows`` [R] in its own slot ``slots`` [R]."""
+        size = self.pool.slots
+        self.pool.put(self.table[rows, slots // size], slots % size, k[:, :, 0], v[:, :, 0])
+
     def read(self, rows: Tensor | slice, chunk: slice, loop: int) -> tuple[Tensor, Tensor]:
         """Keys and values [R, H, chunk.stop, Dh] of slots 0..chunk.stop − 1 of ``rows``, gathered from their
         blocks in one copy laid out as a dense cache's (rows, heads, slots)."""
-        pool = self.pool
-        blocks = self.table[rows, : -(-chunk.stop // pool.slots)]  # [R, n]
-        count, width = blocks.shape
-        # the pool's (block, head) pieces of b slots in the order [R, H, n]: one index_select of the pool seen as
-        # [N·H, b·Dh] (measured: the fastest of the gathers tried)
-        pieces = (blocks[:, None, :] * pool.heads + pool.head_index).view(-1)
-        shape = (count, pool.heads, width * pool.slots, pool.head_dim)
-        keys, values = (pool.gather(store, pieces).view(shape)[:, :, : chunk.stop] for store in ("k", "v"))
-        return keys, values
+        return self.pool.read(self.table[rows], chunk.stop)
 
     def copy_slots(self, source: PagedLayerCache, rows: Tensor, chunk: slice) -> None:
         """Take ``source``'s entries of slots ``chunk`` of ``rows`` (a ``per_loop`` lend)."""

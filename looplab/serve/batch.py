@@ -252,6 +252,11 @@ class JoinableRows(LiveRows):
     jobs: list[Job | None]
     #: the cache policy of the group's decoder (None: its jobs' own)
     CACHE: str | None = None
+    #: the runner's paged KV pool (:class:`~looplab.serve.pager.Pager`), or None for caches of the group's own
+    pager = None
+    #: whether the group takes jobs of the per_loop and the shared cache together (a shared job's row then keeps
+    #: one store across loops, paged)
+    pooled = False
 
     @staticmethod
     def cohort_of(job: Job) -> tuple:
@@ -269,6 +274,26 @@ class JoinableRows(LiveRows):
     def columns_left(self) -> int:
         """The new-token slots a job joining now may fill."""
         raise NotImplementedError
+
+    def _one_store(self, job: Job) -> bool:
+        """Whether ``job``'s row keeps one store across loops: a ``shared`` job in a paged group of both policies."""
+        return self.pooled and self.pager is not None and job.options.cache == "shared"
+
+    def _granted(self, jobs: list[Job]) -> list[Job]:
+        """The first of ``jobs`` whose prompts' blocks (each its own prompt's, at its own loop cap) the pager can
+        give; the rest go back to the queue (the pager's ``preempted``, with no token sent)."""
+        if self.pager is None:
+            return jobs
+        cache = self.decoder.cache
+        for count in range(len(jobs), 0, -1):
+            taking = jobs[:count]
+            lengths, loops = [len(job.prompt) for job in taking], [job.options.exit_rule.loops for job in taking]
+            if self.pager.grant(cache.blocks_for(lengths, loops, [self._one_store(job) for job in taking])):
+                break
+        else:
+            count = 0
+        self.pager.preempted.extend(jobs[count:])
+        return jobs[:count]
 
     def release(self, row: int) -> None:
         """The row is free for a newcomer, its paged blocks given back."""

@@ -59,11 +59,6 @@ def pooled_cohort(model, job: Job) -> tuple:
     return (POOLED_POLICIES, None, *job.cohort[2:])
 
 
-def _loops(job: Job) -> int:
-    """The deepest loop ``job``'s tokens run."""
-    return job.options.exit_rule.loops
-
-
 class ContinuousGroup(JoinableRows):
     """Jobs of one cohort in one decoder that newcomers join (see the module docstring).
 
@@ -105,7 +100,7 @@ class ContinuousGroup(JoinableRows):
         capacity = self.size(model, jobs, capacity, columns, width, cap)
         if pager is not None:
             self.cohort = pooled_cohort(model, jobs[0])
-        #: per_loop and shared jobs together: the decoder's cache is per-loop, a shared job's row keeps one store
+        # per_loop and shared jobs together: the decoder's cache is per-loop, a shared job's row keeps one store
         self.pooled = self.cohort[0] == POOLED_POLICIES
         if self.pooled:
             options = options.but(cache="per_loop")
@@ -150,21 +145,6 @@ class ContinuousGroup(JoinableRows):
                 if owner is not None and any(owner is job for job in jobs):
                     self.leave(row)
             raise
-
-    def _granted(self, jobs: list[Job]) -> list[Job]:
-        """The first of ``jobs`` whose prompts' blocks (each its own prompt's, at its own loop cap) the pager can
-        give; the rest go back to the queue."""
-        if self.pager is None:
-            return jobs
-        cache = self.decoder.cache
-        for count in range(len(jobs), 0, -1):
-            lengths, loops = [len(job.prompt) for job in jobs[:count]], [_loops(job) for job in jobs[:count]]
-            if self.pager.grant(cache.blocks_for(lengths, loops, [self._one_store(job) for job in jobs[:count]])):
-                break
-        else:
-            count = 0
-        self.pager.preempted.extend(jobs[count:])
-        return jobs[:count]
 
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill ``jobs`` into free rows, those after a kept prefix of one length in one forward pass."""
@@ -226,10 +206,6 @@ class ContinuousGroup(JoinableRows):
             for job in jobs
         ]
         return torch.tensor(full, device=self.live.device)
-
-    def _one_store(self, job: Job) -> bool:
-        """Whether ``job``'s row keeps one store across loops: a ``shared`` job in a group of both policies."""
-        return self.pooled and job.options.cache == "shared"
 
     def _keeps(self, job: Job) -> bool:
         """Whether ``job`` reads and keeps prefixes: a group with a store, and the job's own cache per-loop (a

@@ -21,6 +21,11 @@ Rows of both cache policies of POLICIES share a group, in one core call: the dec
 stacks, a ``per_loop`` job's row reads its own loop's keys and values, and a ``shared`` job's row reads every
 earlier token at the last loop it ran, which the stacks hold at the row's cap (an exited token's entries are
 lent up to it; its prompt runs to its cap at once) — what a shared store holds, at the per-loop stacks' memory.
+Given the runner's pager, the rows' keys and values are paged in its pool instead (:mod:`looplab.serve.pager`),
+the core's per-loop tables indexed by each row's loop as the stacks are: a row holds blocks for the slots it
+has written (a new token's when it starts), a ``shared`` job's row one store across loops (its later loops'
+tables point at loop 1's blocks, so what its token writes at its loop and the later ones lands there once),
+and a token that needs blocks the pool cannot give preempts the latest admitted job, of this group or another.
 
 What it takes (:func:`depth_batchable`): the ``step`` decoder, a ``per_loop`` or ``shared`` cache, a model
 whose passes run as chains of layers (``Capabilities.chains``), and, for an exit that reads each loop's
@@ -31,7 +36,9 @@ continuous group's (:mod:`looplab.serve.prefixes`).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
+from looplab.generation.cache import kv_shape
 from looplab.generation.depthwise import DepthwiseDecoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job, JoinableRows
@@ -71,8 +78,9 @@ class DepthGroup(JoinableRows):
 
     @classmethod
     def from_plan(cls, model, plan, prefixes=None, pager=None) -> DepthGroup:
-        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for (no prefixes)."""
-        return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap)
+        """The group a scheduler's plan (:class:`~looplab.serve.messages.GroupPlan`) asks for (no prefixes), its
+        keys and values paged in ``pager``'s pool."""
+        return cls(model, list(plan.jobs), plan.rows, plan.columns, plan.width, plan.cap, pager)
 
     @staticmethod
     def cohort_of(job: Job) -> tuple:
@@ -87,14 +95,18 @@ class DepthGroup(JoinableRows):
         columns: int,
         width: int = 0,
         cap: int = 0,
+        pager=None,
     ):
         first = jobs[0]
         capacity = self.size(model, jobs, capacity, columns, width, cap)
         view = decodable(model, gated=first.options.exit_rule.needs_gate)
         rule, options = first.options.exit_rule, first.options.but(cache=self.CACHE)
+        self.pager, self.pooled = pager, True
+        pool = None if pager is None else pager.pool_for(*kv_shape(view), view.head.weight.device)
         self.decoder = DepthwiseDecoder(
-            view, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[rule] * capacity, cap=self.cap
-        )
+            view, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[rule] * capacity, cap=self.cap,
+            pool=pool,
+        )  # fmt: skip
         self.decoder.slots.real[:] = False  # every row free (a padding prompt, unreal) until a job takes it
         self.state = self.decoder.in_flight()
         self.jobs: list[Job | None] = [None] * capacity
@@ -123,7 +135,12 @@ class DepthGroup(JoinableRows):
 
     def join(self, jobs: list[Job]) -> None:
         """Prefill each of ``jobs``' prompts into a free row (in one forward pass); their first tokens are picked
-        at the next :meth:`step`. A ``shared`` job's row reads as that policy does (``DepthwiseDecoder.take``)."""
+        at the next :meth:`step`. A ``shared`` job's row reads as that policy does (``DepthwiseDecoder.take``).
+        Paged, jobs whose prompts' blocks the pool cannot give now, and every one after them, go back to the
+        queue."""
+        jobs = self._granted(jobs)
+        if not jobs:
+            return
         rows = []
         for job in jobs:
             row = self.jobs.index(None)
@@ -139,6 +156,23 @@ class DepthGroup(JoinableRows):
                 self.release(row)
             raise
         self._ready(index, logits, depths)
+
+    def _start(self, rows: Tensor, tokens: Tensor) -> None:
+        """Start each of ``rows``' next token [R] at loop 0 of its next slot; paged, with the blocks of those slots,
+        the latest admitted jobs preempted for them (a preempted row of these starts nothing)."""
+        if self.pager is not None:
+            self.live, self.logits, self.depths = rows, None, None  # the rows whose preemption ``leave`` reads
+            cache, slots = self.decoder.cache, self.state.slot[rows] + 1
+            self.pager.ensure(lambda: cache.blocks_needed_at(self.live, slots[torch.isin(rows, self.live)]))
+            kept = torch.isin(rows, self.live)
+            rows, tokens = rows[kept], tokens[kept]
+        if len(rows):
+            self.decoder.start_tokens(self.state, rows, tokens)
+
+    def leave(self, row: int) -> None:
+        """Free ``row`` (its blocks given back, a token it has in flight dropped) and take it out of the live rows."""
+        self.state.running[row] = False
+        super().leave(row)
 
     def _ready(self, rows, logits, depths) -> None:
         """Rows [R] whose next token is to be picked from ``logits`` [R, V], read after ``depths`` [R] loops."""
@@ -170,7 +204,7 @@ class DepthGroup(JoinableRows):
             still = self.record(chosen)
             if still:
                 keep = torch.tensor(still, device=self.live.device)
-                self.decoder.start_tokens(self.state, self.live[keep], chosen[keep])
+                self._start(self.live[keep], chosen[keep])
             self.live = self.live[:0]
         while self.state.running.any():
             exited, logits = self.decoder.advance(self.state)

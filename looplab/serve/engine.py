@@ -82,7 +82,7 @@ class Engine:
             default: half of what the device holds beside the weights).
         prefix_memory: the most of ``kv_memory`` kept prompt blocks may hold (:mod:`looplab.serve.prefixes`;
             default a quarter of it; 0: no prefix caching).
-        paged: whether continuous groups keep their keys and values in the runner's paged pool (preempting
+        paged: whether continuous and depth groups keep their keys and values in the runner's paged pool (preempting
             the latest job when it runs out: :mod:`looplab.serve.pager`), or in dense caches of their own,
             reserved whole when they are made (a step reads every row of a full group as a view: faster at
             long contexts, bench/paged_kv.py; nothing is preempted).

@@ -1,4 +1,4 @@
-"""The runner's paged KV pool and its preemption: every continuous group keeps its keys and values in one
+"""The runner's paged KV pool and its preemption: every continuous and depth group keeps its keys and values in one
 :class:`~looplab.generation.paged.BlockPool`, taking blocks as its rows write their slots.
 
 The pool grows, up to the bytes the scheduler gives it each step (``--kv-memory`` less what unpaged groups

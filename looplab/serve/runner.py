@@ -4,7 +4,7 @@ jobs, step every group — answering with a :class:`~looplab.serve.messages.Runn
 
 The jobs joining one group in a step are prefilled together (a prefill of each alone would read every weight
 once a job: at the Ouro-1.4B shape in float32, about a quarter second a loop). It owns the paged KV pool that
-continuous groups keep their keys and values in (:mod:`looplab.serve.pager`), grown within the bytes the
+continuous and depth groups keep their keys and values in (:mod:`looplab.serve.pager`), grown within the bytes the
 scheduler gives it; a job whose prompt's blocks cannot be had goes back, and a step that needs blocks the pool
 cannot give preempts the latest admitted jobs, which go back too (``RunnerOutput.requeued``). Otherwise it
 decides nothing about admission or memory: the scheduler sized every other group it asks for. A group whose
@@ -39,7 +39,7 @@ class Runner:
     Args:
         model: the model as the decoders read it.
         prefix_memory: the most bytes kept prompt blocks may hold (0: no prefix caching).
-        paged: whether continuous groups keep their keys and values in the paged pool (else their own).
+        paged: whether continuous and depth groups keep their keys and values in the paged pool (else their own).
     """
 
     def __init__(self, model, prefix_memory: int = 0, paged: bool = True):
@@ -50,7 +50,7 @@ class Runner:
         self.groups: dict[int, object] = {}
         #: the jobs taken and not yet ended, whose outboxes each step collects
         self.held: list[Job] = []
-        #: the paged KV pool of the continuous groups
+        #: the paged KV pool of the continuous and depth groups
         self.pager = Pager(self.prefixes)
         self.paged = paged
 
@@ -73,7 +73,7 @@ class Runner:
                 _fail(_kept(plan.jobs, pager), err)
                 continue
             self.groups[plan.id] = group
-            if isinstance(group, ContinuousGroup) and group.pager is not None:
+            if isinstance(group, JoinableRows) and group.pager is not None:
                 pager.groups.append(group)
         joining: dict[int, list[Job]] = {}
         for join in order.joins:  # a group's newcomers of one step prefill together: one pass over the weights

@@ -21,7 +21,7 @@ while fewer than ``max_running`` run:
   ``exact`` each has its own); another decoder than ``step`` runs whole, alone, at its place in the queue.
 
 A new group is sized here (rows, prompt width, new-token columns, loop cap: :meth:`Scheduler._joinable`). A
-continuous group's keys and values are paged (they cost nothing until written), so a continuous job is
+continuous or depth group's keys and values are paged (they cost nothing until written), so such a job is
 admitted while its prompt's blocks (and a preempted job's replayed tokens') fit what the pool has free or may
 grow into, priced as the group takes them (:meth:`KVCache.reserve
 <looplab.generation.cache.KVCache.reserve>`); any other new group is reserved in the ledger before the runner
@@ -59,8 +59,8 @@ JOINING = ("continuous", "depth")
 MIN_ROWS, RECENT = 8, 64
 #: the group class of each joinable kind (its new-token slots per budget, cache and cohorts)
 JOINABLE = {cls.KIND: cls for cls in (ContinuousGroup, DepthGroup)}
-#: the kind whose keys and values the runner pages
-PAGED = ContinuousGroup.KIND
+#: the kinds whose keys and values the runner pages
+PAGED = tuple(JOINABLE)
 
 
 class NeverFits(LooplabError):
@@ -75,7 +75,8 @@ class Scheduler:
         max_running: jobs decoded at once; ``batching``: BATCHING.
         kv_memory: the bytes the groups' caches and kept prefixes may take together.
         prefix_memory: the most of it kept prefixes may hold.
-        paged: whether the runner pages continuous groups' keys and values (else they are reserved whole).
+        paged: whether the runner pages continuous and depth groups' keys and values (else they are reserved
+            whole).
     """
 
     def __init__(self, model, max_running: int, batching: str, kv_memory: int, prefix_memory: int, paged: bool = True):
@@ -104,7 +105,7 @@ class Scheduler:
         self.evicting = False
         #: the paged pool as the runner last reported it, and the kind of group whose caches it holds
         self.pool = PoolState()
-        self.paged = PAGED if paged else None
+        self.paged = PAGED if paged else ()
         self._admissions = 0
 
     @property
@@ -114,7 +115,7 @@ class Scheduler:
     def check_fits(self, job: Job) -> None:
         """:class:`NeverFits` for a job whose leanest group (the last of :meth:`_sizes`: the job alone, in the
         group its kind gives it) exceeds the KV memory: it would wait for ever."""
-        if self._kind(job) == self.paged:
+        if self._kind(job) in self.paged:
             needed = paged_job_bytes(self.model, job)
         else:  # sized with no bound, then held to the limit
             needed = self._sizes([job], {})[-1](math.inf).nbytes
@@ -145,7 +146,7 @@ class Scheduler:
         paged = self._paged_room()
         for index, job in enumerate(admitted):
             kind = self._kind(job)
-            need = self._prompt_bytes(job) if kind == self.paged else 0
+            need = self._prompt_bytes(job) if kind in self.paged else 0
             if job.cancelled.is_set():
                 self.deliver(job, End("cancelled"))
                 continue
@@ -256,7 +257,7 @@ class Scheduler:
         (:func:`~looplab.serve.continuous_group.pooled_cohort`: worked out once per cohort and exit), another
         joinable kind's class says; a speculative group's rows share the exit's loops K too (they verify at one
         depth); the job's cohort else."""
-        if kind == self.paged:
+        if kind == ContinuousGroup.KIND and kind in self.paged:
             key = (job.cohort, job.options.exit_rule)
             if key not in self._pooled:
                 self._pooled[key] = pooled_cohort(self.model, job)
@@ -344,7 +345,7 @@ class Scheduler:
     def _room(self, kind: str, jobs: list[Job], rows: int, columns: int, width: int, cap: int, free: int) -> GroupPlan:
         """A joinable group's plan: its rows within ``free`` bytes, a paged one's unbounded and reserving none
         (the pool pays for what its rows write)."""
-        paged = kind == self.paged
+        paged = kind in self.paged
         room = joinable_room(self.model, jobs, rows, columns, width, cap, None if paged else free, JOINABLE[kind].CACHE)
         return self._new(kind, jobs, room.rows, room.width, room.columns, room.cap, 0 if paged else room.nbytes)
 

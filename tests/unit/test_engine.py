@@ -485,14 +485,15 @@ def test_speculative_jobs_admitted_together_share_rounds_stepped_beside_other_jo
 @pytest.mark.parametrize(
     ("batching", "changes"),
     [
-        ("depth", {"cache": "shared"}),  # a depth group keeps per-loop stacks for it
+        ("depth", {"cache": "shared"}),  # a dense depth group keeps per-loop stacks for it
         ("continuous", {"decoder": "speculative", "decoder_params": {"draft_loops": 1, "draft_tokens": 4}}),
     ],
     ids=["shared-in-depth", "speculative"],
 )
 def test_a_job_whose_group_never_fits_is_refused_at_once_not_queued_for_ever(model, batching, changes):
-    """A job whose own cache fits the KV memory but whose group (the one its kind gives it, alone) does not is
-    refused when it is submitted, naming the limit; one more byte of room takes it and it runs."""
+    """A job whose own cache fits the KV memory but whose group (the one its kind gives it, alone; dense
+    caches: ``paged=False``) does not is refused when it is submitted, naming the limit; one more byte of room
+    takes it and it runs."""
     from looplab.serve.engine import NeverFits
     from looplab.serve.ledger import job_bytes
     from looplab.serve.scheduler import Scheduler
@@ -500,12 +501,12 @@ def test_a_job_whose_group_never_fits_is_refused_at_once_not_queued_for_ever(mod
     job, sink = _job(PROMPTS[2], GenerationExit("fixed", 3), max_new=5)
     job.options = job.options.but(**changes)
     alone = job_bytes(model, job)
-    group = Scheduler(decodable(model), 8, batching, 10**9, 0)._sizes([job], {})[-1](10**9).nbytes
+    group = Scheduler(decodable(model), 8, batching, 10**9, 0, paged=False)._sizes([job], {})[-1](10**9).nbytes
     assert group > alone  # what the job's own cache would suggest is not what its group holds
-    engine = Engine(model, batching=batching, kv_memory=group - 1)
+    engine = Engine(model, batching=batching, kv_memory=group - 1, paged=False)
     with pytest.raises(NeverFits, match="KV memory"):
         engine.submit([job])
-    engine = Engine(model, batching=batching, kv_memory=group).start()
+    engine = Engine(model, batching=batching, kv_memory=group, paged=False).start()
     engine.submit([job])
     assert sink.closed.wait(60) and sink.end == End("length") and len(sink.tokens) == 5
     engine.close(60)

@@ -15,6 +15,7 @@ from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.serve.batch import End, Job
 from looplab.serve.continuous_group import ContinuousGroup
+from looplab.serve.depth_group import DepthGroup
 from looplab.serve.engine import Engine, NeverFits
 from looplab.serve.ledger import paged_bytes, paged_job_bytes
 from looplab.serve.metrics import registry_for
@@ -127,6 +128,38 @@ def test_a_pool_that_runs_out_preempts_the_latest_job_which_is_recomputed_as_alo
     text = _metrics(engine)
     assert f'looplab_jobs_total{{event="preempted"}} {float(engine.stats["preempted"])}' in text
     assert 'looplab_kv_blocks{state="used"} 0.0' in text
+
+
+def test_a_depth_group_paged_in_a_pool_that_runs_out_preempts_and_recomputes_as_alone(model, monkeypatch):
+    """Under ``depth`` batching (rows at their own loops, paged: the core's per-loop tables indexed by each row's
+    loop) per_loop and shared jobs at three exits in a small KV memory: jobs are preempted,
+    one of them with its token in flight (its loops half run); every one is answered as alone; the pool is
+    empty after."""
+    jobs, _ = _tight_jobs(model, count=8, caches=("per_loop", "shared"))
+    _, memory = _tight_jobs(model, count=8)  # half what they would reach all per_loop (a third is given)
+    in_flight = []
+    preempt = DepthGroup.preempt
+
+    def preempt_and_look(group, job):
+        in_flight.append(bool(group.state.running[group.jobs.index(job)]))
+        preempt(group, job)
+
+    monkeypatch.setattr(DepthGroup, "preempt", preempt_and_look)
+    kinds = set()
+    engine = Engine(
+        model, max_running=8, batching="depth", kv_memory=memory * 2 // 3, prefix_memory=0,
+        on_step=lambda engine: kinds.update(type(group) for group in engine.runner.groups.values()),
+    ).start()  # fmt: skip
+    engine.submit([job for job, _ in jobs])
+    assert all(sink.closed.wait(120) for _, sink in jobs)
+    engine.close(60)
+    assert any(in_flight) and kinds == {DepthGroup}, (in_flight, dict(engine.stats), kinds)
+    alone, _ = _tight_jobs(model, count=8, caches=("per_loop", "shared"))
+    _run(alone, model, "exact")
+    for (_, sink), (_, solo) in zip(jobs, alone, strict=True):
+        _assert_as_alone(sink, solo)
+        assert sink.end == End("length")
+    assert engine.pool.used == 0
 
 
 def _metrics(engine: Engine) -> str:
