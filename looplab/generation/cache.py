@@ -258,18 +258,23 @@ class KVCache:
         """Pool blocks :meth:`reserve_at` would take for one slot of each of ``rows`` [R], ``slots`` [R]."""
         if self.pool is None:
             return 0
-        missing = ~self.held[rows, slots // self.pool.slots]
-        return int(self.tables_taken(self.row_loops[rows[missing]], self.loop_shared[rows[missing]]).sum())
+        rows, _ = self._missing_at(rows, slots)
+        return int(self.tables_taken(self.row_loops[rows], self.loop_shared[rows]).sum())
 
     def reserve_at(self, rows: Tensor, slots: Tensor) -> None:
         """:meth:`reserve` for one (real) slot of each of ``rows`` [R], ``slots`` [R] (each row's token in its own
         slot: depth-wise batching)."""
         if self.pool is None:
             return
+        where = self._missing_at(rows, slots)
+        if len(where[0]):
+            self._take(where)
+
+    def _missing_at(self, rows: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """The (row, slot block) pairs [P] of ``rows`` [R] and their ``slots`` [R] that hold no block yet."""
         blocks = slots // self.pool.slots
         missing = ~self.held[rows, blocks]
-        if missing.any():
-            self._take((rows[missing], blocks[missing]))
+        return rows[missing], blocks[missing]
 
     def _take(self, where: tuple[Tensor, Tensor]) -> None:
         """Take blocks for the (row, slot block) pairs ``where`` [P] in every table each row takes blocks in (a row
@@ -316,6 +321,7 @@ class KVCache:
         loop = max(1, key[1]) if key[0] == "core" else 1
         owned = self.held & self._owns(loop, self.row_loops, self.loop_shared)[:, None]
         self.pool.give(self.tables.pop(key)[owned])
+        self.core_tables.pop(key[2], None)  # its loops' tables are no longer the pool's
         self.loop_tables[loop].remove(key)
         if not self.loop_tables[loop]:
             del self.loop_tables[loop]

@@ -17,6 +17,10 @@ a deeper loop overwrites its own. Slots are per row: a row's g-th new token is i
 longest prompt), whichever call it runs in, and attends to its own row's slots up to it. When every
 row of the batch is at one slot and loop (a fixed depth keeps them so) the caches are read and written
 by slices, as the step decoder does; otherwise by gathers and scatters (measured in bench/depthwise.py).
+Paged (a ``pool``: :meth:`KVCache.page <looplab.generation.cache.KVCache.page>`), a core layer's block tables
+of every loop are one tensor [K, B, n] indexed the same way, and every call gathers and scatters: a token
+writes loops t up to its own row's cap (its blocks end there), only t where its row keeps one store across
+loops, and a new token takes its slot's blocks when it starts.
 
 A prompt runs only as deep as its tokens need where the step decoder's does (``per_loop``, an adaptive
 exit, no coda): a row's prompt runs loop t before the first call that takes one of its tokens to loop t.
@@ -255,14 +259,18 @@ class DepthwiseDecoder(Decoder):
         # rows come sorted (nonzero, or sorted lists), so every row of the batch is rows 0..B-1 in order; a row
         # that reads at its cap is read at another loop than it writes; paged blocks are indexed in any case
         paged = self.cache.pool is not None
-        same = len(rows) == len(self.lengths) and bool((slot == slot[0]).all()) and not bool(self.reads_cap.any())
-        if same and not paged:
+        same = not paged and len(rows) == len(self.lengths) and bool((slot == slot[0]).all())
+        if same and not bool(self.reads_cap.any()):
             if loop is None or bool((loop == loop[0]).all()):  # every row at one slot and loop: slices, no gathers
                 lockstep = (int(slot[0]), 0 if loop is None else int(loop[0]))
         writes = None
         if loop is not None and lockstep is None:
             # (loop, row) pairs: the token's loop and every later one (what it lends when it exits there)
-            later = torch.arange(1, self.cap + 1, device=rows.device)[None, :] >= loop[:, None]
+            loops = torch.arange(1, self.cap + 1, device=rows.device)[None, :]
+            later = loops >= loop[:, None]
+            if paged:  # a row's blocks end at its cap; one store across loops takes this loop's write alone
+                last = torch.where(self.cache.loop_shared[rows], loop, self.exits.caps[rows])
+                later &= loops <= last[:, None]
             which, loops = later.nonzero(as_tuple=True)
             writes = (which, loops, rows[which], slot[which])
         read = None if loop is None else torch.where(self.reads_cap[rows], self.exits.caps[rows], loop)
@@ -296,7 +304,7 @@ class InFlight:
 class DepthCalls:
     """The layer calls of one depth-wise pass: one new token per row of ``rows`` [R] in its own ``slot`` [R],
     at core ``loop`` [R] (None outside the core); ``allowed`` [R, 1, S'] and ``rope`` as in
-    :class:`looplab.generation.passes.Calls`. ``lockstep`` (slot, loop) when every row of the batch is at
+    :class:`looplab.generation.passes.Calls`. ``lockstep`` (slot, loop) when every row of a dense batch is at
     one slot and loop (then the caches are read and written by slices); else for the core ``writes``, the
     (pair → row of x, loop index, batch row, slot) indices of each token's loop and the later ones, and the
     loop each row reads, ``read`` [R]: its own, or its cap for a row that reads as ``shared`` does."""
@@ -316,20 +324,16 @@ class DepthCalls:
         """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
         cache = self.decoder.cache
         if cache.pool is not None:
-            store = cache.layer(self.site, 0, index) if self.loop is None else cache.core_tables[index]
-
-            def attend(y: Tensor) -> Tensor:
-                return self.paged_attention(layer.attn, y, store)
-
+            store = cache.layer(self.site, 0, index) if self.loop is None else cache.core_tables.get(index)
+            if store is None:
+                raise ValueError("depth-wise batching pages core calls of the pool's shape only")
+            stores, attention = (store,), self.paged_attention
         else:
-            if self.loop is None:
-                entry = cache.layer(self.site, 0, index)
-                keys = (entry.k, entry.v)
-            else:
-                keys = self.decoder.stacks[index]
+            entry = cache.layer(self.site, 0, index) if self.loop is None else None
+            stores, attention = (entry.k, entry.v) if entry is not None else self.decoder.stacks[index], self.attention
 
-            def attend(y: Tensor) -> Tensor:
-                return self.attention(layer.attn, y, *keys)
+        def attend(y: Tensor) -> Tensor:
+            return attention(layer.attn, y, *stores)
 
         return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
 

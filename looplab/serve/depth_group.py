@@ -24,7 +24,7 @@ lent up to it; its prompt runs to its cap at once) — what a shared store holds
 Given the runner's pager, the rows' keys and values are paged in its pool instead (:mod:`looplab.serve.pager`),
 the core's per-loop tables indexed by each row's loop as the stacks are: a row holds blocks for the slots it
 has written (a new token's when it starts), a ``shared`` job's row one store across loops (its later loops'
-tables point at loop 1's blocks, so what its token writes at its loop and the later ones lands there once),
+tables point at loop 1's blocks, which its token writes at its own loop and the others read at its cap),
 and a token that needs blocks the pool cannot give preempts the latest admitted job, of this group or another.
 
 What it takes (:func:`depth_batchable`): the ``step`` decoder, a ``per_loop`` or ``shared`` cache, a model
@@ -74,6 +74,8 @@ class DepthGroup(JoinableRows):
     COLUMNS_PER_BUDGET = 1
     #: the decoder's cache: per-loop stacks, which a ``shared`` job's row reads at its cap
     CACHE = "per_loop"
+    #: per_loop and shared jobs together (paged, a shared job's row keeps one store across loops)
+    pooled = True
     KIND = "depth"
 
     @classmethod
@@ -101,7 +103,7 @@ class DepthGroup(JoinableRows):
         capacity = self.size(model, jobs, capacity, columns, width, cap)
         view = decodable(model, gated=first.options.exit_rule.needs_gate)
         rule, options = first.options.exit_rule, first.options.but(cache=self.CACHE)
-        self.pager, self.pooled = pager, True
+        self.pager = pager
         pool = None if pager is None else pager.pool_for(*kv_shape(view), view.head.weight.device)
         self.decoder = DepthwiseDecoder(
             view, [[PAD]] * capacity, self.columns, options, width=self.width, exits=[rule] * capacity, cap=self.cap,
@@ -162,8 +164,8 @@ class DepthGroup(JoinableRows):
         the latest admitted jobs preempted for them (a preempted row of these starts nothing)."""
         if self.pager is not None:
             self.live, self.logits, self.depths = rows, None, None  # the rows whose preemption ``leave`` reads
-            cache, slots = self.decoder.cache, self.state.slot[rows] + 1
-            self.pager.ensure(lambda: cache.blocks_needed_at(self.live, slots[torch.isin(rows, self.live)]))
+            cache = self.decoder.cache
+            self.pager.ensure(lambda: cache.blocks_needed_at(self.live, self.state.slot[self.live] + 1))
             kept = torch.isin(rows, self.live)
             rows, tokens = rows[kept], tokens[kept]
         if len(rows):

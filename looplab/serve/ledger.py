@@ -1,8 +1,8 @@
 """The engine's KV memory ledger: one limit (``looplab serve --kv-memory``) on the bytes the running groups'
 keys and values may take together.
 
-Continuous groups keep theirs in the runner's paged pool (:mod:`looplab.serve.pager`), which grows within
-what the other groups leave free and whose bytes the runner reports each step. Any other group's caches are
+Continuous and depth groups keep theirs in the runner's paged pool (:mod:`looplab.serve.pager`), which grows
+within what the other groups leave free and whose bytes the runner reports each step. Any other group's caches are
 allocated for its rows and slots when it is made (rows a later job joins included), so the ledger reserves
 its bytes whole at its making and frees them when its last job ends. A job that does not fit now waits in
 the queue, at its place, until running groups end (or, paged, is preempted and recomputed later). A job
