@@ -27,11 +27,11 @@ those of :func:`looplab.generation.generate` on its prompt alone, however many j
 within ~1e-6; a seeded sampled job draws its tokens alone with its own generator, from its own row).
 
 An idle engine (no group running) that is woken by a job waits for the rest of a burst before its first
-step: while more jobs keep arriving, each within ``GATHER_SHARE`` of the latest step's time (at most
-``GATHER_MAX`` seconds) of the one before, up to ``max_running`` of them. They are then prefilled in one
-forward pass, where otherwise the first few would be prefilled alone and the rest join them a step later, in
-a prefill of their own (at the Ouro-1.4B shape a prefill of 16-token prompts takes seconds; a lone request
-waits at most that gap once).
+step: while more jobs keep arriving, each within ``GATHER_SHARE`` of the longest of the latest
+``GATHER_STEPS`` steps' times (at most ``GATHER_MAX`` seconds) of the one before, up to ``max_running`` of
+them. They are then prefilled in one forward pass, where otherwise the first few would be prefilled alone and
+the rest join them a step later, in a prefill of their own (at the Ouro-1.4B shape a prefill of 16-token
+prompts takes seconds; a lone request waits at most that gap once).
 
 A bounded queue: :meth:`Engine.submit` refuses (:class:`Busy`) when ``max_queue`` jobs already wait,
 and (:class:`Closed`) once :meth:`Engine.stop_intake` was called; :meth:`Engine.close` drains.
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from looplab.errors import LooplabError
@@ -52,10 +53,11 @@ from looplab.serve.scheduler import BATCHING, JOINING, NeverFits, Scheduler
 
 __all__ = ["Engine", "Busy", "Closed", "NeverFits", "BATCHING"]
 
-#: how long an idle engine waits for the next job of a burst: this share of the latest step's seconds, at most
+#: how long an idle engine waits for the next job of a burst: this share of the longest of the latest
+#: GATHER_STEPS steps' seconds (the last step of a request is nearly free: not a measure of a prefill), at most
 #: GATHER_MAX (measured at the Ouro-1.4B shape, bench/serve_published.py: 8 requests sent at once were answered
 #: in 20.0 s when all 8 were prefilled in the first step, in 23.5 s when 5 were and 3 joined a step later)
-GATHER_SHARE, GATHER_MAX = 0.01, 0.005
+GATHER_SHARE, GATHER_STEPS, GATHER_MAX = 0.01, 16, 0.005
 
 
 class Busy(LooplabError):
@@ -115,8 +117,9 @@ class Engine:
         self.scheduler = Scheduler(self.model, max_running, batching, kv_memory, prefix_memory, paged)
         self.runner = Runner(self.model, prefix_memory, paged)
         self.max_running, self.max_queue, self.batching, self.on_step = max_running, max_queue, batching, on_step
-        #: the latest step's seconds, and the most an idle engine waits for the next job of a burst (:meth:`_gather`)
-        self.step_seconds, self.gather_max = 0.0, GATHER_MAX
+        #: the latest steps' seconds, and the most an idle engine waits for the next job of a burst (:meth:`_gather`)
+        self.step_seconds: deque[float] = deque(maxlen=GATHER_STEPS)
+        self.gather_max = GATHER_MAX
         self._cond = threading.Condition()
         self._accepting, self._closing = True, False
         self._thread = threading.Thread(target=self._loop, name="looplab-serve-engine", daemon=True)
@@ -182,7 +185,7 @@ class Engine:
     def _gather(self) -> None:
         """Wait (holding the queue's condition) while more jobs of a burst arrive, each within the gap of the
         one before (module docstring), up to ``max_running`` waiting."""
-        gap = min(self.gather_max, GATHER_SHARE * self.step_seconds)
+        gap = min(self.gather_max, GATHER_SHARE * max(self.step_seconds, default=0.0))
         while gap > 0 and not self._closing and self.waiting < self.max_running:
             count = self.waiting
             self._cond.wait(gap)
@@ -221,7 +224,7 @@ class Engine:
                 order = self.scheduler.schedule()
             began = time.perf_counter()
             result = self.runner.execute(order)
-            self.step_seconds = time.perf_counter() - began
+            self.step_seconds.append(time.perf_counter() - began)
             with self._cond:  # it puts jobs back in the queue, which submit and cancel_all read
                 self.scheduler.update(result)
             if self.on_step is not None:

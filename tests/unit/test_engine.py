@@ -79,7 +79,7 @@ def models(request):
 
 
 def test_an_idle_engine_takes_a_burst_of_jobs_in_its_first_step(model):
-    """Jobs sent 10 ms apart to an idle engine whose steps cost enough that waiting for them pays (a latest step
+    """Jobs sent 10 ms apart to an idle engine whose steps cost enough that waiting for them pays (a recent step
     of 100 s: it waits up to its gather limit, here 0.5 s, for each next one) are admitted together in its
     first step, prefilled in one group, none joining it later; each decodes as alone."""
     import time
@@ -88,7 +88,8 @@ def test_an_idle_engine_takes_a_burst_of_jobs_in_its_first_step(model):
     jobs = [_job(prompt, rule) for prompt in PROMPTS[:4]]
     firsts = []
     engine = Engine(model, max_running=8, on_step=lambda engine: firsts.append(engine.stats["admitted"]))
-    engine.step_seconds, engine.gather_max = 100.0, 0.5
+    engine.step_seconds.append(100.0)
+    engine.gather_max = 0.5
     engine.start()
     for job, _ in jobs:
         engine.submit([job])
