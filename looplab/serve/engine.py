@@ -55,8 +55,8 @@ __all__ = ["Engine", "Busy", "Closed", "NeverFits", "BATCHING"]
 
 #: how long an idle engine waits for the next job of a burst: this share of the longest of the latest
 #: GATHER_STEPS steps' seconds (the last step of a request is nearly free: not a measure of a prefill), at most
-#: GATHER_MAX (measured at the Ouro-1.4B shape, bench/serve_published.py: 8 requests sent at once were answered
-#: in 20.0 s when all 8 were prefilled in the first step, in 23.5 s when 5 were and 3 joined a step later)
+#: GATHER_MAX (measured at the Ouro-1.4B shape, bench/serve_published.py: 8 requests sent at once got 3.00-3.05
+#: tokens/s when all 8 were prefilled in the first step, 2.72 when 5 were and 3 joined a step later)
 GATHER_SHARE, GATHER_STEPS, GATHER_MAX = 0.01, 16, 0.005
 
 
