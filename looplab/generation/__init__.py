@@ -8,8 +8,8 @@ Where things are: ``entry`` (:func:`generate`, :func:`score`: checks, then the c
 (the decoder family and its registry), ``step`` (the step decoder, whose prefill, passes and cache the others
 build on), ``depthwise``, ``wavefront``, ``speculative``, ``recompute`` (the other decoders), ``passes`` (a
 prelude, core and coda pass over the cache), ``row_exits`` (each row of a batch stopping by its own exit),
-``cache``, ``stores``, ``paged`` and ``policies`` (keys and values: the cache, its stores, the paged pool, the
-cache policies), ``options``, ``fields`` (a request's flat decode fields), ``checks``, ``budget``,
+``cache``, ``stores``, ``paged``, ``block_tables`` and ``policies`` (keys and values: the cache, its stores,
+the paged pool, a paged cache's block tables, the cache policies), ``options``, ``fields`` (a request's flat decode fields), ``checks``, ``budget``,
 ``sampling``, ``views`` (a model as the decoders read it), and text in and out (``text``, ``text_lm``,
 ``byte_text``, ``reasoning``, ``retrofit``)."""
 

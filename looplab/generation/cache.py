@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from looplab.generation.block_tables import BlockTables
 from looplab.generation.paged import BlockPool, PagedLayerCache
 from looplab.generation.policies import POLICIES, cache_params
 from looplab.generation.stores import LayerCache, RingLayerCache, SlotStore
@@ -74,12 +75,9 @@ class KVCache:
     instead of one per later loop, and depth-wise batching indexes the loop like any other dimension.
 
     A paged cache (:meth:`page`) keeps the calls it is told of in a :class:`~looplab.generation.paged.BlockPool`
-    instead, a table each, and ``held`` [B, ⌈S/b⌉] bool says which slot blocks of each row have blocks taken
-    (:meth:`reserve`, :meth:`release`); other calls (another shape, another policy's store, a convolution's)
-    stay dense. Under ``per_loop`` a row takes blocks in the core tables of its own loop cap only
-    (``row_loops`` [B], :meth:`assign`), and a ``loop_shared`` row [B] bool (a request for a ``shared`` cache
-    in a batch of per-loop ones) takes loop 1's alone, every later loop's table pointing at them: one store
-    across loops, which each loop overwrites, as a shared cache is.
+    instead, through ``blocks`` (:class:`~looplab.generation.block_tables.BlockTables`: a table each, the
+    blocks each row holds and takes; :meth:`assign`, :meth:`reserve`, :meth:`release`); other calls (another
+    shape, another policy's store, a convolution's) stay dense.
     """
 
     policy: str
@@ -94,18 +92,7 @@ class KVCache:
     layers: dict[tuple, LayerCache | RingLayerCache | SlotStore | PagedLayerCache] = field(default_factory=dict)
     stacks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     pool: BlockPool | None = None
-    tables: dict[tuple, Tensor] = field(default_factory=dict)
-    held: Tensor | None = None
-    row_loops: Tensor | None = None
-    loop_shared: Tensor | None = None
-    #: the tables by the loop whose rows take blocks in them: 1 (the prelude's, the coda's, the core's at loop 1
-    #: or, under a policy with one store across loops, its only one), t ≥ 2 (a per-loop core's at loop t)
-    loop_tables: dict[int, list[tuple]] = field(default_factory=dict)
-    #: a core call of a paged cache is kept dense (its shape is not the pool's: :meth:`_unpage`)
-    dense_core: bool = False
-    #: a paged per-loop cache's core tables of call ``index`` at every loop, [K, B, ⌈S/b⌉] (each loop's table a
-    #: view of its slice: depth-wise batching indexes the loop like any other dimension)
-    core_tables: dict[int, Tensor] = field(default_factory=dict)
+    blocks: BlockTables | None = None
 
     def __post_init__(self) -> None:
         self.params = cache_params(self.policy, self.params)
@@ -123,10 +110,11 @@ class KVCache:
         if key not in self.layers:
             heads, head_dim = heads or self.heads, head_dim or self.head_dim
             shape = (self.batch, heads, self.slots.positions.shape[1], head_dim)
-            if key in self.tables and (heads, head_dim) != (self.pool.heads, self.pool.head_dim):
-                self._unpage(key)  # a call of its own shape stays dense
-            if key in self.tables:
-                self.layers[key] = PagedLayerCache(self.pool, self.tables[key])
+            paged = self.blocks is not None and key in self.blocks.tables
+            if paged and (heads, head_dim) != (self.pool.heads, self.pool.head_dim):
+                self.blocks.unpage(key)  # a call of its own shape stays dense
+            if self.blocks is not None and key in self.blocks.tables:
+                self.layers[key] = PagedLayerCache(self.pool, self.blocks.tables[key])
             elif site == "core" and self.entry.per_loop and self.loops and self.pool is None:
                 k, v = self.stack(index, heads, head_dim)
                 self.layers[key] = LayerCache(k[loop - 1], v[loop - 1])
@@ -170,161 +158,55 @@ class KVCache:
             return
         self.pool = pool
         blocks = -(-self.slots.positions.shape[1] // pool.slots)
-        self.tables = {key: torch.zeros(self.batch, blocks, dtype=torch.long, device=self.device) for key in keys}
-        if self.entry.per_loop and ("core", 1, 0) in self.tables:  # each core call's loops: views of one tensor
-            for index in range(core):
-                stack = torch.zeros(len(loops), self.batch, blocks, dtype=torch.long, device=self.device)
-                self.core_tables[index] = stack
-                self.tables.update({("core", t, index): stack[t - 1] for t in loops})
-        self.held = torch.zeros(self.batch, blocks, dtype=torch.bool, device=self.device)
-        self.row_loops = torch.full((self.batch,), max(1, self.loops), dtype=torch.long, device=self.device)
-        self.loop_shared = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
-        for key in keys:
-            self.loop_tables.setdefault(max(1, key[1]) if key[0] == "core" else 1, []).append(key)
+        self.blocks = BlockTables(pool, keys, self.batch, blocks, self.loops, self.entry.per_loop, self.device)
 
     def assign(self, rows: Tensor, loops: Tensor, shared: Tensor | None = None) -> None:
         """Rows ``rows`` [R], holding no blocks, take blocks in the per-loop core tables of loops 1..``loops`` [R]
-        only (the deepest each runs), or, where ``shared`` [R] bool, in loop 1's alone (one store across loops:
-        a request for a ``shared`` cache; a per-loop cache's paged rows only). Nothing to do unpaged."""
-        if self.pool is None:
-            return
-        if bool(self.held[rows].any()):
-            raise ValueError("a row is assigned its tables only while it holds no blocks")
-        if shared is not None and bool(shared.any()) and not self.shares_loops():
-            raise ValueError("rows share one store across loops only where every per-loop core call is paged")
-        self.row_loops[rows] = loops
-        self.loop_shared[rows] = False if shared is None else shared
+        only, or, where ``shared`` [R] bool, keep one store across loops (:meth:`BlockTables.assign
+        <looplab.generation.block_tables.BlockTables.assign>`). Nothing to do unpaged."""
+        if self.blocks is not None:
+            self.blocks.assign(rows, loops, shared)
 
     def shares_loops(self) -> bool:
-        """Whether rows may keep one store across loops (:meth:`assign`): paged under a per-loop policy, no core
-        call kept dense (of another shape than the pool's)."""
-        return self.pool is not None and self.entry.per_loop and not self.dense_core
+        """Whether rows may keep one store across loops: paged under a per-loop policy, every core call paged."""
+        return self.blocks is not None and self.blocks.shares_loops()
 
-    def _owns(self, loop: int, loops: Tensor, shared: Tensor) -> Tensor:
-        """[R] bool: whether rows of ``loops`` [R] and ``shared`` [R] take blocks of their own in loop ``loop``'s
-        tables (:attr:`loop_tables`)."""
-        if loop == 1:
-            return torch.ones_like(shared)
-        return (loops >= loop) & ~shared
-
-    def tables_taken(self, loops: Tensor, shared: Tensor) -> Tensor:
-        """[R] long: the tables a row of ``loops`` [R] and ``shared`` [R] takes a block in, for each slot block."""
-        counts = torch.zeros_like(loops)
-        for loop, keys in self.loop_tables.items():
-            counts += len(keys) * self._owns(loop, loops, shared)
-        return counts
+    @property
+    def loop_shared(self) -> Tensor | None:
+        """[B] bool: the rows keeping one store across loops (None unpaged)."""
+        return None if self.blocks is None else self.blocks.loop_shared
 
     def blocks_for(self, lengths: list[int], loops: list[int], shared: list[bool]) -> int:
-        """Pool blocks the prompts of ``lengths`` tokens of rows yet to be placed take (0 unpaged), each row's
-        of its loop cap and its sharing: what :meth:`reserve` takes for them once assigned (:meth:`assign`)."""
-        if self.pool is None or not lengths:
-            return 0
-        device = self.device
-        blocks = -(-torch.tensor(lengths, device=device) // self.pool.slots)
-        taken = self.tables_taken(torch.tensor(loops, device=device), torch.tensor(shared, device=device))
-        return int((blocks * taken).sum())
-
-    def _missing(self, rows: Tensor, chunk: slice) -> tuple[Tensor, int]:
-        """[R, n] bool: the slot blocks first..first + n − 1 that hold a real slot of ``chunk`` (a token, not
-        padding, :class:`Slots`) of ``rows`` [R] and no block yet; and ``first``."""
-        size = self.pool.slots
-        first, last = chunk.start // size, -(-chunk.stop // size)
-        real = self.slots.real[rows, chunk]
-        # the chunk's slots padded out to whole blocks (as unreal), so that each block's slots are one row of a view
-        ahead, behind = chunk.start - first * size, last * size - chunk.stop
-        real = torch.nn.functional.pad(real, (ahead, behind)).view(len(rows), last - first, size).any(-1)
-        return real & ~self.held[rows, first:last], first
+        """Pool blocks the prompts of ``lengths`` tokens of rows yet to be placed take, at their ``loops`` caps and
+        ``shared`` (0 unpaged)."""
+        return 0 if self.blocks is None else self.blocks.blocks_for(lengths, loops, shared)
 
     def blocks_needed(self, rows: Tensor, chunk: slice) -> int:
         """Pool blocks :meth:`reserve` would take for slots ``chunk`` of ``rows`` [R] (0 unpaged)."""
-        if self.pool is None:
-            return 0
-        missing, _ = self._missing(rows, chunk)
-        return int((missing.sum(1) * self.tables_taken(self.row_loops[rows], self.loop_shared[rows])).sum())
+        return 0 if self.blocks is None else self.blocks.blocks_needed(rows, chunk, self.slots.real)
 
     def reserve(self, rows: Tensor, chunk: slice) -> None:
         """Take blocks for the slot blocks of ``chunk`` that hold real slots of ``rows`` [R] and no blocks yet, in
         every table each row takes blocks in, before anything is written there (nothing taken unpaged; padding
         is written to the pool's sink); :class:`~looplab.generation.paged.PoolFull`, with nothing taken, when
         the pool has too few free."""
-        if self.pool is None:
-            return
-        missing, first = self._missing(rows, chunk)
-        if missing.any():
-            pairs = missing.nonzero(as_tuple=True)
-            self._take((rows[pairs[0]], pairs[1] + first))
+        if self.blocks is not None:
+            self.blocks.reserve(rows, chunk, self.slots.real)
 
     def blocks_needed_at(self, rows: Tensor, slots: Tensor) -> int:
         """Pool blocks :meth:`reserve_at` would take for one slot of each of ``rows`` [R], ``slots`` [R]."""
-        if self.pool is None:
-            return 0
-        rows, _ = self._missing_at(rows, slots)
-        return int(self.tables_taken(self.row_loops[rows], self.loop_shared[rows]).sum())
+        return 0 if self.blocks is None else self.blocks.blocks_needed_at(rows, slots)
 
     def reserve_at(self, rows: Tensor, slots: Tensor) -> None:
         """:meth:`reserve` for one (real) slot of each of ``rows`` [R], ``slots`` [R] (each row's token in its own
         slot: depth-wise batching)."""
-        if self.pool is None:
-            return
-        where = self._missing_at(rows, slots)
-        if len(where[0]):
-            self._take(where)
-
-    def _missing_at(self, rows: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """The (row, slot block) pairs [P] of ``rows`` [R] and their ``slots`` [R] that hold no block yet."""
-        blocks = slots // self.pool.slots
-        missing = ~self.held[rows, blocks]
-        return rows[missing], blocks[missing]
-
-    def _take(self, where: tuple[Tensor, Tensor]) -> None:
-        """Take blocks for the (row, slot block) pairs ``where`` [P] in every table each row takes blocks in (a row
-        keeping one store across loops: its later loops' tables point at loop 1's)."""
-        loops, shared = self.row_loops[where[0]], self.loop_shared[where[0]]
-        ids = self.pool.take(int(self.tables_taken(loops, shared).sum()))
-        start = 0
-        for loop, keys in self.loop_tables.items():
-            owns = self._owns(loop, loops, shared)
-            mine = (where[0][owns], where[1][owns])
-            count = len(mine[0]) * len(keys)
-            for key, taken in zip(keys, ids[start : start + count].view(len(keys), -1)):
-                self.tables[key][mine] = taken
-            start += count
-            if loop > 1 and bool(shared.any()):
-                self._alias(keys, (where[0][shared], where[1][shared]))
-        self.held[where] = True
-
-    def _alias(self, keys: list[tuple], where: tuple[Tensor, Tensor]) -> None:
-        """Point the (row, slot block) entries ``where`` of the later loops' core tables ``keys`` at loop 1's
-        blocks: a row keeping one store across loops writes and reads them at every loop."""
-        for key in keys:
-            self.tables[key][where] = self.tables["core", 1, key[2]][where]
+        if self.blocks is not None:
+            self.blocks.reserve_at(rows, slots)
 
     def release(self, rows: Tensor) -> None:
         """Give the pool back every block ``rows`` [R] hold (their slots read as unwritten after)."""
-        if self.pool is None:
-            return
-        held = self.held[rows]
-        loops, shared = self.row_loops[rows], self.loop_shared[rows]
-        for loop, keys in self.loop_tables.items():
-            owned = held & self._owns(loop, loops, shared)[:, None]
-            for key in keys:
-                self.pool.give(self.tables[key][rows][owned])
-                self.tables[key][rows] = 0
-        self.held[rows] = False
-
-    def _unpage(self, key: tuple) -> None:
-        """Keep call ``key``'s keys and values dense instead (a call of another shape than the pool's): the blocks
-        its table holds go back."""
-        if key[0] == "core" and bool(self.loop_shared.any()):
-            raise ValueError("a per-loop core call kept dense cannot be shared across loops by some rows")
-        self.dense_core = self.dense_core or key[0] == "core"
-        loop = max(1, key[1]) if key[0] == "core" else 1
-        owned = self.held & self._owns(loop, self.row_loops, self.loop_shared)[:, None]
-        self.pool.give(self.tables.pop(key)[owned])
-        self.core_tables.pop(key[2], None)  # its loops' tables are no longer the pool's
-        self.loop_tables[loop].remove(key)
-        if not self.loop_tables[loop]:
-            del self.loop_tables[loop]
+        if self.blocks is not None:
+            self.blocks.release(rows)
 
     def lend(self, rows: Tensor, chunk: slice, exit_loop: int, last_loop: int) -> None:
         """A per-loop policy: rows that stopped at ``exit_loop`` lend its entries — of every call site of the
@@ -346,7 +228,7 @@ class KVCache:
         for index, source in sources:
             for loop in range(exit_loop + 1, last_loop + 1):
                 key = ("core", loop, index)
-                if key in self.tables:
+                if self.blocks is not None and key in self.blocks.tables:
                     self.layer("core", loop, index)
                 elif key not in self.layers:
                     self.layers[key] = source.empty_like()
@@ -364,7 +246,7 @@ class KVCache:
             if key[0] != "core":  # a dense cache's core calls are views of the stacks
                 state[key] = tuple(t[0].clone() for t in entry.entries(rows, chunk))
         if self.pool is not None:  # a paged cache's core calls, every loop's stacked as the stacks are
-            for index in sorted({key[2] for key in self.tables if key[0] == "core"}):
+            for index in sorted({key[2] for key in self.blocks.tables if key[0] == "core"}):
                 loop_entries = [self.layer("core", t, index).entries(rows, chunk) for t in range(1, loops + 1)]
                 state["core", index] = tuple(torch.stack([pair[i][0] for pair in loop_entries]) for i in (0, 1))
         return state
@@ -404,12 +286,9 @@ class KVCache:
         """Bytes held by the keys and values (and convolution inputs)."""
         stacked = sum(2 * k.numel() * k.element_size() for k, _ in self.stacks.values())
         views = [key for key in self.layers if key[0] == "core" and isinstance(key[2], int) and key[2] in self.stacks]
-        dense = sum(entry.nbytes() for key, entry in self.layers.items() if key not in views and key not in self.tables)
-        if self.pool is None:
-            return stacked + dense
-        taken = self.held.sum(1) * self.tables_taken(self.row_loops, self.loop_shared)
-        paged = int(taken.sum()) * self.pool.block_bytes
-        return stacked + dense + paged
+        paged = {} if self.blocks is None else self.blocks.tables
+        dense = sum(entry.nbytes() for key, entry in self.layers.items() if key not in views and key not in paged)
+        return stacked + dense + (0 if self.blocks is None else self.blocks.nbytes())
 
 
 def visible(slots: Slots, rows: Tensor | slice, chunk: slice, window: int) -> Tensor:

@@ -324,7 +324,7 @@ class DepthCalls:
         """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
         cache = self.decoder.cache
         if cache.pool is not None:
-            store = cache.layer(self.site, 0, index) if self.loop is None else cache.core_tables.get(index)
+            store = cache.layer(self.site, 0, index) if self.loop is None else cache.blocks.core_tables.get(index)
             if store is None:
                 raise ValueError("depth-wise batching pages core calls of the pool's shape only")
             stores, attention = (store,), self.paged_attention

@@ -316,9 +316,10 @@ def test_blocks_taken_and_given_back_in_any_order_balance(model):
             cache.reserve(row, slice(slot, slot + 1))
         assert cache.nbytes() == pool.used * pool.block_bytes
         owned = []
-        for loop, keys in cache.loop_tables.items():
-            mine = cache.held & cache._owns(loop, cache.row_loops, cache.loop_shared)[:, None]
-            owned += [int(i) for key in keys for i in cache.tables[key][mine]]
+        tables = cache.blocks
+        for loop, keys in tables.loop_tables.items():
+            mine = tables.held & tables.owns(loop, tables.row_loops, tables.loop_shared)[:, None]
+            owned += [int(i) for key in keys for i in tables.tables[key][mine]]
         assert len(owned) == len(set(owned)) == pool.used and min(owned, default=2) >= 2
     cache.release(torch.arange(6))
     assert pool.used == 0 and len(set(pool.free_ids)) == pool.free == pool.capacity - 2
