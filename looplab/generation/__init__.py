@@ -9,9 +9,9 @@ Where things are: ``entry`` (:func:`generate`, :func:`score`: checks, then the c
 build on), ``depthwise``, ``wavefront``, ``speculative``, ``recompute`` (the other decoders), ``passes`` (a
 prelude, core and coda pass over the cache), ``row_exits`` (each row of a batch stopping by its own exit),
 ``cache``, ``stores``, ``paged``, ``block_tables`` and ``policies`` (keys and values: the cache, its stores,
-the paged pool, a paged cache's block tables, the cache policies), ``options``, ``fields`` (a request's flat decode fields), ``checks``, ``budget``,
-``sampling``, ``views`` (a model as the decoders read it), and text in and out (``text``, ``text_lm``,
-``byte_text``, ``reasoning``, ``retrofit``)."""
+the paged pool, a paged cache's block tables, the cache policies), ``options``, ``fields`` (a request's flat
+decode fields), ``checks``, ``budget``, ``sampling``, ``views`` (a model as the decoders read it), and text in
+and out (``text``, ``text_lm``, ``byte_text``, ``reasoning``, ``retrofit``)."""
 
 from looplab.generation.cache import KVCache
 from looplab.generation.decoders import DECODERS, DecodingMethod, register_decoder
