@@ -35,7 +35,7 @@ from looplab.config import ModelConfig
 from looplab.generation import GenerationExit
 from looplab.generation.cache import kv_shape
 from looplab.generation.options import DecodeOptions
-from looplab.generation.paged import BlockPool
+from looplab.generation.paged import RESERVED_BLOCKS, BlockPool
 from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
 from looplab.lm.dtypes import DTYPES
@@ -93,9 +93,9 @@ def compare(model, label: str, prompt: int, new: int, every: int, table: list) -
     a table row."""
     view = decodable(model)
     heads, head_dim, dtype = kv_shape(view)
-    pool = BlockPool(heads, head_dim, dtype, view.head.weight.device, blocks=1)
+    pool = BlockPool(heads, head_dim, dtype, view.head.weight.device)
     per_row = -(-(prompt + new + 1) // pool.slots) * (len(view.prelude) + len(view.coda) + LOOPS * len(view.core))
-    pool.grow(1 + ROWS * per_row)
+    pool.grow(RESERVED_BLOCKS + ROWS * per_row)
     vocab = view.head.out_features
     prompts = [[(7 * r + 3 * i) % (vocab - 1) + 1 for i in range(prompt)] for r in range(ROWS)]
     step_ms(view, [p[:4] for p in prompts], 2, None)  # warm-up: one-time costs of a shape
