@@ -97,6 +97,8 @@ class BlockTables:
         ``chunk`` of ``rows`` [R] and no block yet; and ``first``."""
         size = self.pool.slots
         first, last = chunk.start // size, -(-chunk.stop // size)
+        if chunk.stop - chunk.start == 1:  # a decode step's one slot (the hot path: a few ops, not a padded view)
+            return (real[rows, chunk.start] & ~self.held[rows, first])[:, None], first
         # the chunk's slots padded out to whole blocks (as unreal), so that each block's slots are one row of a view
         ahead, behind = chunk.start - first * size, last * size - chunk.stop
         padded = torch.nn.functional.pad(real[rows, chunk], (ahead, behind))
