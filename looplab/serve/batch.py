@@ -242,6 +242,17 @@ def joinable_room(
     return Room(rows, width, columns, cap, nbytes)
 
 
+#: the cache policies whose jobs one joinable group may hold together: its cache per-loop, a ``shared`` job's
+#: row reading (depth groups) or keeping (paged) what a shared store holds
+POOLED_POLICIES = ("per_loop", "shared")
+
+
+def cohort_across_caches(job: Job) -> tuple:
+    """``job``'s cohort but for its cache policy (one of POOLED_POLICIES): what the jobs of a group that holds
+    both policies share."""
+    return (POOLED_POLICIES, None, *job.cohort[2:])
+
+
 class JoinableRows(LiveRows):
     """A group that jobs of its cohort join between steps, into rows freed by jobs that ended: what a continuous
     and a depth group share. :meth:`size` sets its room (prompt ``width``, new-token ``columns``, loop

@@ -36,15 +36,12 @@ from torch import Tensor
 from looplab.generation.cache import kv_shape
 from looplab.generation.step import Decoder
 from looplab.generation.views import decodable
-from looplab.serve.batch import Job, JoinableRows
+from looplab.serve.batch import POOLED_POLICIES, Job, JoinableRows, cohort_across_caches
 from looplab.serve.pager import Pager
 from looplab.serve.prefixes import PrefixStore
 from looplab.tasks.base import PAD
 
 __all__ = ["ContinuousGroup", "pooled_cohort"]
-
-#: the cache policies whose jobs share a paged continuous group, where the model allows (:func:`pooled_cohort`)
-POOLED_POLICIES = ("per_loop", "shared")
 
 
 def pooled_cohort(model, job: Job) -> tuple:
@@ -56,7 +53,7 @@ def pooled_cohort(model, job: Job) -> tuple:
         return job.cohort
     if not decodable(model, gated=job.options.exit_rule.needs_gate).capabilities.chains:
         return job.cohort
-    return (POOLED_POLICIES, None, *job.cohort[2:])
+    return cohort_across_caches(job)
 
 
 class ContinuousGroup(JoinableRows):

@@ -17,7 +17,7 @@ tokens go into its own slots from the first new-token slot on (a row a newcomer 
 A row's tokens are the step decoder's for its prompt alone within float rounding (batched matmuls, sums
 over more masked keys; tested), as continuous batching's are.
 
-Rows of both cache policies of POLICIES share a group, in one core call: the decoder's cache is per-loop
+Rows of both cache policies of POOLED_POLICIES share a group, in one core call: the decoder's cache is per-loop
 stacks, a ``per_loop`` job's row reads its own loop's keys and values, and a ``shared`` job's row reads every
 earlier token at the last loop it ran, which the stacks hold at the row's cap (an exited token's entries are
 lent up to it; its prompt runs to its cap at once) — what a shared store holds, at the per-loop stacks' memory.
@@ -41,21 +41,17 @@ from torch import Tensor
 from looplab.generation.cache import kv_shape
 from looplab.generation.depthwise import DepthwiseDecoder
 from looplab.generation.views import decodable
-from looplab.serve.batch import End, Job, JoinableRows
+from looplab.serve.batch import POOLED_POLICIES, End, Job, JoinableRows, cohort_across_caches
 from looplab.serve.whole_group import STEPPED
 from looplab.tasks.base import PAD
 
 __all__ = ["DepthGroup", "depth_batchable"]
 
 
-#: the cache policies whose jobs share a depth group (the per-loop stacks hold what either reads)
-POLICIES = ("per_loop", "shared")
-
-
 def depth_batchable(model, job: Job) -> bool:
     """Whether ``job`` may run in a :class:`DepthGroup` on ``model`` (see the module docstring)."""
     options, rule = job.options, job.options.exit_rule
-    if options.decoder != STEPPED or options.cache not in POLICIES or job.cohort[-1] is not None:  # read-only
+    if options.decoder != STEPPED or options.cache not in POOLED_POLICIES or job.cohort[-1] is not None:  # read-only
         return False
     view = decodable(model, gated=rule.needs_gate)
     return view.capabilities.chains and not (rule.reads_logits and len(view.coda))
@@ -86,8 +82,8 @@ class DepthGroup(JoinableRows):
 
     @staticmethod
     def cohort_of(job: Job) -> tuple:
-        """Jobs of either cache policy of POLICIES share a group: the cohort but for the cache."""
-        return (POLICIES, None, *job.cohort[2:])
+        """Jobs of either cache policy of POOLED_POLICIES share a group: the cohort but for the cache."""
+        return cohort_across_caches(job)
 
     def __init__(
         self,
