@@ -184,7 +184,7 @@ class DepthwiseDecoder(Decoder):
     ) -> tuple[Tensor, Tensor]:
         """Give ``rows`` [R] new prompts (and, where given, exits of their own) and prefill them there, their new
         tokens from the first new-token slot on (the earlier occupants' slots are no longer real, so nothing
-        attends to them): what :meth:`~looplab.generation.step.Decoder.admit` returns.
+        attends to them): what :meth:`~looplab.generation.step.Decoder.enter` returns.
 
         ``shared`` [R]: the rows read as the ``shared`` cache policy reads — every earlier token at the last loop
         it ran. The per-loop stacks hold that at the row's cap: an exited token lends its entries up to the cap,

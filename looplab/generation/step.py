@@ -67,7 +67,7 @@ class Decoder:
 
     ``exits`` (one per prompt), where given, lets each row stop by an exit of its own up to a cap of its own
     (:class:`~looplab.generation.row_exits.RowExits`), and ``cap`` makes room for deeper rows admitted later
-    (:meth:`admit`): the server's shared batches. With a ``pool`` its keys and values are paged there
+    (:meth:`place`): the server's shared batches. With a ``pool`` its keys and values are paged there
     (:meth:`KVCache.page <looplab.generation.cache.KVCache.page>`): each forward pass first takes the blocks its
     slots need (:meth:`KVCache.reserve <looplab.generation.cache.KVCache.reserve>`)."""
 
@@ -77,7 +77,7 @@ class Decoder:
         exit_rule, policy = options.exit_rule, options.cache
         self.model, self.exit, self.sampling, self.finished = model, exit_rule, options.sampling, finished
         # rows of a shared batch may each stop by an exit of their own, up to a cap of their own (``exits``, one
-        # per prompt; later rows' by :meth:`admit`): the loop runs to the largest cap any row may hold
+        # per prompt; later rows' by :meth:`place`): the loop runs to the largest cap any row may hold
         self.mixed = mixed = exits is not None  # rows' exits may differ, now or once later rows are admitted
         exits = list(exits) if mixed else [exit_rule] * len(prompts)
         self.cap = max(cap, *(rule.loops for rule in exits))
@@ -152,24 +152,11 @@ class Decoder:
         """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt, but for
         the ``full`` [R] rows): their next-token logits [R, V] and the depths [R] their last tokens exited at.
         ``start``: the slots before it already hold these rows' keys and values (a cached prefix)."""
-        width = self.prefill_width(int(self.lengths[rows].max()))
-        tokens, query = self.tokens[rows, start:width], self.lengths[rows] - 1 - start
-        return self.forward(tokens, rows, slice(start, width), query, prefill=True, full=full)
-
-    def prefill_width(self, longest: int) -> int:
-        """The prompt slots a prefill of rows whose longest prompt is ``longest`` tokens runs (and writes)."""
         # a lazy prompt stands at the whole width (later rows take its place); otherwise the prompt slots past
         # these rows' longest prompt are padding, not run (a row admitted into a wide batch costs its own length)
-        return self.width if self.lazy_prompt else longest
-
-    def admit(
-        self, rows: Tensor, prompts: list[list[int]], exits=None, start: int = 0, full: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Give each of ``rows`` [R] a new prompt (at most the prompt width) and, where given, an exit of its own
-        (its loops within the decoder's cap) — :meth:`place` — and prefill it there (:meth:`enter`). Returns
-        what :meth:`prefill` returns for them."""
-        self.place(rows, prompts, exits)
-        return self.enter(rows, start, full)
+        width = self.width if self.lazy_prompt else int(self.lengths[rows].max())
+        tokens, query = self.tokens[rows, start:width], self.lengths[rows] - 1 - start
+        return self.forward(tokens, rows, slice(start, width), query, prefill=True, full=full)
 
     def place(self, rows: Tensor, prompts: list[list[int]], exits=None, shared: Tensor | None = None) -> None:
         """Put a new prompt in each of ``rows`` [R] (its tokens, length and slots replace the row's) and, where
