@@ -28,6 +28,7 @@ __all__ = [
     "block_bytes",
     "default_kv_memory",
     "group_bytes",
+    "job_blocks_bytes",
     "job_bytes",
     "paged_bytes",
     "paged_job_bytes",
@@ -70,10 +71,15 @@ def paged_job_bytes(model, job) -> int:
     """Bytes a pool must hold to decode ``job`` alone, wherever its group puts its new tokens: its prompt's
     blocks, those of its new tokens from any slot of a block on (a group writes every row's new token in one
     column), at its loop cap, and the pool's null block and sink."""
-    rule = job.options.exit_rule
-    prompt = paged_bytes(model, job.options, len(job.prompt), rule.loops)
-    new = paged_bytes(model, job.options, job.max_new + BLOCK_SLOTS - 1, rule.loops)
-    return prompt + new + RESERVED_BLOCKS * block_bytes(model)
+    return job_blocks_bytes(model, job, job.max_new) + RESERVED_BLOCKS * block_bytes(model)
+
+
+def job_blocks_bytes(model, job, new: int) -> int:
+    """Bytes of the pool blocks ``job``'s prompt and ``new`` of its new tokens take at its loop cap, those from
+    any slot of a block on (a group writes every row's new token in one column)."""
+    options, loops = job.options, job.options.exit_rule.loops
+    tokens = paged_bytes(model, options, new + BLOCK_SLOTS - 1, loops) if new else 0
+    return paged_bytes(model, options, len(job.prompt), loops) + tokens
 
 
 def job_bytes(model, job) -> int:

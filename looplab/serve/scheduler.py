@@ -40,11 +40,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from looplab.errors import LooplabError
-from looplab.generation.paged import BLOCK_SLOTS
 from looplab.serve.batch import End, Failed, Job, Token, joinable_room, solo_bytes
 from looplab.serve.continuous_group import ContinuousGroup, pooled_cohort
 from looplab.serve.depth_group import DepthGroup, depth_batchable
-from looplab.serve.ledger import DoesNotFit, KVLedger, job_bytes, paged_bytes, paged_job_bytes
+from looplab.serve.ledger import DoesNotFit, KVLedger, job_blocks_bytes, job_bytes, paged_job_bytes
 from looplab.serve.messages import GroupPlan, GroupState, Join, PoolState, RunnerOutput, SchedulerOutput
 from looplab.serve.speculative_group import SPECULATIVE, speculative_bytes
 from looplab.serve.whole_group import STEPPED
@@ -229,11 +228,7 @@ class Scheduler:
         """Bytes of the pool blocks ``job``'s prompt takes when it is admitted, and, for a preempted job, those of
         the tokens it replays after it (from any slot of a block on): admitted when the pool cannot give them
         too, it would be preempted again before it got back to where it was."""
-        options, loops = job.options, job.options.exit_rule.loops
-        prompt = paged_bytes(self.model, options, len(job.prompt), loops)
-        if not job.replay:
-            return prompt
-        return prompt + paged_bytes(self.model, options, len(job.replay) + BLOCK_SLOTS - 1, loops)
+        return job_blocks_bytes(self.model, job, len(job.replay))
 
     def _kind(self, job: Job) -> str:
         """The kind of group ``job`` goes to (a key of :data:`looplab.serve.runner.GROUPS`)."""
