@@ -308,9 +308,11 @@ def visible(slots: Slots, rows: Tensor | slice, chunk: slice, window: int) -> Te
     return allowed | (key_slot[None, None, :] == query_slot[None, :, None])
 
 
-def cached_attention(
+def cached_heads(
     attn: SelfAttention,
-    x: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     rows: Tensor | slice,
     chunk: slice,
     cache: LayerCache | RingLayerCache,
@@ -319,11 +321,14 @@ def cached_attention(
     loop: int = 0,
     keep: Tensor | None = None,
 ) -> Tensor:
-    """Self-attention of new tokens over the cache, writing their keys and values first.
+    """Self-attention of new tokens over the cache, writing their keys and values first, up to the heads'
+    outputs (the output projection is the caller's: a pass of several parts runs it once for all of them,
+    :class:`looplab.generation.passes.Fused`).
 
     Args:
-        x: [R, m, d] the layer input of the new tokens of ``rows`` (R row indices into the batch,
-            or ``slice(None)`` for every row), which occupy slots ``chunk`` (m slots).
+        q, k, v: [R, H, m, Dh], [R, H_kv, m, Dh] the projections (:func:`project`, before RoPE) of the new
+            tokens of ``rows`` (R row indices into the batch, or ``slice(None)`` for every row), which occupy
+            slots ``chunk`` (m slots).
         cache: this layer call's keys and values (:class:`LayerCache` [B, H_kv, S, Dh], or a
             ``last_m`` :class:`RingLayerCache`).
         allowed: [R, m, chunk.stop] bool, from :func:`visible`.
@@ -333,30 +338,29 @@ def cached_attention(
             :class:`LayerCache`'s rows outside it keep their entries, and attend to them).
 
     Returns:
-        [R, m, d]: the attention sublayer's output (before its residual).
+        [R, m, H·Dh]: the heads' concatenated outputs.
     """
-    q, k, v = rotated_projection(attn, x, rope)
+    q, k = rotate(q, k, rope)
     if keep is not None:
         written, (k_held, v_held) = keep[:, None, None, None], cache.entries(rows, chunk)
         k, v = torch.where(written, k, k_held), torch.where(written, v, v_held)
     cache.write(rows, chunk, k, v, loop)
     keys, values = cache.read(rows, chunk, loop)
-    return attend(attn, x, q, keys, values, allowed)
+    return attention_heads(attn, q, keys, values, allowed)
 
 
-def rotated_projection(attn, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`project`, then RoPE (cos, sin) [R, m, Dh] on q and k when given."""
-    q, k, v = project(attn, x)
-    if rope is not None:
-        cos, sin = (t[:, None] for t in rope)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return q, k, v
+def rotate(q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """q [R, H, m, Dh] and k [R, H_kv, m, Dh] after RoPE (cos, sin) [R, m, Dh], when given."""
+    if rope is None:
+        return q, k
+    cos, sin = (t[:, None] for t in rope)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
-def attend(attn, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
-    """The attention sublayer's output [R, m, d] for new tokens x [R, m, d] with queries q [R, H, m, Dh] over
-    keys and values [R, H_kv, S', Dh], where ``allowed`` [R, m, S'] lets them look."""
-    count, width, _ = x.shape
+def attention_heads(attn, q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
+    """The heads' concatenated outputs [R, m, H·Dh] for queries q [R, H, m, Dh] over keys and values
+    [R, H_kv, S', Dh], where ``allowed`` [R, m, S'] lets them look (before the output projection)."""
+    count, _, width, _ = q.shape
     if keys.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves a group of heads
         groups = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
@@ -371,7 +375,7 @@ def attend(attn, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     scores = scores / math.sqrt(q.shape[-1]) if isinstance(attn, SelfAttention) else scores * attn.scaling
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     y = scores.softmax(dim=-1) @ values
-    return output(attn, y.transpose(1, 2).reshape(count, width, -1), x)
+    return y.transpose(1, 2).reshape(count, width, -1)
 
 
 def project(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

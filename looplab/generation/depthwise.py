@@ -23,7 +23,9 @@ writes loops t up to its own row's cap (its blocks end there), only t where its 
 loops, and a new token takes its slot's blocks when it starts.
 
 A prompt runs only as deep as its tokens need where the step decoder's does (``per_loop``, an adaptive
-exit, no coda): a row's prompt runs loop t before the first call that takes one of its tokens to loop t.
+exit, no coda): a row's prompt runs loop t in the first call that takes one of its tokens to loop t, its
+tokens laid beside the call's (:meth:`~looplab.generation.step.Decoder.core_call`), so the weights are read
+once for both.
 
 Across requests (``max_batch``): that many rows decode at once; the row of a prompt that finishes is
 given the next waiting one, prefilled there while the other rows keep their place.
@@ -42,9 +44,9 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.generation.cache import attend, rotated_projection
+from looplab.generation.cache import attention_heads, rotate
 from looplab.generation.decoders import DecodingMethod, register_decoder
-from looplab.generation.passes import coda_pass, core_pass, logits_of, prelude_pass
+from looplab.generation.passes import chain_layer, coda_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.generation.step import Decoder
 from looplab.generation.views import described
@@ -222,13 +224,10 @@ class DepthwiseDecoder(Decoder):
     def _loop(self, state: InFlight, rows: Tensor) -> tuple[Tensor, Tensor]:
         """One loop of every running row's token, each at its own loop; the rows that exit and their states."""
         loop = state.loop[rows] + 1
-        if self.prompt is not None:  # a lazy prompt runs a loop when a later token of its row first needs it
-            behind = loop > self.prompt.depth[rows]
-            for t in loop[behind].unique().tolist():
-                self.deepen_prompt(rows[behind & (loop == t)], t)
         h_prev = state.h[rows]
         calls = self._calls("core", rows, state.slot[rows], loop)
-        h = core_pass(self.model, h_prev[:, None], state.e[rows][:, None], calls)[:, 0]
+        # a lazy prompt runs a loop when a later token of its row first needs it, in the same call
+        h = self.core_call(h_prev[:, None], state.e[rows][:, None], calls, rows, loop)[:, 0]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exits.reads_logits(rows) else None
         if logp is not None and state.logp is None:
             state.logp = logp.new_zeros(len(self.lengths), logp.shape[-1])
@@ -322,25 +321,25 @@ class DepthCalls:
 
     def layer(self, index: int, layer, x: Tensor) -> Tensor:
         """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
+        return chain_layer(self, index, layer, x)
+
+    def heads(self, index: int, attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Layer call ``index``'s attention heads [R, 1, H·Dh] for the new tokens' projections q, k, v (before
+        RoPE): over the pool's blocks (:meth:`paged_heads`) or the dense caches (:meth:`dense_heads`)."""
         cache = self.decoder.cache
+        q, k = rotate(q, k, self.rope)
         if cache.pool is not None:
             store = cache.layer(self.site, 0, index) if self.loop is None else cache.blocks.core_tables.get(index)
             if store is None:
                 raise ValueError("depth-wise batching pages core calls of the pool's shape only")
-            stores, attention = (store,), self.paged_attention
-        else:
-            entry = cache.layer(self.site, 0, index) if self.loop is None else None
-            stores, attention = (entry.k, entry.v) if entry is not None else self.decoder.stacks[index], self.attention
+            return self.paged_heads(attn, q, k, v, store)
+        entry = cache.layer(self.site, 0, index) if self.loop is None else None
+        stores = (entry.k, entry.v) if entry is not None else self.decoder.stacks[index]
+        return self.dense_heads(attn, q, k, v, *stores)
 
-        def attend(y: Tensor) -> Tensor:
-            return attention(layer.attn, y, *stores)
-
-        return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
-
-    def paged_attention(self, attn, x: Tensor, store) -> Tensor:
-        """:meth:`attention` over the pool's blocks: ``store`` a prelude or coda call's
+    def paged_heads(self, attn, q: Tensor, k: Tensor, v: Tensor, store) -> Tensor:
+        """:meth:`dense_heads` over the pool's blocks: ``store`` a prelude or coda call's
         :class:`~looplab.generation.paged.PagedLayerCache`, or a core call's tables of every loop [K, B, n]."""
-        q, k, v = rotated_projection(attn, x, self.rope)
         stop, pool = self.allowed.shape[-1], self.decoder.cache.pool
         if self.loop is None:
             store.write_at(self.rows, self.slot, k, v)
@@ -349,12 +348,12 @@ class DepthCalls:
             which, loops, rows, slots = self.writes
             pool.put(store[loops, rows, slots // pool.slots], slots % pool.slots, k[which, :, 0], v[which, :, 0])
             keys, values = pool.read(store[self.read - 1, self.rows], stop)
-        return attend(attn, x, q, keys, values, self.allowed)
+        return attention_heads(attn, q, keys, values, self.allowed)
 
-    def attention(self, attn, x: Tensor, k_store: Tensor, v_store: Tensor) -> Tensor:
-        """Attention of x [R, 1, d] over its row's slots, after writing its keys and values: into
-        [B, H, S, Dh] at its slot, or into [K, B, H, S, Dh] at its slot for its loop and every later one."""
-        q, k, v = rotated_projection(attn, x, self.rope)
+    def dense_heads(self, attn, q: Tensor, k: Tensor, v: Tensor, k_store: Tensor, v_store: Tensor) -> Tensor:
+        """Attention heads of the new tokens (q [R, H, 1, Dh], k, v after RoPE) over their rows' slots, after
+        writing their keys and values: into [B, H, S, Dh] at its slot, or into [K, B, H, S, Dh] at its slot for
+        its loop and every later one."""
         stop = self.allowed.shape[-1]
         if self.lockstep is not None:
             slot, loop = self.lockstep
@@ -374,4 +373,4 @@ class DepthCalls:
             k_store[loops, rows, :, slots] = k[which, :, 0]
             v_store[loops, rows, :, slots] = v[which, :, 0]
             keys, values = k_store[self.read - 1, self.rows, :, :stop], v_store[self.read - 1, self.rows, :, :stop]
-        return attend(attn, x, q, keys, values, self.allowed)
+        return attention_heads(attn, q, keys, values, self.allowed)

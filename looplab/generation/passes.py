@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from looplab.generation.cache import LayerCache, RingLayerCache, Slots, SlotStore, cached_attention
+from looplab.generation.cache import LayerCache, RingLayerCache, Slots, SlotStore, cached_heads, output, project
 from looplab.model.layer import Layer
 
-__all__ = ["Calls", "prelude_pass", "core_pass", "coda_pass", "logits_of"]
+__all__ = ["Calls", "Fused", "chain_layer", "prelude_pass", "core_pass", "fused_core_pass", "coda_pass", "logits_of"]
 
 
 @dataclass
@@ -67,17 +67,51 @@ class Calls:
         """The per-slot convolution inputs ``name`` of layer call ``index``."""
         return self.decoder.cache.history(self.site, self.loop, (index, name), channels, dtype)
 
+    def heads(self, index: int, attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Layer call ``index``'s attention heads [R, m, H·Dh] for the new tokens' projections q, k, v (before
+        RoPE), after writing their keys and values (:func:`~looplab.generation.cache.cached_heads`)."""
+        entry = self.entry(index)
+        return cached_heads(attn, q, k, v, self.rows, self.chunk, entry, self.allowed, self.rope, self.loop, self.keep)
+
     def layer(self, index: int, layer: Layer, x: Tensor) -> Tensor:
         """Layer call ``index`` on new tokens x [R, m, d]: a pre-norm layer (``attn_residual``, ``mlp_residual``)
         whose attention reads and extends its cache entry."""
-        cache = self.entry(index)
+        return chain_layer(self, index, layer, x)
 
-        def attend(y: Tensor) -> Tensor:
-            return cached_attention(
-                layer.attn, y, self.rows, self.chunk, cache, self.allowed, self.rope, self.loop, self.keep
-            )
 
-        return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
+def chain_layer(calls, index: int, layer: Layer, x: Tensor) -> Tensor:
+    """Layer call ``index`` of ``calls`` (which gives its attention heads: ``calls.heads``) on new tokens x
+    [R, m, d] of a layer of two residual sublayers (``attn_residual``, ``mlp_residual``)."""
+
+    def attend(y: Tensor) -> Tensor:
+        return output(layer.attn, calls.heads(index, layer.attn, *project(layer.attn, y)), y)
+
+    return layer.mlp_residual(layer.attn_residual(x, attend), layer.mlp)
+
+
+@dataclass
+class Fused:
+    """The layer calls of several parts of one loop run as one: part i's new tokens [R_i, m_i] (``shapes``) laid
+    end to end as x [1, Σ R_i·m_i, d], so that each weight is read once for all of them (a decode step's few
+    tokens and a prompt's, where a matrix product's time hardly grows with its rows). Each part's attention
+    writes and reads its own cache entries through its own calls (``parts``: each has ``heads``), in the order
+    given: a part reads what an earlier one wrote in the same layer call."""
+
+    parts: list
+    shapes: list[tuple[int, int]]
+
+    def heads(self, index: int, attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Every part's heads [1, N, H·Dh] from the projections of all the tokens (q [1, H, N, Dh], k, v)."""
+        out, start = [], 0
+        for part, (count, width) in zip(self.parts, self.shapes):
+            span = slice(start, start + count * width)
+            start = span.stop
+            own = (t[0, :, span].unflatten(1, (count, width)).transpose(0, 1) for t in (q, k, v))
+            out.append(part.heads(index, attn, *own).reshape(1, count * width, -1))
+        return torch.cat(out, 1)
+
+    def layer(self, index: int, layer: Layer, x: Tensor) -> Tensor:
+        return chain_layer(self, index, layer, x)
 
 
 def prelude_pass(model, x: Tensor, calls: Calls) -> Tensor:
@@ -98,6 +132,22 @@ def core_pass(model, h: Tensor, e: Tensor, calls: Calls) -> Tensor:
     for index, layer in enumerate(model.core):
         x = calls.layer(index, layer, x)
     return x if model.core_out_norm is None else model.core_out_norm(x)
+
+
+def fused_core_pass(model, parts: list[tuple[Tensor, Tensor, Any]]) -> list[Tensor]:
+    """One loop of several parts' new tokens, each (h [R_i, m_i, d_h], e [R_i, m_i, d_e], calls_i), as one
+    :func:`core_pass` through :class:`Fused` calls (a view whose core runs as a chain of layers, one token's
+    states at a time: ``Capabilities.chains``); each part's states after it, [R_i, m_i, d_h]."""
+    if len(parts) == 1:
+        return [core_pass(model, *parts[0])]
+    shapes = [tuple(h.shape[:2]) for h, _, _ in parts]
+
+    def laid(tensors) -> Tensor:
+        return torch.cat([t.reshape(1, -1, t.shape[-1]) for t in tensors], 1)
+
+    fused = Fused([calls for _, _, calls in parts], shapes)
+    x = core_pass(model, laid(h for h, _, _ in parts), laid(e for _, e, _ in parts), fused)[0]
+    return [y.view(count, width, -1) for y, (count, width) in zip(x.split([r * m for r, m in shapes]), shapes)]
 
 
 def coda_pass(model, h: Tensor, calls: Calls) -> Tensor:

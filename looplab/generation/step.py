@@ -13,7 +13,7 @@ from torch import Tensor
 
 from looplab.generation.cache import KVCache, Slots, kv_shape, visible
 from looplab.generation.decoders import DecodingMethod, register_decoder
-from looplab.generation.passes import Calls, coda_pass, core_pass, logits_of, prelude_pass
+from looplab.generation.passes import Calls, coda_pass, core_pass, fused_core_pass, logits_of, prelude_pass
 from looplab.generation.row_exits import RowExits
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.model.attention import rope_tables
@@ -243,8 +243,8 @@ class Decoder:
         carried = Carried(count, rows.device)  # what each row's exit carries across this token's checks
         reads_logits = self.exits.reads_logits(rows)
         for t in range(1, self.cap + 1):
-            if not prefill and self.prompt is not None and t > self.prompt.shallowest:
-                self.deepen_prompt(rows[active], t)
+            # the rows whose lazy prompt may stand below loop t (run in this loop's core call)
+            behind = rows[active] if not prefill and self.prompt is not None and t > self.prompt.shallowest else None
             # every row runs: all of them, or (masked) also those that exited, whose writes are masked out
             everyone = len(active) == count
             whole = everyone or (not prefill and self.masks and len(active) >= MASK_AT * count)
@@ -253,7 +253,7 @@ class Decoder:
             sub_allowed = allowed if whole else allowed[active]
             sub_rope = rope if rope is None or whole else (rope[0][active], rope[1][active])
             calls = Calls(self, "core", t, sub_key, chunk, sub_allowed, sub_rope, keep)
-            xa = core_pass(model, h if whole else h[active], e if whole else e[active], calls)
+            xa = self.core_call(h if whole else h[active], e if whole else e[active], calls, behind, t)
             h_prev_query = h[run, query[run]]
             if whole:  # an exited row's state is its ``read`` (a decode step has one token per row)
                 h = xa
@@ -330,6 +330,37 @@ class Decoder:
         for cap in caps.unique().tolist():
             if cap > t:
                 self.cache.lend(rows[caps == cap], chunk, t, cap)
+
+    def core_call(self, h: Tensor, e: Tensor, calls, rows: Tensor | None, loop: Tensor | int) -> Tensor:
+        """:func:`~looplab.generation.passes.core_pass` of new tokens (states h, e [R, m, d] through ``calls``)
+        at ``loop`` ([R'] or one for all) of ``rows`` [R'] (None: no row's prompt is behind), after their lazy
+        prompts that stand below it have run up to it: the last of those loops in the same layer calls as the
+        new tokens where the view's passes run as chains of layers (``Capabilities.chains``;
+        :func:`~looplab.generation.passes.fused_core_pass`: the weights read once for both), the others (a prompt
+        more than one loop behind) before."""
+        prompt = self.prompt
+        if rows is None or prompt is None:
+            return core_pass(self.model, h, e, calls)
+        loop = torch.as_tensor(loop, device=rows.device).expand(len(rows))
+        behind = prompt.depth[rows] < loop
+        if not self.model.capabilities.chains or not bool(behind.any()):
+            for t in loop[behind].unique().tolist():
+                self.deepen_prompt(rows[behind & (loop == t)], t)
+            return core_pass(self.model, h, e, calls)
+        parts, deepened, chunk = [], [], slice(0, self.width)
+        for t in loop[behind].unique().tolist():
+            sub = rows[behind & (loop == t)]
+            if bool((prompt.depth[sub] < t - 1).any()):
+                self.deepen_prompt(sub, t - 1)
+            rope = None if prompt.rope is None else (prompt.rope[0][sub], prompt.rope[1][sub])
+            parts.append((prompt.h[sub], prompt.e[sub], Calls(self, "core", t, sub, chunk, prompt.allowed[sub], rope)))
+            deepened.append((sub, t))
+        # the prompts first: the new tokens of a layer call read the keys and values their prompts write there
+        states = fused_core_pass(self.model, [*parts, (h, e, calls)])
+        for (sub, t), state in zip(deepened, states):
+            prompt.h[sub], prompt.depth[sub] = state, t
+        prompt.shallowest = int(prompt.depth.min())
+        return states[-1]
 
     def deepen_prompt(self, rows: Tensor, loop: int) -> None:
         """Run the prompt tokens of those ``rows`` whose prompt stands below ``loop`` up to it, writing

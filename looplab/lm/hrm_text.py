@@ -44,7 +44,7 @@ it reruns the whole sequence (as transformers' own generate does: HRM-Text's ``c
 layer) its own cache slot). One loop is one H cycle: L_cycles passes of the L stack, then the H stack, on the
 state h = [z_H | z_L]. Its layers are Llama-like pre-norm layers whose attention (full heads, no q/k norm, RoPE,
 scale head_dim^-½) gates its output with sigmoid(gate_proj(x)) before o_proj;
-:func:`looplab.generation.cache.cached_attention` runs them. Call index c·n + ℓ is L-stack layer ℓ in L pass c,
+:meth:`looplab.generation.passes.Calls.layer` runs them. Call index c·n + ℓ is L-stack layer ℓ in L pass c,
 L_cycles·n + ℓ is H-stack layer ℓ. The next-token logits are lm_head(z_H), so every exit applies, the logit-
 reading ones included.
 """

@@ -10,7 +10,7 @@ head), its job picks the next token (greedy, sampled with its own generator, or 
 that token joins the next call at loop 1. So a job's tokens cost the loops its own tokens run, whatever the
 other rows' exits, and newcomers join between two calls, into a free row, prefilled there. (What it gains
 is measured in bench/serve_published.py and bench/serve.py: a prompt still runs, lazily, as deep as its
-row's deepest token, in calls of its own.)
+row's deepest token, each loop in the core call that takes one of its tokens there.)
 
 Each row stops by its own job's exit up to its own loop cap, as in a continuous group; each row's new
 tokens go into its own slots from the first new-token slot on (a row a newcomer takes starts there again).

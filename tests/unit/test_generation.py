@@ -123,8 +123,8 @@ def test_the_prefill_runs_to_the_cap_whatever_the_exit(cache):
 
 def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     """per_loop with an adaptive exit runs the prompt only as deep as its tokens need and deepens it on
-    demand: the same tokens, depths and log-probabilities as a prompt run to the cap first, with fewer
-    loops run when no token goes to the cap."""
+    demand, in the core calls of the token that needs it: the same tokens, depths and log-probabilities as a
+    prompt run to the cap first, with fewer loops run when no token goes to the cap."""
     from looplab.generation import step as decoder_module
 
     model = causal_model(placement="pre", injection="add", prelude_layers=1)
@@ -132,14 +132,19 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     prompts = PROMPTS[:2]
     runs = {}
     for lazy in (True, False):
-        calls = []
-        original = decoder_module.Decoder.deepen_prompt
+        calls = []  # the loops the prompts are deepened to: alone, or ("in a step") in a step's core call
+        original, fused = decoder_module.Decoder.deepen_prompt, decoder_module.fused_core_pass
 
         def counted(self, rows, loop, original=original, calls=calls):
             calls.append(loop)
             return original(self, rows, loop)
 
+        def counted_parts(model, parts, calls=calls, fused=fused):
+            calls.extend(("in a step", part.loop) for _, _, part in parts[:-1])
+            return fused(model, parts)
+
         monkeypatch.setattr(decoder_module.Decoder, "deepen_prompt", counted)
+        monkeypatch.setattr(decoder_module, "fused_core_pass", counted_parts)
         decoder = decoder_module.Decoder(model, prompts, 6, DecodeOptions(rule))
         decoder.lazy_prompt = lazy
         runs[lazy] = (decoder.run(), calls)
@@ -148,7 +153,10 @@ def test_a_lazy_prompt_gives_what_prefilling_to_the_cap_gives(monkeypatch):
     flat = [lp for row in lazy_run.logprobs for lp in row]
     assert flat == pytest.approx([lp for row in eager_run.logprobs for lp in row], abs=1e-10)
     assert never == [] and deepened and len({d for row in lazy_run.depths for d in row}) > 1
-    assert deepened == sorted(deepened) and max(deepened, default=0) <= max(d for row in lazy_run.depths for d in row)
+    # one loop behind at each loop of a step, a prompt runs it in the step's core call, never in a pass of its own
+    assert all(isinstance(call, tuple) for call in deepened)
+    loops = [loop for _, loop in deepened]
+    assert loops == sorted(loops) and max(loops) <= max(d for row in lazy_run.depths for d in row)
 
 
 @pytest.mark.parametrize("structure", STRUCTURES[::3], ids=lambda s: f"{s['placement']}-{s['injection']}")
