@@ -2,14 +2,17 @@
 :class:`~looplab.generation.paged.BlockPool`, taking blocks as its rows write their slots.
 
 The pool grows, up to the bytes the scheduler gives it each step (``--kv-memory`` less what unpaged groups
-reserve), when a group needs more blocks than are free; kept prefixes give it their room. A job is admitted
-into a row only when its prompt's blocks can be had (:meth:`Pager.grant`); otherwise it goes back to the
-queue. When a step's new tokens need blocks the pool cannot give, the most recently admitted running job is
-preempted (:meth:`Pager.ensure`): its row and blocks are freed and it goes back to the front of the queue;
-when it is admitted again it is recomputed — its prompt prefilled and its tokens so far fed again, one a
-step, without being sent (:attr:`~looplab.serve.batch.Job.replay`) — so its answer is the one it would have
-had (a token runs at the depth its exit gives it again, on the same inputs; a sampled job's generator draws
-nothing while it replays).
+reserve), when a group needs more blocks than are free; kept prefixes give it their room. When no paged group
+runs the pool is idle: its memory goes back to the scheduler's ledger, but its blocks are kept (all free) for
+the next paged group, until a step's room no longer holds them beside the kept prefixes
+(:meth:`Pager.fit_idle`). (Grown anew for each burst of requests, a pool at the Ouro-1.4B shape faulted in about
+1 GB a burst of 8.) A job is admitted into a row only when its prompt's blocks can be had (:meth:`Pager.grant`);
+otherwise it goes back to the queue. When a step's new tokens need blocks the pool cannot give, the most
+recently admitted running job is preempted (:meth:`Pager.ensure`): its row and blocks are freed and it goes back
+to the front of the queue; when it is admitted again it is recomputed — its prompt prefilled and its tokens so
+far fed again, one a step, without being sent (:attr:`~looplab.serve.batch.Job.replay`) — so its answer is the
+one it would have had (a token runs at the depth its exit gives it again, on the same inputs; a sampled job's
+generator draws nothing while it replays).
 """
 
 from __future__ import annotations
@@ -36,6 +39,23 @@ class Pager:
         self.preempted: list[Job] = []
         #: preemptions since the engine started
         self.count = 0
+
+    @property
+    def idle(self) -> bool:
+        """Whether no paged group runs (the pool, if kept, has every block free)."""
+        return not self.groups
+
+    def fit_idle(self) -> None:
+        """Let an idle pool go when this step's ``room`` (set first) no longer holds it beside the kept prefixes
+        (the ledger gave its memory to unpaged groups or prefixes while it was idle); a pool kept takes its
+        bytes out of the prefixes' room, as a pool that grows does."""
+        if not self.idle or self.pool is None:
+            return
+        kept = 0 if self.prefixes is None else self.prefixes.nbytes
+        if self.pool.nbytes + kept > self.room:
+            self.pool = None
+        elif self.prefixes is not None:
+            self.prefixes.make_room(min(self.prefixes.room, self.room - self.pool.nbytes))
 
     def pool_for(self, heads: int, head_dim: int, dtype, device) -> BlockPool:
         """The pool, made in this shape the first time (one model: every group's calls share it)."""

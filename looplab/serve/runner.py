@@ -61,6 +61,7 @@ class Runner:
             self.prefixes.make_room(order.prefix_room)
         pager, preempted = self.pager, self.pager.count
         pager.room, pager.preempted = order.pool_room, []
+        pager.fit_idle()
         for plan in order.plans:
             self.held.extend(plan.jobs)
             group = None
@@ -92,12 +93,10 @@ class Runner:
                 group.abandon()
         self.groups = {key: group for key, group in self.groups.items() if not group.done}
         pager.groups = [group for group in pager.groups if not group.done]
-        if not pager.groups:  # no paged group runs: the pool's memory goes back to the ledger
-            pager.pool = None
         events = self._collect()
         requeued = [job for job in pager.preempted if not job.closed]
         self.held = [job for job in self.held if all(job is not back for back in requeued)]
-        pool = pager.pool
+        pool = None if pager.idle else pager.pool  # an idle pool's memory is the ledger's (Pager.fit_idle)
         return RunnerOutput(
             events=events,
             groups=tuple(group_state(key, group) for key, group in self.groups.items()),

@@ -19,6 +19,8 @@ from looplab.serve.depth_group import DepthGroup
 from looplab.serve.engine import Engine, NeverFits
 from looplab.serve.ledger import paged_bytes, paged_job_bytes
 from looplab.serve.metrics import registry_for
+from looplab.serve.pager import Pager
+from looplab.serve.prefixes import PrefixStore
 from tests.unit.model_helpers import make_model
 from tests.unit.test_engine import (
     MIXED_EXITS,
@@ -160,6 +162,48 @@ def test_a_depth_group_paged_in_a_pool_that_runs_out_preempts_and_recomputes_as_
         _assert_as_alone(sink, solo)
         assert sink.end == End("length")
     assert engine.pool.used == 0
+
+
+def test_an_idle_pool_keeps_its_blocks_for_the_next_burst(model):
+    """When its jobs end the pool's memory goes back to the ledger (0 bytes, no blocks reported) but its blocks
+    are kept, all free: the next burst's group takes them without growing the pool, and decodes as before."""
+    jobs, memory = _tight_jobs(model, count=4, max_new=8)
+    engine = Engine(model, max_running=8, kv_memory=4 * memory, prefix_memory=0).start()
+    answers = []
+    for burst in range(2):
+        jobs, _ = _tight_jobs(model, count=4, max_new=8)
+        engine.submit([job for job, _ in jobs])
+        assert all(sink.closed.wait(120) for _, sink in jobs)
+        answers.append([sink.tokens for _, sink in jobs])
+        pool = engine.runner.pager.pool
+        assert pool is not None and pool.used == 0 and pool.capacity > 2, burst
+        assert engine.ledger.pool == 0 and engine.pool.nbytes == 0 and engine.pool.free == 0
+        if burst == 0:
+            first, capacity = pool, pool.capacity
+    engine.close(60)
+    assert engine.runner.pager.pool is first and first.capacity == capacity
+    assert answers[0] == answers[1] and engine.stats["preempted"] == 0
+    assert 'looplab_kv_blocks{state="free"} 0.0' in _metrics(engine)
+
+
+def test_an_idle_pool_goes_when_the_room_no_longer_holds_it_beside_the_kept_prefixes():
+    """Kept while the step's room holds it and the kept prefixes (whose room it then narrows, as a pool that
+    grows does); let go when the ledger gave its memory away, and made anew by the next paged group."""
+    pager = Pager(PrefixStore(1 << 20))
+    pool = pager.pool_for(2, 4, torch.float32, "cpu")
+    pager.room = 1 << 20
+    assert pager.grant(30) and pool.capacity >= 32
+    pager.room = pool.nbytes + 1000
+    pager.fit_idle()
+    assert pager.pool is pool and pager.prefixes.room == 1000
+    pager.prefixes.nbytes = 1001  # prefixes kept since (as a step's keeping would)
+    pager.fit_idle()
+    assert pager.pool is None
+    assert pager.pool_for(2, 4, torch.float32, "cpu") is not pool
+    pager.groups = [object()]  # a paged group runs: the pool is not idle, whatever the room
+    pager.room = 0
+    pager.fit_idle()
+    assert pager.pool is not None
 
 
 def _metrics(engine: Engine) -> str:
