@@ -25,7 +25,9 @@ loops, and a new token takes its slot's blocks when it starts.
 A prompt runs only as deep as its tokens need where the step decoder's does (``per_loop``, an adaptive
 exit, no coda): a row's prompt runs loop t in the first call that takes one of its tokens to loop t, its
 tokens laid beside the call's (:meth:`~looplab.generation.step.Decoder.core_call`), so the weights are read
-once for both.
+once for both. Its prefill runs loop 1 alone: a prompt whose last token (the query, whose exit gives the
+first new token) runs on is a token in flight like the others, each of its calls running the prompt's next
+loop and reading the query there — not prefill passes of its own that every other row waits for.
 
 Across requests (``max_batch``): that many rows decode at once; the row of a prompt that finishes is
 given the next waiting one, prefilled there while the other rows keep their place.
@@ -103,6 +105,9 @@ class Depth(DecodingMethod):
 class DepthwiseDecoder(Decoder):
     """The cached decoder's prefill, then calls that advance each running row by one loop (module docstring)."""
 
+    #: a lazy prefill runs loop 1 alone; a query token that runs on is a token in flight (:meth:`_hand_on`)
+    HANDS_ON = True
+
     def __init__(
         self, model, prompts, max_new_tokens, options, finished=None, forced=None, max_batch=0, width=0, exits=None,
         cap=0, pool=None,
@@ -123,10 +128,10 @@ class DepthwiseDecoder(Decoder):
     def run(self) -> Generation:
         batch, device = len(self.lengths), self.lengths.device
         every = torch.arange(batch, device=device)
-        logits, depths = self.prefill(every)
-        out = Generation(*([[] for _ in self.prompts] for _ in range(3)))
         state = self.in_flight()
-        starting = self._pick(out, state, every, logits, depths)
+        read = self._hand_on(state, every, *self.prefill(every))
+        out = Generation(*([[] for _ in self.prompts] for _ in range(3)))
+        starting = self._pick(out, state, *read)
         while True:
             if len(starting):
                 latest = [out.tokens[self.request[row]][-1] for row in starting.tolist()]
@@ -178,15 +183,15 @@ class DepthwiseDecoder(Decoder):
         for row, request in zip(rows.tolist(), range(self.waiting, self.waiting + count)):
             self.request[row] = request
         self.waiting += count
-        logits, depths = self.take(state, rows, prompts)
-        return self._pick(out, state, rows, logits, depths)
+        return self._pick(out, state, *self.take(state, rows, prompts))
 
     def take(
         self, state: InFlight, rows: Tensor, prompts: list[list[int]], exits=None, shared: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Give ``rows`` [R] new prompts (and, where given, exits of their own) and prefill them there, their new
         tokens from the first new-token slot on (the earlier occupants' slots are no longer real, so nothing
-        attends to them): what :meth:`~looplab.generation.step.Decoder.enter` returns.
+        attends to them): the rows whose query token exited [X], with their next-token logits [X, V] and exit
+        depths [X]; the others' query tokens are in flight (:meth:`_hand_on`).
 
         ``shared`` [R]: the rows read as the ``shared`` cache policy reads — every earlier token at the last loop
         it ran. The per-loop stacks hold that at the row's cap: an exited token lends its entries up to the cap,
@@ -197,7 +202,24 @@ class DepthwiseDecoder(Decoder):
         self.reads_cap[rows] = shared
         # paged, such a row keeps one store across loops (what it writes at every later loop lands there too)
         self.place(rows, prompts, exits, shared if self.cache.shares_loops() else None)
-        return self.enter(rows, full=shared if bool(shared.any()) else None)
+        return self._hand_on(state, rows, *self.enter(rows, full=shared if bool(shared.any()) else None))
+
+    def _hand_on(self, state: InFlight, rows: Tensor, logits: Tensor, depths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """After a prefill of ``rows`` [R] (their logits [R, V] and depths [R]): the query tokens it handed on
+        (:attr:`~looplab.generation.step.Decoder.handed`) are tokens in flight at loop 1, whose calls run their
+        prompts' next loops (:meth:`_loop`); the other rows, with their logits and depths."""
+        handed, self.handed = self.handed, None
+        if handed is None:
+            return rows, logits, depths
+        on, go = handed.running, rows[handed.running]
+        state.hold(go, handed.h, handed.e)
+        state.loop[go], state.running[go], state.query[go] = 1, True, True
+        for rule, carried in handed.carried.states.items():
+            state.carried.of(rule, go)  # (made where it was not)
+            state.carried.put(rule, go, carried[on])
+        if handed.logp is not None:
+            state.hold_logp(go, handed.logp)
+        return rows[~on], logits[~on], depths[~on]
 
     def start_tokens(self, state: InFlight, rows: Tensor, tokens: Tensor) -> None:
         """Put each row's latest token [R] in its next slot and run its prelude: the row is at loop 0 of it."""
@@ -213,25 +235,35 @@ class DepthwiseDecoder(Decoder):
             if len(self.model.prelude)
             else x[:, 0]
         )
-        h = self.model.initial_state(e)
-        if state.h is None:
-            state.h, state.e = h.new_zeros(len(self.lengths), h.shape[-1]), e.new_zeros(len(self.lengths), e.shape[-1])
-        state.e[rows], state.h[rows] = e, h
+        state.hold(rows, self.model.initial_state(e), e)
         state.loop[rows] = 0
-        state.running[rows] = True
+        state.running[rows], state.query[rows] = True, False
         state.carried.restart(rows)
 
     def _loop(self, state: InFlight, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """One loop of every running row's token, each at its own loop; the rows that exit and their states."""
+        """One loop of every running row's token, each at its own loop; the rows that exit and their states.
+
+        A lazy prompt runs a loop when a later token of its row first needs it, in the same call; a row whose
+        token in flight is its prompt's query (``state.query``: its prefill handed it on) runs its prompt's
+        next loop alone, and reads the query's state there."""
         loop = state.loop[rows] + 1
-        h_prev = state.h[rows]
-        calls = self._calls("core", rows, state.slot[rows], loop)
-        # a lazy prompt runs a loop when a later token of its row first needs it, in the same call
-        h = self.core_call(h_prev[:, None], state.e[rows][:, None], calls, rows, loop)[:, 0]
+        h_prev, query = state.h[rows], state.query[rows]
+        tokens = rows[~query]
+        h = h_prev.clone()
+        if len(tokens):
+            calls = self._calls("core", tokens, state.slot[tokens], loop[~query])
+            new = self.core_call(h_prev[~query][:, None], state.e[tokens][:, None], calls, rows, loop)
+            h[~query] = new[:, 0]
+        else:
+            self.core_call(None, None, None, rows, loop)
+        if bool(query.any()):
+            queries = rows[query]
+            h[query] = self.prompt.h[queries, self.lengths[queries] - 1]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exits.reads_logits(rows) else None
-        if logp is not None and state.logp is None:
-            state.logp = logp.new_zeros(len(self.lengths), logp.shape[-1])
-        earlier = None if logp is None else state.logp[rows]
+        earlier = None
+        if logp is not None:
+            state.hold_logp(rows[:0], logp[:0])
+            earlier = state.logp[rows]
         stop = self.exits.check_rows(rows, loop, h, h_prev, logp, earlier, state.carried)
         state.h[rows], state.loop[rows] = h, loop
         if logp is not None:
@@ -279,13 +311,14 @@ class DepthwiseDecoder(Decoder):
 @dataclass
 class InFlight:
     """Each row's token in flight: its slot [B] (the latest token's), loop [B] (loops run), whether it is
-    ``running`` [B], its states h, e [B, d] (allocated at the first prelude), for an exit that reads
-    them, its last loop's log-probabilities [B, V] (allocated when an exit first reads them), and what its exit
-    carries across checks."""
+    ``running`` [B] and whether it is its prompt's ``query`` token [B] (a prefill handed it on), its states h, e
+    [B, d] (allocated when first held), for an exit that reads them, its last loop's log-probabilities [B, V]
+    (allocated when an exit first reads them), and what its exit carries across checks."""
 
     slot: Tensor
     loop: Tensor
     running: Tensor
+    query: Tensor
     h: Tensor | None
     e: Tensor | None
     logp: Tensor | None
@@ -296,7 +329,20 @@ class InFlight:
         """No token in flight; the first new token goes into slot ``width`` (W), so each row starts one before."""
         slot = torch.full((batch,), width - 1, dtype=torch.long, device=device)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
-        return cls(slot, zeros, zeros.bool(), None, None, None, Carried(batch, device))
+        return cls(slot, zeros, zeros.bool(), zeros.bool(), None, None, None, Carried(batch, device))
+
+    def hold(self, rows: Tensor, h: Tensor, e: Tensor) -> None:
+        """The states h, e [R, d] of the tokens of ``rows`` (the batch's allocated at the first)."""
+        if self.h is None:
+            batch = len(self.slot)
+            self.h, self.e = h.new_zeros(batch, h.shape[-1]), e.new_zeros(batch, e.shape[-1])
+        self.h[rows], self.e[rows] = h, e
+
+    def hold_logp(self, rows: Tensor, logp: Tensor) -> None:
+        """The last loop's log-probabilities [R, V] of the tokens of ``rows`` (the batch's allocated at the first)."""
+        if self.logp is None:
+            self.logp = logp.new_zeros(len(self.slot), logp.shape[-1])
+        self.logp[rows] = logp
 
 
 @dataclass

@@ -60,6 +60,20 @@ class LazyPrompt:
         self.shallowest = int(self.depth.min())
 
 
+@dataclass
+class RunningQueries:
+    """What a lazy prefill that stops after its first loop hands on (:attr:`Decoder.HANDS_ON`): which of its rows'
+    query tokens had not exited (``running`` [R] bool), and for those their states h, e [R', d] after loop 1,
+    their last loop's log-probabilities [R', V] (None where no exit reads them), and what their exits carry
+    (``carried``, over the prefill's R rows)."""
+
+    running: Tensor
+    h: Tensor
+    e: Tensor
+    logp: Tensor | None
+    carried: Carried
+
+
 class Decoder:
     """One generation with a KV cache (see :func:`generate`): the ``step`` decoder, and the prefill, passes and
     cache the other cached decoders build on. ``options``: a checked
@@ -70,6 +84,10 @@ class Decoder:
     (:meth:`place`): the server's shared batches. With a ``pool`` its keys and values are paged there
     (:meth:`KVCache.page <looplab.generation.cache.KVCache.page>`): each forward pass first takes the blocks its
     slots need (:meth:`KVCache.reserve <looplab.generation.cache.KVCache.reserve>`)."""
+
+    #: a lazy prefill stops after its first loop, its query tokens that run on handed to the decoder's later
+    #: calls (:attr:`handed`: the depth-wise decoder runs each as a token in flight, its prompt's loops its own)
+    HANDS_ON = False
 
     def __init__(
         self, model, prompts, max_new_tokens, options, finished=None, forced=None, width=0, exits=None, cap=0, pool=None
@@ -125,6 +143,8 @@ class Decoder:
         # layers are chains of pre-norm layers (whose attention takes the mask) and per_loop keeps every loop
         self.masks = per_loop and adaptive and model.capabilities.chains and not read_only
         self.prompt: LazyPrompt | None = None
+        #: the query tokens the latest prefill handed on (HANDS_ON), until the caller takes them
+        self.handed: RunningQueries | None = None
 
     def run(self) -> Generation:
         batch = len(self.lengths)
@@ -218,11 +238,15 @@ class Decoder:
         keys and values; with ``lazy_prompt`` only until every row's query token has exited, but for
         the ``full`` [R] rows, and :meth:`deepen_prompt` runs the rest when a later token needs it) and
         reads the query position at its exit; a decode step (m = 1) drops a row from the loop as soon as
-        its token exits. Returns next-token logits [R, V] and exit depths [R].
+        its token exits. Returns next-token logits [R, V] and exit depths [R]. With :attr:`HANDS_ON` and no
+        ``full`` row a lazy prefill stops after loop 1: the rows whose query token runs on are :attr:`handed`
+        on (their logits and depths here are not theirs yet).
         """
         model, window = self.model, self.model.cfg.attention_window
         self.cache.reserve(rows, chunk)  # a paged cache's blocks for these slots, before anything runs
         count = len(rows)
+        if prefill:
+            self.handed = None
         # rows are 0..B−1 in order: index the cache by slices, not gathers (a server's batch holds its rows in the
         # order they joined, which may be another order of all of them)
         every_row = count == len(self.lengths) and bool((rows == torch.arange(count, device=rows.device)).all())
@@ -294,6 +318,12 @@ class Decoder:
             going = running if full is None else running | (full & (self.exits.caps[rows] > t))
             if not going.any():
                 break
+            if prefill and self.HANDS_ON and full is None:  # (loop 1 ran every row: ``run`` is every row)
+                on = running.clone()
+                ran = None if logp is None else logp[on]
+                self.handed = RunningQueries(on, h_query[on], e[picks, query][on], ran, carried)
+                depth = torch.where(on, t, depth)  # where their prompts stand
+                break
             active = going.nonzero(as_tuple=True)[0]
         if prefill and self.lazy_prompt:  # each row's prompt stands at its query token's exit depth
             self.prompt = self.lazy_state(rows, chunk, h, e, allowed, rope, depth, full)
@@ -331,13 +361,13 @@ class Decoder:
             if cap > t:
                 self.cache.lend(rows[caps == cap], chunk, t, cap)
 
-    def core_call(self, h: Tensor, e: Tensor, calls, rows: Tensor | None, loop: Tensor | int) -> Tensor:
-        """:func:`~looplab.generation.passes.core_pass` of new tokens (states h, e [R, m, d] through ``calls``)
-        at ``loop`` ([R'] or one for all) of ``rows`` [R'] (None: no row's prompt is behind), after their lazy
-        prompts that stand below it have run up to it: the last of those loops in the same layer calls as the
-        new tokens where the view's passes run as chains of layers (``Capabilities.chains``;
-        :func:`~looplab.generation.passes.fused_core_pass`: the weights read once for both), the others (a prompt
-        more than one loop behind) before."""
+    def core_call(self, h: Tensor | None, e: Tensor | None, calls, rows: Tensor | None, loop: Tensor | int):
+        """:func:`~looplab.generation.passes.core_pass` of new tokens (states h, e [R, m, d] through ``calls``;
+        None: no new token, only prompts) at ``loop`` ([R'] or one for all) of ``rows`` [R'] (None: no row's
+        prompt is behind), after their lazy prompts that stand below it have run up to it: the last of those
+        loops in the same layer calls as the new tokens where the view's passes run as chains of layers
+        (``Capabilities.chains``; :func:`~looplab.generation.passes.fused_core_pass`: the weights read once for
+        both), the others (a prompt more than one loop behind) before. The new tokens' states after it."""
         prompt = self.prompt
         if rows is None or prompt is None:
             return core_pass(self.model, h, e, calls)
@@ -346,7 +376,7 @@ class Decoder:
         if not self.model.capabilities.chains or not bool(behind.any()):
             for t in loop[behind].unique().tolist():
                 self.deepen_prompt(rows[behind & (loop == t)], t)
-            return core_pass(self.model, h, e, calls)
+            return None if h is None else core_pass(self.model, h, e, calls)
         parts, deepened, chunk = [], [], slice(0, self.width)
         for t in loop[behind].unique().tolist():
             sub = rows[behind & (loop == t)]
@@ -356,11 +386,11 @@ class Decoder:
             parts.append((prompt.h[sub], prompt.e[sub], Calls(self, "core", t, sub, chunk, prompt.allowed[sub], rope)))
             deepened.append((sub, t))
         # the prompts first: the new tokens of a layer call read the keys and values their prompts write there
-        states = fused_core_pass(self.model, [*parts, (h, e, calls)])
+        states = fused_core_pass(self.model, parts if h is None else [*parts, (h, e, calls)])
         for (sub, t), state in zip(deepened, states):
             prompt.h[sub], prompt.depth[sub] = state, t
         prompt.shallowest = int(prompt.depth.min())
-        return states[-1]
+        return None if h is None else states[-1]
 
     def deepen_prompt(self, rows: Tensor, loop: int) -> None:
         """Run the prompt tokens of those ``rows`` whose prompt stands below ``loop`` up to it, writing

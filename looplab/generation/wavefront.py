@@ -82,6 +82,9 @@ class WavefrontDecoder(DepthwiseDecoder):
     docstring). Per slot of each row: its token, loops run, whether it is in flight and still running, its
     states h, e, its latest next-token guess and, for an exit that reads them, its log-probabilities."""
 
+    #: its prefill runs each query token to its exit (its own calls keep positions, not one token a row)
+    HANDS_ON = False
+
     def __init__(self, model, prompts, max_new_tokens, options, finished, front: int):
         super().__init__(model, prompts, max_new_tokens, options, finished)
         self.front = front

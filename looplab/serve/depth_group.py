@@ -10,7 +10,8 @@ head), its job picks the next token (greedy, sampled with its own generator, or 
 that token joins the next call at loop 1. So a job's tokens cost the loops its own tokens run, whatever the
 other rows' exits, and newcomers join between two calls, into a free row, prefilled there. (What it gains
 is measured in bench/serve_published.py and bench/serve.py: a prompt still runs, lazily, as deep as its
-row's deepest token, each loop in the core call that takes one of its tokens there.)
+row's deepest token, each loop in the core call that takes one of its tokens there; a newcomer's prefill runs
+loop 1, and its query token's later loops run in the group's calls, beside the other rows' tokens.)
 
 Each row stops by its own job's exit up to its own loop cap, as in a continuous group; each row's new
 tokens go into its own slots from the first new-token slot on (a row a newcomer takes starts there again).
@@ -148,12 +149,12 @@ class DepthGroup(JoinableRows):
         shared = torch.tensor([job.options.cache == "shared" for job in jobs], device=index.device)
         prompts, exits = [job.prompt for job in jobs], [job.options.exit_rule for job in jobs]
         try:
-            logits, depths = self.decoder.take(self.state, index, prompts, exits, shared)
+            ready = self.decoder.take(self.state, index, prompts, exits, shared)
         except Exception:  # their prefill failed (the runner fails the jobs): the rows are free again
             for row in rows:
                 self.release(row)
             raise
-        self._ready(index, logits, depths)
+        self._ready(*ready)  # the others' query tokens are in flight: picked when they exit
 
     def _start(self, rows: Tensor, tokens: Tensor) -> None:
         """Start each of ``rows``' next token [R] at loop 0 of its next slot; paged, with the blocks of those slots,

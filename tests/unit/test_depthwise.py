@@ -42,6 +42,38 @@ def test_depth_wise_batching_is_the_step_decoder_on_every_structure(structure):
     assert depths >= {5}
 
 
+@pytest.mark.parametrize(
+    "rule", [GenerationExit("kl", 8, {"eps": 0.01}), GenerationExit("convergence", 8, {"eps": 0.05})]
+)
+def test_a_query_token_that_runs_past_loop_one_is_a_token_in_flight(rule, monkeypatch):
+    """A lazy prefill runs loop 1 alone: a prompt whose last token runs on is handed to the decode calls, which
+    run its prompt's next loops beside the other rows' tokens and read the query there (rows waiting for a
+    free row, too): the step decoder's tokens, depths and log-probabilities."""
+    from looplab.generation import depthwise
+
+    handed, query_loops = [], []
+    hand_on, loop = depthwise.DepthwiseDecoder._hand_on, depthwise.DepthwiseDecoder._loop
+
+    def counted_hand_on(self, state, rows, logits, depths):
+        handed.append(0 if self.handed is None else int(self.handed.running.sum()))
+        return hand_on(self, state, rows, logits, depths)
+
+    def counted_loop(self, state, rows):
+        query_loops.append(int(state.query[rows].sum()))
+        return loop(self, state, rows)
+
+    monkeypatch.setattr(depthwise.DepthwiseDecoder, "_hand_on", counted_hand_on)
+    monkeypatch.setattr(depthwise.DepthwiseDecoder, "_loop", counted_loop)
+    model = _causal(placement="post_sandwich", injection="contractive")
+    step = generate(model, PROMPTS, NEW, DecodeOptions(rule))
+    depth = generate(model, PROMPTS, NEW, DecodeOptions(rule, decoder="depth", decoder_params={"max_batch": 2}))
+    assert depth.tokens == step.tokens and depth.depths == step.depths
+    for ours, theirs in zip(depth.logprobs, step.logprobs, strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-9)
+    assert max(row[0] for row in step.depths) > 1  # some query tokens run past loop 1
+    assert len(handed) > 1 and sum(handed) > 0 and sum(query_loops) > 0  # (the first prefill's and later ones')
+
+
 def test_rows_at_many_depths_share_calls_and_finish_apart():
     """A structure whose tokens exit at five depths: rows drift apart (a row's tokens are at different
     positions from the others' in one call), rows that finish early leave, and it all equals the step decoder."""
