@@ -212,7 +212,7 @@ class DepthwiseDecoder(Decoder):
         if handed is None:
             return rows, logits, depths
         on, go = handed.running, rows[handed.running]
-        state.hold(go, handed.h, handed.e)
+        state.hold(go, handed.h)  # (its e is its prompt's: a query's calls are its prompt's)
         state.loop[go], state.running[go], state.query[go] = 1, True, True
         for rule, carried in handed.carried.states.items():
             state.carried.of(rule, go)  # (made where it was not)
@@ -245,25 +245,24 @@ class DepthwiseDecoder(Decoder):
 
         A lazy prompt runs a loop when a later token of its row first needs it, in the same call; a row whose
         token in flight is its prompt's query (``state.query``: its prefill handed it on) runs its prompt's
-        next loop alone, and reads the query's state there."""
+        next loop in that call too (beside the other rows' tokens), and reads the query's state there."""
         loop = state.loop[rows] + 1
         h_prev, query = state.h[rows], state.query[rows]
-        tokens = rows[~query]
-        h = h_prev.clone()
-        if len(tokens):
-            calls = self._calls("core", tokens, state.slot[tokens], loop[~query])
-            new = self.core_call(h_prev[~query][:, None], state.e[tokens][:, None], calls, rows, loop)
-            h[~query] = new[:, 0]
+        if not bool(query.any()):
+            calls = self._calls("core", rows, state.slot[rows], loop)
+            h = self.core_call(h_prev[:, None], state.e[rows][:, None], calls, rows, loop)[:, 0]
         else:
-            self.core_call(None, None, None, rows, loop)
-        if bool(query.any()):
-            queries = rows[query]
+            tokens, queries, h = rows[~query], rows[query], h_prev.clone()
+            if len(tokens):
+                calls = self._calls("core", tokens, state.slot[tokens], loop[~query])
+                h[~query] = self.core_call(h_prev[~query][:, None], state.e[tokens][:, None], calls, rows, loop)[:, 0]
+            else:
+                self.core_call(None, None, None, rows, loop)
             h[query] = self.prompt.h[queries, self.lengths[queries] - 1]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exits.reads_logits(rows) else None
-        earlier = None
-        if logp is not None:
-            state.hold_logp(rows[:0], logp[:0])
-            earlier = state.logp[rows]
+        if logp is not None and state.logp is None:
+            state.logp = logp.new_zeros(len(self.lengths), logp.shape[-1])
+        earlier = None if logp is None else state.logp[rows]
         stop = self.exits.check_rows(rows, loop, h, h_prev, logp, earlier, state.carried)
         state.h[rows], state.loop[rows] = h, loop
         if logp is not None:
@@ -310,10 +309,11 @@ class DepthwiseDecoder(Decoder):
 
 @dataclass
 class InFlight:
-    """Each row's token in flight: its slot [B] (the latest token's), loop [B] (loops run), whether it is
-    ``running`` [B] and whether it is its prompt's ``query`` token [B] (a prefill handed it on), its states h, e
-    [B, d] (allocated when first held), for an exit that reads them, its last loop's log-probabilities [B, V]
-    (allocated when an exit first reads them), and what its exit carries across checks."""
+    """Each row's token in flight: its slot [B] (the latest new token's; W − 1 before the first, while its
+    prompt's ``query`` token [B] is in flight: a prefill handed it on), loop [B] (loops run), whether it is
+    ``running`` [B], its states h, e [B, d] (allocated when first held; a query's e is its prompt's), for an exit
+    that reads them, its last loop's log-probabilities [B, V] (allocated when an exit first reads them), and
+    what its exit carries across checks."""
 
     slot: Tensor
     loop: Tensor
@@ -331,12 +331,16 @@ class InFlight:
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         return cls(slot, zeros, zeros.bool(), zeros.bool(), None, None, None, Carried(batch, device))
 
-    def hold(self, rows: Tensor, h: Tensor, e: Tensor) -> None:
-        """The states h, e [R, d] of the tokens of ``rows`` (the batch's allocated at the first)."""
+    def hold(self, rows: Tensor, h: Tensor, e: Tensor | None = None) -> None:
+        """The states h [R, d_h] (and e [R, d_e], where given) of the tokens of ``rows`` (each of the batch's
+        allocated at the first)."""
         if self.h is None:
-            batch = len(self.slot)
-            self.h, self.e = h.new_zeros(batch, h.shape[-1]), e.new_zeros(batch, e.shape[-1])
-        self.h[rows], self.e[rows] = h, e
+            self.h = h.new_zeros(len(self.slot), h.shape[-1])
+        self.h[rows] = h
+        if e is not None:
+            if self.e is None:
+                self.e = e.new_zeros(len(self.slot), e.shape[-1])
+            self.e[rows] = e
 
     def hold_logp(self, rows: Tensor, logp: Tensor) -> None:
         """The last loop's log-probabilities [R, V] of the tokens of ``rows`` (the batch's allocated at the first)."""

@@ -89,9 +89,21 @@ class BlockPool:
         return self.capacity - RESERVED_BLOCKS - self.free
 
     def grow(self, capacity: int) -> None:
-        """Hold ``capacity`` blocks (more than now): the new ones free, the old ones where they were."""
+        """Hold ``capacity`` blocks (more than now): the new ones free, the old ones where they were. A pool none of
+        whose blocks is taken lets them go before it makes the new ones (the two are never held at once: a pool
+        kept idle between bursts is grown within the memory that held it); when that fails it stands at its
+        reserved blocks, to be grown again."""
         old = self.capacity
         if capacity <= old:
+            return
+        if self.used == 0:
+            shape = (capacity, *self.k.shape[1:])
+            self.k = self.k.new_zeros((RESERVED_BLOCKS, *shape[1:]))
+            self.v, self.free_ids = torch.zeros_like(self.k), []
+            k = self.k.new_zeros(shape)  # (failing, the pool stands at its reserved blocks, none free)
+            v = torch.zeros_like(k)
+            self.k, self.v = k, v
+            self.free_ids = list(range(capacity - 1, RESERVED_BLOCKS - 1, -1))
             return
         extra = (capacity - old, *self.k.shape[1:])
         self.k = torch.cat([self.k, self.k.new_zeros(extra)])

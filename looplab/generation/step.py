@@ -63,13 +63,12 @@ class LazyPrompt:
 @dataclass
 class RunningQueries:
     """What a lazy prefill that stops after its first loop hands on (:attr:`Decoder.HANDS_ON`): which of its rows'
-    query tokens had not exited (``running`` [R] bool), and for those their states h, e [R', d] after loop 1,
+    query tokens had not exited (``running`` [R] bool), and for those their states h [R', d] after loop 1,
     their last loop's log-probabilities [R', V] (None where no exit reads them), and what their exits carry
     (``carried``, over the prefill's R rows)."""
 
     running: Tensor
     h: Tensor
-    e: Tensor
     logp: Tensor | None
     carried: Carried
 
@@ -170,8 +169,9 @@ class Decoder:
 
     def prefill(self, rows: Tensor, start: int = 0, full: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Run the prompts of ``rows`` [R] to the cap (as deep as their tokens need, with a lazy prompt, but for
-        the ``full`` [R] rows): their next-token logits [R, V] and the depths [R] their last tokens exited at.
-        ``start``: the slots before it already hold these rows' keys and values (a cached prefix)."""
+        the ``full`` [R] rows): their next-token logits [R, V] and the depths [R] their last tokens exited at
+        (but for the rows a lazy prefill of :attr:`HANDS_ON` hands on: :meth:`forward`). ``start``: the slots
+        before it already hold these rows' keys and values (a cached prefix)."""
         # a lazy prompt stands at the whole width (later rows take its place); otherwise the prompt slots past
         # these rows' longest prompt are padding, not run (a row admitted into a wide batch costs its own length)
         width = self.width if self.lazy_prompt else int(self.lengths[rows].max())
@@ -236,7 +236,7 @@ class Decoder:
 
         The ``prefill`` (the prompts) runs every token to the cap (later tokens need each loop's
         keys and values; with ``lazy_prompt`` only until every row's query token has exited, but for
-        the ``full`` [R] rows, and :meth:`deepen_prompt` runs the rest when a later token needs it) and
+        the ``full`` [R] rows, and :meth:`core_call` runs the rest when a later token needs it) and
         reads the query position at its exit; a decode step (m = 1) drops a row from the loop as soon as
         its token exits. Returns next-token logits [R, V] and exit depths [R]. With :attr:`HANDS_ON` and no
         ``full`` row a lazy prefill stops after loop 1: the rows whose query token runs on are :attr:`handed`
@@ -321,7 +321,7 @@ class Decoder:
             if prefill and self.HANDS_ON and full is None:  # (loop 1 ran every row: ``run`` is every row)
                 on = running.clone()
                 ran = None if logp is None else logp[on]
-                self.handed = RunningQueries(on, h_query[on], e[picks, query][on], ran, carried)
+                self.handed = RunningQueries(on, h_query[on], ran, carried)
                 depth = torch.where(on, t, depth)  # where their prompts stand
                 break
             active = going.nonzero(as_tuple=True)[0]
@@ -367,7 +367,8 @@ class Decoder:
         prompt is behind), after their lazy prompts that stand below it have run up to it: the last of those
         loops in the same layer calls as the new tokens where the view's passes run as chains of layers
         (``Capabilities.chains``; :func:`~looplab.generation.passes.fused_core_pass`: the weights read once for
-        both), the others (a prompt more than one loop behind) before. The new tokens' states after it."""
+        both). The new tokens' states after it. A token at loop t has run loop t − 1, so its prompt stands at
+        most one loop below."""
         prompt = self.prompt
         if rows is None or prompt is None:
             return core_pass(self.model, h, e, calls)
@@ -380,8 +381,6 @@ class Decoder:
         parts, deepened, chunk = [], [], slice(0, self.width)
         for t in loop[behind].unique().tolist():
             sub = rows[behind & (loop == t)]
-            if bool((prompt.depth[sub] < t - 1).any()):
-                self.deepen_prompt(sub, t - 1)
             rope = None if prompt.rope is None else (prompt.rope[0][sub], prompt.rope[1][sub])
             parts.append((prompt.h[sub], prompt.e[sub], Calls(self, "core", t, sub, chunk, prompt.allowed[sub], rope)))
             deepened.append((sub, t))

@@ -133,10 +133,10 @@ class DepthGroup(JoinableRows):
         return self.columns  # a row a newcomer takes starts its new tokens at the first new-token slot
 
     def join(self, jobs: list[Job]) -> None:
-        """Prefill each of ``jobs``' prompts into a free row (in one forward pass); their first tokens are picked
-        at the next :meth:`step`. A ``shared`` job's row reads as that policy does (``DepthwiseDecoder.take``).
-        Paged, jobs whose prompts' blocks the pool cannot give now, and every one after them, go back to the
-        queue."""
+        """Prefill each of ``jobs``' prompts into a free row (in one forward pass); their first tokens are picked at
+        the next :meth:`step`, or, where a query token runs on past loop 1, when it exits in a later one. A
+        ``shared`` job's row reads as that policy does (``DepthwiseDecoder.take``). Paged, jobs whose
+        prompts' blocks the pool cannot give now, and every one after them, go back to the queue."""
         jobs = self._granted(jobs)
         if not jobs:
             return
@@ -151,6 +151,7 @@ class DepthGroup(JoinableRows):
         try:
             ready = self.decoder.take(self.state, index, prompts, exits, shared)
         except Exception:  # their prefill failed (the runner fails the jobs): the rows are free again
+            self.state.running[index] = False  # (a query token handed on before the failure included)
             for row in rows:
                 self.release(row)
             raise

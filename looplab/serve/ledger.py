@@ -2,15 +2,15 @@
 keys and values may take together.
 
 Continuous and depth groups keep theirs in the runner's paged pool (:mod:`looplab.serve.pager`), which grows
-within what the other groups leave free and whose bytes the runner reports each step. Any other group's caches are
-allocated for its rows and slots when it is made (rows a later job joins included), so the ledger reserves
-its bytes whole at its making and frees them when its last job ends. A job that does not fit now waits in
-the queue, at its place, until running groups end (or, paged, is preempted and recomputed later). A job
-that could not fit even alone is refused when it is submitted
-(:class:`~looplab.serve.scheduler.NeverFits`: HTTP 400 naming the limit). Sizes are
-:func:`~looplab.generation.budget.generation_bytes`' upper bounds, or :func:`paged_bytes`' blocks. The ledger
-is the scheduler's: it reserves a group when it plans it, and counts the pool's and the kept prefixes' bytes
-as the runner reports them.
+within what the other groups leave free and whose bytes the runner reports each step (none while no paged group
+runs: an idle pool's memory is the ledger's, its blocks kept until that memory is given away). Any other group's
+caches are allocated for its rows and slots when it is made (rows a later job joins included), so the ledger
+reserves its bytes whole at its making and frees them when its last job ends. A job that does not fit now waits
+in the queue, at its place, until running groups end (or, paged, is preempted and recomputed later). A job that
+could not fit even alone is refused when it is submitted (:class:`~looplab.serve.scheduler.NeverFits`: HTTP 400
+naming the limit). Sizes are :func:`~looplab.generation.budget.generation_bytes`' upper bounds, or
+:func:`paged_bytes`' blocks. The ledger is the scheduler's: it reserves a group when it plans it, and counts the
+pool's and the kept prefixes' bytes as the runner reports them.
 """
 
 from __future__ import annotations

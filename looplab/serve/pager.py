@@ -42,7 +42,7 @@ class Pager:
 
     @property
     def idle(self) -> bool:
-        """Whether no paged group runs (the pool, if kept, has every block free)."""
+        """Whether no paged group runs (every group gives its rows' blocks back when it ends)."""
         return not self.groups
 
     def fit_idle(self) -> None:
@@ -52,7 +52,8 @@ class Pager:
         if not self.idle or self.pool is None:
             return
         kept = 0 if self.prefixes is None else self.prefixes.nbytes
-        if self.pool.nbytes + kept > self.room:
+        # (a block still taken would be lost to every later group, unseen: the scheduler reads no idle pool)
+        if self.pool.nbytes + kept > self.room or self.pool.used:
             self.pool = None
         elif self.prefixes is not None:
             self.prefixes.make_room(min(self.prefixes.room, self.room - self.pool.nbytes))

@@ -94,6 +94,9 @@ def test_a_pool_gives_what_it_has_grows_and_refuses_what_it_lacks():
     assert pool.free == 3 and bool((pool.k[taken] == 7.0).all())  # grown, the blocks in use kept
     pool.give(taken)
     assert pool.used == 0 and pool.free == 5
+    pool.grow(9)  # no block taken: made anew, nothing copied
+    assert (pool.capacity, pool.free) == (9, 7) and not pool.k.any() and not pool.v.any()
+    assert sorted(pool.take(7).tolist()) == list(range(2, 9))
 
 
 def _tight_jobs(model, count=6, max_new=40, caches=("per_loop",)):
