@@ -218,7 +218,7 @@ class DepthwiseDecoder(Decoder):
             state.carried.of(rule, go)  # (made where it was not)
             state.carried.put(rule, go, carried[on])
         if handed.logp is not None:
-            state.hold_logp(go, handed.logp)
+            state.logps(handed.logp)[go] = handed.logp
         return rows[~on], logits[~on], depths[~on]
 
     def start_tokens(self, state: InFlight, rows: Tensor, tokens: Tensor) -> None:
@@ -260,9 +260,7 @@ class DepthwiseDecoder(Decoder):
                 self.core_call(None, None, None, rows, loop)
             h[query] = self.prompt.h[queries, self.lengths[queries] - 1]
         logp = logits_of(self.model, h).log_softmax(-1) if self.exits.reads_logits(rows) else None
-        if logp is not None and state.logp is None:
-            state.logp = logp.new_zeros(len(self.lengths), logp.shape[-1])
-        earlier = None if logp is None else state.logp[rows]
+        earlier = None if logp is None else state.logps(logp)[rows]
         stop = self.exits.check_rows(rows, loop, h, h_prev, logp, earlier, state.carried)
         state.h[rows], state.loop[rows] = h, loop
         if logp is not None:
@@ -342,11 +340,12 @@ class InFlight:
                 self.e = e.new_zeros(len(self.slot), e.shape[-1])
             self.e[rows] = e
 
-    def hold_logp(self, rows: Tensor, logp: Tensor) -> None:
-        """The last loop's log-probabilities [R, V] of the tokens of ``rows`` (the batch's allocated at the first)."""
+    def logps(self, like: Tensor) -> Tensor:
+        """[B, V] every row's last loop's log-probabilities (zeros where none was kept), allocated as ``like``
+        [R, V] the first time an exit reads them."""
         if self.logp is None:
-            self.logp = logp.new_zeros(len(self.slot), logp.shape[-1])
-        self.logp[rows] = logp
+            self.logp = like.new_zeros(len(self.slot), like.shape[-1])
+        return self.logp
 
 
 @dataclass
