@@ -20,7 +20,8 @@ by slices, as the step decoder does; otherwise by gathers and scatters (measured
 Paged (a ``pool``: :meth:`KVCache.page <looplab.generation.cache.KVCache.page>`), a core layer's block tables
 of every loop are one tensor [K, B, n] indexed the same way, and every call gathers and scatters: a token
 writes loops t up to its own row's cap (its blocks end there), only t where its row keeps one store across
-loops, and a new token takes its slot's blocks when it starts.
+loops, and a new token takes its slot's blocks when it starts. (A pass's layer calls:
+:class:`~looplab.generation.depth_calls.DepthCalls`.)
 
 A prompt runs only as deep as its tokens need where the step decoder's does (``per_loop``, an adaptive
 exit, no coda): a row's prompt runs loop t in the first call that takes one of its tokens to loop t, its
@@ -46,9 +47,9 @@ import torch
 from torch import Tensor
 
 from looplab.errors import LooplabError
-from looplab.generation.cache import attention_heads, rotate
 from looplab.generation.decoders import DecodingMethod, register_decoder
-from looplab.generation.passes import chain_layer, coda_pass, logits_of, prelude_pass
+from looplab.generation.depth_calls import DepthCalls
+from looplab.generation.passes import coda_pass, logits_of, prelude_pass
 from looplab.generation.sampling import Generation, choose, ended
 from looplab.generation.step import Decoder
 from looplab.generation.views import described
@@ -346,80 +347,3 @@ class InFlight:
         if self.logp is None:
             self.logp = like.new_zeros(len(self.slot), like.shape[-1])
         return self.logp
-
-
-@dataclass
-class DepthCalls:
-    """The layer calls of one depth-wise pass: one new token per row of ``rows`` [R] in its own ``slot`` [R],
-    at core ``loop`` [R] (None outside the core); ``allowed`` [R, 1, S'] and ``rope`` as in
-    :class:`looplab.generation.passes.Calls`. ``lockstep`` (slot, loop) when every row of a dense batch is at
-    one slot and loop (then the caches are read and written by slices); else for the core ``writes``, the
-    (pair → row of x, loop index, batch row, slot) indices of each token's loop and the later ones, and the
-    loop each row reads, ``read`` [R]: its own, or its cap for a row that reads as ``shared`` does."""
-
-    decoder: DepthwiseDecoder
-    site: str
-    rows: Tensor
-    slot: Tensor
-    loop: Tensor | None
-    allowed: Tensor
-    rope: tuple[Tensor, Tensor] | None
-    lockstep: tuple[int, int] | None
-    writes: tuple[Tensor, Tensor, Tensor, Tensor] | None
-    read: Tensor | None = None
-
-    def layer(self, index: int, layer, x: Tensor) -> Tensor:
-        """Layer call ``index`` on the new tokens x [R, 1, d], its attention reading each row at its loop."""
-        return chain_layer(self, index, layer, x)
-
-    def heads(self, index: int, attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Layer call ``index``'s attention heads [R, 1, H·Dh] for the new tokens' projections q, k, v (before
-        RoPE): over the pool's blocks (:meth:`paged_heads`) or the dense caches (:meth:`dense_heads`)."""
-        cache = self.decoder.cache
-        q, k = rotate(q, k, self.rope)
-        if cache.pool is not None:
-            store = cache.layer(self.site, 0, index) if self.loop is None else cache.blocks.core_tables.get(index)
-            if store is None:
-                raise ValueError("depth-wise batching pages core calls of the pool's shape only")
-            return self.paged_heads(attn, q, k, v, store)
-        entry = cache.layer(self.site, 0, index) if self.loop is None else None
-        stores = (entry.k, entry.v) if entry is not None else self.decoder.stacks[index]
-        return self.dense_heads(attn, q, k, v, *stores)
-
-    def paged_heads(self, attn, q: Tensor, k: Tensor, v: Tensor, store) -> Tensor:
-        """:meth:`dense_heads` over the pool's blocks: ``store`` a prelude or coda call's
-        :class:`~looplab.generation.paged.PagedLayerCache`, or a core call's tables of every loop [K, B, n]."""
-        stop, pool = self.allowed.shape[-1], self.decoder.cache.pool
-        if self.loop is None:
-            store.write_at(self.rows, self.slot, k, v)
-            keys, values = pool.read(store.table[self.rows], stop)
-        else:
-            which, loops, rows, slots = self.writes
-            pool.put(store[loops, rows, slots // pool.slots], slots % pool.slots, k[which, :, 0], v[which, :, 0])
-            keys, values = pool.read(store[self.read - 1, self.rows], stop)
-        return attention_heads(attn, q, keys, values, self.allowed)
-
-    def dense_heads(self, attn, q: Tensor, k: Tensor, v: Tensor, k_store: Tensor, v_store: Tensor) -> Tensor:
-        """Attention heads of the new tokens (q [R, H, 1, Dh], k, v after RoPE) over their rows' slots, after
-        writing their keys and values: into [B, H, S, Dh] at its slot, or into [K, B, H, S, Dh] at its slot for
-        its loop and every later one."""
-        stop = self.allowed.shape[-1]
-        if self.lockstep is not None:
-            slot, loop = self.lockstep
-            if self.loop is not None:  # this loop and, lent until they are run, the later ones
-                k_store, v_store = k_store[loop - 1 :], v_store[loop - 1 :]
-            k_store[..., slot, :] = k[:, :, 0]
-            v_store[..., slot, :] = v[:, :, 0]
-            keys, values = k_store[..., :stop, :], v_store[..., :stop, :]
-            if self.loop is not None:
-                keys, values = keys[0], values[0]
-        elif self.loop is None:
-            k_store[self.rows, :, self.slot] = k[:, :, 0]
-            v_store[self.rows, :, self.slot] = v[:, :, 0]
-            keys, values = k_store[self.rows, :, :stop], v_store[self.rows, :, :stop]
-        else:
-            which, loops, rows, slots = self.writes
-            k_store[loops, rows, :, slots] = k[which, :, 0]
-            v_store[loops, rows, :, slots] = v[which, :, 0]
-            keys, values = k_store[self.read - 1, self.rows, :, :stop], v_store[self.read - 1, self.rows, :, :stop]
-        return attention_heads(attn, q, keys, values, self.allowed)
