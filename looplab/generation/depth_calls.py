@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-from looplab.generation.cache import attention_heads, rotate
+from looplab.generation.cached_attention import attention_heads, rotate
 from looplab.generation.passes import chain_layer
 
 __all__ = ["DepthCalls"]

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from looplab.generation.cache import LayerCache, RingLayerCache, Slots, SlotStore, cached_heads, output, project
+from looplab.generation.cache import LayerCache, RingLayerCache, Slots, SlotStore
+from looplab.generation.cached_attention import cached_heads, output, project
 from looplab.model.layer import Layer
 
 __all__ = ["Calls", "Fused", "chain_layer", "prelude_pass", "core_pass", "fused_core_pass", "coda_pass", "logits_of"]
@@ -69,7 +70,7 @@ class Calls:
 
     def heads(self, index: int, attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Layer call ``index``'s attention heads [R, m, H·Dh] for the new tokens' projections q, k, v (before
-        RoPE), after writing their keys and values (:func:`~looplab.generation.cache.cached_heads`)."""
+        RoPE), after writing their keys and values (:func:`~looplab.generation.cached_attention.cached_heads`)."""
         entry = self.entry(index)
         return cached_heads(attn, q, k, v, self.rows, self.chunk, entry, self.allowed, self.rope, self.loop, self.keep)
 
